@@ -1,0 +1,1 @@
+"""What runs on every rank. Reads only env:// variables; never imports submitit or the executors."""

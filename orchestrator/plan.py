@@ -1,0 +1,307 @@
+"""JobSpec -> LaunchPlan. Pure: no subprocess, no writes, nothing read from the cluster.
+
+The plan is what ``orchestrator plan`` prints and what the executors carry out: the submitit
+parameters and the sbatch script rendered by submitit's own code (so what is shown is what
+runs), the table of every rank's environment, the run folder, and the payload each rank reads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+import sys
+from typing import Any, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from orchestrator.rank_env import RankEnv, derive_port, init_url, local_devices_for_rank, rendezvous_file
+from orchestrator.spec import ExecutorName, JobSpec, Scalar
+
+#: SLURM's default MaxArraySize is 1001, so one array holds at most 1000 tasks.
+DEFAULT_MAX_ARRAY_SIZE = 1001
+
+
+class RankRow(BaseModel):
+    """One rank's place in the job and the environment it gets. ``<...>`` marks values known
+    only at run time, with the rule that produces them."""
+
+    model_config = ConfigDict(frozen=True)
+    rank: int
+    local_rank: int
+    node_rank: int
+    host: str
+    env: dict[str, str]
+
+
+class SweepPoint(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    index: int
+    args: dict[str, Any]
+    argv: list[str]
+    run_dir: str
+
+
+class LaunchPlan(BaseModel):
+    """Everything needed to launch, and to show the user what will launch."""
+
+    model_config = ConfigDict(frozen=True)
+    run_id: str
+    run_dir: str
+    executor: ExecutorName
+    spec: dict[str, Any]
+    nodes: int
+    ranks_per_node: int
+    world_size: int
+    backend: str
+    notes: list[str] = Field(default_factory=list)
+    payload: dict[str, Any]
+    ranks: list[RankRow]
+    sweep: list[SweepPoint] = Field(default_factory=list)
+    submitit: Optional[dict[str, Any]] = None
+    sbatch_script: Optional[str] = None
+    array_chunks: list[list[int]] = Field(default_factory=list)
+
+    def payload_for_point(self, index: int | None) -> dict[str, Any]:
+        """The rank payload for one sweep point (or the single run)."""
+        if index is None or not self.sweep:
+            return dict(self.payload)
+        point = self.sweep[index]
+        return {**self.payload, "argv": point.argv, "run_dir": point.run_dir,
+                "checkpoint": {**self.payload["checkpoint"], "dir": os.path.join(point.run_dir, "checkpoints")}}
+
+
+def run_id_for(spec: JobSpec) -> str:
+    """A stable id: the same resolved spec always maps to the same run folder (and resumes there)."""
+    digest = hashlib.sha256(spec.model_dump_json().encode()).hexdigest()[:8]
+    return f"{spec.name}-{digest}"
+
+
+def render_argv(args: dict[str, Any], extra: list[str]) -> list[str]:
+    """{'lr': 0.1, 'amp': True, 'sizes': [1, 2]} -> ['--lr', '0.1', '--amp', '--sizes', '1', '2']."""
+    argv: list[str] = []
+    for key, value in args.items():
+        if value is True:
+            argv.append(f"--{key}")
+        elif value is False:
+            continue
+        elif isinstance(value, list):
+            argv += [f"--{key}", *[str(x) for x in value]]
+        else:
+            argv += [f"--{key}", str(value)]
+    return argv + list(extra)
+
+
+def plan(spec: JobSpec, executor: ExecutorName | None = None, max_array_size: int = DEFAULT_MAX_ARRAY_SIZE) -> LaunchPlan:
+    executor = executor or spec.executor
+    if executor != spec.executor:
+        spec = spec.model_copy(update={"executor": executor})
+    run_id = run_id_for(spec)
+    run_dir = os.path.abspath(os.path.join(os.path.expanduser(spec.runs_dir), run_id))
+    layout = _layout(spec, executor)
+    payload = _payload(spec, run_dir, layout)
+    sweep = _sweep(spec, run_dir)
+    common: dict[str, Any] = dict(
+        run_id=run_id, run_dir=run_dir, executor=executor, spec=spec.model_dump(mode="json"),
+        nodes=layout.nodes, ranks_per_node=layout.ranks_per_node,
+        world_size=layout.nodes * layout.ranks_per_node, backend=layout.backend,
+        notes=layout.notes, payload=payload, sweep=sweep,
+    )
+    if executor == "slurm":
+        params = submitit_parameters(spec, n_points=len(sweep))
+        folder = os.path.join(run_dir, "slurm")
+        chunks = array_chunks(len(sweep), max_array_size)
+        return LaunchPlan(
+            **common, ranks=_slurm_rows(spec, run_dir), submitit=params,
+            sbatch_script=render_sbatch(params, folder, spec.slurm.python, n_points=len(chunks[0]) if chunks else 0),
+            array_chunks=chunks,
+        )
+    return LaunchPlan(**common, ranks=_local_rows(spec, run_id, run_dir, layout))
+
+
+# ---- layout --------------------------------------------------------------------------------
+class _Layout(BaseModel):
+    nodes: int
+    ranks_per_node: int
+    backend: str
+    interface: Optional[str]
+    devices: Optional[list[int]]
+    notes: list[str]
+
+
+def _layout(spec: JobSpec, executor: ExecutorName) -> _Layout:
+    if executor == "slurm":
+        iface = spec.distributed.interface_names()
+        return _Layout(nodes=spec.nodes, ranks_per_node=spec.ranks_per_node, backend=spec.resolved_backend,
+                       interface=",".join(iface) if iface else "auto", devices=None, notes=[])
+    notes: list[str] = []
+    devices = spec.local.devices
+    if executor == "debug":
+        nodes, rpn = 1, 1
+        if spec.world_size > 1:
+            notes.append(f"debug executor: 1 rank in process (the spec has {spec.world_size})")
+    else:
+        nodes = spec.local.emulate_nodes or spec.nodes
+        if spec.local.ranks_per_node:
+            rpn = spec.local.ranks_per_node
+        elif spec.strategy == "dp":
+            rpn = 1
+        elif spec.gpus_per_node and devices:
+            rpn = max(1, min(spec.ranks_per_node, len(devices) // nodes))
+        elif spec.gpus_per_node:
+            rpn = min(spec.ranks_per_node, 2)
+        else:
+            rpn = spec.ranks_per_node
+        if (nodes, rpn) != (spec.nodes, spec.ranks_per_node):
+            notes.append(
+                f"local dry run: {nodes} emulated node(s) x {rpn} rank(s) instead of "
+                f"{spec.nodes} x {spec.ranks_per_node}; same code path and variables"
+            )
+    backend = spec.resolved_backend
+    if backend == "nccl" and not devices:
+        backend = "gloo"
+        notes.append("local dry run: nccl -> gloo on CPU (no local.devices given)")
+    if spec.distributed.interface_names():
+        notes.append(f"local dry run: interface {spec.distributed.interface!r} -> 'lo' (all ranks on this machine)")
+    return _Layout(nodes=nodes, ranks_per_node=rpn, backend=backend, interface="lo", devices=devices, notes=notes)
+
+
+def _payload(spec: JobSpec, run_dir: str, layout: _Layout) -> dict[str, Any]:
+    d, c = spec.distributed, spec.checkpoint
+    entry = spec.entrypoint if ":" in spec.entrypoint and not spec.entrypoint.endswith(".py") else os.path.abspath(spec.entrypoint)
+    return {
+        "job_name": spec.name,
+        "entrypoint": entry,
+        "argv": render_argv(dict(spec.args), spec.extra_args),
+        "strategy": spec.strategy,
+        "nodes": layout.nodes,
+        "ranks_per_node": layout.ranks_per_node,
+        "backend": layout.backend,
+        "init_method": d.init_method,
+        "port": d.port,
+        "interface": layout.interface,
+        "rendezvous_dir": os.path.abspath(d.rendezvous_dir) if d.rendezvous_dir else os.path.join(run_dir, "rendezvous"),
+        "init_timeout_s": d.init_timeout_s,
+        "collective_timeout_s": d.collective_timeout_s,
+        "devices": layout.devices,
+        "run_dir": run_dir,
+        "checkpoint": {
+            "dir": os.path.abspath(c.dir) if c.dir else os.path.join(run_dir, "checkpoints"),
+            "interval_steps": c.interval_steps,
+            "keep_last": c.keep_last,
+            "resume": c.resume,
+        },
+        "max_requeues": spec.slurm.max_requeues,
+    }
+
+
+def _sweep(spec: JobSpec, run_dir: str) -> list[SweepPoint]:
+    if not spec.sweep:
+        return []
+    out = []
+    for i, point in enumerate(spec.sweep_points()):
+        args = {**spec.args, **point}
+        out.append(SweepPoint(index=i, args=args, argv=render_argv(args, spec.extra_args),
+                              run_dir=os.path.join(run_dir, "points", f"{i:04d}")))
+    return out
+
+
+# ---- rank tables ---------------------------------------------------------------------------
+def _local_rows(spec: JobSpec, run_id: str, run_dir: str, layout: _Layout) -> list[RankRow]:
+    payload = _payload(spec, run_dir, layout)
+    port = payload["port"] if payload["port"] != "auto" else derive_port(run_id, 0)
+    world = layout.nodes * layout.ranks_per_node
+    rfile = rendezvous_file(payload["rendezvous_dir"], run_id, 0)
+    rows = []
+    for rank in range(world):
+        node, local = divmod(rank, layout.ranks_per_node)
+        env = RankEnv(
+            rank=rank, local_rank=local, world_size=world, local_world_size=layout.ranks_per_node,
+            node_rank=node, nnodes=layout.nodes, master_addr="127.0.0.1", master_port=port,
+            init_method=init_url(spec.distributed.init_method, "127.0.0.1", port, rfile),
+            interface=layout.interface,
+            visible_devices=local_devices_for_rank(layout.devices, rank, world) if spec.strategy == "ddp"
+            else (",".join(map(str, layout.devices)) if layout.devices else None),
+            source="local",
+        ).to_environ()
+        if spec.executor == "local" or layout.devices is None:
+            env.setdefault("CUDA_VISIBLE_DEVICES", "")
+        rows.append(RankRow(rank=rank, local_rank=local, node_rank=node, host=f"local-node{node}", env=env))
+    return rows
+
+
+def _slurm_rows(spec: JobSpec, run_dir: str) -> list[RankRow]:
+    rpn, d = spec.ranks_per_node, spec.distributed
+    addr = "<first host of SLURM_JOB_NODELIST>"
+    port = str(d.port) if d.port != "auto" else "<derive_port(SLURM_JOB_ID, restart): 20000-31999>"
+    iface = ",".join(d.interface_names()) or "<interface that routes to MASTER_ADDR>"
+    if d.init_method == "tcp":
+        url = f"tcp://{addr}:{port}"
+    elif d.init_method == "file":
+        rdir = os.path.abspath(d.rendezvous_dir) if d.rendezvous_dir else os.path.join(run_dir, "rendezvous")
+        url = f"file://{rdir}/rendezvous-<SLURM_JOB_ID>-<restart>"
+    else:
+        url = "env://"
+    rows = []
+    for rank in range(spec.world_size):
+        node, local = divmod(rank, rpn)
+        env = {
+            "RANK": str(rank), "LOCAL_RANK": str(local), "WORLD_SIZE": str(spec.world_size),
+            "LOCAL_WORLD_SIZE": str(rpn), "NODE_RANK": str(node), "GROUP_RANK": str(node),
+            "NNODES": str(spec.nodes), "MASTER_ADDR": addr, "MASTER_PORT": port,
+            "ORCH_INIT_METHOD": url, "ORCH_RANK_ENV_SOURCE": "slurm", "NCCL_SOCKET_IFNAME": iface,
+        }
+        if not iface.startswith("^"):
+            env["GLOO_SOCKET_IFNAME"] = iface
+        if spec.gpus_per_node:
+            env["CUDA_VISIBLE_DEVICES"] = f"<SLURM's binding, else item {local} of the node's list>"
+        rows.append(RankRow(rank=rank, local_rank=local, node_rank=node, host=f"<node {node} of the allocation>", env=env))
+    return rows
+
+
+# ---- SLURM rendering -----------------------------------------------------------------------
+def submitit_parameters(spec: JobSpec, n_points: int = 0) -> dict[str, Any]:
+    """The parameters given to submitit's SlurmExecutor.update_parameters, by submitit's names."""
+    s = spec.slurm
+    params: dict[str, Any] = {
+        "job_name": spec.name,
+        "nodes": spec.nodes,
+        "ntasks_per_node": spec.ranks_per_node,
+        "cpus_per_task": s.cpus_per_task * (max(1, spec.gpus_per_node) if spec.strategy == "dp" else 1),
+        "time": s.time_minutes,
+        "signal_delay_s": s.signal_margin_s,
+        "srun_args": ["--kill-on-bad-exit=1"],
+    }
+    optional = {
+        "gpus_per_node": spec.gpus_per_node or None, "partition": s.partition, "account": s.account,
+        "qos": s.qos, "constraint": s.constraint, "exclusive": True if s.exclusive else None,
+        "setup": list(s.setup) or None, "additional_parameters": dict(s.extra_sbatch) or None,
+    }
+    params.update({k: val for k, val in optional.items() if val is not None})
+    if s.mem:
+        params["additional_parameters"] = {**params.get("additional_parameters", {}), "mem": s.mem}
+    return params
+
+
+def submitit_command(folder: str, python: str | None) -> str:
+    """Exactly the command string submitit's SlurmExecutor puts after srun."""
+    py = python if python is not None else shlex.quote(sys.executable)
+    return " ".join([py, "-u -m submitit.core._submit", shlex.quote(folder)])
+
+
+def render_sbatch(params: dict[str, Any], folder: str, python: str | None, n_points: int = 0) -> str:
+    """Render with submitit's own template, as SlurmExecutor does at submission."""
+    from submitit.slurm.slurm import _make_sbatch_string  # the code that will submit it
+
+    extra = {"map_count": n_points} if n_points else {}
+    return _make_sbatch_string(command=submitit_command(folder, python), folder=folder, **params, **extra)
+
+
+def array_chunks(n_points: int, max_array_size: int) -> list[list[int]]:
+    """Split sweep indices into arrays that each fit under MaxArraySize (task ids < MaxArraySize)."""
+    size = max(1, max_array_size - 1)
+    return [list(range(i, min(i + size, n_points))) for i in range(0, n_points, size)]
+
+
+def describe_point(args: dict[str, Scalar]) -> str:
+    return ",".join(f"{k}={v}" for k, v in args.items())

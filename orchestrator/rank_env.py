@@ -1,0 +1,160 @@
+"""RankEnv: what one rank needs to join the job, and where it came from.
+
+Standard library only: this module is imported on every rank before torch, and by ``plan``.
+The same contract is produced from SLURM's variables (``from_slurm``), by the local executor
+(``for_local_rank``), or read back from the standard env:// variables (``from_environ``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import zlib
+from dataclasses import asdict, dataclass
+from typing import Literal, Mapping
+
+Source = Literal["slurm", "local", "env"]
+
+#: Auto ports live in [PORT_BASE, PORT_BASE + PORT_SPAN): below Linux's ephemeral range (32768+)
+#: and above the usual service ports.
+PORT_BASE = 20000
+PORT_SPAN = 12000
+
+
+def derive_port(job_id: str, restart: int = 0) -> int:
+    """The same port on every rank, from the job id and restart count, with no communication.
+
+    A restart gets a different port, so a port left in TIME_WAIT by the previous attempt is
+    never reused by the next one.
+    """
+    return PORT_BASE + zlib.crc32(f"{job_id}:{restart}".encode()) % PORT_SPAN
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """Expand SLURM's compressed host list ("gpu[01-03,7],cpu1") without calling scontrol."""
+    hosts: list[str] = []
+    for item in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,]*", nodelist):
+        m = re.match(r"^(.*?)\[([^\]]*)\](.*)$", item)
+        if not m:
+            hosts.append(item)
+            continue
+        prefix, ranges, suffix = m.groups()
+        for part in ranges.split(","):
+            lo, _, hi = part.partition("-")
+            if not hi:
+                hosts.append(f"{prefix}{lo}{suffix}")
+                continue
+            for i in range(int(lo), int(hi) + 1):
+                hosts.append(f"{prefix}{str(i).zfill(len(lo))}{suffix}")
+    return hosts
+
+
+def init_url(method: str, master_addr: str, master_port: int, rendezvous_file: str | None) -> str:
+    if method == "tcp":
+        return f"tcp://{master_addr}:{master_port}"
+    if method == "file":
+        if not rendezvous_file:
+            raise ValueError("file:// init needs a rendezvous file path")
+        return f"file://{rendezvous_file}"
+    return "env://"
+
+
+def rendezvous_file(rendezvous_dir: str, job_id: str, restart: int) -> str:
+    """A unique file per job and restart: a stale file from an earlier attempt is never reused."""
+    return os.path.join(rendezvous_dir, f"rendezvous-{job_id}-{restart}")
+
+
+@dataclass(frozen=True)
+class RankEnv:
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int
+    nnodes: int
+    master_addr: str
+    master_port: int
+    init_method: str
+    interface: str | None
+    visible_devices: str | None
+    source: Source
+
+    def to_environ(self) -> dict[str, str]:
+        """The variables every rank sees: torchrun's names, plus our own for the rest."""
+        env = {
+            "RANK": str(self.rank),
+            "LOCAL_RANK": str(self.local_rank),
+            "WORLD_SIZE": str(self.world_size),
+            "LOCAL_WORLD_SIZE": str(self.local_world_size),
+            "NODE_RANK": str(self.node_rank),
+            "GROUP_RANK": str(self.node_rank),
+            "NNODES": str(self.nnodes),
+            "MASTER_ADDR": self.master_addr,
+            "MASTER_PORT": str(self.master_port),
+            "ORCH_INIT_METHOD": self.init_method,
+            "ORCH_RANK_ENV_SOURCE": self.source,
+        }
+        if self.interface:
+            env["NCCL_SOCKET_IFNAME"] = self.interface
+            if not self.interface.startswith("^"):
+                env["GLOO_SOCKET_IFNAME"] = self.interface
+        if self.visible_devices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = self.visible_devices
+        return env
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> RankEnv:
+        """Read the standard env:// variables (as torchrun or our launcher set them)."""
+        e = os.environ if environ is None else environ
+        missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in e]
+        if missing:
+            raise RuntimeError(
+                f"not launched as a distributed rank: {', '.join(missing)} unset; start it with "
+                "'orchestrator run', under SLURM with 'orchestrator submit', or with torchrun"
+            )
+        world = int(e["WORLD_SIZE"])
+        local_world = int(e.get("LOCAL_WORLD_SIZE", world))
+        rank = int(e["RANK"])
+        return cls(
+            rank=rank,
+            local_rank=int(e.get("LOCAL_RANK", rank % local_world)),
+            world_size=world,
+            local_world_size=local_world,
+            node_rank=int(e.get("NODE_RANK", e.get("GROUP_RANK", rank // local_world))),
+            nnodes=int(e.get("NNODES", max(1, world // local_world))),
+            master_addr=e["MASTER_ADDR"],
+            master_port=int(e["MASTER_PORT"]),
+            init_method=e.get("ORCH_INIT_METHOD", "env://"),
+            interface=e.get("GLOO_SOCKET_IFNAME") or e.get("NCCL_SOCKET_IFNAME"),
+            visible_devices=e.get("CUDA_VISIBLE_DEVICES"),
+            source="env",
+        )
+
+
+def local_devices_for_rank(devices: list[int] | None, local_rank: int, local_world_size: int) -> str | None:
+    """Split the spec's local device list among the local ranks; None when there are no GPUs."""
+    if not devices:
+        return None
+    per_rank = max(1, len(devices) // local_world_size)
+    mine = devices[local_rank * per_rank : (local_rank + 1) * per_rank]
+    return ",".join(str(d) for d in mine)
+
+
+def slurm_visible_devices(environ: Mapping[str, str], local_rank: int, local_world_size: int) -> str | None:
+    """Keep a binding SLURM already made; otherwise pick the local rank's entry of the list.
+
+    With --gpus-per-task (or --gpu-bind) each task sees exactly its own device, so we keep it.
+    With --gpus-per-node every task sees the node's list; we pick by position in that list,
+    never by raw index, because the list may be "2,3" on a shared node.
+    """
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None or visible in ("", "NoDevFiles"):
+        return None
+    ids = [d for d in visible.split(",") if d]
+    if len(ids) <= 1 or len(ids) < local_world_size:
+        return visible
+    per_rank = len(ids) // local_world_size
+    return ",".join(ids[local_rank * per_rank : (local_rank + 1) * per_rank])

@@ -1,0 +1,373 @@
+"""The typed job spec: what a user writes in YAML, and every cross-field check.
+
+Models are frozen and refuse unknown keys. Each field has a description, which becomes the
+JSON schema (``orchestrator schema``) and therefore editor completion. Checks raise
+``ValueError`` with the fix in the message; ``loading.py`` turns them into ``SpecError``.
+"""
+
+from __future__ import annotations
+
+from itertools import product
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from orchestrator import validators as v
+
+Scalar = Union[str, int, float, bool]
+ExecutorName = Literal["local", "slurm", "debug"]
+
+#: sbatch options the orchestrator sets itself; `slurm.extra_sbatch` may not override them.
+RESERVED_SBATCH = frozenset(
+    {
+        "job-name", "nodes", "ntasks", "ntasks-per-node", "gpus-per-node", "gpus", "gres",
+        "cpus-per-task", "mem", "time", "partition", "account", "qos", "constraint",
+        "exclusive", "output", "error", "open-mode", "array", "signal", "wrap", "chdir",
+        "export", "wckey",
+    }
+)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+
+
+class DistributedSpec(_Model):
+    """How the ranks find each other."""
+
+    backend: Literal["auto", "nccl", "gloo"] = Field(
+        "auto", description="Process-group backend. 'auto' is nccl when the job has GPUs, else gloo."
+    )
+    init_method: Literal["env", "tcp", "file"] = Field(
+        "env",
+        description="Rendezvous: 'env' (env://, MASTER_ADDR/MASTER_PORT), 'tcp' "
+        "(tcp://master:port) or 'file' (a shared file).",
+    )
+    port: Union[Literal["auto"], int] = Field(
+        "auto",
+        description="Master port. 'auto' derives it from the job id and restart count, "
+        "outside the ephemeral range.",
+    )
+    rendezvous_dir: str | None = Field(
+        None,
+        description="Directory for file:// rendezvous files; it must be visible to every node. "
+        "Default: the run folder.",
+    )
+    rendezvous_dir_is_shared: bool = Field(
+        False,
+        description="Declare that rendezvous_dir (or the run folder) is shared between nodes even "
+        "though its path looks node-local (/tmp, /dev/shm ...), e.g. when all nodes are one host.",
+    )
+    interface: Union[str, list[str]] = Field(
+        "auto",
+        description="Network interface for NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME: 'auto' (the "
+        "interface that routes to the master), a name such as 'eth0', or a list of names.",
+    )
+    init_timeout_s: float = Field(300, gt=0, description="Seconds to wait for every rank to join.")
+    collective_timeout_s: float = Field(
+        1800, gt=0, description="Seconds a single collective may take before the job fails."
+    )
+
+    @field_validator("port", mode="before")
+    @classmethod
+    def _port(cls, value: Any) -> Any:
+        if value == "auto":
+            return value
+        if isinstance(value, str) and value.isdigit():
+            value = int(value)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ValueError(f"expected 'auto' or a port number, got {value!r}")
+        return v.port(value)
+
+    @field_validator("rendezvous_dir")
+    @classmethod
+    def _rdir(cls, value: str | None) -> str | None:
+        return None if value is None else v.run_path(value, "rendezvous_dir")
+
+    @field_validator("interface")
+    @classmethod
+    def _interface_list(cls, value: str | list[str]) -> str | list[str]:
+        if isinstance(value, list):
+            if not value:
+                raise ValueError("the interface list is empty: name at least one, or use 'auto'")
+            if len(set(value)) != len(value):
+                raise ValueError("the interface list names an interface twice")
+        return value
+
+    def interface_names(self) -> list[str]:
+        """The interface setting as a list; empty means auto."""
+        if self.interface == "auto":
+            return []
+        return list(self.interface) if isinstance(self.interface, list) else [self.interface]
+
+
+class CheckpointSpec(_Model):
+    """Where and how often rank 0 writes checkpoints."""
+
+    dir: str | None = Field(None, description="Checkpoint directory. Default: <run folder>/checkpoints.")
+    interval_steps: int = Field(
+        0, ge=0, description="Also checkpoint every N optimizer steps; 0 means only at epoch ends."
+    )
+    keep_last: int = Field(3, ge=1, description="How many checkpoints to keep; older ones are deleted.")
+    resume: bool = Field(True, description="Resume from the latest checkpoint in dir when one exists.")
+
+    @field_validator("dir")
+    @classmethod
+    def _dir(cls, value: str | None) -> str | None:
+        return None if value is None else v.no_control_chars(value, "checkpoint.dir")
+
+
+class SlurmSpec(_Model):
+    """Options for the SLURM executor."""
+
+    partition: str | None = Field(None, description="Partition (sbatch --partition).")
+    account: str | None = Field(None, description="Account to charge (sbatch --account).")
+    qos: str | None = Field(None, description="Quality of service (sbatch --qos).")
+    time: str = Field(
+        "01:00:00", description="Time limit in any sbatch format: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS."
+    )
+    mem: str | None = Field(None, description="Memory per node, e.g. '64G' (sbatch --mem).")
+    cpus_per_task: int = Field(
+        1, ge=1, description="CPUs per rank (sbatch --cpus-per-task); raise it for DataLoader workers."
+    )
+    constraint: str | None = Field(None, description="Node features, e.g. 'a100&ib' (sbatch --constraint).")
+    exclusive: bool = Field(False, description="Do not share nodes with other jobs (sbatch --exclusive).")
+    setup: list[str] = Field(
+        default_factory=list,
+        description="Shell lines run in the batch script before the ranks start (module load, "
+        "source venv/bin/activate). These are shell by design and run as written.",
+    )
+    signal_margin_s: int = Field(
+        120, ge=10, le=3600,
+        description="Seconds before the time limit at which SLURM sends USR2, so ranks can checkpoint.",
+    )
+    max_requeues: int = Field(3, ge=0, description="How many times a preempted or timed-out job is requeued.")
+    python: str | None = Field(
+        None, description="Python on the compute nodes. Default: the interpreter that submits."
+    )
+    extra_sbatch: dict[str, Union[str, int, bool]] = Field(
+        default_factory=dict,
+        description="Further sbatch options by long name, e.g. {'mail-type': 'END'}. Options the "
+        "orchestrator sets itself are refused.",
+    )
+
+    @field_validator("partition", "account", "qos")
+    @classmethod
+    def _names(cls, value: str | None, info: Any) -> str | None:
+        return None if value is None else v.safe_name(value, f"slurm.{info.field_name} name")
+
+    @field_validator("time")
+    @classmethod
+    def _time(cls, value: str) -> str:
+        v.slurm_time_minutes(value)
+        return value
+
+    @field_validator("mem")
+    @classmethod
+    def _mem(cls, value: str | None) -> str | None:
+        return None if value is None else v.slurm_memory(value)
+
+    @field_validator("constraint")
+    @classmethod
+    def _constraint(cls, value: str | None) -> str | None:
+        return None if value is None else v.constraint(value)
+
+    @field_validator("setup")
+    @classmethod
+    def _setup(cls, value: list[str]) -> list[str]:
+        for line in value:
+            v.no_control_chars(line, "a slurm.setup line (give one command per list item)")
+        return value
+
+    @field_validator("python")
+    @classmethod
+    def _python(cls, value: str | None) -> str | None:
+        return None if value is None else v.no_control_chars(value, "slurm.python")
+
+    @field_validator("extra_sbatch")
+    @classmethod
+    def _extra(cls, value: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            norm = v.sbatch_option(key, RESERVED_SBATCH)
+            if isinstance(item, str):
+                v.no_control_chars(item, f"slurm.extra_sbatch.{key}")
+            if item is False:
+                continue
+            out[norm] = item
+        return out
+
+    @property
+    def time_minutes(self) -> int:
+        return v.slurm_time_minutes(self.time)
+
+
+class LocalSpec(_Model):
+    """Options for the local executor (and the debug executor)."""
+
+    devices: list[int] | None = Field(
+        None, description="GPU indices this machine may use; split among the local ranks. "
+        "Default: none (CPU, gloo)."
+    )
+    emulate_nodes: int | None = Field(
+        None, ge=1, description="How many nodes to emulate. Default: the spec's nodes."
+    )
+    ranks_per_node: int | None = Field(
+        None, ge=1, description="Ranks per emulated node. Default: GPUs per node, capped at 2 on "
+        "CPU so a cluster spec stays runnable on a laptop."
+    )
+    timeout_s: float | None = Field(None, gt=0, description="Kill the local run after this many seconds.")
+
+    @field_validator("devices")
+    @classmethod
+    def _devices(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None and (len(set(value)) != len(value) or any(d < 0 for d in value)):
+            raise ValueError("local.devices must be distinct non-negative GPU indices")
+        return value
+
+
+class JobSpec(_Model):
+    """One distributed training (or inference) job."""
+
+    name: str = Field(description="Job name: letters, digits, '_', '.', '-'. Names the run folder and the SLURM job.")
+    entrypoint: str = Field(
+        description="What every rank runs: 'package.module:function' (called with the argument "
+        "list) or a path to a script that reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT."
+    )
+    args: dict[str, Union[Scalar, list[Scalar]]] = Field(
+        default_factory=dict,
+        description="Arguments, passed as '--key value' ('--key' alone for true; false omits it).",
+    )
+    extra_args: list[str] = Field(default_factory=list, description="Raw arguments appended as written.")
+    nodes: int = Field(1, ge=1, le=4096, description="Number of nodes.")
+    gpus_per_node: int = Field(0, ge=0, le=64, description="GPUs per node; one rank per GPU.")
+    cpu_ranks_per_node: int = Field(
+        1, ge=1, le=256, description="Ranks per node when gpus_per_node is 0 (CPU training with gloo)."
+    )
+    strategy: Literal["ddp", "dp"] = Field(
+        "ddp",
+        description="'ddp': one process per device. 'dp': DataParallel, one process per node using all its GPUs.",
+    )
+    distributed: DistributedSpec = Field(default_factory=DistributedSpec, description="Rendezvous and backend.")
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing.")
+    slurm: SlurmSpec = Field(default_factory=SlurmSpec, description="SLURM options.")
+    local: LocalSpec = Field(default_factory=LocalSpec, description="Local executor options.")
+    sweep: dict[str, list[Scalar]] = Field(
+        default_factory=dict,
+        description="Argument name -> values; the job runs once per point of the grid (a SLURM job array).",
+    )
+    executor: ExecutorName = Field("local", description="Where it runs: local, slurm or debug.")
+    runs_dir: str = Field("runs", description="Where run folders are created; must be shared on a cluster.")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return v.safe_name(value, "job name")
+
+    @field_validator("entrypoint")
+    @classmethod
+    def _entry(cls, value: str) -> str:
+        return v.entrypoint_syntax(value)
+
+    @field_validator("extra_args")
+    @classmethod
+    def _extra_args(cls, value: list[str]) -> list[str]:
+        for item in value:
+            v.no_control_chars(item, "an extra_args item")
+        return value
+
+    @field_validator("runs_dir")
+    @classmethod
+    def _runs_dir(cls, value: str) -> str:
+        return v.run_path(value, "runs_dir")
+
+    @field_validator("sweep")
+    @classmethod
+    def _sweep(cls, value: dict[str, list[Scalar]]) -> dict[str, list[Scalar]]:
+        for key, values in value.items():
+            if not key or key.startswith("-"):
+                raise ValueError(f"sweep key {key!r} must be an argument name without dashes")
+            if not values:
+                raise ValueError(f"sweep.{key} is empty: give at least one value, or remove the key")
+            seen = [repr(x) for x in values]
+            dupes = sorted({s for s in seen if seen.count(s) > 1})
+            if dupes:
+                raise ValueError(f"sweep.{key} repeats {', '.join(dupes)}: each point must differ")
+        return value
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> JobSpec:
+        problems = cross_field_problems(self)
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+    # ---- derived values -------------------------------------------------------------------
+    @property
+    def ranks_per_node(self) -> int:
+        if self.strategy == "dp":
+            return 1
+        return self.gpus_per_node if self.gpus_per_node > 0 else self.cpu_ranks_per_node
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+    @property
+    def resolved_backend(self) -> str:
+        if self.distributed.backend != "auto":
+            return self.distributed.backend
+        return "nccl" if self.gpus_per_node > 0 else "gloo"
+
+    def sweep_points(self) -> list[dict[str, Scalar]]:
+        """The grid in a stable order: the first key varies slowest. One empty point without a sweep."""
+        keys = list(self.sweep)
+        return [dict(zip(keys, combo)) for combo in product(*(self.sweep[k] for k in keys))]
+
+
+def cross_field_problems(spec: JobSpec) -> list[str]:
+    """Rules that span fields. Each message says which field to change."""
+    problems: list[str] = []
+    d = spec.distributed
+    if d.backend == "nccl" and spec.gpus_per_node == 0:
+        problems.append(
+            "distributed.backend: nccl needs GPUs but gpus_per_node is 0; set gpus_per_node, "
+            "or use backend gloo (or auto) for CPU ranks"
+        )
+    if spec.strategy == "dp" and spec.nodes > 1:
+        problems.append(
+            "strategy: dp (DataParallel) runs one process on one node, but nodes is "
+            f"{spec.nodes}; use strategy ddp for several nodes, or set nodes: 1"
+        )
+    if spec.strategy == "dp" and spec.cpu_ranks_per_node > 1 and spec.gpus_per_node == 0:
+        problems.append("cpu_ranks_per_node: strategy dp runs one process; set it to 1 or use strategy ddp")
+    if d.init_method == "file" and spec.nodes > 1 and not d.rendezvous_dir_is_shared:
+        where = d.rendezvous_dir or spec.runs_dir
+        field = "distributed.rendezvous_dir" if d.rendezvous_dir else "runs_dir"
+        if v.is_node_local(where):
+            problems.append(
+                f"{field}: file:// init across {spec.nodes} nodes needs a path every node sees, "
+                f"but {where!r} is node-local; use a shared filesystem path, init_method tcp, or "
+                "set distributed.rendezvous_dir_is_shared: true if it really is shared"
+            )
+    allow_exclusion = spec.resolved_backend == "nccl"
+    for name in d.interface_names():
+        try:
+            v.interface_name(name, allow_exclusion)
+        except ValueError as exc:
+            problems.append(f"distributed.interface: {exc}")
+    if isinstance(d.interface, list) and any(n.startswith("^") for n in d.interface):
+        problems.append("distributed.interface: an exclusion ('^a,b') must be the only entry, not part of a list")
+    if spec.local.devices is not None and spec.gpus_per_node > 0:
+        need = spec.ranks_per_node if spec.strategy == "ddp" else 1
+        if len(spec.local.devices) < need and spec.local.ranks_per_node is None:
+            problems.append(
+                f"local.devices: {len(spec.local.devices)} device(s) for {need} ranks per node; "
+                "list more devices or set local.ranks_per_node"
+            )
+    both = [k for k in spec.sweep if k in spec.args]
+    if both:
+        problems.append(
+            f"sweep.{both[0]}: also set in args; the sweep overrides it per point, so remove it from args"
+        )
+    return problems

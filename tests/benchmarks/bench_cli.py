@@ -1,0 +1,55 @@
+"""Wall time of `orchestrator validate` and `plan` on an example spec.
+
+Run: .venv/bin/python tests/benchmarks/bench_cli.py [--repeat 15]
+Each command runs as a fresh process (what a user pays), interleaved with a bare
+`python -c pass` and `python -c 'import pydantic'` so the ratios hold on a noisy machine.
+Targets (issue 2): validate <= 0.3 s, plan <= 0.6 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "orchestrator" / "examples"
+
+
+def wall(cmd: list[str]) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=15)
+    ap.add_argument("--spec", default=str(EXAMPLES / "tcp-2x8.yaml"))
+    args = ap.parse_args()
+    py = sys.executable
+    cases = {
+        "python -c pass": [py, "-c", "pass"],
+        "python -c 'import pydantic'": [py, "-c", "import pydantic"],
+        "orchestrator validate": [py, "-m", "orchestrator", "validate", args.spec],
+        "orchestrator plan": [py, "-m", "orchestrator", "plan", args.spec],
+        "orchestrator plan --json": [py, "-m", "orchestrator", "plan", "--json", args.spec],
+    }
+    times: dict[str, list[float]] = {k: [] for k in cases}
+    for _ in range(args.repeat):
+        for name, cmd in cases.items():
+            times[name].append(wall(cmd))
+    base = statistics.median(times["python -c pass"])
+    print(f"{'command':32} {'median s':>9} {'min s':>7} {'x bare python':>14}")
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        print(f"{name:32} {med:9.3f} {min(ts):7.3f} {med / base:14.1f}")
+    v, p = statistics.median(times["orchestrator validate"]), statistics.median(times["orchestrator plan"])
+    print(f"\nvalidate {v:.3f} s (target <= 0.3): {'ok' if v <= 0.3 else 'OVER'}; "
+          f"plan {p:.3f} s (target <= 0.6): {'ok' if p <= 0.6 else 'OVER'}")
+
+
+if __name__ == "__main__":
+    main()

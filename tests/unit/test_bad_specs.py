@@ -1,0 +1,147 @@
+"""A catalogue of bad specs. Each is refused with exit code 2 and a message naming its field."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator.cli import main
+
+BASE = {"name": "ok", "entrypoint": "jobs.train:main"}
+
+# (id, changes merged into BASE (None deletes a key), text the message must contain)
+CATALOGUE: list[tuple[str, dict, str]] = [
+    ("missing-name", {"name": None}, "name: required field is missing"),
+    ("missing-entrypoint", {"entrypoint": None}, "entrypoint: required field is missing"),
+    ("name-with-space", {"name": "my job"}, "name: "),
+    ("name-with-semicolon", {"name": "a;rm -rf ~"}, "name: "),
+    ("name-with-subshell", {"name": "$(reboot)"}, "name: "),
+    ("name-with-quote", {"name": "it's"}, "name: "),
+    ("name-with-newline", {"name": "a\nb"}, "name: "),
+    ("entry-neither", {"entrypoint": "not a thing"}, "entrypoint: "),
+    ("entry-missing-script", {"entrypoint": "./nope/train.py"}, "entrypoint: script"),
+    ("entry-bad-module", {"entrypoint": "jobs.train:"}, "entrypoint: "),
+    ("entry-dash-module", {"entrypoint": "my-pkg.train:main"}, "entrypoint: "),
+    ("nodes-zero", {"nodes": 0}, "nodes: "),
+    ("nodes-string", {"nodes": "two"}, "nodes: "),
+    ("gpus-negative", {"gpus_per_node": -1}, "gpus_per_node: "),
+    ("cpu-ranks-zero", {"cpu_ranks_per_node": 0}, "cpu_ranks_per_node: "),
+    ("strategy-unknown", {"strategy": "fsdp"}, "strategy: got 'fsdp'"),
+    ("nccl-without-gpus", {"distributed": {"backend": "nccl"}}, "distributed.backend: nccl needs GPUs"),
+    ("backend-unknown", {"distributed": {"backend": "mpi"}}, "distributed.backend: got 'mpi'"),
+    ("dp-multi-node", {"strategy": "dp", "nodes": 2, "gpus_per_node": 2}, "strategy: dp"),
+    ("file-init-tmp-multi-node", {"nodes": 2, "distributed": {"init_method": "file", "rendezvous_dir": "/tmp/rdv"}},
+     "distributed.rendezvous_dir: file:// init across 2 nodes"),
+    ("file-init-shm-runs-dir", {"nodes": 2, "runs_dir": "/dev/shm/runs", "distributed": {"init_method": "file"}},
+     "runs_dir: file:// init"),
+    ("init-method-unknown", {"distributed": {"init_method": "mpi"}}, "distributed.init_method: got 'mpi'"),
+    ("port-too-low", {"distributed": {"port": 80}}, "distributed.port: port 80 is out of range"),
+    ("port-too-high", {"distributed": {"port": 70000}}, "distributed.port: port 70000 is out of range"),
+    ("port-ephemeral", {"distributed": {"port": 40000}}, "distributed.port: port 40000 is inside the ephemeral range"),
+    ("port-word", {"distributed": {"port": "any"}}, "distributed.port"),
+    ("iface-too-long", {"distributed": {"interface": "averyveryverylongname0"}}, "distributed.interface: "),
+    ("iface-slash", {"distributed": {"interface": "eth0/1"}}, "distributed.interface: "),
+    ("iface-space", {"distributed": {"interface": "eth 0"}}, "distributed.interface: "),
+    ("iface-exclusion-gloo", {"distributed": {"interface": "^docker0,lo"}}, "gloo does not accept '^'"),
+    ("iface-empty-list", {"distributed": {"interface": []}}, "distributed.interface: the interface list is empty"),
+    ("iface-dup-list", {"distributed": {"interface": ["eth0", "eth0"]}}, "distributed.interface: "),
+    ("init-timeout-zero", {"distributed": {"init_timeout_s": 0}}, "distributed.init_timeout_s: "),
+    ("slurm-time-bad", {"slurm": {"time": "2 hours"}}, "slurm.time: '2 hours' is not a SLURM time"),
+    ("slurm-time-zero", {"slurm": {"time": "0"}}, "slurm.time: "),
+    ("slurm-time-colons", {"slurm": {"time": "1:2:3:4"}}, "slurm.time: "),
+    ("slurm-mem-bad", {"slurm": {"mem": "lots"}}, "slurm.mem: 'lots' is not a SLURM memory size"),
+    ("slurm-mem-zero", {"slurm": {"mem": "0G"}}, "slurm.mem: "),
+    ("slurm-partition-shell", {"slurm": {"partition": "gpu;id"}}, "slurm.partition: "),
+    ("slurm-account-subshell", {"slurm": {"account": "$(id)"}}, "slurm.account: "),
+    ("slurm-qos-space", {"slurm": {"qos": "high prio"}}, "slurm.qos: "),
+    ("slurm-constraint-quote", {"slurm": {"constraint": "a100'&&id"}}, "slurm.constraint: "),
+    ("slurm-setup-newline", {"slurm": {"setup": ["module load x\nid"]}}, "slurm.setup"),
+    ("slurm-signal-margin-small", {"slurm": {"signal_margin_s": 1}}, "slurm.signal_margin_s: "),
+    ("slurm-requeues-negative", {"slurm": {"max_requeues": -1}}, "slurm.max_requeues: "),
+    ("slurm-extra-reserved", {"slurm": {"extra_sbatch": {"nodes": 3}}}, "slurm.extra_sbatch: sbatch option 'nodes'"),
+    ("slurm-extra-dashes", {"slurm": {"extra_sbatch": {"--mail-type": "END"}}}, "slurm.extra_sbatch: "),
+    ("slurm-extra-newline", {"slurm": {"extra_sbatch": {"comment": "a\nb"}}}, "slurm.extra_sbatch: "),
+    ("slurm-cpus-zero", {"slurm": {"cpus_per_task": 0}}, "slurm.cpus_per_task: "),
+    ("sweep-empty-values", {"sweep": {"lr": []}}, "sweep: sweep.lr is empty"),
+    ("sweep-duplicate", {"sweep": {"lr": [0.1, 0.1]}}, "sweep: sweep.lr repeats 0.1"),
+    ("sweep-dashed-key", {"sweep": {"--lr": [0.1]}}, "sweep: "),
+    ("sweep-also-in-args", {"args": {"lr": 0.1}, "sweep": {"lr": [0.1, 0.2]}}, "sweep.lr: also set in args"),
+    ("unknown-top-key", {"gpu_per_node": 2}, "gpu_per_node: unknown key; did you mean 'gpus_per_node'?"),
+    ("unknown-nested-key", {"distributed": {"backnd": "gloo"}}, "distributed.backnd: unknown key; did you mean 'backend'?"),
+    ("unknown-slurm-key", {"slurm": {"partiton": "gpu"}}, "slurm.partiton: unknown key; did you mean 'partition'?"),
+    ("executor-unknown", {"executor": "k8s"}, "executor: got 'k8s'"),
+    ("keep-last-zero", {"checkpoint": {"keep_last": 0}}, "checkpoint.keep_last: "),
+    ("local-devices-dup", {"local": {"devices": [0, 0]}}, "local.devices: "),
+    ("runs-dir-percent", {"runs_dir": "/data/%j"}, "runs_dir: "),
+    ("runs-dir-newline", {"runs_dir": "/data/a\nb"}, "runs_dir: "),
+    ("extra-args-newline", {"extra_args": ["--x\nid"]}, "extra_args: "),
+]
+
+
+def _spec(changes: dict) -> dict:
+    spec = dict(BASE)
+    for key, value in changes.items():
+        if value is None:
+            spec.pop(key, None)
+        else:
+            spec[key] = value
+    return spec
+
+
+def test_catalogue_is_large_and_unique() -> None:
+    ids = [c[0] for c in CATALOGUE]
+    assert len(ids) >= 40 and len(set(ids)) == len(ids)
+
+
+@pytest.mark.parametrize("case_id,changes,expected", CATALOGUE, ids=[c[0] for c in CATALOGUE])
+def test_bad_spec_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str], case_id: str,
+                             changes: dict, expected: str) -> None:
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(_spec(changes)))
+    code = main(["validate", str(path)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert expected in err, err
+    assert str(path) in err  # the file is named
+    assert "Traceback" not in err
+
+
+def test_good_base_validates(tmp_path: Path) -> None:
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(BASE))
+    assert main(["validate", str(path)]) == 0
+
+
+def test_bad_override_names_the_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(BASE))
+    assert main(["validate", str(path), "--set", "distributed.port=40000"]) == 2
+    assert "distributed.port: port 40000" in capsys.readouterr().err
+    assert main(["validate", str(path), "--set", "novalue"]) == 2
+    assert "expected key.path=value" in capsys.readouterr().err
+
+
+def test_unparseable_yaml_names_file_and_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "broken.yaml"
+    path.write_text("name: a\n  entrypoint: [\n")
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "broken.yaml: cannot parse" in err and "line" in err
+
+
+def test_missing_file(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", "/nonexistent/spec.yaml"]) == 2
+    assert "file not found" in capsys.readouterr().err
+
+
+def test_cli_process_exits_2_without_traceback(tmp_path: Path) -> None:
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(_spec({"distributed": {"backend": "nccl"}})))
+    proc = subprocess.run([sys.executable, "-m", "orchestrator", "validate", str(path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "nccl needs GPUs" in proc.stderr and "Traceback" not in proc.stderr

@@ -1,0 +1,103 @@
+"""Rendered sbatch scripts against golden files, including hostile names and paths.
+
+Refresh the golden files after an intended change with:
+    ORCH_UPDATE_GOLDEN=1 python -m pytest tests/unit/test_plan_golden.py
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from orchestrator.errors import SpecError
+from orchestrator.loading import spec_from_dict
+from orchestrator.plan import plan
+
+GOLDEN = Path(__file__).parent.parent / "golden"
+PYTHON = "/opt/venv/bin/python"  # fixed, so golden files do not depend on this machine
+
+HOSTILE_DIRS = {
+    "quote": "/data/it's a \"run\"",
+    "spaces": "/data/my runs/with spaces",
+    "semicolon": "/data/a;touch PWNED;b",
+    "subshell": "/data/$(touch PWNED)/`touch PWNED`",
+}
+
+
+def _spec(runs_dir: str, **extra: object):
+    base = {
+        "name": "golden", "entrypoint": "jobs.train:main", "executor": "slurm", "nodes": 2,
+        "gpus_per_node": 2, "runs_dir": runs_dir,
+        "slurm": {"python": PYTHON, "partition": "gpu", "time": "1-02:00", "mem": "32G",
+                  "setup": ["module load cuda", "source /opt/venv/bin/activate"],
+                  "extra_sbatch": {"mail-type": "END", "comment": "it's; $(id)"}},
+    }
+    base.update(extra)
+    return spec_from_dict(base)
+
+
+def _check_golden(name: str, text: str) -> None:
+    path = GOLDEN / f"{name}.sbatch"
+    if os.environ.get("ORCH_UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert path.exists(), f"missing golden file {path}; create it with ORCH_UPDATE_GOLDEN=1"
+    assert text == path.read_text(), (
+        f"sbatch script differs from {path}; if the change is intended, refresh with "
+        "ORCH_UPDATE_GOLDEN=1 python -m pytest tests/unit/test_plan_golden.py"
+    )
+
+
+def test_plain_script_matches_golden() -> None:
+    _check_golden("plain", plan(_spec("/shared/runs")).sbatch_script or "")
+
+
+def test_sweep_script_is_one_array() -> None:
+    launch = plan(_spec("/shared/runs", sweep={"lr": [0.1, 0.2, 0.3]}, nodes=1))
+    assert "#SBATCH --array=0-2%3" in (launch.sbatch_script or "")
+    _check_golden("sweep", launch.sbatch_script or "")
+    assert [p.args["lr"] for p in launch.sweep] == [0.1, 0.2, 0.3]
+    assert len({p.run_dir for p in launch.sweep}) == 3
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_DIRS))
+def test_hostile_paths_are_quoted(case: str, tmp_path: Path) -> None:
+    script = plan(_spec(HOSTILE_DIRS[case])).sbatch_script or ""
+    _check_golden(f"hostile-{case}", script)
+    # Execute the script with stub srun/sbatch-free shell: every line but setup and the command
+    # must be inert. We run it with srun replaced by a printer and check nothing was created.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "srun").chmod(0o755)
+    (bin_dir / "module").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "module").chmod(0o755)
+    script_path = tmp_path / "job.sh"
+    script_path.write_text(script.replace("source /opt/venv/bin/activate", "true"))
+    work = tmp_path / "cwd"
+    work.mkdir()
+    subprocess.run(["bash", str(script_path)], cwd=work, check=True, timeout=30,
+                   env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+    assert not list(work.iterdir()), "a spec field executed inside the sbatch script"
+
+
+def test_srun_line_parses_back_to_the_exact_path() -> None:
+    runs_dir = HOSTILE_DIRS["subshell"]
+    launch = plan(_spec(runs_dir))
+    srun_line = next(line for line in (launch.sbatch_script or "").splitlines() if line.startswith("srun"))
+    words = shlex.split(srun_line)
+    assert words[-1] == os.path.join(launch.run_dir, "slurm")
+    assert launch.run_dir.startswith(runs_dir)
+
+
+def test_newline_in_path_is_refused() -> None:
+    with pytest.raises(SpecError, match="runs_dir"):
+        _spec("/data/a\nrm -rf ~")
+
+
+def test_newline_in_name_is_refused() -> None:
+    with pytest.raises(SpecError, match="name"):
+        spec_from_dict({"name": "a\n#SBATCH --x", "entrypoint": "jobs.train:main"})

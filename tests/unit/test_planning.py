@@ -1,0 +1,126 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from orchestrator.loading import load_spec, spec_from_dict
+from orchestrator.plan import array_chunks, plan, render_argv, run_id_for
+from orchestrator.rank_env import (PORT_BASE, PORT_SPAN, RankEnv, derive_port, expand_nodelist,
+                                   local_devices_for_rank, slurm_visible_devices)
+from orchestrator.validators import EPHEMERAL_PORTS, slurm_time_minutes
+
+CLUSTER = {"name": "c", "entrypoint": "jobs.train:main", "nodes": 2, "gpus_per_node": 8,
+           "distributed": {"backend": "nccl", "init_method": "tcp", "interface": "ib0"}}
+
+
+def test_cluster_spec_downscales_honestly_on_local() -> None:
+    launch = plan(spec_from_dict(CLUSTER), "local")
+    assert (launch.nodes, launch.ranks_per_node, launch.backend) == (2, 2, "gloo")
+    assert any("nccl -> gloo" in n for n in launch.notes)
+    assert any("2 emulated node(s) x 2" in n for n in launch.notes)
+    envs = [r.env for r in launch.ranks]
+    assert [e["RANK"] for e in envs] == ["0", "1", "2", "3"]
+    assert [e["NODE_RANK"] for e in envs] == ["0", "0", "1", "1"]
+    assert [e["LOCAL_RANK"] for e in envs] == ["0", "1", "0", "1"]
+    assert all(e["ORCH_INIT_METHOD"] == f"tcp://127.0.0.1:{e['MASTER_PORT']}" for e in envs)
+    assert all(e["GLOO_SOCKET_IFNAME"] == "lo" for e in envs)
+
+
+def test_slurm_plan_rank_table() -> None:
+    launch = plan(spec_from_dict(CLUSTER), "slurm")
+    assert launch.world_size == 16 and len(launch.ranks) == 16
+    assert launch.submitit["ntasks_per_node"] == 8 and launch.submitit["gpus_per_node"] == 8
+    assert "--kill-on-bad-exit=1" in launch.sbatch_script
+    assert launch.ranks[9].env["NODE_RANK"] == "1" and launch.ranks[9].env["LOCAL_RANK"] == "1"
+    assert launch.ranks[0].env["NCCL_SOCKET_IFNAME"] == "ib0"
+
+
+def test_plan_is_deterministic_and_serialisable() -> None:
+    a, b = plan(spec_from_dict(CLUSTER), "slurm"), plan(spec_from_dict(CLUSTER), "slurm")
+    assert a == b
+    assert json.loads(a.model_dump_json())["run_id"] == run_id_for(spec_from_dict({**CLUSTER, "executor": "slurm"}))
+
+
+def test_dp_is_one_process_with_all_devices() -> None:
+    spec = spec_from_dict({"name": "dp", "entrypoint": "jobs.train:main", "gpus_per_node": 4, "strategy": "dp",
+                           "local": {"devices": [0, 1, 2, 3]}})
+    launch = plan(spec, "local")
+    assert launch.world_size == 1
+    assert launch.ranks[0].env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
+
+
+def test_local_devices_split_among_ranks() -> None:
+    spec = spec_from_dict({"name": "g", "entrypoint": "jobs.train:main", "gpus_per_node": 2,
+                           "local": {"devices": [2, 3]}})
+    launch = plan(spec, "local")
+    assert [r.env["CUDA_VISIBLE_DEVICES"] for r in launch.ranks] == ["2", "3"]
+    assert launch.backend == "nccl"
+
+
+def test_port_is_derived_outside_ephemeral_range() -> None:
+    ports = {derive_port(str(j), r) for j in range(2000) for r in range(3)}
+    assert min(ports) >= PORT_BASE and max(ports) < PORT_BASE + PORT_SPAN < EPHEMERAL_PORTS[0]
+    assert derive_port("123", 0) == derive_port("123", 0) != derive_port("123", 1)
+
+
+@pytest.mark.parametrize("nodelist,hosts", [
+    ("node1", ["node1"]),
+    ("node[1-3]", ["node1", "node2", "node3"]),
+    ("gpu[01-02,7],cpu1", ["gpu01", "gpu02", "gpu7", "cpu1"]),
+    ("a[9-10]-ib", ["a9-ib", "a10-ib"]),
+])
+def test_expand_nodelist(nodelist: str, hosts: list[str]) -> None:
+    assert expand_nodelist(nodelist) == hosts
+
+
+def test_gpu_binding_rules() -> None:
+    assert slurm_visible_devices({"CUDA_VISIBLE_DEVICES": "3"}, 1, 2) == "3"  # SLURM bound one: keep
+    assert slurm_visible_devices({"CUDA_VISIBLE_DEVICES": "2,3"}, 1, 2) == "3"  # by position, not index
+    assert slurm_visible_devices({}, 0, 2) is None
+    assert local_devices_for_rank([4, 5, 6, 7], 1, 2) == "6,7"
+
+
+def test_rank_env_roundtrip() -> None:
+    env = RankEnv(rank=3, local_rank=1, world_size=4, local_world_size=2, node_rank=1, nnodes=2,
+                  master_addr="10.0.0.1", master_port=23456, init_method="env://", interface="eth0",
+                  visible_devices="1", source="slurm")
+    back = RankEnv.from_environ(env.to_environ())
+    assert back.rank == 3 and back.node_rank == 1 and back.interface == "eth0" and back.source == "env"
+
+
+@pytest.mark.parametrize("text,minutes", [("90", 90), ("1:30", 2), ("02:00:00", 120), ("1-0", 1440),
+                                          ("1-02:30", 1590), ("0-00:00:30", 1)])
+def test_slurm_time_formats(text: str, minutes: int) -> None:
+    assert slurm_time_minutes(text) == minutes
+
+
+def test_argv_rendering() -> None:
+    assert render_argv({"lr": 0.1, "amp": True, "off": False, "sizes": [1, 2]}, ["--x"]) == \
+        ["--lr", "0.1", "--amp", "--sizes", "1", "2", "--x"]
+
+
+def test_array_chunks_fit_max_array_size() -> None:
+    assert array_chunks(5, 1001) == [[0, 1, 2, 3, 4]]
+    chunks = array_chunks(2500, 1001)
+    assert [len(c) for c in chunks] == [1000, 1000, 500] and chunks[2][-1] == 2499
+
+
+def test_override_precedence(tmp_path) -> None:
+    a = tmp_path / "a.yaml"
+    a.write_text("name: a\nentrypoint: jobs.train:main\nnodes: 2\ndistributed: {port: 29500, backend: gloo}\n")
+    b = tmp_path / "b.json"
+    b.write_text('{"distributed": {"port": 29501}}')
+    spec = load_spec([a, b], ["distributed.port=29502", "distributed.interface=[eth0,ib0]"], "slurm")
+    assert spec.distributed.port == 29502 and spec.distributed.backend == "gloo"
+    assert spec.distributed.interface == ["eth0", "ib0"] and spec.executor == "slurm" and spec.nodes == 2
+
+
+def test_examples_validate() -> None:
+    from pathlib import Path
+
+    examples = sorted((Path(__file__).resolve().parents[2] / "orchestrator" / "examples").glob("*.yaml"))
+    assert len(examples) >= 5
+    for path in examples:
+        spec = load_spec([path])
+        plan(spec)

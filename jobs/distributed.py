@@ -1,0 +1,113 @@
+"""Process-group setup from the environment, device choice, and guaranteed teardown.
+
+``with distributed() as ctx:`` joins the group (or runs single-process when WORLD_SIZE is 1
+and no master is set), pins the device, and always destroys the group on the way out.
+
+The store is created here rather than by ``init_process_group(init_method=url)`` so that the
+rendezvous timeout (``init_timeout_s``) and the collective timeout (``collective_timeout_s``)
+stay separate: a rank that never arrives fails the join quickly, while a long collective in
+training is still allowed its own limit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import os
+import sys
+from dataclasses import dataclass
+from typing import Iterator
+from urllib.parse import urlparse
+
+import torch
+import torch.distributed as dist
+
+from jobs.runtime import RuntimeConfig
+
+
+@dataclass(frozen=True)
+class DistContext:
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+    backend: str | None  # None when running as a single process without a group
+    config: RuntimeConfig
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        if self.backend is not None:
+            dist.barrier()
+
+
+def choose_device(local_rank: int, strategy: str = "ddp") -> torch.device:
+    """The local rank's GPU out of the visible list, or the CPU when there is none."""
+    if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
+        return torch.device("cpu")
+    count = torch.cuda.device_count()
+    # The launcher usually narrows CUDA_VISIBLE_DEVICES to this rank's device(s), so index 0;
+    # a torchrun-style launch that shows every GPU to every rank picks by position.
+    index = 0 if strategy == "dp" or count == 1 else local_rank % count
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+def resolve_backend(requested: str, device: torch.device) -> str:
+    if requested in ("auto", ""):
+        return "nccl" if device.type == "cuda" else "gloo"
+    if requested == "nccl" and device.type != "cuda":
+        print("[jobs] nccl requested but no GPU is visible on this rank: falling back to gloo on CPU",
+              file=sys.stderr)
+        return "gloo"
+    return requested
+
+
+def _make_store(cfg: RuntimeConfig, rank: int, world: int) -> dist.Store:
+    timeout = dt.timedelta(seconds=cfg.init_timeout_s)
+    url = urlparse(cfg.init_method)
+    if url.scheme == "file":
+        store = dist.FileStore(url.path, world)
+        store.set_timeout(timeout)
+        return store
+    if url.scheme == "tcp":
+        host, port = url.hostname, url.port
+    else:  # env://
+        host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    return dist.TCPStore(host, port, world, is_master=rank == 0, timeout=timeout, wait_for_workers=True)
+
+
+def init_process_group(cfg: RuntimeConfig, device: torch.device) -> str:
+    backend = resolve_backend(cfg.backend, device)
+    try:
+        store = _make_store(cfg, cfg.rank, cfg.world_size)
+        dist.init_process_group(
+            backend=backend, store=store, rank=cfg.rank, world_size=cfg.world_size,
+            timeout=dt.timedelta(seconds=cfg.collective_timeout_s),
+            device_id=device if device.type == "cuda" else None,
+        )
+    except Exception as exc:  # torch raises several types (DistStoreError, RuntimeError...)
+        raise RuntimeError(
+            f"rank {cfg.rank}/{cfg.world_size} could not join the process group through "
+            f"{cfg.init_method} within {cfg.init_timeout_s:.0f}s ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}). Check that all {cfg.world_size} "
+            "ranks started with the same WORLD_SIZE, that MASTER_ADDR/MASTER_PORT are reachable "
+            "from every node, and that the socket interface exists"
+        ) from exc
+    return backend
+
+
+@contextlib.contextmanager
+def distributed(config: RuntimeConfig | None = None) -> Iterator[DistContext]:
+    cfg = config or RuntimeConfig.from_env()
+    device = choose_device(cfg.local_rank, cfg.strategy)
+    backend: str | None = None
+    if cfg.world_size > 1 or "MASTER_ADDR" in os.environ:
+        backend = init_process_group(cfg, device)
+    try:
+        yield DistContext(cfg.rank, cfg.local_rank, cfg.world_size, device, backend, cfg)
+    finally:
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,55 @@
+"""Settings every rank reads from its environment, with defaults so a job also runs under torchrun.
+
+The launcher exports these (``ORCH_*``) next to the standard env:// variables. Nothing here
+imports torch.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    backend: str
+    init_method: str
+    init_timeout_s: float
+    collective_timeout_s: float
+    run_dir: str
+    checkpoint_dir: str
+    checkpoint_interval: int
+    checkpoint_keep: int
+    resume: bool
+    strategy: str
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> RuntimeConfig:
+        e = os.environ if environ is None else environ
+        run_dir = e.get("ORCH_RUN_DIR", os.getcwd())
+        world = int(e.get("WORLD_SIZE", "1"))
+        return cls(
+            rank=int(e.get("RANK", "0")),
+            local_rank=int(e.get("LOCAL_RANK", "0")),
+            world_size=world,
+            local_world_size=int(e.get("LOCAL_WORLD_SIZE", str(world))),
+            backend=e.get("ORCH_BACKEND", "auto"),
+            init_method=e.get("ORCH_INIT_METHOD", "env://"),
+            init_timeout_s=float(e.get("ORCH_INIT_TIMEOUT_S", "300")),
+            collective_timeout_s=float(e.get("ORCH_COLLECTIVE_TIMEOUT_S", "1800")),
+            run_dir=run_dir,
+            checkpoint_dir=e.get("ORCH_CHECKPOINT_DIR", os.path.join(run_dir, "checkpoints")),
+            checkpoint_interval=int(e.get("ORCH_CHECKPOINT_INTERVAL", "0")),
+            checkpoint_keep=int(e.get("ORCH_CHECKPOINT_KEEP", "3")),
+            resume=e.get("ORCH_RESUME", "1") == "1",
+            strategy=e.get("ORCH_STRATEGY", "ddp"),
+        )
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1 or "MASTER_ADDR" in os.environ

@@ -1,0 +1,21 @@
+"""One module per backend behind one small interface (see base.py). No silent fallback."""
+
+from __future__ import annotations
+
+from orchestrator.executors.base import Executor
+
+
+def get_executor(name: str) -> Executor:
+    if name == "local":
+        from orchestrator.executors.local import LocalExecutor
+
+        return LocalExecutor()
+    if name == "debug":
+        from orchestrator.executors.debug import DebugExecutor
+
+        return DebugExecutor()
+    if name == "slurm":
+        from orchestrator.executors.slurm import SlurmExecutor
+
+        return SlurmExecutor()
+    raise ValueError(f"unknown executor {name!r}: use local, slurm or debug")

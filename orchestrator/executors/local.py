@@ -1,0 +1,317 @@
+"""Local executor: nodes x ranks processes on this machine, grouped into emulated nodes.
+
+Each rank is ``python -m orchestrator.launcher payload.json`` in its own session (so its
+DataLoader workers die with it), with exactly the environment the plan shows. The supervisor
+polls the ranks; the first one to fail takes its siblings down (SIGTERM, then SIGKILL after a
+grace period) and the run is recorded FAILED with that rank and its traceback.
+
+The supervisor runs in the foreground for ``run`` (and prints the ranks' output prefixed
+with their rank), or detached as ``python -m orchestrator.executors.local RUN_DIR``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import IO, Callable
+
+from orchestrator.errors import SubmissionError
+from orchestrator.executors.base import first_error, prepare_run_dir
+from orchestrator.plan import LaunchPlan
+from orchestrator.rank_env import PORT_BASE, PORT_SPAN, init_url, rendezvous_file
+from orchestrator.records import TERMINAL, RunRecord
+
+GRACE_S = 3.0
+POLL_S = 0.05
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def pick_port(preferred: int) -> int:
+    """The planned port if free, else the next free one in the auto range."""
+    for i in range(PORT_SPAN):
+        port = PORT_BASE + (preferred - PORT_BASE + i) % PORT_SPAN if preferred >= PORT_BASE else preferred + i
+        if port_is_free(port):
+            return port
+    raise SubmissionError("no free port in the auto range; set distributed.port to a free port")
+
+
+def rank_environments(launch: LaunchPlan, port: int, payload: dict) -> list[dict[str, str]]:
+    """The plan's rank table with the port actually used (and a unique file:// per attempt)."""
+    envs = []
+    rfile = rendezvous_file(payload["rendezvous_dir"], launch.run_id, int(time.time() * 1000))
+    for row in launch.ranks:
+        env = dict(row.env)
+        env["MASTER_PORT"] = str(port)
+        method = launch.spec["distributed"]["init_method"]
+        env["ORCH_INIT_METHOD"] = init_url(method, env["MASTER_ADDR"], port, rfile)
+        envs.append(env)
+    if launch.spec["distributed"]["init_method"] == "file":
+        Path(payload["rendezvous_dir"]).mkdir(parents=True, exist_ok=True)
+    return envs
+
+
+class Supervisor:
+    """Starts the ranks of one run (each sweep point in turn) and watches them."""
+
+    def __init__(self, launch: LaunchPlan, record: RunRecord, echo: Callable[[int, str], None] | None = None) -> None:
+        self.launch, self.record, self.echo = launch, record, echo
+        self.procs: list[subprocess.Popen] = []
+        self._logs: list[IO[bytes]] = []
+        self._cancelled = False
+        self.timeout_s = launch.spec["local"].get("timeout_s")
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def run(self) -> RunRecord:
+        self.record.update(state="RUNNING", supervisor_pid=os.getpid())
+        prev = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            points = range(len(self.launch.sweep)) if self.launch.sweep else [None]
+            state = "COMPLETED"
+            for index in points:
+                state = self._run_point(index)
+                if state != "COMPLETED":
+                    break
+            return self.record.update(state=state, ended=time.time())
+        finally:
+            for s, handler in prev.items():
+                signal.signal(s, handler)
+            self._kill_all(grace=GRACE_S)
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self._cancelled = True
+
+    def _run_point(self, index: int | None) -> str:
+        payload = self.launch.payload_for_point(index)
+        run_dir = Path(payload["run_dir"])
+        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        payload_path = run_dir / ("payload.json" if index is None else "point-payload.json")
+        payload_path.write_text(json.dumps(payload))
+        planned = int(self.launch.ranks[0].env["MASTER_PORT"])
+        if self.launch.spec["distributed"]["port"] != "auto" and not port_is_free(planned):
+            raise SubmissionError(f"distributed.port {planned} is in use on this machine; pick another or use 'auto'")
+        port = pick_port(planned)
+        self.procs, self._logs = [], []
+        for rank, env in enumerate(rank_environments(self.launch, port, payload)):
+            log = open(run_dir / "logs" / f"rank-{rank}.log", "ab")
+            log.write(f"=== attempt {self.record.attempts} started {time.ctime()} ===\n".encode())
+            log.flush()
+            self._logs.append(log)
+            self.procs.append(subprocess.Popen(
+                [sys.executable, "-u", "-m", "orchestrator.launcher", str(payload_path)],
+                env={**os.environ, **env, "PYTHONUNBUFFERED": "1"}, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            ))
+        self.record.update(rank_pids=[p.pid for p in self.procs], master_port=port)
+        try:
+            return self._watch(run_dir)
+        finally:
+            for log in self._logs:
+                log.close()
+
+    def _watch(self, run_dir: Path) -> str:
+        start = time.monotonic()
+        tails = LogTails(run_dir, len(self.procs), self.echo) if self.echo else None
+        while True:
+            if tails:
+                tails.pump()
+            codes = [p.poll() for p in self.procs]
+            failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
+            if failed:
+                rank = self._first_failure(failed, codes, run_dir)
+                self._kill_all(grace=GRACE_S)
+                if tails:
+                    tails.pump()
+                return "CANCELLED" if self._cancelled else "FAILED"
+            if all(c == 0 for c in codes):
+                if tails:
+                    tails.pump()
+                return "CANCELLED" if self._cancelled else "COMPLETED"
+            if self._cancelled:
+                self._kill_all(grace=GRACE_S * 2)  # SIGTERM first: ranks checkpoint and stop together
+                if tails:
+                    tails.pump()
+                return "CANCELLED"
+            if self.timeout_s and time.monotonic() - start > self.timeout_s:
+                self.record.update(error=f"local.timeout_s ({self.timeout_s:.0f}s) reached")
+                self._kill_all(grace=GRACE_S)
+                return "TIMEOUT"
+            time.sleep(POLL_S)
+
+    def _first_failure(self, failed: list[int], codes: list[int | None], run_dir: Path) -> int:
+        """Prefer a rank killed by a signal (peers then fail because it vanished), then the
+        earliest traceback."""
+        by_signal = [r for r in failed if (codes[r] or 0) < 0]
+        err = first_error(run_dir)
+        if by_signal:
+            rank = by_signal[0]
+            message = f"rank {rank} was killed by signal {signal.Signals(-(codes[rank] or 0)).name}"
+        elif err is not None and err["rank"] in failed:
+            rank = err["rank"]
+            message = f"rank {rank} raised {err['type']}: {err['message']}\n{err['traceback']}"
+        else:
+            rank = failed[0]
+            message = f"rank {rank} exited with code {codes[rank]}"
+        self.record.update(failed_rank=rank, error=message)
+        return rank
+
+    def _kill_all(self, grace: float) -> None:
+        alive = [p for p in self.procs if p.poll() is None]
+        for p in alive:
+            _signal_group(p.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(p.poll() is None for p in alive):
+            time.sleep(POLL_S)
+        for p in self.procs:
+            _signal_group(p.pid, signal.SIGKILL)  # also reaps DataLoader workers left in the group
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class LogTails:
+    """Follows every rank's log file and hands new complete lines to ``echo(rank, line)``."""
+
+    def __init__(self, run_dir: Path, n: int, echo: Callable[[int, str], None]) -> None:
+        self.paths = [run_dir / "logs" / f"rank-{r}.log" for r in range(n)]
+        self.offsets = [p.stat().st_size if p.exists() else 0 for p in self.paths]
+        self.partial = [b""] * n
+        self.echo = echo
+
+    def pump(self) -> None:
+        for rank, path in enumerate(self.paths):
+            try:
+                with open(path, "rb") as fh:
+                    fh.seek(self.offsets[rank])
+                    chunk = fh.read()
+            except FileNotFoundError:
+                continue
+            self.offsets[rank] += len(chunk)
+            lines = (self.partial[rank] + chunk).split(b"\n")
+            self.partial[rank] = lines.pop()
+            for line in lines:
+                self.echo(rank, line.decode(errors="replace"))
+
+
+_STEP = re.compile(r"step (\d+)/(\d+)")
+
+
+class ConsoleEcho:
+    """Prefixed live output plus a progress bar fed by rank 0's step lines."""
+
+    def __init__(self) -> None:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(TextColumn("training"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
+                                 TimeElapsedColumn(), transient=False)
+        self.task = self.progress.add_task("train", total=None)
+
+    def __call__(self, rank: int, line: str) -> None:
+        self.progress.console.print(f"[rank {rank}] {line}", markup=False, highlight=False)
+        m = _STEP.search(line) if rank == 0 else None
+        if m:
+            self.progress.update(self.task, completed=int(m.group(1)), total=int(m.group(2)))
+
+
+class LocalExecutor:
+    def run(self, launch: LaunchPlan) -> RunRecord:
+        record = prepare_run_dir(launch)
+        echo = ConsoleEcho()
+        with echo.progress:
+            record = Supervisor(launch, record, echo).run()
+        _print_outcome(record)
+        return record
+
+    def submit(self, launch: LaunchPlan, detach: bool = True) -> RunRecord:
+        record = prepare_run_dir(launch)
+        log = open(Path(launch.run_dir) / "supervisor.log", "ab")
+        proc = subprocess.Popen([sys.executable, "-m", "orchestrator.executors.local", launch.run_dir],
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+        log.close()
+        return record.update(supervisor_pid=proc.pid, job_ids=[f"local-{proc.pid}"])
+
+    def wait(self, record: RunRecord, follow: bool = False) -> RunRecord:
+        while True:
+            record = RunRecord.load(record.run_dir)
+            if record.state in TERMINAL:
+                return record
+            time.sleep(0.2)
+
+    def refresh(self, records: list[RunRecord]) -> list[RunRecord]:
+        """A run whose supervisor vanished without writing an end state is reported FAILED."""
+        out = []
+        for rec in records:
+            if rec.state not in TERMINAL and rec.supervisor_pid and not _alive(rec.supervisor_pid):
+                rec = rec.update(state="FAILED", ended=time.time(),
+                                 error=rec.error or "the local supervisor died without recording an end state")
+            out.append(rec)
+        return out
+
+    def cancel(self, record: RunRecord) -> RunRecord:
+        if record.state in TERMINAL:
+            return record
+        if record.supervisor_pid and _alive(record.supervisor_pid):
+            os.kill(record.supervisor_pid, signal.SIGTERM)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                record = RunRecord.load(record.run_dir)
+                if record.state in TERMINAL:
+                    return record
+                time.sleep(0.1)
+        for pid in record.rank_pids:
+            _signal_group(pid, signal.SIGKILL)
+        return record.update(state="CANCELLED", ended=time.time())
+
+    def log_path(self, record: RunRecord, rank: int) -> Path:
+        return Path(record.run_dir) / "logs" / f"rank-{rank}.log"
+
+
+def _alive(pid: int) -> bool:
+    """True for a running process; a zombie (state Z) counts as dead."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def _print_outcome(record: RunRecord) -> None:
+    print(f"{record.run_id}: {record.state}  (run folder {record.run_dir})")
+    if record.state != "COMPLETED" and record.error:
+        print(record.error, file=sys.stderr)
+    result = Path(record.run_dir) / "result.json"
+    if result.exists():
+        print(f"result: {json.loads(result.read_text()).get('result')}")
+
+
+def _detached_main(run_dir: str) -> int:
+    launch = LaunchPlan.model_validate_json((Path(run_dir) / "plan.json").read_text())
+    record = Supervisor(launch, RunRecord.load(run_dir)).run()
+    return 0 if record.state == "COMPLETED" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(_detached_main(sys.argv[1]))

@@ -25,14 +25,3 @@ class MetricsWriter:
         os.fsync(self._fh.fileno())
         self._fh.close()
 
-
-def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for path in sorted((Path(run_dir) / "metrics").glob("rank-*.jsonl")):
-        for line in path.read_text(encoding="utf-8").splitlines():
-            if line.strip():
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue  # a line cut by a crash
-    return out

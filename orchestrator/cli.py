@@ -44,7 +44,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run a spec (local by default) in the foreground")
     _spec_args(p)
     p.add_argument("--detach", action="store_true", help="run in the background and return the run id")
+    p.add_argument("--fresh", action="store_true",
+                   help="start over: move an existing run folder of this spec aside (nothing is deleted)")
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("demo", help="train the embedded demo spec locally (2 nodes x 2 ranks, digits) and report")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("submit", help="submit a spec to SLURM")
     _spec_args(p)
@@ -121,6 +127,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     from orchestrator.plan import plan
 
     launch = plan(_load(args), args.executor or None)
+    if launch.executor == "slurm":
+        print("error: 'run' is for local and debug executors; use 'orchestrator submit' for SLURM "
+              "or pass --executor local for a dry run", file=sys.stderr)
+        return 2
+    if args.fresh:
+        from orchestrator.executors.base import move_aside
+
+        moved = move_aside(launch.run_dir)
+        if moved:
+            print(f"moved the previous run folder to {moved}")
     executor = get_executor(launch.executor)
     if args.detach:
         record = executor.submit(launch, detach=True)
@@ -128,6 +144,21 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 0
     record = executor.run(launch)
     return 0 if record.state == "COMPLETED" else 1
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    demo = Path(__file__).parent / "examples" / "demo.yaml"
+    ns = argparse.Namespace(spec=[str(demo)], overrides=args.overrides, executor="local", detach=False, fresh=True)
+    code = cmd_run(ns)
+    if code == 0:
+        from orchestrator.loading import load_spec
+        from orchestrator.plan import plan
+        from orchestrator.report import write_report
+
+        print(write_report(plan(load_spec([demo], args.overrides, "local")).run_dir))
+    return code
 
 
 def cmd_submit(args: argparse.Namespace) -> int:

@@ -63,3 +63,17 @@ def first_error(run_dir: str | Path) -> dict | None:
         except (OSError, json.JSONDecodeError):
             continue
     return min(errors, key=lambda e: e.get("time", 0)) if errors else None
+
+
+def move_aside(run_dir: str | Path) -> Path | None:
+    """Rename an existing, finished run folder to <run_dir>.<n> so a fresh run can start."""
+    src = Path(run_dir)
+    if not src.exists():
+        return None
+    if (src / "record.json").is_file() and RunRecord.load(src).state not in TERMINAL:
+        raise SubmissionError(f"{src} belongs to a run that is still active; cancel it first")
+    n = 1
+    while (dst := src.with_name(f"{src.name}.{n}")).exists():
+        n += 1
+    src.rename(dst)
+    return dst

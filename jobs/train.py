@@ -49,6 +49,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: no limit)")
     p.add_argument("--step-delay", type=float, default=0.0, help="sleep per step (tests of preemption)")
     p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--stop-check-every", type=int, default=10,
+                   help="steps between the collective stop-flag checks (each costs one tiny all_reduce)")
     p.add_argument("--workers", type=int, default=0, help="DataLoader workers (0 is fastest for small data on few cores)")
     return p.parse_args(list(argv))
 
@@ -190,7 +192,7 @@ def train(ctx: DistContext, args: argparse.Namespace, stop: StopFlag) -> dict[st
                                 loss=loss_value, lr=opt.param_groups[0]["lr"])
                     print(f"[train] epoch {prog.epoch + 1}/{args.epochs} step {prog.global_step}/{total_steps} "
                           f"loss {loss_value:.4f}", flush=True)
-                if stop.should_stop(ctx.device):
+                if prog.global_step % args.stop_check_every == 0 and stop.should_stop(ctx.device):
                     stopped = stop.signal_name or "peer"
                     break
                 if args.max_steps and prog.global_step >= args.max_steps:

@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from orchestrator.executors.base import prepare_run_dir
+from orchestrator.executors.local import Supervisor
+from orchestrator.loading import spec_from_dict
+from orchestrator.plan import LaunchPlan, plan
+from orchestrator.records import RunRecord
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def make_plan(tmp_path: Path, **fields: Any) -> LaunchPlan:
+    spec = {"name": "t", "entrypoint": "jobs.train:main", "runs_dir": str(tmp_path / "runs"), **fields}
+    return plan(spec_from_dict(spec), "local")
+
+
+def run_local(launch: LaunchPlan) -> RunRecord:
+    return Supervisor(launch, prepare_run_dir(launch)).run()
+
+
+def final_weights(launch: LaunchPlan) -> dict[str, torch.Tensor]:
+    from jobs.checkpoint import latest_checkpoint, load_checkpoint
+
+    path = latest_checkpoint(Path(launch.payload["checkpoint"]["dir"]))
+    assert path is not None, f"no checkpoint in {launch.payload['checkpoint']['dir']}"
+    return load_checkpoint(path)["model"]
+
+
+def alive_processes_mentioning(text: str) -> list[int]:
+    """PIDs of live (non-zombie) processes whose command line contains text."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue
+        if text in cmd and state != "Z":
+            found.append(int(pid))
+    return found

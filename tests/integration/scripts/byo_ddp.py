@@ -1,0 +1,19 @@
+"""A torchrun-style script, unchanged: it reads only the standard env:// variables."""
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+rank = int(os.environ["RANK"])
+local_rank = int(os.environ["LOCAL_RANK"])
+world = int(os.environ["WORLD_SIZE"])
+dist.init_process_group("gloo", init_method="env://")
+t = torch.tensor([float(rank + 1)])
+dist.all_reduce(t)
+out = sys.argv[sys.argv.index("--out") + 1]
+with open(os.path.join(out, f"byo-{rank}.json"), "w") as fh:
+    json.dump({"rank": rank, "local_rank": local_rank, "world": world, "sum": t.item(),
+               "node_rank": int(os.environ["NODE_RANK"]), "master": os.environ["MASTER_ADDR"]}, fh)
+dist.destroy_process_group()

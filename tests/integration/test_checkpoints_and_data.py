@@ -1,0 +1,103 @@
+"""Atomic checkpoints under kill -9, the module. prefix, and torchvision's CIFAR10 loader offline."""
+
+from __future__ import annotations
+
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from jobs import checkpoint as ckpt
+
+WRITER = """
+import sys, torch
+from jobs.checkpoint import save_atomic, checkpoint_path
+d = sys.argv[1]
+save_atomic({"step": 1, "w": torch.ones(4)}, checkpoint_path(d, 1))
+print("first", flush=True)
+big = torch.randn(60_000_000)  # ~240 MB: the write takes long enough to be killed mid-way
+while True:
+    save_atomic({"step": 2, "w": big}, checkpoint_path(d, 2))
+"""
+
+
+def test_kill_9_during_write_leaves_previous_checkpoint_loadable(tmp_path: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "first"
+    deadline = time.monotonic() + 60
+    while not any(p.name.endswith(".tmp") for p in tmp_path.iterdir()):  # a write is under way
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    latest = ckpt.latest_checkpoint(tmp_path)
+    assert latest is not None
+    state = ckpt.load_checkpoint(latest)  # whichever is latest, it is complete
+    assert state["step"] in (1, 2)
+    assert ckpt.list_checkpoints(tmp_path)[0].name == "ckpt-0000000001.pt"
+    assert torch.equal(ckpt.load_checkpoint(ckpt.list_checkpoints(tmp_path)[0])["w"], torch.ones(4))
+
+
+def test_keep_last_prunes_old_checkpoints(tmp_path: Path) -> None:
+    for step in range(1, 6):
+        ckpt.save_checkpoint({"step": step}, tmp_path, step, keep=2, is_main=True, barrier=lambda: None)
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["ckpt-0000000004.pt", "ckpt-0000000005.pt"]
+
+
+def test_state_dicts_load_with_or_without_module_prefix() -> None:
+    from jobs.models import SmallCNN
+
+    src = SmallCNN(1, 10)
+    prefixed = {f"module.{k}": v for k, v in src.state_dict().items()}
+    for state in (src.state_dict(), prefixed):
+        dst = SmallCNN(1, 10)
+        ckpt.load_model_state(dst, state)
+        assert all(torch.equal(a, b) for a, b in zip(src.state_dict().values(), dst.state_dict().values()))
+    wrapped = torch.nn.DataParallel(SmallCNN(1, 10))
+    ckpt.load_model_state(wrapped, prefixed)
+    assert list(ckpt.unwrapped_state(wrapped))[0].startswith("features")
+
+
+def _write_tiny_cifar(root: Path, n: int = 20) -> None:
+    base = root / "cifar-10-batches-py"
+    base.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        batch = {"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8), "labels": list(rng.integers(0, 10, n))}
+        (base / name).write_bytes(pickle.dumps(batch))
+    (base / "batches.meta").write_bytes(pickle.dumps({"label_names": [f"class{i}" for i in range(10)]}))
+
+
+def test_cifar10_loader_on_tiny_local_copy(tmp_path: Path) -> None:
+    from jobs import data
+
+    _write_tiny_cifar(tmp_path)
+    train = data.cifar10(str(tmp_path), train=True, verify=False)
+    test = data.cifar10(str(tmp_path), train=False, verify=False)
+    assert len(train) == 100 and len(test) == 20
+    x, y = train[0]
+    assert tuple(x.shape) == (3, 32, 32) and 0 <= y < 10
+    with pytest.raises(RuntimeError):  # torchvision's md5 check refuses files that are not the real ones
+        data.cifar10(str(tmp_path), train=True, verify=True)
+
+
+def test_digits_ship_with_the_package() -> None:
+    from jobs import data
+
+    train, test = data.digits(True), data.digits(False)
+    assert len(train) + len(test) == 1797
+    assert tuple(train[0][0].shape) == (1, 8, 8)
+
+
+def test_balanced_dataparallel_chunks() -> None:
+    from jobs.parallel import balanced_chunks
+
+    assert balanced_chunks(64, 4, None) == [16, 16, 16, 16]
+    assert balanced_chunks(64, 4, 10) == [10, 18, 18, 18]
+    assert sum(balanced_chunks(65, 3, 5)) == 65

@@ -1,0 +1,178 @@
+"""Real multi-process gloo runs on this machine through the local executor."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from orchestrator.records import RunRecord
+from tests.integration.helpers import SCRIPTS, alive_processes_mentioning, final_weights, make_plan, run_local
+
+TRAIN_ARGS = {"dataset": "digits", "model": "smallcnn", "batch-size": 16, "lr": 0.05, "momentum": 0.0,
+              "epochs": 1, "max-steps": 6, "log-every": 1}
+
+
+def _reference_weights(world: int, per_rank_batch: int, steps: int, lr: float) -> dict[str, torch.Tensor]:
+    """One process, combined batch: the same samples DistributedSampler gives each rank."""
+    from torch.utils.data import DistributedSampler
+
+    from jobs import data, models
+    from jobs.train import seed_everything
+
+    seed_everything(0)
+    train_set = data.digits(True)
+    model = models.build("smallcnn", 1, 10)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.0)
+    per_rank = []
+    for rank in range(world):
+        s = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=0, drop_last=True)
+        s.set_epoch(0)
+        per_rank.append(list(s))
+    for step in range(steps):
+        idx = [i for r in range(world) for i in per_rank[r][step * per_rank_batch:(step + 1) * per_rank_batch]]
+        x = torch.stack([train_set[i][0] for i in idx])
+        y = torch.stack([train_set[i][1] for i in idx])
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    return model.state_dict()
+
+
+@pytest.mark.parametrize("nodes,per_node,init", [(1, 2, "tcp"), (2, 2, "file")])
+def test_ddp_matches_single_process_with_combined_batch(tmp_path: Path, nodes: int, per_node: int, init: str) -> None:
+    launch = make_plan(tmp_path, nodes=nodes, cpu_ranks_per_node=per_node, args=TRAIN_ARGS,
+                       distributed={"init_method": init, "backend": "gloo", "rendezvous_dir_is_shared": True})
+    record = run_local(launch)
+    assert record.state == "COMPLETED", record.error
+    got = final_weights(launch)
+    want = _reference_weights(nodes * per_node, 16, 6, 0.05)
+    for name, tensor in want.items():
+        torch.testing.assert_close(got[name], tensor, rtol=1e-4, atol=1e-5, msg=name)
+    logs = sorted((Path(launch.run_dir) / "logs").glob("rank-*.log"))
+    assert len(logs) == nodes * per_node
+    assert json.loads((Path(launch.run_dir) / "result.json").read_text())["result"]["world_size"] == nodes * per_node
+
+
+def test_torchrun_style_script_runs_unchanged(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    launch = make_plan(tmp_path, entrypoint=str(SCRIPTS / "byo_ddp.py"), nodes=2, cpu_ranks_per_node=2,
+                       extra_args=["--out", str(out)])
+    record = run_local(launch)
+    assert record.state == "COMPLETED", record.error
+    rows = [json.loads((out / f"byo-{r}.json").read_text()) for r in range(4)]
+    assert [(r["rank"], r["local_rank"], r["node_rank"]) for r in rows] == [(0, 0, 0), (1, 1, 0), (2, 0, 1), (3, 1, 1)]
+    assert all(r["sum"] == 10.0 and r["world"] == 4 for r in rows)
+
+
+def test_failing_rank_fails_the_run_fast_with_its_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CRASH_RANK", "2")
+    launch = make_plan(tmp_path, entrypoint="tests.integration.scripts.crash:main", nodes=2, cpu_ranks_per_node=2)
+    t0 = time.monotonic()
+    record = run_local(launch)
+    assert record.state == "FAILED"
+    assert record.failed_rank == 2
+    assert "boom on rank 2" in (record.error or "") and "Traceback" in (record.error or "")
+    assert time.monotonic() - t0 < 60
+    assert not alive_processes_mentioning(launch.run_dir)
+
+
+def test_killed_rank_ends_the_run_within_10s(tmp_path: Path) -> None:
+    args = {**TRAIN_ARGS, "max-steps": 0, "epochs": 50, "step-delay": 0.05}
+    launch = make_plan(tmp_path, nodes=2, cpu_ranks_per_node=2, args=args)
+    from orchestrator.executors.base import prepare_run_dir
+    from orchestrator.executors.local import Supervisor
+
+    record = prepare_run_dir(launch)
+    killed: dict[str, float] = {}
+
+    def killer() -> None:
+        metrics = Path(launch.run_dir) / "metrics" / "rank-0.jsonl"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if metrics.exists() and metrics.read_text().count('"train"') >= 3:
+                pid = RunRecord.load(launch.run_dir).rank_pids[1]
+                os.kill(pid, signal.SIGKILL)
+                killed["at"] = time.monotonic()
+                return
+            time.sleep(0.1)
+
+    thread = threading.Thread(target=killer)
+    thread.start()
+    record = Supervisor(launch, record).run()
+    ended = time.monotonic()
+    thread.join()
+    assert "at" in killed, "training never started"
+    assert record.state == "FAILED" and record.failed_rank == 1
+    assert "SIGKILL" in (record.error or "")
+    assert ended - killed["at"] < 10
+    assert not alive_processes_mentioning(launch.run_dir)
+
+
+def test_interrupt_and_resume_is_bit_identical(tmp_path: Path) -> None:
+    args = {**TRAIN_ARGS, "max-steps": 0, "epochs": 2, "momentum": 0.9}
+    whole = make_plan(tmp_path / "a", nodes=1, cpu_ranks_per_node=2, args=args)
+    assert run_local(whole).state == "COMPLETED"
+
+    slow = {**args, "step-delay": 0.05}
+    # Same training, but slowed down so it can be interrupted mid-epoch.
+    launch = make_plan(tmp_path / "b", nodes=1, cpu_ranks_per_node=2, args=slow)
+    from orchestrator.executors.local import LocalExecutor
+
+    ex = LocalExecutor()
+    record = ex.submit(launch)
+    metrics = Path(launch.run_dir) / "metrics" / "rank-0.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and metrics.read_text().count('"train"') >= 20):
+        assert time.monotonic() < deadline, "training never started"
+        time.sleep(0.1)
+    record = ex.cancel(record)
+    assert record.state == "CANCELLED"
+    assert not alive_processes_mentioning(launch.run_dir)
+    from jobs.checkpoint import latest_checkpoint, load_checkpoint
+
+    mid = load_checkpoint(latest_checkpoint(launch.payload["checkpoint"]["dir"]))
+    steps_per_epoch = 1437 // 2 // 16
+    assert 0 < mid["global_step"] < 2 * steps_per_epoch, "the interruption did not land mid-run"
+    resumed = run_local(launch)
+    assert resumed.state == "COMPLETED" and resumed.attempts == 2
+    a, b = final_weights(whole), final_weights(launch)
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), f"{name} differs after resume"
+
+
+def test_unreachable_master_is_an_error_not_a_hang(tmp_path: Path) -> None:
+    env = {**os.environ, "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": "29999", "ORCH_INIT_METHOD": "env://", "ORCH_INIT_TIMEOUT_S": "3",
+           "ORCH_RUN_DIR": str(tmp_path)}
+    code = "from jobs.distributed import distributed\nwith distributed():\n    pass\n"
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert "could not join the process group" in proc.stderr
+    assert time.monotonic() - t0 < 30
+
+
+def test_debug_executor_runs_one_rank_in_process(tmp_path: Path) -> None:
+    from orchestrator.executors.debug import DebugExecutor
+
+    launch = make_plan(tmp_path, nodes=2, cpu_ranks_per_node=2, args=TRAIN_ARGS)
+    from orchestrator.plan import plan as make
+    from orchestrator.loading import spec_from_dict
+
+    debug = make(spec_from_dict({**launch.spec, "executor": "debug"}), "debug")
+    assert debug.world_size == 1
+    record = DebugExecutor().run(debug)
+    assert record.state == "COMPLETED", record.error
+    assert np.isfinite(json.loads((Path(debug.run_dir) / "result.json").read_text())["result"]["global_step"])

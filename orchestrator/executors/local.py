@@ -29,7 +29,7 @@ from orchestrator.rank_env import PORT_BASE, PORT_SPAN, init_url, rendezvous_fil
 from orchestrator.records import TERMINAL, RunRecord
 
 GRACE_S = 3.0
-POLL_S = 0.05
+POLL_S = 0.1  # the supervisor shares the CPUs with the ranks: poll gently
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
@@ -68,8 +68,11 @@ def rank_environments(launch: LaunchPlan, port: int, payload: dict) -> list[dict
 class Supervisor:
     """Starts the ranks of one run (each sweep point in turn) and watches them."""
 
-    def __init__(self, launch: LaunchPlan, record: RunRecord, echo: Callable[[int, str], None] | None = None) -> None:
-        self.launch, self.record, self.echo = launch, record, echo
+    def __init__(self, launch: LaunchPlan, record: RunRecord,
+                 echo_factory: Callable[[], Callable[[int, str], None]] | None = None) -> None:
+        # The echo (rich) is built after the ranks start, so its imports overlap theirs.
+        self.launch, self.record, self.echo_factory = launch, record, echo_factory
+        self.echo: Callable[[int, str], None] | None = None
         self.procs: list[subprocess.Popen] = []
         self._logs: list[IO[bytes]] = []
         self._cancelled = False
@@ -117,6 +120,8 @@ class Supervisor:
                 stdin=subprocess.DEVNULL, start_new_session=True,
             ))
         self.record.update(rank_pids=[p.pid for p in self.procs], master_port=port)
+        if self.echo_factory and self.echo is None:
+            self.echo = self.echo_factory()
         try:
             return self._watch(run_dir)
         finally:
@@ -227,6 +232,10 @@ class ConsoleEcho:
         self.progress = Progress(TextColumn("training"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
                                  TimeElapsedColumn(), transient=False)
         self.task = self.progress.add_task("train", total=None)
+        self.progress.start()
+
+    def close(self) -> None:
+        self.progress.stop()
 
     def __call__(self, rank: int, line: str) -> None:
         self.progress.console.print(f"[rank {rank}] {line}", markup=False, highlight=False)
@@ -238,9 +247,12 @@ class ConsoleEcho:
 class LocalExecutor:
     def run(self, launch: LaunchPlan) -> RunRecord:
         record = prepare_run_dir(launch)
-        echo = ConsoleEcho()
-        with echo.progress:
-            record = Supervisor(launch, record, echo).run()
+        supervisor = Supervisor(launch, record, ConsoleEcho)
+        try:
+            record = supervisor.run()
+        finally:
+            if isinstance(supervisor.echo, ConsoleEcho):
+                supervisor.echo.close()
         _print_outcome(record)
         return record
 

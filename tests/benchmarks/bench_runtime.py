@@ -1,0 +1,138 @@
+"""Rank runtime and local executor against their peers, side by side in one run.
+
+Run: .venv/bin/python tests/benchmarks/bench_runtime.py [--repeat 3] [--only launch|throughput|allreduce]
+
+1. launch: wall time from starting the launcher to the first all_reduce done on every rank, for
+   N = 2 and 4, interleaved: the floor (N parallel processes importing torch, timed to the end
+   of the import), `torchrun --standalone`, and `orchestrator run` (local executor). The rank
+   code is the same torchrun-style script for both launchers.
+   Targets: <= 1.1x the floor, <= 0.6x torchrun.
+2. throughput: jobs.train (2 ranks via `orchestrator run`) against a hand-written DDP loop with
+   the same model, data, batch and optimizer, launched by torchrun. Target >= 0.98x.
+3. allreduce: jobs.allreduce at 64 MB (2 ranks via `orchestrator run`) against a bare
+   torch.distributed loop. Target >= 0.95x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+PY = sys.executable
+ORCH = [PY, "-m", "orchestrator"]
+TORCHRUN = [PY, "-m", "torch.distributed.run", "--standalone"]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+
+
+def _spec(tmp: Path, **fields: object) -> Path:
+    path = tmp / f"spec-{time.monotonic_ns()}.yaml"
+    path.write_text(yaml.safe_dump({"name": "bench", "runs_dir": str(tmp / "runs"), **fields}))
+    return path
+
+
+def _rank_times(out: Path, n: int) -> tuple[float, float]:
+    rows = [tuple(map(float, (out / f"rank-{r}.txt").read_text().split())) for r in range(n)]
+    return max(r[0] for r in rows), max(r[1] for r in rows)
+
+
+def launch_once(kind: str, n: int, tmp: Path) -> float:
+    out = Path(tempfile.mkdtemp(dir=tmp))
+    script = str(HERE / "first_allreduce.py")
+    if kind == "floor":
+        code = "import time, torch, sys; open(sys.argv[1], 'w').write(f'{time.time()} {time.time()}')"
+        t0 = time.time()
+        procs = [subprocess.Popen([PY, "-c", code, str(out / f"rank-{r}.txt")], env=ENV) for r in range(n)]
+        for p in procs:
+            p.wait()
+        return _rank_times(out, n)[0] - t0
+    if kind == "torchrun":
+        cmd = [*TORCHRUN, f"--nproc-per-node={n}", script, "--out", str(out)]
+    else:
+        spec = _spec(tmp, entrypoint=script, cpu_ranks_per_node=n, extra_args=["--out", str(out)])
+        cmd = [*ORCH, "run", str(spec)]
+    t0 = time.time()
+    subprocess.run(cmd, env=ENV, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return _rank_times(out, n)[1] - t0
+
+
+def bench_launch(repeat: int, tmp: Path) -> None:
+    print("\n== launch to first all_reduce (s, median) ==")
+    for n in (2, 4):
+        times: dict[str, list[float]] = {k: [] for k in ("floor", "torchrun", "orchestrator")}
+        for _ in range(repeat):
+            for kind in times:
+                times[kind].append(launch_once(kind, n, tmp))
+        med = {k: statistics.median(v) for k, v in times.items()}
+        print(f"N={n}: floor {med['floor']:.2f}  torchrun {med['torchrun']:.2f}  orchestrator {med['orchestrator']:.2f}"
+              f"  -> {med['orchestrator'] / med['floor']:.2f}x floor (target <= 1.1), "
+              f"{med['orchestrator'] / med['torchrun']:.2f}x torchrun (target <= 0.6)")
+
+
+def bench_throughput(repeat: int, tmp: Path) -> None:
+    print("\n== training throughput, 2 ranks, smallcnn on digits, batch 32/rank (samples/s per rank) ==")
+    ours, hand = [], []
+    for _ in range(repeat):
+        out = Path(tempfile.mkdtemp(dir=tmp))
+        subprocess.run([*TORCHRUN, "--nproc-per-node=2", str(HERE / "hand_ddp_loop.py"), "--epochs", "4",
+                        "--out", str(out)], env=ENV, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        hand.append(statistics.mean(statistics.mean(json.loads((out / f"hand-{r}.json").read_text())[1:]) for r in range(2)))
+        spec = _spec(tmp, entrypoint="jobs.train:main", cpu_ranks_per_node=2,
+                     args={"dataset": "digits", "epochs": 4, "batch-size": 32, "log-every": 1000},
+                     checkpoint={"keep_last": 1})
+        subprocess.run([*ORCH, "run", str(spec)], env=ENV, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        run_dir = max((tmp / "runs").glob("bench-*"), key=lambda p: p.stat().st_mtime)
+        rates = []
+        for r in range(2):
+            rows = [json.loads(line) for line in (run_dir / "metrics" / f"rank-{r}.jsonl").read_text().splitlines()]
+            rates.append(statistics.mean([x["samples_per_s"] for x in rows if x["kind"] == "throughput"][1:]))
+        ours.append(statistics.mean(rates))
+    h, o = statistics.median(hand), statistics.median(ours)
+    print(f"hand-written DDP {h:.0f}  jobs.train {o:.0f}  -> {o / h:.3f}x (target >= 0.98)  "
+          "[first epoch excluded from both: warm-up]")
+
+
+def bench_allreduce(repeat: int, tmp: Path) -> None:
+    print("\n== all-reduce bandwidth at 64 MB, 2 ranks gloo loopback (GB/s algbw, median) ==")
+    ours, bare = [], []
+    for _ in range(repeat):
+        out = Path(tempfile.mkdtemp(dir=tmp))
+        subprocess.run([*TORCHRUN, "--nproc-per-node=2", str(HERE / "bare_allreduce.py"), "--size-mb", "64",
+                        "--out", str(out)], env=ENV, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        bare.append(json.loads((out / "bare.json").read_text())["gbps"])
+        spec = _spec(tmp, entrypoint="jobs.allreduce:main", cpu_ranks_per_node=2,
+                     args={"sizes-mb": [64], "iters": 10})
+        subprocess.run([*ORCH, "run", str(spec)], env=ENV, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        run_dir = max((tmp / "runs").glob("bench-*"), key=lambda p: p.stat().st_mtime)
+        ours.append(json.loads((run_dir / "allreduce.json").read_text())["rows"][0]["algbw_gbps"])
+    b, o = statistics.median(bare), statistics.median(ours)
+    print(f"bare loop {b:.3f}  jobs.allreduce {o:.3f}  -> {o / b:.3f}x (target >= 0.95)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--only", choices=["launch", "throughput", "allreduce"])
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        if args.only in (None, "launch"):
+            bench_launch(args.repeat, tmp)
+        if args.only in (None, "throughput"):
+            bench_throughput(args.repeat, tmp)
+        if args.only in (None, "allreduce"):
+            bench_allreduce(args.repeat, tmp)
+
+
+if __name__ == "__main__":
+    main()

@@ -104,3 +104,74 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+class SlurmLauncher:
+    """The callable submitit pickles: the rank payload (plain data) and nothing else.
+
+    On each srun task it builds the RankEnv from SLURM's variables, exports it and runs the
+    entrypoint through ``run_rank``, like a local rank. If the entrypoint reports that it stopped
+    on a signal (USR2 before the time limit, or preemption) and requeues remain, rank 0 requeues
+    the job after the checkpoint is written; a finished job never requeues.
+    """
+
+    def __init__(self, payload: dict[str, Any], point: int | None = None) -> None:
+        self.payload = payload
+        self.point = point
+
+    def rank_env(self, environ: Mapping[str, str] | None = None) -> Any:
+        from orchestrator.netif import check_interfaces, interface_for
+        from orchestrator.rank_env import (RankEnv, derive_port, expand_nodelist, init_url,
+                                           rendezvous_file, slurm_visible_devices)
+
+        e = os.environ if environ is None else environ
+        p = self.payload
+        hosts = expand_nodelist(e["SLURM_JOB_NODELIST"])
+        job_id = e.get("SLURM_ARRAY_JOB_ID") and f"{e['SLURM_ARRAY_JOB_ID']}_{e['SLURM_ARRAY_TASK_ID']}" or e["SLURM_JOB_ID"]
+        restart = int(e.get("SLURM_RESTART_COUNT", "0"))
+        port = derive_port(job_id, restart) if p["port"] == "auto" else int(p["port"])
+        world = int(e["SLURM_NTASKS"])
+        nnodes = int(e.get("SLURM_JOB_NUM_NODES", e.get("SLURM_NNODES", "1")))
+        local_world = world // max(1, nnodes)
+        local_rank = int(e["SLURM_LOCALID"])
+        master = hosts[0]
+        iface = p["interface"]
+        host = socket_hostname()
+        if iface in (None, "auto"):
+            iface = interface_for(master)
+        else:
+            check_interfaces(iface.split(","), host)
+        rfile = rendezvous_file(p["rendezvous_dir"], job_id, restart)
+        if p["init_method"] == "file":
+            os.makedirs(p["rendezvous_dir"], exist_ok=True)
+        return RankEnv(
+            rank=int(e["SLURM_PROCID"]), local_rank=local_rank, world_size=world, local_world_size=local_world,
+            node_rank=int(e["SLURM_NODEID"]), nnodes=nnodes, master_addr=master, master_port=port,
+            init_method=init_url(p["init_method"], master, port, rfile), interface=iface,
+            visible_devices=slurm_visible_devices(e, local_rank, local_world), source="slurm",
+        )
+
+    def __call__(self) -> Any:
+        env = self.rank_env()
+        os.environ.update(env.to_environ())
+        result = run_rank(self.payload, env.rank)
+        stopped = isinstance(result, dict) and result.get("stopped") not in (None, "max_steps")
+        restart = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+        if stopped and env.rank == 0 and result.get("stopped") != "SIGTERM":  # SIGTERM: scancel, not preemption
+            if restart < int(self.payload.get("max_requeues", 0)):
+                import subprocess
+
+                job = os.environ.get("SLURM_ARRAY_JOB_ID") and \
+                    f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}" or os.environ["SLURM_JOB_ID"]
+                print(f"[launcher] stopped ({result.get('stopped')}); requeueing {job} "
+                      f"(restart {restart + 1} of {self.payload['max_requeues']})", flush=True)
+                subprocess.run(["scontrol", "requeue", job], check=False)
+            else:
+                print(f"[launcher] stopped ({result.get('stopped')}) with no requeues left", flush=True)
+        return result
+
+
+def socket_hostname() -> str:
+    import socket
+
+    return socket.gethostname()

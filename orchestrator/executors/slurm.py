@@ -1,0 +1,176 @@
+"""SLURM executor: submitit's SlurmExecutor, built fresh for every submission.
+
+The sbatch script submitit writes is the one ``plan`` rendered: same parameters, same folder
+(``<run_dir>/slurm``). A sweep is one job array (split at MaxArraySize). Status for any number
+of runs is one ``sacct`` call; SLURM's states are kept distinct (see STATE_MAP).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Iterator
+
+from orchestrator.errors import SubmissionError
+from orchestrator.executors.base import first_error, prepare_run_dir
+from orchestrator.launcher import SlurmLauncher
+from orchestrator.plan import LaunchPlan
+from orchestrator.records import TERMINAL, RunRecord
+
+#: sacct/squeue state -> our state. One table, tested; nothing is folded into FAILED.
+STATE_MAP = {
+    "PENDING": "PENDING", "CONFIGURING": "PENDING", "REQUEUE_HOLD": "PENDING", "REQUEUE_FED": "PENDING",
+    "RUNNING": "RUNNING", "COMPLETING": "RUNNING", "STAGE_OUT": "RUNNING", "SUSPENDED": "RUNNING",
+    "RESIZING": "RUNNING", "SIGNALING": "RUNNING",
+    "COMPLETED": "COMPLETED", "FAILED": "FAILED", "BOOT_FAIL": "FAILED", "DEADLINE": "TIMEOUT",
+    "CANCELLED": "CANCELLED", "REVOKED": "CANCELLED", "TIMEOUT": "TIMEOUT", "PREEMPTED": "PREEMPTED",
+    "NODE_FAIL": "NODE_FAIL", "OUT_OF_MEMORY": "OUT_OF_MEMORY", "REQUEUED": "REQUEUED",
+}
+#: When a run has several jobs (array tasks), the most telling state wins.
+_PRIORITY = ["NODE_FAIL", "OUT_OF_MEMORY", "FAILED", "TIMEOUT", "PREEMPTED", "CANCELLED", "REQUEUED",
+             "RUNNING", "PENDING", "UNKNOWN", "COMPLETED"]
+
+
+def map_state(raw: str) -> str:
+    """'CANCELLED by 0' -> CANCELLED; unknown words -> UNKNOWN."""
+    word = raw.split()[0].rstrip("+") if raw.strip() else ""
+    return STATE_MAP.get(word, "UNKNOWN")
+
+
+def combine(states: list[str]) -> str:
+    return min(states, key=_PRIORITY.index) if states else "UNKNOWN"
+
+
+@contextlib.contextmanager
+def clean_submission_env() -> Iterator[None]:
+    """Submitting from inside a job must not leak that job's SLURM_*/SBATCH_* into the new one."""
+    saved = {k: v for k, v in os.environ.items()
+             if (k.startswith("SLURM_") or k.startswith("SBATCH_")) and k != "SLURM_CONF"}
+    for key in saved:
+        del os.environ[key]
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
+def rotate_folder(folder: Path) -> None:
+    """Job ids restart at 1 on a rebuilt cluster; never let a new job meet an old job's files."""
+    if folder.is_dir() and any(folder.iterdir()):
+        n = 1
+        while (old := folder.with_name(f"{folder.name}.{n}")).exists():
+            n += 1
+        folder.rename(old)
+
+
+def sacct_states(job_ids: list[str]) -> dict[str, str]:
+    """One scheduler query for every job: {job id (or array task id): mapped state}."""
+    if not job_ids:
+        return {}
+    bases = sorted({j.split("_")[0] for j in job_ids})
+    out = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j", ",".join(bases)],
+                         capture_output=True, text=True, timeout=60, check=False)
+    if out.returncode != 0:
+        raise SubmissionError(f"sacct failed ({out.stderr.strip()}); is accounting (slurmdbd) running and SLURM_CONF set?")
+    states: dict[str, str] = {}
+    for line in out.stdout.splitlines():
+        if "|" not in line:
+            continue
+        jid, raw = line.split("|", 1)
+        states[jid] = map_state(raw)
+    return states
+
+
+class SlurmExecutor:
+    def submit(self, launch: LaunchPlan, detach: bool = True) -> RunRecord:
+        import submitit
+
+        if launch.submitit is None:
+            raise SubmissionError("this plan was not made for the slurm executor; plan it with --executor slurm")
+        record = prepare_run_dir(launch)
+        folder = Path(launch.run_dir) / "slurm"
+        rotate_folder(folder)
+        python = launch.spec["slurm"].get("python")
+        job_ids: list[str] = []
+        try:
+            with clean_submission_env():
+                for chunk in launch.array_chunks or [None]:
+                    ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=launch.payload["max_requeues"], python=python)
+                    ex.update_parameters(**launch.submitit)
+                    if chunk is None:
+                        job_ids.append(ex.submit(SlurmLauncher(launch.payload_for_point(None))).job_id)
+                        continue
+                    with ex.batch():
+                        jobs = [ex.submit(SlurmLauncher(launch.payload_for_point(i), point=i)) for i in chunk]
+                    job_ids += [j.job_id for j in jobs]
+        except Exception as exc:
+            record.update(state="FAILED", error=f"submission failed: {exc}", ended=time.time())
+            raise SubmissionError(f"sbatch refused the job: {exc}") from exc
+        return record.update(state="PENDING", job_ids=job_ids)
+
+    def run(self, launch: LaunchPlan) -> RunRecord:
+        return self.wait(self.submit(launch))
+
+    def refresh(self, records: list[RunRecord]) -> list[RunRecord]:
+        live = [r for r in records if r.state not in TERMINAL]
+        states = sacct_states([j for r in live for j in r.job_ids])
+        out = []
+        for rec in records:
+            if rec in live:
+                per_job = [states.get(j, "UNKNOWN") if "_" in j or j in states else
+                           combine([s for k, s in states.items() if k.startswith(j + "_")]) for j in rec.job_ids]
+                state = combine(per_job)
+                changes: dict = {"state": state}
+                if state in TERMINAL:
+                    changes["ended"] = time.time()
+                    err = first_error(rec.run_dir)
+                    if err and state != "COMPLETED":
+                        changes.update(failed_rank=err["rank"], error=f"rank {err['rank']} raised {err['type']}: {err['message']}")
+                if len(per_job) > 1:
+                    changes["error"] = changes.get("error") or rec.error
+                rec = rec.update(**changes)
+                if len(per_job) > 1:
+                    setattr(rec, "point_states", {str(i): s for i, s in enumerate(per_job)})
+            out.append(rec)
+        return out
+
+    def wait(self, record: RunRecord, follow: bool = False, poll_s: float = 1.0) -> RunRecord:
+        offset = 0
+        while True:
+            record = self.refresh([RunRecord.load(record.run_dir)])[0]
+            if follow:
+                offset = _print_new(self.log_path(record, 0), offset)
+            if record.state in TERMINAL:
+                return record
+            time.sleep(poll_s)
+
+    def cancel(self, record: RunRecord) -> RunRecord:
+        if record.job_ids:
+            subprocess.run(["scancel", *sorted({j.split("_")[0] for j in record.job_ids})],
+                           capture_output=True, text=True, timeout=60, check=False)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            record = self.refresh([RunRecord.load(record.run_dir)])[0]
+            if record.state in TERMINAL:
+                return record
+            time.sleep(0.5)
+        return record
+
+    def log_path(self, record: RunRecord, rank: int) -> Path:
+        """submitit names task logs <job>_<task>_log.out in the run's slurm folder."""
+        folder = Path(record.run_dir) / "slurm"
+        job = record.job_ids[0] if record.job_ids else "*"
+        return folder / f"{job}_{rank}_log.out"
+
+
+def _print_new(path: Path, offset: int) -> int:
+    if not path.exists():
+        return offset
+    with open(path, "rb") as fh:
+        fh.seek(offset)
+        chunk = fh.read()
+    print(chunk.decode(errors="replace"), end="", flush=True)
+    return offset + len(chunk)

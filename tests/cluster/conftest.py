@@ -1,0 +1,42 @@
+"""Bring a real 2-node SLURM cluster up from deploy/ for this test session, and down after."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CLUSTER_DIR = Path("/var/tmp/orch-test-cluster")
+RUNS_DIR = Path("/var/tmp/orch-test-runs")  # every namespace node sees the host's filesystem
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[dict[str, str]]:
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("the cluster tests need root and apt-get in CI")
+        pytest.skip("the cluster tests need root and Debian's apt-get")
+    up = subprocess.run(["bash", str(ROOT / "deploy" / "cluster.sh"), "up", "--nodes", "2", "--cpus", "4",
+                         "--gpus", "2", "--dir", str(CLUSTER_DIR)], capture_output=True, text=True, timeout=900)
+    if up.returncode != 0:
+        subprocess.run(["bash", str(ROOT / "deploy" / "cluster.sh"), "down", "--dir", str(CLUSTER_DIR)], timeout=300)
+        pytest.fail(f"deploy/cluster.sh up failed:\n{up.stdout}\n{up.stderr}")
+    conf = str(CLUSTER_DIR / "slurm.conf")
+    old = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = conf
+    shutil.rmtree(RUNS_DIR, ignore_errors=True)
+    RUNS_DIR.mkdir(parents=True)
+    try:
+        yield {"SLURM_CONF": conf, "runs_dir": str(RUNS_DIR)}
+    finally:
+        subprocess.run(["bash", str(ROOT / "deploy" / "cluster.sh"), "down", "--dir", str(CLUSTER_DIR)], timeout=300)
+        shutil.rmtree(RUNS_DIR, ignore_errors=True)
+        if old is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = old

@@ -1,0 +1,247 @@
+"""The SLURM executor against real slurmctld/slurmd/slurmdbd daemons (deploy/cluster.sh)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from orchestrator.executors.slurm import SlurmExecutor, sacct_states
+from orchestrator.loading import spec_from_dict
+from orchestrator.plan import LaunchPlan, plan
+from orchestrator.records import RunRecord
+from tests.integration.helpers import SCRIPTS
+
+TRAIN = {"dataset": "digits", "epochs": 1, "batch-size": 16, "momentum": 0.0, "max-steps": 8, "log-every": 2}
+
+
+def slurm_plan(cluster: dict[str, str], **fields: Any) -> LaunchPlan:
+    spec = {"name": "c", "entrypoint": "jobs.train:main", "executor": "slurm", "nodes": 2, "cpu_ranks_per_node": 2,
+            "runs_dir": cluster["runs_dir"], "slurm": {"time": "00:10:00", "signal_margin_s": 30},
+            "distributed": {"backend": "gloo", "init_method": "tcp"}, **fields}
+    return plan(spec_from_dict(spec), "slurm")
+
+
+def run(launch: LaunchPlan, timeout: float = 240) -> RunRecord:
+    ex = SlurmExecutor()
+    record = ex.submit(launch)
+    deadline = time.monotonic() + timeout
+    while record.state not in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY"):
+        assert time.monotonic() < deadline, f"job did not finish: {record}"
+        time.sleep(0.5)
+        record = ex.refresh([RunRecord.load(record.run_dir)])[0]
+    return record
+
+
+def rank_processes() -> list[str]:
+    """Live rank processes (python) left in the node namespaces."""
+    left = []
+    for ns in ("orch-node1", "orch-node2"):
+        for pid in subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split():
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            if "python" in cmd and state != "Z":
+                left.append(f"{ns}:{pid}:{cmd}")
+    return left
+
+
+def no_job_processes(within_s: float = 10) -> bool:
+    deadline = time.monotonic() + within_s
+    while rank_processes():
+        if time.monotonic() > deadline:
+            print("left behind:", rank_processes())
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def test_two_nodes_tcp_training_completes(cluster: dict[str, str]) -> None:
+    launch = slurm_plan(cluster, args=TRAIN)
+    record = run(launch)
+    assert record.state == "COMPLETED", record.error
+    run_dir = Path(launch.run_dir)
+    assert len(list((run_dir / "metrics").glob("rank-*.jsonl"))) == 4
+    logs = sorted((run_dir / "slurm").glob("*_log.out"))
+    assert len(logs) == 4
+    hosts = {line.split("hostname=")[1].split(",")[0] for p in logs for line in p.read_text().splitlines()
+             if "hostname=" in line}
+    assert hosts == {"node1", "node2"}
+    assert json.loads((run_dir / "result.json").read_text())["result"]["world_size"] == 4
+
+
+def test_two_nodes_file_init(cluster: dict[str, str]) -> None:
+    launch = slurm_plan(cluster, args=TRAIN, distributed={"backend": "gloo", "init_method": "file",
+                                                          "rendezvous_dir_is_shared": True, "interface": "eth0"})
+    record = run(launch)
+    assert record.state == "COMPLETED", record.error
+
+
+def test_torchrun_style_script_on_two_nodes(cluster: dict[str, str], tmp_path: Path) -> None:
+    out = Path(cluster["runs_dir"]) / "byo-out"
+    out.mkdir(exist_ok=True)
+    launch = slurm_plan(cluster, entrypoint=str(SCRIPTS / "byo_ddp.py"), extra_args=["--out", str(out)],
+                        distributed={"backend": "gloo", "interface": "eth0"})
+    record = run(launch)
+    assert record.state == "COMPLETED", record.error
+    rows = [json.loads((out / f"byo-{r}.json").read_text()) for r in range(4)]
+    assert all(r["sum"] == 10.0 for r in rows) and {r["master"] for r in rows} == {"node1"}
+    assert [r["node_rank"] for r in rows] == [0, 0, 1, 1]
+
+
+def test_fake_gpus_bind_one_device_per_rank(cluster: dict[str, str]) -> None:
+    out = Path(cluster["runs_dir"]) / "gpu-out"
+    out.mkdir(exist_ok=True)
+    launch = slurm_plan(cluster, entrypoint=str(SCRIPTS / "show_devices.py"), extra_args=["--out", str(out)],
+                        gpus_per_node=2, nodes=1, distributed={"backend": "gloo"})
+    record = run(launch)
+    assert record.state == "COMPLETED", record.error
+    seen = [json.loads((out / f"dev-{r}.json").read_text())["CUDA_VISIBLE_DEVICES"] for r in range(2)]
+    assert seen == ["0", "1"]
+
+
+def test_cancel_gives_cancelled_quickly(cluster: dict[str, str]) -> None:
+    launch = slurm_plan(cluster, args={**TRAIN, "max-steps": 0, "epochs": 100, "step-delay": 0.05})
+    ex = SlurmExecutor()
+    record = ex.submit(launch)
+    metrics = Path(launch.run_dir) / "metrics" / "rank-0.jsonl"
+    deadline = time.monotonic() + 120
+    while not metrics.exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    t0 = time.monotonic()
+    record = ex.cancel(record)
+    assert record.state == "CANCELLED"
+    assert time.monotonic() - t0 < 15
+    time.sleep(2)
+    assert no_job_processes()
+
+
+def test_killed_rank_fails_the_job_fast(cluster: dict[str, str]) -> None:
+    launch = slurm_plan(cluster, args={**TRAIN, "max-steps": 0, "epochs": 100, "step-delay": 0.05})
+    ex = SlurmExecutor()
+    record = ex.submit(launch)
+    metrics = Path(launch.run_dir) / "metrics" / "rank-3.jsonl"
+    deadline = time.monotonic() + 120
+    while not metrics.exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    pids = subprocess.run(["ip", "netns", "pids", "orch-node2"], capture_output=True, text=True).stdout.split()
+    victim = next(p for p in pids if "submitit" in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")
+                  and "SLURM_PROCID=3" in Path(f"/proc/{p}/environ").read_bytes().decode(errors="replace").split("\0")
+                  if Path(f"/proc/{p}/cmdline").exists())
+    subprocess.run(["kill", "-9", victim])
+    t0 = time.monotonic()
+    while record.state not in ("FAILED", "CANCELLED", "COMPLETED"):
+        assert time.monotonic() - t0 < 30
+        time.sleep(0.3)
+        record = ex.refresh([RunRecord.load(record.run_dir)])[0]
+    assert record.state == "FAILED"
+    assert time.monotonic() - t0 < 10
+    assert no_job_processes()
+
+
+def test_requeue_resumes_to_the_same_weights(cluster: dict[str, str]) -> None:
+    args = {**TRAIN, "max-steps": 0, "epochs": 2, "stop-check-every": 1}
+    whole = slurm_plan(cluster, name="whole", args=args)
+    assert run(whole).state == "COMPLETED"
+    launch = slurm_plan(cluster, name="requeued", args={**args, "step-delay": 0.1},
+                        checkpoint={"interval_steps": 5})
+    ex = SlurmExecutor()
+    record = ex.submit(launch)
+    metrics = Path(launch.run_dir) / "metrics" / "rank-0.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and metrics.read_text().count('"train"') >= 8):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    subprocess.run(["scontrol", "requeue", record.job_ids[0]], check=True)
+    release_requeued(record.job_ids[0])
+    final = run_wait(ex, record, 300)
+    assert final.state == "COMPLETED", final.error
+    log = "".join(p.read_text() for p in (Path(launch.run_dir) / "slurm").glob("*_0_log.out"))
+    assert "resumed from" in log
+    from jobs.checkpoint import latest_checkpoint, load_checkpoint
+
+    ca = load_checkpoint(latest_checkpoint(whole.payload["checkpoint"]["dir"]))
+    cb = load_checkpoint(latest_checkpoint(launch.payload["checkpoint"]["dir"]))
+    assert (ca["epoch"], ca["global_step"]) == (cb["epoch"], cb["global_step"])
+    diffs = {n: (ca["model"][n] - cb["model"][n]).abs().max().item() for n in ca["model"]}
+    print("max abs weight difference after requeue:", max(diffs.values()))
+    for name in ca["model"]:
+        torch.testing.assert_close(ca["model"][name], cb["model"][name], msg=name)
+
+
+def release_requeued(job_id: str) -> None:
+    """SLURM holds a requeued job for ~2 minutes (BeginTime); let it start now, as an admin could."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        out = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
+        if "Reason=BeginTime" in out:
+            subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], check=True)
+            return
+        if "JobState=RUNNING" in out and "Restarts=1" in out:
+            return
+        time.sleep(0.2)
+
+
+def run_wait(ex: SlurmExecutor, record: RunRecord, timeout: float) -> RunRecord:
+    deadline = time.monotonic() + timeout
+    while True:
+        record = ex.refresh([RunRecord.load(record.run_dir)])[0]
+        if record.state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
+            return record
+        assert time.monotonic() < deadline, record
+        time.sleep(0.5)
+
+
+def test_sweep_is_one_array_and_all_points_complete(cluster: dict[str, str]) -> None:
+    out = Path(cluster["runs_dir"]) / "sweep-out"
+    out.mkdir(exist_ok=True)
+    launch = slurm_plan(cluster, name="sweep", nodes=1, cpu_ranks_per_node=1, entrypoint=str(SCRIPTS / "point.py"),
+                        args={"out": str(out)}, sweep={"x": list(range(10))})
+    record = run(launch, timeout=300)
+    assert record.state == "COMPLETED", record.error
+    assert len({j.split("_")[0] for j in record.job_ids}) == 1 and len(record.job_ids) == 10
+    assert sorted(int(p.read_text()) for p in out.glob("point-*.txt")) == list(range(10))
+
+
+def test_status_is_one_scheduler_query(cluster: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    import orchestrator.executors.slurm as slurm_mod
+
+    calls: list[list[str]] = []
+    real = subprocess.run
+
+    def counting(cmd: list[str], *a: Any, **k: Any) -> Any:
+        calls.append(cmd)
+        return real(cmd, *a, **k)
+
+    monkeypatch.setattr(slurm_mod.subprocess, "run", counting)
+    ids = [j.split()[-1] for j in (real(["sbatch", "--parsable", "-o", "/dev/null", "--wrap", "true"],
+                                        capture_output=True, text=True, check=True).stdout for _ in range(5))]
+    states = sacct_states(ids)
+    assert len(calls) == 1 and set(ids) <= set(states)
+
+
+def test_validate_against_the_live_cluster(cluster: dict[str, str]) -> None:
+    from orchestrator.errors import SpecError
+    from orchestrator.executors.slurm_checks import check_against_cluster
+
+    ok = spec_from_dict({"name": "v", "entrypoint": "jobs.train:main", "nodes": 2, "gpus_per_node": 2,
+                         "distributed": {"backend": "gloo"}})
+    check_against_cluster(ok)
+    bad = spec_from_dict({"name": "v", "entrypoint": "jobs.train:main", "nodes": 3, "gpus_per_node": 4,
+                          "distributed": {"backend": "gloo"}, "slurm": {"partition": "gpu"}})
+    with pytest.raises(SpecError, match="slurm.partition: 'gpu' does not exist"):
+        check_against_cluster(bad)
+    worse = spec_from_dict({"name": "v", "entrypoint": "jobs.train:main", "nodes": 3, "gpus_per_node": 4,
+                            "distributed": {"backend": "gloo"}})
+    with pytest.raises(SpecError) as info:
+        check_against_cluster(worse)
+    assert "nodes: 3 requested" in str(info.value) and "gpus_per_node: 4 requested" in str(info.value)

@@ -51,3 +51,22 @@ def wrap(model: nn.Module, strategy: str, device: torch.device, distributed: boo
     if distributed:
         return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     return model
+
+
+def settle_ddp_buckets(model: nn.Module, sample: torch.Tensor) -> None:
+    """One forward/backward with no optimizer step, so DDP rebuilds its gradient buckets now.
+
+    DDP lays out its first bucket in parameter order and rebuilds it, after the first backward,
+    in gradient-ready order. The layout decides which elements gloo sums in which ring order, so
+    a run resumed mid-way (whose first step after the restart would use the initial layout) would
+    differ from an uninterrupted run in the last bits. Settling the layout before the first real
+    step, in every run, makes resumed runs bit-identical. Eval mode keeps BatchNorm statistics
+    untouched; the gradients are thrown away.
+    """
+    if not isinstance(model, DistributedDataParallel):
+        return
+    was_training = model.training
+    model.eval()
+    model(sample).float().sum().backward()
+    model.zero_grad(set_to_none=True)
+    model.train(was_training)

@@ -166,6 +166,7 @@ def train(ctx: DistContext, args: argparse.Namespace, stop: StopFlag) -> dict[st
     steps_per_epoch = sampler.num_samples // args.batch_size
     metrics = MetricsWriter(ctx.config.run_dir, ctx.rank)
     prog = maybe_resume(ctx, model, opt)
+    parallel.settle_ddp_buckets(model, train_set[0][0].unsqueeze(0).to(ctx.device))
     total_steps = steps_per_epoch * args.epochs
     interval = ctx.config.checkpoint_interval
     accuracy = loss_value = float("nan")

@@ -148,11 +148,19 @@ def test_killed_rank_fails_the_job_fast(cluster: dict[str, str]) -> None:
     assert no_job_processes()
 
 
-def test_requeue_resumes_to_the_same_weights(cluster: dict[str, str]) -> None:
-    args = {**TRAIN, "max-steps": 0, "epochs": 2, "stop-check-every": 1}
-    whole = slurm_plan(cluster, name="whole", args=args)
+REQUEUE_ARGS = {**TRAIN, "max-steps": 0, "epochs": 2, "stop-check-every": 1}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(cluster: dict[str, str]) -> LaunchPlan:
+    whole = slurm_plan(cluster, name="whole", args=REQUEUE_ARGS)
     assert run(whole).state == "COMPLETED"
-    launch = slurm_plan(cluster, name="requeued", args={**args, "step-delay": 0.1},
+    return whole
+
+
+@pytest.mark.parametrize("how", ["scontrol-requeue", "usr2-preemption"])
+def test_requeue_resumes_to_the_same_weights(cluster: dict[str, str], uninterrupted: LaunchPlan, how: str) -> None:
+    launch = slurm_plan(cluster, name=f"requeued-{how}", args={**REQUEUE_ARGS, "step-delay": 0.1},
                         checkpoint={"interval_steps": 5})
     ex = SlurmExecutor()
     record = ex.submit(launch)
@@ -161,21 +169,24 @@ def test_requeue_resumes_to_the_same_weights(cluster: dict[str, str]) -> None:
     while not (metrics.exists() and metrics.read_text().count('"train"') >= 8):
         assert time.monotonic() < deadline
         time.sleep(0.2)
-    subprocess.run(["scontrol", "requeue", record.job_ids[0]], check=True)
+    if how == "scontrol-requeue":
+        subprocess.run(["scontrol", "requeue", record.job_ids[0]], check=True)
+    else:  # what SLURM does signal_margin_s before the time limit, or on preemption
+        subprocess.run(["scancel", "--signal=USR2", record.job_ids[0]], check=True)
     release_requeued(record.job_ids[0])
     final = run_wait(ex, record, 300)
     assert final.state == "COMPLETED", final.error
     log = "".join(p.read_text() for p in (Path(launch.run_dir) / "slurm").glob("*_0_log.out"))
     assert "resumed from" in log
+    if how == "usr2-preemption":
+        assert "requeueing" in log
     from jobs.checkpoint import latest_checkpoint, load_checkpoint
 
-    ca = load_checkpoint(latest_checkpoint(whole.payload["checkpoint"]["dir"]))
+    ca = load_checkpoint(latest_checkpoint(uninterrupted.payload["checkpoint"]["dir"]))
     cb = load_checkpoint(latest_checkpoint(launch.payload["checkpoint"]["dir"]))
     assert (ca["epoch"], ca["global_step"]) == (cb["epoch"], cb["global_step"])
-    diffs = {n: (ca["model"][n] - cb["model"][n]).abs().max().item() for n in ca["model"]}
-    print("max abs weight difference after requeue:", max(diffs.values()))
     for name in ca["model"]:
-        torch.testing.assert_close(ca["model"][name], cb["model"][name], msg=name)
+        assert torch.equal(ca["model"][name], cb["model"][name]), f"{name} differs after {how}"
 
 
 def release_requeued(job_id: str) -> None:
@@ -245,3 +256,35 @@ def test_validate_against_the_live_cluster(cluster: dict[str, str]) -> None:
     with pytest.raises(SpecError) as info:
         check_against_cluster(worse)
     assert "nodes: 3 requested" in str(info.value) and "gpus_per_node: 4 requested" in str(info.value)
+
+
+def test_lost_node_ends_the_job(cluster: dict[str, str]) -> None:
+    """Kill node2's slurmd and everything on it mid-job: the job ends (or requeues), never hangs.
+
+    Runs last: it brings node2 back with deploy/cluster.sh up afterwards."""
+    launch = slurm_plan(cluster, name="nodelost", args={**TRAIN, "max-steps": 0, "epochs": 100, "step-delay": 0.05},
+                        slurm={"time": "00:10:00", "max_requeues": 0})
+    ex = SlurmExecutor()
+    record = ex.submit(launch)
+    metrics = Path(launch.run_dir) / "metrics" / "rank-3.jsonl"
+    deadline = time.monotonic() + 120
+    while not metrics.exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    for pid in subprocess.run(["ip", "netns", "pids", "orch-node2"], capture_output=True, text=True).stdout.split():
+        subprocess.run(["kill", "-9", pid])
+    t0 = time.monotonic()
+    try:
+        while record.state not in ("FAILED", "NODE_FAIL", "REQUEUED", "PENDING", "CANCELLED", "COMPLETED") \
+                or record.state == "PENDING" and time.monotonic() - t0 < 1:
+            assert time.monotonic() - t0 < 120, f"job still {record.state} two minutes after losing a node"
+            time.sleep(0.5)
+            record = ex.refresh([RunRecord.load(record.run_dir)])[0]
+        assert record.state in ("FAILED", "NODE_FAIL", "REQUEUED", "PENDING")
+        assert no_job_processes(within_s=30)
+    finally:
+        ex.cancel(record)
+        from tests.cluster.conftest import CLUSTER_DIR, ROOT
+
+        subprocess.run(["bash", str(ROOT / "deploy" / "cluster.sh"), "up", "--nodes", "2", "--dir", str(CLUSTER_DIR)],
+                       capture_output=True, timeout=300)

@@ -66,21 +66,29 @@ def rotate_folder(folder: Path) -> None:
         folder.rename(old)
 
 
+def _query(cmd: list[str]) -> list[tuple[str, str]]:
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+    if out.returncode != 0:
+        raise SubmissionError(f"{cmd[0]} failed ({out.stderr.strip()}); is SLURM_CONF set and the controller "
+                              "(and, for sacct, slurmdbd) running?")
+    return [tuple(line.split("|", 1)) for line in out.stdout.splitlines() if "|" in line]  # type: ignore[misc]
+
+
 def sacct_states(job_ids: list[str]) -> dict[str, str]:
-    """One scheduler query for every job: {job id (or array task id): mapped state}."""
+    """At most two scheduler queries for any number of jobs: {job id (or array task id): state}.
+
+    sacct knows every job, finished ones included, but learns of a new job a moment after
+    sbatch returns; the jobs it does not know yet are asked of squeue in a second call.
+    """
     if not job_ids:
         return {}
     bases = sorted({j.split("_")[0] for j in job_ids})
-    out = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j", ",".join(bases)],
-                         capture_output=True, text=True, timeout=60, check=False)
-    if out.returncode != 0:
-        raise SubmissionError(f"sacct failed ({out.stderr.strip()}); is accounting (slurmdbd) running and SLURM_CONF set?")
-    states: dict[str, str] = {}
-    for line in out.stdout.splitlines():
-        if "|" not in line:
-            continue
-        jid, raw = line.split("|", 1)
-        states[jid] = map_state(raw)
+    states = {jid: map_state(raw) for jid, raw in
+              _query(["sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j", ",".join(bases)])}
+    missing = [b for b in bases if b not in states and not any(k.startswith(b + "_") for k in states)]
+    if missing:
+        states.update({jid: map_state(raw) for jid, raw in
+                       _query(["squeue", "-h", "-r", "-o", "%i|%T", "-j", ",".join(missing)])})
     return states
 
 

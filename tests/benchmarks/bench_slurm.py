@@ -1,0 +1,138 @@
+"""The SLURM executor against plain sbatch, on a real cluster from deploy/cluster.sh.
+
+Run (root): .venv/bin/python tests/benchmarks/bench_slurm.py [--repeat 5]
+It brings a 2-node cluster up in its own folder and takes it down at the end (stop the test
+cluster first: both use the same namespaces).
+
+1. submit -> all ranks running: `orchestrator submit` of a 2 x 2 job whose ranks record the
+   time they start, against `sbatch --wrap "srun ..."` running the same script. Ratio reported.
+2. submission of a 100-point sweep: wall time of `orchestrator submit` (one array). Target <= 2 s.
+3. scheduler calls made by `status` over 100 jobs (100 array tasks + 20 single jobs): target 1-2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+PY = sys.executable
+CLUSTER = Path("/var/tmp/orch-bench-cluster")
+STARTED = """import os, sys, time
+out = sys.argv[sys.argv.index('--out') + 1]
+open(os.path.join(out, 'rank-' + os.environ.get('RANK', os.environ.get('SLURM_PROCID', '0'))), 'w').write(str(time.time()))
+"""
+
+
+def wait_files(out: Path, n: int, timeout: float = 120) -> float:
+    deadline = time.monotonic() + timeout
+    while len(list(out.glob("rank-*"))) < n:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only {len(list(out.glob('rank-*')))} of {n} ranks started")
+        time.sleep(0.05)
+    time.sleep(0.05)
+    return max(float(p.read_text()) for p in out.glob("rank-*"))
+
+
+def spec_file(tmp: Path, **fields: Any) -> Path:
+    path = tmp / f"spec-{time.monotonic_ns()}.yaml"
+    path.write_text(yaml.safe_dump({"name": "bench", "executor": "slurm", "runs_dir": str(tmp / "runs"),
+                                    "slurm": {"time": "00:05:00"}, **fields}))
+    return path
+
+
+def latency(repeat: int, tmp: Path, script: Path) -> None:
+    ours, plain = [], []
+    for i in range(repeat):
+        out = tmp / f"ours-{i}"
+        out.mkdir()
+        spec = spec_file(tmp, name=f"lat{i}", entrypoint=str(script), nodes=2, cpu_ranks_per_node=2,
+                         extra_args=["--out", str(out)])
+        t0 = time.time()
+        subprocess.run([PY, "-m", "orchestrator", "submit", str(spec)], check=True, stdout=subprocess.DEVNULL)
+        ours.append(wait_files(out, 4) - t0)
+        out = tmp / f"plain-{i}"
+        out.mkdir()
+        t0 = time.time()
+        subprocess.run(["sbatch", "-Q", "-N2", "--ntasks-per-node=2", "-o", "/dev/null", "--wrap",
+                        f"srun {PY} {script} --out {out}"], check=True)
+        plain.append(wait_files(out, 4) - t0)
+    o, p = statistics.median(ours), statistics.median(plain)
+    print(f"submit -> 4 ranks running: sbatch --wrap {p:.2f} s, orchestrator submit {o:.2f} s -> {o / p:.2f}x")
+
+
+def sweep_submission(tmp: Path, script: Path) -> list[str]:
+    out = tmp / "sweep"
+    out.mkdir()
+    spec = spec_file(tmp, name="sweep100", entrypoint=str(script), extra_args=["--out", str(out)],
+                     sweep={"seed": list(range(100))})
+    t0 = time.perf_counter()
+    subprocess.run([PY, "-m", "orchestrator", "submit", str(spec)], check=True, stdout=subprocess.DEVNULL)
+    print(f"100-point sweep submitted as one array in {time.perf_counter() - t0:.2f} s wall (target <= 2 s)")
+    return []
+
+
+def status_calls(tmp: Path, script: Path) -> None:
+    import orchestrator.executors.slurm as slurm_mod
+    from orchestrator.operations import refresh
+    from orchestrator.records import RunRecord, registered_runs
+
+    for i in range(20):
+        out = tmp / f"single-{i}"
+        out.mkdir()
+        subprocess.run([PY, "-m", "orchestrator", "submit", str(spec_file(tmp, name=f"single{i}", entrypoint=str(script),
+                        extra_args=["--out", str(out)]))], check=True, stdout=subprocess.DEVNULL)
+    records = [RunRecord.load(e["run_dir"]) for e in registered_runs()]
+    records = [r for r in records if r.executor == "slurm"]
+    jobs = sum(len(r.job_ids) for r in records)
+    calls: list[Any] = []
+    real = slurm_mod.subprocess.run
+
+    def counting(cmd: list[str], *a: Any, **k: Any) -> Any:
+        calls.append(cmd[0])
+        return real(cmd, *a, **k)
+
+    slurm_mod.subprocess.run = counting  # type: ignore[assignment]
+    try:
+        t0 = time.perf_counter()
+        refresh(records)
+        took = time.perf_counter() - t0
+    finally:
+        slurm_mod.subprocess.run = real  # type: ignore[assignment]
+    print(f"status over {len(records)} runs / {jobs} jobs: {len(calls)} scheduler call(s) ({', '.join(calls)}), "
+          f"{took:.2f} s (target: 1-2 calls)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=5)
+    args = ap.parse_args()
+    up = subprocess.run(["bash", str(ROOT / "deploy" / "cluster.sh"), "up", "--nodes", "2", "--cpus", "4",
+                         "--gpus", "0", "--dir", str(CLUSTER)])
+    if up.returncode:
+        sys.exit("could not bring the cluster up")
+    os.environ["SLURM_CONF"] = str(CLUSTER / "slurm.conf")
+    try:
+        with tempfile.TemporaryDirectory(dir="/var/tmp") as d:
+            tmp = Path(d)
+            os.environ["ORCHESTRATOR_HOME"] = str(tmp / "home")
+            script = tmp / "started.py"
+            script.write_text(STARTED)
+            latency(args.repeat, tmp, script)
+            sweep_submission(tmp, script)
+            status_calls(tmp, script)
+    finally:
+        subprocess.run(["bash", str(ROOT / "deploy" / "cluster.sh"), "down", "--dir", str(CLUSTER)])
+
+
+if __name__ == "__main__":
+    main()

@@ -41,14 +41,27 @@ def status(refs: list[str], as_json: bool = False) -> int:
         print("no runs registered yet; start one with 'orchestrator run SPEC'")
         return 0
     for rec in records:
-        ids = ",".join(rec.job_ids) or "-"
-        print(f"{rec.run_id:40} {rec.state:14} {rec.executor:6} jobs={ids} ranks={rec.world_size}")
+        ids = ",".join(rec.job_ids) if len(rec.job_ids) <= 3 else f"{rec.job_ids[0]}..{rec.job_ids[-1]} ({len(rec.job_ids)})"
+        print(f"{rec.run_id:40} {rec.state:14} {rec.executor:6} jobs={ids or '-'} ranks={rec.world_size}")
         if rec.state not in ("COMPLETED", "RUNNING", "PENDING") and rec.error:
             print("    " + rec.error.strip().splitlines()[0])
-        points = getattr(rec, "point_states", None)
-        if points:
-            print("    sweep: " + " ".join(f"{i}:{s}" for i, s in sorted(points.items(), key=lambda kv: int(kv[0]))))
+        if rec.point_states:
+            print_grid(rec, rec.point_states)
     return 0
+
+
+def print_grid(rec: RunRecord, points: dict[str, str]) -> None:
+    """The sweep grid: counts by state, then each point's arguments and state."""
+    counts: dict[str, int] = defaultdict(int)
+    for state in points.values():
+        counts[state] += 1
+    print("    sweep: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+    plan_path = Path(rec.run_dir) / "plan.json"
+    sweep = json.loads(plan_path.read_text()).get("sweep", []) if plan_path.exists() else []
+    for point in sweep:
+        state = points.get(str(point["index"]), "UNKNOWN")
+        args = " ".join(f"{k}={v}" for k, v in point["args"].items())
+        print(f"    {point['index']:4d} {state:12} {args}")
 
 
 def list_runs(as_json: bool = False) -> int:

@@ -66,6 +66,7 @@ class RunRecord:
     world_size: int = 1
     attempts: int = 1
     sweep_size: int = 0
+    point_states: dict[str, str] = field(default_factory=dict)
 
     @property
     def path(self) -> Path:

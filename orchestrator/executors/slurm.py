@@ -74,6 +74,18 @@ def _query(cmd: list[str]) -> list[tuple[str, str]]:
     return [tuple(line.split("|", 1)) for line in out.stdout.splitlines() if "|" in line]  # type: ignore[misc]
 
 
+def expand_array_id(jid: str) -> list[str]:
+    """sacct shows pending array tasks compressed: '12_[3-5,9%4]' -> ['12_3', '12_4', '12_5', '12_9']."""
+    if "_[" not in jid:
+        return [jid]
+    base, ranges = jid.split("_[", 1)
+    out = []
+    for part in ranges.rstrip("]").split("%")[0].split(","):
+        lo, _, hi = part.partition("-")
+        out += [f"{base}_{i}" for i in range(int(lo), int(hi or lo) + 1)]
+    return out
+
+
 def sacct_states(job_ids: list[str]) -> dict[str, str]:
     """At most two scheduler queries for any number of jobs: {job id (or array task id): state}.
 
@@ -83,8 +95,9 @@ def sacct_states(job_ids: list[str]) -> dict[str, str]:
     if not job_ids:
         return {}
     bases = sorted({j.split("_")[0] for j in job_ids})
-    states = {jid: map_state(raw) for jid, raw in
-              _query(["sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j", ",".join(bases)])}
+    states = {task: map_state(raw) for jid, raw in
+              _query(["sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j", ",".join(bases)])
+              for task in expand_array_id(jid)}
     missing = [b for b in bases if b not in states and not any(k.startswith(b + "_") for k in states)]
     if missing:
         states.update({jid: map_state(raw) for jid, raw in
@@ -138,10 +151,8 @@ class SlurmExecutor:
                     if err and state != "COMPLETED":
                         changes.update(failed_rank=err["rank"], error=f"rank {err['rank']} raised {err['type']}: {err['message']}")
                 if len(per_job) > 1:
-                    changes["error"] = changes.get("error") or rec.error
+                    changes["point_states"] = {str(i): s for i, s in enumerate(per_job)}
                 rec = rec.update(**changes)
-                if len(per_job) > 1:
-                    setattr(rec, "point_states", {str(i): s for i, s in enumerate(per_job)})
             out.append(rec)
         return out
 

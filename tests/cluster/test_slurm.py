@@ -212,7 +212,7 @@ def run_wait(ex: SlurmExecutor, record: RunRecord, timeout: float) -> RunRecord:
         time.sleep(0.5)
 
 
-def test_sweep_is_one_array_and_all_points_complete(cluster: dict[str, str]) -> None:
+def test_sweep_is_one_array_and_all_points_complete(cluster: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
     out = Path(cluster["runs_dir"]) / "sweep-out"
     out.mkdir(exist_ok=True)
     launch = slurm_plan(cluster, name="sweep", nodes=1, cpu_ranks_per_node=1, entrypoint=str(SCRIPTS / "point.py"),
@@ -221,6 +221,12 @@ def test_sweep_is_one_array_and_all_points_complete(cluster: dict[str, str]) -> 
     assert record.state == "COMPLETED", record.error
     assert len({j.split("_")[0] for j in record.job_ids}) == 1 and len(record.job_ids) == 10
     assert sorted(int(p.read_text()) for p in out.glob("point-*.txt")) == list(range(10))
+    from orchestrator.operations import status
+
+    capsys.readouterr()
+    status([record.run_dir])
+    shown = capsys.readouterr().out
+    assert "sweep: 10 COMPLETED" in shown and "x=9" in shown
 
 
 def test_status_is_one_scheduler_query(cluster: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,3 +14,10 @@ def test_combined_state_of_an_array() -> None:
     assert combine(["COMPLETED", "COMPLETED"]) == "COMPLETED"
     assert combine(["COMPLETED", "RUNNING"]) == "RUNNING"
     assert combine(["COMPLETED", "NODE_FAIL", "FAILED"]) == "NODE_FAIL"
+
+
+def test_pending_array_ids_expand() -> None:
+    from orchestrator.executors.slurm import expand_array_id
+
+    assert expand_array_id("12_[3-5,9%4]") == ["12_3", "12_4", "12_5", "12_9"]
+    assert expand_array_id("12_7") == ["12_7"] and expand_array_id("13") == ["13"]

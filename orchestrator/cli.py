@@ -58,6 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--follow", action="store_true", help="stream rank 0's log until the job ends")
     p.set_defaults(func=cmd_submit)
 
+    p = sub.add_parser("preflight", help="run the all-reduce bandwidth check on a spec's nodes and ranks, and report it")
+    _spec_args(p)
+    p.add_argument("--sizes-mb", type=float, nargs="+", default=[1.0, 16.0, 64.0], help="message sizes")
+    p.set_defaults(func=cmd_preflight)
+
     p = sub.add_parser("status", help="state of one or more runs (one scheduler query for all)")
     p.add_argument("runs", nargs="*", help="run ids or folders; default: every registered run")
     p.add_argument("--json", action="store_true")
@@ -173,6 +178,38 @@ def cmd_submit(args: argparse.Namespace) -> int:
         record = executor.wait(record, follow=args.follow)
         print(f"{record.run_id}: {record.state}")
         return 0 if record.state == "COMPLETED" else 1
+    return 0
+
+
+def cmd_preflight(args: argparse.Namespace) -> int:
+    """Same nodes, ranks, backend, interface and SLURM options as the job; only the entrypoint differs."""
+    from pathlib import Path
+
+    from orchestrator.executors import get_executor
+    from orchestrator.loading import spec_from_dict
+    from orchestrator.plan import plan
+
+    spec = _load(args)
+    data = spec.model_dump(mode="json")
+    data.update(name=f"{spec.name}-preflight", entrypoint="jobs.allreduce:main", extra_args=[], sweep={},
+                args={"sizes-mb": list(args.sizes_mb)})
+    launch = plan(spec_from_dict(data))
+    executor = get_executor(launch.executor)
+    if launch.executor == "slurm":
+        record = executor.submit(launch)
+        print(f"preflight submitted as job {', '.join(record.job_ids)}; waiting")
+        record = executor.wait(record)
+    else:
+        record = executor.run(launch)
+    report = Path(launch.run_dir) / "allreduce.json"
+    if record.state != "COMPLETED" or not report.exists():
+        print(f"preflight {record.state}: {record.error or 'no report written'}", file=sys.stderr)
+        return 1
+    result = json.loads(report.read_text())
+    print(f"all-reduce over {result['world_size']} ranks ({result['backend']}):")
+    print(f"{'size MB':>8} {'time ms':>9} {'algbw GB/s':>11} {'busbw GB/s':>11}")
+    for r in result["rows"]:
+        print(f"{r['size_mb']:8.1f} {r['seconds'] * 1e3:9.2f} {r['algbw_gbps']:11.3f} {r['busbw_gbps']:11.3f}")
     return 0
 
 

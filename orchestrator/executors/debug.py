@@ -7,10 +7,9 @@ import time
 from pathlib import Path
 
 from orchestrator.executors.base import prepare_run_dir
-from orchestrator.executors.local import pick_port
+from orchestrator.executors.local import pick_port, rank_environments
 from orchestrator.launcher import run_rank
 from orchestrator.plan import LaunchPlan
-from orchestrator.rank_env import init_url, rendezvous_file
 from orchestrator.records import RunRecord
 
 
@@ -18,13 +17,8 @@ class DebugExecutor:
     def run(self, launch: LaunchPlan) -> RunRecord:
         record = prepare_run_dir(launch).update(state="RUNNING", supervisor_pid=os.getpid())
         payload = launch.payload
-        env = dict(launch.ranks[0].env)
-        port = pick_port(int(env["MASTER_PORT"]))
-        rfile = rendezvous_file(payload["rendezvous_dir"], launch.run_id, int(time.time() * 1000))
-        if launch.spec["distributed"]["init_method"] == "file":
-            Path(payload["rendezvous_dir"]).mkdir(parents=True, exist_ok=True)
-        env.update(MASTER_PORT=str(port),
-                   ORCH_INIT_METHOD=init_url(launch.spec["distributed"]["init_method"], env["MASTER_ADDR"], port, rfile))
+        port = pick_port(int(launch.ranks[0].env["MASTER_PORT"]))
+        env = rank_environments(launch, port, payload)[0]
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
         try:

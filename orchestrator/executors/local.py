@@ -244,10 +244,17 @@ class ConsoleEcho:
             self.progress.update(self.task, completed=int(m.group(1)), total=int(m.group(2)))
 
 
+class PlainEcho:
+    """Prefixed lines without a progress bar, for logs and pipes (no rich import, no redraws)."""
+
+    def __call__(self, rank: int, line: str) -> None:
+        print(f"[rank {rank}] {line}", flush=True)
+
+
 class LocalExecutor:
     def run(self, launch: LaunchPlan) -> RunRecord:
         record = prepare_run_dir(launch)
-        supervisor = Supervisor(launch, record, ConsoleEcho)
+        supervisor = Supervisor(launch, record, ConsoleEcho if sys.stdout.isatty() else PlainEcho)
         try:
             record = supervisor.run()
         finally:

@@ -101,7 +101,7 @@ def sacct_states(job_ids: list[str]) -> dict[str, str]:
     missing = [b for b in bases if b not in states and not any(k.startswith(b + "_") for k in states)]
     if missing:
         states.update({jid: map_state(raw) for jid, raw in
-                       _query(["squeue", "-h", "-r", "-o", "%i|%T", "-j", ",".join(missing)])})
+                       _query(["squeue", "-h", "-r", "-t", "all", "-o", "%i|%T", "-j", ",".join(missing)])})
     return states
 
 

@@ -107,15 +107,21 @@ def test_fake_gpus_bind_one_device_per_rank(cluster: dict[str, str]) -> None:
     assert seen == ["0", "1"]
 
 
-def test_cancel_gives_cancelled_quickly(cluster: dict[str, str]) -> None:
-    launch = slurm_plan(cluster, name="cancel", args={**TRAIN, "max-steps": 0, "epochs": 100, "step-delay": 0.05})
-    ex = SlurmExecutor()
-    record = ex.submit(launch)
-    metrics = Path(launch.run_dir) / "metrics" / "rank-0.jsonl"
+def start_long_training(cluster: dict[str, str], name: str, **slurm: Any) -> tuple[LaunchPlan, RunRecord]:
+    """Submit a job that trains for minutes, and return once every rank is training."""
+    fields: dict[str, Any] = {"slurm": {"time": "00:10:00", **slurm}} if slurm else {}
+    launch = slurm_plan(cluster, name=name, args={**TRAIN, "max-steps": 0, "epochs": 100, "step-delay": 0.05}, **fields)
+    record = SlurmExecutor().submit(launch)
     deadline = time.monotonic() + 120
-    while not metrics.exists():
-        assert time.monotonic() < deadline
+    while not all((Path(launch.run_dir) / "metrics" / f"rank-{r}.jsonl").exists() for r in range(4)):
+        assert time.monotonic() < deadline, "training never started"
         time.sleep(0.2)
+    return launch, record
+
+
+def test_cancel_gives_cancelled_quickly(cluster: dict[str, str]) -> None:
+    launch, record = start_long_training(cluster, "cancel")
+    ex = SlurmExecutor()
     t0 = time.monotonic()
     record = ex.cancel(record)
     assert record.state == "CANCELLED"
@@ -125,14 +131,8 @@ def test_cancel_gives_cancelled_quickly(cluster: dict[str, str]) -> None:
 
 
 def test_killed_rank_fails_the_job_fast(cluster: dict[str, str]) -> None:
-    launch = slurm_plan(cluster, name="killed", args={**TRAIN, "max-steps": 0, "epochs": 100, "step-delay": 0.05})
+    launch, record = start_long_training(cluster, "killed")
     ex = SlurmExecutor()
-    record = ex.submit(launch)
-    metrics = Path(launch.run_dir) / "metrics" / "rank-3.jsonl"
-    deadline = time.monotonic() + 120
-    while not metrics.exists():
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
     pids = subprocess.run(["ip", "netns", "pids", "orch-node2"], capture_output=True, text=True).stdout.split()
     victim = next(p for p in pids if "submitit" in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")
                   and "SLURM_PROCID=3" in Path(f"/proc/{p}/environ").read_bytes().decode(errors="replace").split("\0")
@@ -273,19 +273,28 @@ def test_validate_against_the_live_cluster(cluster: dict[str, str]) -> None:
     assert "nodes: 3 requested" in str(info.value) and "gpus_per_node: 4 requested" in str(info.value)
 
 
+def test_preflight_allreduce_across_the_allocated_nodes(cluster: dict[str, str], tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    import yaml
+
+    from orchestrator.cli import main
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({"name": "pre", "entrypoint": "jobs.train:main", "executor": "slurm", "nodes": 2,
+                                    "cpu_ranks_per_node": 1, "runs_dir": cluster["runs_dir"],
+                                    "distributed": {"backend": "gloo", "interface": "eth0"},
+                                    "slurm": {"time": "00:05:00"}}))
+    assert main(["preflight", str(spec), "--sizes-mb", "1", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "all-reduce over 2 ranks (gloo)" in out and "busbw GB/s" in out
+
+
 def test_lost_node_ends_the_job(cluster: dict[str, str]) -> None:
     """Kill node2's slurmd and everything on it mid-job: the job ends (or requeues), never hangs.
 
     Runs last: it brings node2 back with deploy/cluster.sh up afterwards."""
-    launch = slurm_plan(cluster, name="nodelost", args={**TRAIN, "max-steps": 0, "epochs": 100, "step-delay": 0.05},
-                        slurm={"time": "00:10:00", "max_requeues": 0})
+    launch, record = start_long_training(cluster, "nodelost", max_requeues=0)
     ex = SlurmExecutor()
-    record = ex.submit(launch)
-    metrics = Path(launch.run_dir) / "metrics" / "rank-3.jsonl"
-    deadline = time.monotonic() + 120
-    while not metrics.exists():
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
     for pid in subprocess.run(["ip", "netns", "pids", "orch-node2"], capture_output=True, text=True).stdout.split():
         subprocess.run(["kill", "-9", pid])
     t0 = time.monotonic()
@@ -303,3 +312,4 @@ def test_lost_node_ends_the_job(cluster: dict[str, str]) -> None:
 
         subprocess.run(["bash", str(ROOT / "deploy" / "cluster.sh"), "up", "--nodes", "2", "--dir", str(CLUSTER_DIR)],
                        capture_output=True, timeout=300)
+

@@ -177,3 +177,28 @@ def test_debug_executor_runs_one_rank_in_process(tmp_path: Path) -> None:
     record = DebugExecutor().run(debug)
     assert record.state == "COMPLETED", record.error
     assert np.isfinite(json.loads((Path(debug.run_dir) / "result.json").read_text())["result"]["global_step"])
+
+
+def test_inference_spread_over_ranks_matches_training_accuracy(tmp_path: Path) -> None:
+    args = {**TRAIN_ARGS, "max-steps": 0, "epochs": 2}
+    train = make_plan(tmp_path, nodes=1, cpu_ranks_per_node=2, args=args)
+    assert run_local(train).state == "COMPLETED"
+    trained = json.loads((Path(train.run_dir) / "result.json").read_text())["result"]["test_accuracy"]
+    out = tmp_path / "predictions.jsonl"
+    infer = make_plan(tmp_path, name="infer", entrypoint="jobs.infer:main", nodes=1, cpu_ranks_per_node=2,
+                      args={"checkpoint": train.payload["checkpoint"]["dir"], "output": str(out)})
+    assert run_local(infer).state == "COMPLETED"
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["index"] for r in rows] == list(range(359))  # every test sample once, in order
+    accuracy = sum(r["prediction"] == r["label"] for r in rows) / len(rows)
+    assert abs(accuracy - trained) < 1e-9
+
+
+def test_allreduce_check_reports_bandwidth(tmp_path: Path) -> None:
+    launch = make_plan(tmp_path, name="ar", entrypoint="jobs.allreduce:main", nodes=2, cpu_ranks_per_node=1,
+                       args={"sizes-mb": [1, 4], "iters": 3})
+    assert run_local(launch).state == "COMPLETED"
+    report = json.loads((Path(launch.run_dir) / "allreduce.json").read_text())
+    assert report["world_size"] == 2 and [r["size_mb"] for r in report["rows"]] == [1, 4]
+    for row in report["rows"]:
+        assert row["algbw_gbps"] > 0 and row["busbw_gbps"] == pytest.approx(row["algbw_gbps"])  # 2(n-1)/n = 1

@@ -35,6 +35,18 @@ TORCHRUN = [PY, "-m", "torch.distributed.run", "--standalone"]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
 
+def run_quiet(cmd: list[str], attempts: int = 2) -> None:
+    """Run a launcher; on failure show its stderr, and retry once (torchrun's standalone
+    rendezvous occasionally aborts on this machine right after another torchrun)."""
+    for attempt in range(attempts):
+        proc = subprocess.run(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if proc.returncode == 0:
+            return
+        tail = "\n".join(proc.stderr.splitlines()[-8:])
+        print(f"[bench] {' '.join(cmd[:4])}... failed (attempt {attempt + 1}):\n{tail}", file=sys.stderr)
+    raise RuntimeError(f"{cmd} kept failing")
+
+
 def _spec(tmp: Path, **fields: object) -> Path:
     path = tmp / f"spec-{time.monotonic_ns()}.yaml"
     path.write_text(yaml.safe_dump({"name": "bench", "runs_dir": str(tmp / "runs"), **fields}))
@@ -62,7 +74,7 @@ def launch_once(kind: str, n: int, tmp: Path) -> float:
         spec = _spec(tmp, entrypoint=script, cpu_ranks_per_node=n, extra_args=["--out", str(out)])
         cmd = [*ORCH, "run", str(spec)]
     t0 = time.time()
-    subprocess.run(cmd, env=ENV, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run_quiet(cmd, attempts=1)
     return _rank_times(out, n)[1] - t0
 
 
@@ -84,13 +96,12 @@ def bench_throughput(repeat: int, tmp: Path) -> None:
     ours, hand = [], []
     for _ in range(repeat):
         out = Path(tempfile.mkdtemp(dir=tmp))
-        subprocess.run([*TORCHRUN, "--nproc-per-node=2", str(HERE / "hand_ddp_loop.py"), "--epochs", "4",
-                        "--out", str(out)], env=ENV, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        run_quiet([*TORCHRUN, "--nproc-per-node=2", str(HERE / "hand_ddp_loop.py"), "--epochs", "15", "--out", str(out)])
         hand.append(statistics.mean(statistics.mean(json.loads((out / f"hand-{r}.json").read_text())[1:]) for r in range(2)))
         spec = _spec(tmp, entrypoint="jobs.train:main", cpu_ranks_per_node=2,
-                     args={"dataset": "digits", "epochs": 4, "batch-size": 32, "log-every": 1000},
+                     args={"dataset": "digits", "epochs": 15, "batch-size": 32, "log-every": 1000},
                      checkpoint={"keep_last": 1})
-        subprocess.run([*ORCH, "run", str(spec)], env=ENV, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        run_quiet([*ORCH, "run", str(spec)])
         run_dir = max((tmp / "runs").glob("bench-*"), key=lambda p: p.stat().st_mtime)
         rates = []
         for r in range(2):
@@ -107,12 +118,11 @@ def bench_allreduce(repeat: int, tmp: Path) -> None:
     ours, bare = [], []
     for _ in range(repeat):
         out = Path(tempfile.mkdtemp(dir=tmp))
-        subprocess.run([*TORCHRUN, "--nproc-per-node=2", str(HERE / "bare_allreduce.py"), "--size-mb", "64",
-                        "--out", str(out)], env=ENV, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        run_quiet([*TORCHRUN, "--nproc-per-node=2", str(HERE / "bare_allreduce.py"), "--size-mb", "64", "--out", str(out)])
         bare.append(json.loads((out / "bare.json").read_text())["gbps"])
         spec = _spec(tmp, entrypoint="jobs.allreduce:main", cpu_ranks_per_node=2,
                      args={"sizes-mb": [64], "iters": 10})
-        subprocess.run([*ORCH, "run", str(spec)], env=ENV, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        run_quiet([*ORCH, "run", str(spec)])
         run_dir = max((tmp / "runs").glob("bench-*"), key=lambda p: p.stat().st_mtime)
         ours.append(json.loads((run_dir / "allreduce.json").read_text())["rows"][0]["algbw_gbps"])
     b, o = statistics.median(bare), statistics.median(ours)

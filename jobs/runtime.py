@@ -49,7 +49,3 @@ class RuntimeConfig:
             resume=e.get("ORCH_RESUME", "1") == "1",
             strategy=e.get("ORCH_STRATEGY", "ddp"),
         )
-
-    @property
-    def is_distributed(self) -> bool:
-        return self.world_size > 1 or "MASTER_ADDR" in os.environ

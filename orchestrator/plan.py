@@ -67,8 +67,9 @@ class LaunchPlan(BaseModel):
         if index is None or not self.sweep:
             return dict(self.payload)
         point = self.sweep[index]
+        ckpt_dir = os.path.join(self.payload["checkpoint"]["dir"], f"point-{index:04d}")
         return {**self.payload, "argv": point.argv, "run_dir": point.run_dir,
-                "checkpoint": {**self.payload["checkpoint"], "dir": os.path.join(point.run_dir, "checkpoints")}}
+                "checkpoint": {**self.payload["checkpoint"], "dir": ckpt_dir}}
 
 
 def run_id_for(spec: JobSpec) -> str:
@@ -224,8 +225,8 @@ def _local_rows(spec: JobSpec, run_id: str, run_dir: str, layout: _Layout) -> li
             else (",".join(map(str, layout.devices)) if layout.devices else None),
             source="local",
         ).to_environ()
-        if spec.executor == "local" or layout.devices is None:
-            env.setdefault("CUDA_VISIBLE_DEVICES", "")
+        if layout.devices is None:  # CPU dry run: hide any local GPU, as the plan says gloo on CPU
+            env["CUDA_VISIBLE_DEVICES"] = ""
         rows.append(RankRow(rank=rank, local_rank=local, node_rank=node, host=f"local-node{node}", env=env))
     return rows
 

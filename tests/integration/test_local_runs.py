@@ -202,3 +202,24 @@ def test_allreduce_check_reports_bandwidth(tmp_path: Path) -> None:
     assert report["world_size"] == 2 and [r["size_mb"] for r in report["rows"]] == [1, 4]
     for row in report["rows"]:
         assert row["algbw_gbps"] > 0 and row["busbw_gbps"] == pytest.approx(row["algbw_gbps"])  # 2(n-1)/n = 1
+
+
+def test_local_timeout_stops_every_rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CRASH_RANK", "-1")  # nobody crashes: every rank sleeps
+    launch = make_plan(tmp_path, entrypoint="tests.integration.scripts.crash:main", nodes=1, cpu_ranks_per_node=2,
+                       local={"timeout_s": 4})
+    t0 = time.monotonic()
+    record = run_local(launch)
+    assert record.state == "TIMEOUT" and "timeout_s" in (record.error or "")
+    assert time.monotonic() - t0 < 30
+    assert not alive_processes_mentioning(launch.run_dir)
+
+
+def test_local_sweep_runs_every_point(tmp_path: Path) -> None:
+    out = tmp_path / "points"
+    out.mkdir()
+    launch = make_plan(tmp_path, entrypoint=str(SCRIPTS / "point.py"), args={"out": str(out)},
+                       sweep={"x": [1, 2, 3]})
+    record = run_local(launch)
+    assert record.state == "COMPLETED", record.error
+    assert sorted(p.read_text() for p in out.glob("point-*.txt")) == ["1", "2", "3"]

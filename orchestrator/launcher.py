@@ -102,9 +102,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
 
 class SlurmLauncher:
     """The callable submitit pickles: the rank payload (plain data) and nothing else.
@@ -127,7 +124,7 @@ class SlurmLauncher:
         e = os.environ if environ is None else environ
         p = self.payload
         hosts = expand_nodelist(e["SLURM_JOB_NODELIST"])
-        job_id = e.get("SLURM_ARRAY_JOB_ID") and f"{e['SLURM_ARRAY_JOB_ID']}_{e['SLURM_ARRAY_TASK_ID']}" or e["SLURM_JOB_ID"]
+        job_id = slurm_job_id(e)
         restart = int(e.get("SLURM_RESTART_COUNT", "0"))
         port = derive_port(job_id, restart) if p["port"] == "auto" else int(p["port"])
         world = int(e["SLURM_NTASKS"])
@@ -161,8 +158,7 @@ class SlurmLauncher:
             if restart < int(self.payload.get("max_requeues", 0)):
                 import subprocess
 
-                job = os.environ.get("SLURM_ARRAY_JOB_ID") and \
-                    f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}" or os.environ["SLURM_JOB_ID"]
+                job = slurm_job_id(os.environ)
                 print(f"[launcher] stopped ({result.get('stopped')}); requeueing {job} "
                       f"(restart {restart + 1} of {self.payload['max_requeues']})", flush=True)
                 subprocess.run(["scontrol", "requeue", job], check=False)
@@ -171,7 +167,18 @@ class SlurmLauncher:
         return result
 
 
+def slurm_job_id(environ: Mapping[str, str]) -> str:
+    """The id scontrol and sacct use for this job: '<array job>_<task>' inside an array."""
+    if environ.get("SLURM_ARRAY_JOB_ID"):
+        return f"{environ['SLURM_ARRAY_JOB_ID']}_{environ['SLURM_ARRAY_TASK_ID']}"
+    return environ["SLURM_JOB_ID"]
+
+
 def socket_hostname() -> str:
     import socket
 
     return socket.gethostname()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -24,6 +23,7 @@ from typing import IO, Callable
 
 from orchestrator.errors import SubmissionError
 from orchestrator.executors.base import first_error, prepare_run_dir
+from orchestrator.executors.console import ConsoleEcho, LogTails, PlainEcho
 from orchestrator.plan import LaunchPlan
 from orchestrator.rank_env import PORT_BASE, PORT_SPAN, init_url, rendezvous_file
 from orchestrator.records import TERMINAL, RunRecord
@@ -90,6 +90,9 @@ class Supervisor:
                 if state != "COMPLETED":
                     break
             return self.record.update(state=state, ended=time.time())
+        except Exception as exc:
+            self.record.update(state="FAILED", error=f"{type(exc).__name__}: {exc}", ended=time.time())
+            raise
         finally:
             for s, handler in prev.items():
                 signal.signal(s, handler)
@@ -108,11 +111,12 @@ class Supervisor:
         if self.launch.spec["distributed"]["port"] != "auto" and not port_is_free(planned):
             raise SubmissionError(f"distributed.port {planned} is in use on this machine; pick another or use 'auto'")
         port = pick_port(planned)
-        self.procs, self._logs = [], []
+        self.procs, self._logs, offsets = [], [], []
         for rank, env in enumerate(rank_environments(self.launch, port, payload)):
             log = open(run_dir / "logs" / f"rank-{rank}.log", "ab")
             log.write(f"=== attempt {self.record.attempts} started {time.ctime()} ===\n".encode())
             log.flush()
+            offsets.append(log.tell())  # echo from here: this attempt's output only
             self._logs.append(log)
             self.procs.append(subprocess.Popen(
                 [sys.executable, "-u", "-m", "orchestrator.launcher", str(payload_path)],
@@ -123,21 +127,21 @@ class Supervisor:
         if self.echo_factory and self.echo is None:
             self.echo = self.echo_factory()
         try:
-            return self._watch(run_dir)
+            return self._watch(run_dir, offsets)
         finally:
             for log in self._logs:
                 log.close()
 
-    def _watch(self, run_dir: Path) -> str:
+    def _watch(self, run_dir: Path, offsets: list[int]) -> str:
         start = time.monotonic()
-        tails = LogTails(run_dir, len(self.procs), self.echo) if self.echo else None
+        tails = LogTails(run_dir, offsets, self.echo) if self.echo else None
         while True:
             if tails:
                 tails.pump()
             codes = [p.poll() for p in self.procs]
             failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
             if failed:
-                rank = self._first_failure(failed, codes, run_dir)
+                self._first_failure(failed, codes, run_dir)
                 self._kill_all(grace=GRACE_S)
                 if tails:
                     tails.pump()
@@ -194,61 +198,6 @@ def _signal_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-class LogTails:
-    """Follows every rank's log file and hands new complete lines to ``echo(rank, line)``."""
-
-    def __init__(self, run_dir: Path, n: int, echo: Callable[[int, str], None]) -> None:
-        self.paths = [run_dir / "logs" / f"rank-{r}.log" for r in range(n)]
-        self.offsets = [p.stat().st_size if p.exists() else 0 for p in self.paths]
-        self.partial = [b""] * n
-        self.echo = echo
-
-    def pump(self) -> None:
-        for rank, path in enumerate(self.paths):
-            try:
-                with open(path, "rb") as fh:
-                    fh.seek(self.offsets[rank])
-                    chunk = fh.read()
-            except FileNotFoundError:
-                continue
-            self.offsets[rank] += len(chunk)
-            lines = (self.partial[rank] + chunk).split(b"\n")
-            self.partial[rank] = lines.pop()
-            for line in lines:
-                self.echo(rank, line.decode(errors="replace"))
-
-
-_STEP = re.compile(r"step (\d+)/(\d+)")
-
-
-class ConsoleEcho:
-    """Prefixed live output plus a progress bar fed by rank 0's step lines."""
-
-    def __init__(self) -> None:
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-        self.progress = Progress(TextColumn("training"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
-                                 TimeElapsedColumn(), transient=False)
-        self.task = self.progress.add_task("train", total=None)
-        self.progress.start()
-
-    def close(self) -> None:
-        self.progress.stop()
-
-    def __call__(self, rank: int, line: str) -> None:
-        self.progress.console.print(f"[rank {rank}] {line}", markup=False, highlight=False)
-        m = _STEP.search(line) if rank == 0 else None
-        if m:
-            self.progress.update(self.task, completed=int(m.group(1)), total=int(m.group(2)))
-
-
-class PlainEcho:
-    """Prefixed lines without a progress bar, for logs and pipes (no rich import, no redraws)."""
-
-    def __call__(self, rank: int, line: str) -> None:
-        print(f"[rank {rank}] {line}", flush=True)
 
 
 class LocalExecutor:

@@ -124,3 +124,22 @@ def test_examples_validate() -> None:
     for path in examples:
         spec = load_spec([path])
         plan(spec)
+
+
+def test_slurm_rank_env_from_slurm_variables(tmp_path) -> None:
+    from orchestrator.launcher import SlurmLauncher
+
+    launch = plan(spec_from_dict({"name": "s", "entrypoint": "jobs.train:main", "nodes": 2, "gpus_per_node": 2,
+                                  "distributed": {"backend": "gloo", "interface": "lo", "init_method": "file",
+                                                  "rendezvous_dir": str(tmp_path), "rendezvous_dir_is_shared": True}}), "slurm")
+    env = {"SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_JOB_ID": "4242", "SLURM_RESTART_COUNT": "1",
+           "SLURM_NTASKS": "4", "SLURM_JOB_NUM_NODES": "2", "SLURM_LOCALID": "1", "SLURM_PROCID": "3",
+           "SLURM_NODEID": "1", "CUDA_VISIBLE_DEVICES": "0,1"}
+    rank = SlurmLauncher(launch.payload).rank_env(env)
+    assert (rank.rank, rank.local_rank, rank.node_rank, rank.world_size) == (3, 1, 1, 4)
+    assert rank.master_addr == "gpu07" and rank.master_port == derive_port("4242", 1)
+    assert rank.init_method == f"file://{tmp_path}/rendezvous-4242-1"
+    assert rank.visible_devices == "1" and rank.source == "slurm"
+    bad = SlurmLauncher({**launch.payload, "interface": "ib9"})
+    with pytest.raises(RuntimeError, match="interface ib9 does not exist"):
+        bad.rank_env(env)

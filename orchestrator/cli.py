@@ -128,6 +128,20 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    zygote = None
+    if args.executor in (None, "local") and not args.detach:
+        from orchestrator.executors.forked import start_zygote
+
+        zygote = start_zygote()  # imports torch while we validate and plan
+    try:
+        return _run(args, zygote)
+    finally:
+        if zygote is not None and zygote.poll() is None and zygote.stdin is not None and not zygote.stdin.closed:
+            zygote.kill()  # unused: invalid spec, another executor, or --preload_torch false
+            zygote.wait()
+
+
+def _run(args: argparse.Namespace, zygote: Any) -> int:
     from orchestrator.executors import get_executor
     from orchestrator.plan import plan
 
@@ -142,7 +156,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         moved = move_aside(launch.run_dir)
         if moved:
             print(f"moved the previous run folder to {moved}")
-    executor = get_executor(launch.executor)
+    if launch.executor == "local" and zygote is not None:
+        from orchestrator.executors.local import LocalExecutor
+
+        executor: Any = LocalExecutor(zygote)
+    else:
+        executor = get_executor(launch.executor)
     if args.detach:
         record = executor.submit(launch, detach=True)
         print(f"started {record.run_id} in the background; follow it with: orchestrator logs -f {record.run_id}")

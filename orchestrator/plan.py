@@ -73,8 +73,12 @@ class LaunchPlan(BaseModel):
 
 
 def run_id_for(spec: JobSpec) -> str:
-    """A stable id: the same resolved spec always maps to the same run folder (and resumes there)."""
-    digest = hashlib.sha256(spec.model_dump_json().encode()).hexdigest()[:8]
+    """A stable id: the same resolved spec always maps to the same run folder (and resumes there).
+
+    Only fields that differ from their defaults are hashed, so a new field with a default (a
+    new release) does not move existing runs to new folders.
+    """
+    digest = hashlib.sha256(spec.model_dump_json(exclude_defaults=True).encode()).hexdigest()[:8]
     return f"{spec.name}-{digest}"
 
 

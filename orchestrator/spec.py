@@ -217,6 +217,10 @@ class LocalSpec(_Model):
         "CPU so a cluster spec stays runnable on a laptop."
     )
     timeout_s: float | None = Field(None, gt=0, description="Kill the local run after this many seconds.")
+    preload_torch: bool = Field(
+        True, description="Import torch once in a launcher process and fork the ranks from it (a fast "
+        "start on few cores). false starts every rank as a fresh interpreter, exactly as on SLURM."
+    )
 
     @field_validator("devices")
     @classmethod

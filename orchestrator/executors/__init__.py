@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from orchestrator.executors.base import Executor
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # importing base pulls in pydantic; forked.py must start without it
+    from orchestrator.executors.base import Executor
 
 
 def get_executor(name: str) -> Executor:

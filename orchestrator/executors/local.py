@@ -24,6 +24,7 @@ from typing import IO, Callable
 from orchestrator.errors import SubmissionError
 from orchestrator.executors.base import first_error, prepare_run_dir
 from orchestrator.executors.console import ConsoleEcho, LogTails, PlainEcho
+from orchestrator.executors.forked import ZygoteGroup, alive, start_zygote
 from orchestrator.plan import LaunchPlan
 from orchestrator.rank_env import PORT_BASE, PORT_SPAN, init_url, rendezvous_file
 from orchestrator.records import TERMINAL, RunRecord
@@ -69,9 +70,15 @@ class Supervisor:
     """Starts the ranks of one run (each sweep point in turn) and watches them."""
 
     def __init__(self, launch: LaunchPlan, record: RunRecord,
-                 echo_factory: Callable[[], Callable[[int, str], None]] | None = None) -> None:
+                 echo_factory: Callable[[], Callable[[int, str], None]] | None = None,
+                 zygote: subprocess.Popen | None = None) -> None:
         # The echo (rich) is built after the ranks start, so its imports overlap theirs.
         self.launch, self.record, self.echo_factory = launch, record, echo_factory
+        self.preload = bool(launch.spec["local"].get("preload_torch", True))
+        self._zygote = zygote if self.preload else None
+        if zygote is not None and not self.preload:
+            zygote.kill()
+            zygote.wait()
         self.echo: Callable[[int, str], None] | None = None
         self.procs: list[subprocess.Popen] = []
         self._logs: list[IO[bytes]] = []
@@ -97,6 +104,9 @@ class Supervisor:
             for s, handler in prev.items():
                 signal.signal(s, handler)
             self._kill_all(grace=GRACE_S)
+            if self._zygote is not None:  # never used (e.g. a point failed to start)
+                self._zygote.kill()
+                self._zygote.wait()
 
     def _on_signal(self, signum: int, frame: object) -> None:
         self._cancelled = True
@@ -112,17 +122,29 @@ class Supervisor:
             raise SubmissionError(f"distributed.port {planned} is in use on this machine; pick another or use 'auto'")
         port = pick_port(planned)
         self.procs, self._logs, offsets = [], [], []
-        for rank, env in enumerate(rank_environments(self.launch, port, payload)):
-            log = open(run_dir / "logs" / f"rank-{rank}.log", "ab")
+        envs = rank_environments(self.launch, port, payload)
+        group = ZygoteGroup(self._zygote or start_zygote()) if self.preload else None
+        self._zygote = None  # a zygote serves one set of ranks
+        forks = []
+        for rank, env in enumerate(envs):
+            log_path = run_dir / "logs" / f"rank-{rank}.log"
+            log = open(log_path, "ab")
             log.write(f"=== attempt {self.record.attempts} started {time.ctime()} ===\n".encode())
             log.flush()
             offsets.append(log.tell())  # echo from here: this attempt's output only
+            full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
+            if group is not None:
+                log.close()
+                forks.append({"rank": rank, "env": full_env, "payload": str(payload_path), "log": str(log_path)})
+                continue
             self._logs.append(log)
             self.procs.append(subprocess.Popen(
                 [sys.executable, "-u", "-m", "orchestrator.launcher", str(payload_path)],
-                env={**os.environ, **env, "PYTHONUNBUFFERED": "1"}, stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
+                env=full_env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
             ))
+        if group is not None:
+            self.procs = group.start(forks)  # type: ignore[assignment]
+            self._group = group
         self.record.update(rank_pids=[p.pid for p in self.procs], master_port=port)
         if self.echo_factory and self.echo is None:
             self.echo = self.echo_factory()
@@ -131,6 +153,9 @@ class Supervisor:
         finally:
             for log in self._logs:
                 log.close()
+            if group is not None:
+                self._kill_all(grace=GRACE_S)
+                group.close()
 
     def _watch(self, run_dir: Path, offsets: list[int]) -> str:
         start = time.monotonic()
@@ -201,9 +226,12 @@ def _signal_group(pid: int, sig: int) -> None:
 
 
 class LocalExecutor:
+    def __init__(self, zygote: subprocess.Popen | None = None) -> None:
+        self.zygote = zygote  # started early by the CLI, so torch imports while it validates
+
     def run(self, launch: LaunchPlan) -> RunRecord:
         record = prepare_run_dir(launch)
-        supervisor = Supervisor(launch, record, ConsoleEcho if sys.stdout.isatty() else PlainEcho)
+        supervisor = Supervisor(launch, record, ConsoleEcho if sys.stdout.isatty() else PlainEcho, zygote=self.zygote)
         try:
             record = supervisor.run()
         finally:
@@ -232,7 +260,7 @@ class LocalExecutor:
         """A run whose supervisor vanished without writing an end state is reported FAILED."""
         out = []
         for rec in records:
-            if rec.state not in TERMINAL and rec.supervisor_pid and not _alive(rec.supervisor_pid):
+            if rec.state not in TERMINAL and rec.supervisor_pid and not alive(rec.supervisor_pid):
                 rec = rec.update(state="FAILED", ended=time.time(),
                                  error=rec.error or "the local supervisor died without recording an end state")
             out.append(rec)
@@ -241,7 +269,7 @@ class LocalExecutor:
     def cancel(self, record: RunRecord) -> RunRecord:
         if record.state in TERMINAL:
             return record
-        if record.supervisor_pid and _alive(record.supervisor_pid):
+        if record.supervisor_pid and alive(record.supervisor_pid):
             os.kill(record.supervisor_pid, signal.SIGTERM)
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
@@ -255,15 +283,6 @@ class LocalExecutor:
 
     def log_path(self, record: RunRecord, rank: int) -> Path:
         return Path(record.run_dir) / "logs" / f"rank-{rank}.log"
-
-
-def _alive(pid: int) -> bool:
-    """True for a running process; a zombie (state Z) counts as dead."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, IndexError):
-        return False
 
 
 def _print_outcome(record: RunRecord) -> None:

@@ -46,3 +46,22 @@ def alive_processes_mentioning(text: str) -> list[int]:
         if text in cmd and state != "Z":
             found.append(int(pid))
     return found
+
+
+def leftover_ranks(run_dir: str) -> list[str]:
+    """Ranks (and their children) of a run still alive: any process whose command line names the
+    run folder, or any live member of a rank's process group (each rank leads its own session,
+    forked or spawned)."""
+    left = [f"pid {p}" for p in alive_processes_mentioning(run_dir)]
+    record = RunRecord.load(run_dir)
+    for pid in record.rank_pids:
+        for other in os.listdir("/proc"):
+            if not other.isdigit():
+                continue
+            try:
+                fields = Path(f"/proc/{other}/stat").read_text().rsplit(")", 1)[1].split()
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            if fields[0] != "Z" and int(fields[2]) == pid:  # field 5 of stat: the process group
+                left.append(f"pid {other} in rank group {pid}")
+    return left

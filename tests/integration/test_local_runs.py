@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from orchestrator.records import RunRecord
-from tests.integration.helpers import SCRIPTS, alive_processes_mentioning, final_weights, make_plan, run_local
+from tests.integration.helpers import SCRIPTS, final_weights, leftover_ranks, make_plan, run_local
 
 TRAIN_ARGS = {"dataset": "digits", "model": "smallcnn", "batch-size": 16, "lr": 0.05, "momentum": 0.0,
               "epochs": 1, "max-steps": 6, "log-every": 1}
@@ -84,7 +84,7 @@ def test_failing_rank_fails_the_run_fast_with_its_traceback(tmp_path: Path, monk
     assert record.failed_rank == 2
     assert "boom on rank 2" in (record.error or "") and "Traceback" in (record.error or "")
     assert time.monotonic() - t0 < 60
-    assert not alive_processes_mentioning(launch.run_dir)
+    assert not leftover_ranks(launch.run_dir)
 
 
 def test_killed_rank_ends_the_run_within_10s(tmp_path: Path) -> None:
@@ -116,7 +116,7 @@ def test_killed_rank_ends_the_run_within_10s(tmp_path: Path) -> None:
     assert record.state == "FAILED" and record.failed_rank == 1
     assert "SIGKILL" in (record.error or "")
     assert ended - killed["at"] < 10
-    assert not alive_processes_mentioning(launch.run_dir)
+    assert not leftover_ranks(launch.run_dir)
 
 
 def test_interrupt_and_resume_is_bit_identical(tmp_path: Path) -> None:
@@ -139,7 +139,7 @@ def test_interrupt_and_resume_is_bit_identical(tmp_path: Path) -> None:
         time.sleep(0.1)
     record = ex.cancel(record)
     assert record.state == "CANCELLED"
-    assert not alive_processes_mentioning(launch.run_dir)
+    assert not leftover_ranks(launch.run_dir)
     from jobs.checkpoint import latest_checkpoint, load_checkpoint
 
     mid = load_checkpoint(latest_checkpoint(launch.payload["checkpoint"]["dir"]))
@@ -212,7 +212,7 @@ def test_local_timeout_stops_every_rank(tmp_path: Path, monkeypatch: pytest.Monk
     record = run_local(launch)
     assert record.state == "TIMEOUT" and "timeout_s" in (record.error or "")
     assert time.monotonic() - t0 < 30
-    assert not alive_processes_mentioning(launch.run_dir)
+    assert not leftover_ranks(launch.run_dir)
 
 
 def test_local_sweep_runs_every_point(tmp_path: Path) -> None:
@@ -223,3 +223,20 @@ def test_local_sweep_runs_every_point(tmp_path: Path) -> None:
     record = run_local(launch)
     assert record.state == "COMPLETED", record.error
     assert sorted(p.read_text() for p in out.glob("point-*.txt")) == ["1", "2", "3"]
+
+
+def test_fresh_interpreters_when_preload_is_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """local.preload_torch: false starts each rank as its own interpreter, as on SLURM."""
+    out = tmp_path / "out"
+    out.mkdir()
+    launch = make_plan(tmp_path, entrypoint=str(SCRIPTS / "byo_ddp.py"), nodes=1, cpu_ranks_per_node=2,
+                       extra_args=["--out", str(out)], local={"preload_torch": False})
+    record = run_local(launch)
+    assert record.state == "COMPLETED", record.error
+    assert all(json.loads((out / f"byo-{r}.json").read_text())["sum"] == 3.0 for r in range(2))
+    monkeypatch.setenv("CRASH_RANK", "1")
+    crash = make_plan(tmp_path, name="crash", entrypoint="tests.integration.scripts.crash:main", nodes=1,
+                      cpu_ranks_per_node=2, local={"preload_torch": False})
+    failed = run_local(crash)
+    assert failed.state == "FAILED" and failed.failed_rank == 1 and "boom on rank 1" in (failed.error or "")
+    assert not leftover_ranks(crash.run_dir)

@@ -87,18 +87,19 @@ class Supervisor:
 
     # -- lifecycle --------------------------------------------------------------------------
     def run(self) -> RunRecord:
+        """Run every point; the end state is recorded only after every rank is gone, so a
+        caller that sees a terminal state never finds a rank still running."""
         self.record.update(state="RUNNING", supervisor_pid=os.getpid())
         prev = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        state, error = "FAILED", None
         try:
             points = range(len(self.launch.sweep)) if self.launch.sweep else [None]
-            state = "COMPLETED"
             for index in points:
                 state = self._run_point(index)
                 if state != "COMPLETED":
                     break
-            return self.record.update(state=state, ended=time.time())
         except Exception as exc:
-            self.record.update(state="FAILED", error=f"{type(exc).__name__}: {exc}", ended=time.time())
+            state, error = "FAILED", f"{type(exc).__name__}: {exc}"
             raise
         finally:
             for s, handler in prev.items():
@@ -107,6 +108,8 @@ class Supervisor:
             if self._zygote is not None:  # never used (e.g. a point failed to start)
                 self._zygote.kill()
                 self._zygote.wait()
+            self.record.update(state=state, ended=time.time(), **({"error": error} if error else {}))
+        return self.record
 
     def _on_signal(self, signum: int, frame: object) -> None:
         self._cancelled = True
@@ -274,7 +277,7 @@ class LocalExecutor:
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
                 record = RunRecord.load(record.run_dir)
-                if record.state in TERMINAL:
+                if record.state in TERMINAL and not alive(record.supervisor_pid):
                     return record
                 time.sleep(0.1)
         for pid in record.rank_pids:

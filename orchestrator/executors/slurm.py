@@ -17,7 +17,7 @@ from typing import Iterator
 from orchestrator.errors import SubmissionError
 from orchestrator.executors.base import first_error, prepare_run_dir
 from orchestrator.launcher import SlurmLauncher
-from orchestrator.plan import LaunchPlan
+from orchestrator.plan import DEFAULT_MAX_ARRAY_SIZE, LaunchPlan, array_chunks
 from orchestrator.records import TERMINAL, RunRecord
 
 #: sacct/squeue state -> our state. One table, tested; nothing is folded into FAILED.
@@ -74,6 +74,16 @@ def _query(cmd: list[str]) -> list[tuple[str, str]]:
     return [tuple(line.split("|", 1)) for line in out.stdout.splitlines() if "|" in line]  # type: ignore[misc]
 
 
+def max_array_size() -> int:
+    """The cluster's MaxArraySize (array task ids must stay below it)."""
+    out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=60, check=False)
+    for line in out.stdout.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "MaxArraySize" and value.strip().isdigit():
+            return int(value.strip())
+    return DEFAULT_MAX_ARRAY_SIZE
+
+
 def expand_array_id(jid: str) -> list[str]:
     """sacct shows pending array tasks compressed: '12_[3-5,9%4]' -> ['12_3', '12_4', '12_5', '12_9']."""
     if "_[" not in jid:
@@ -115,10 +125,13 @@ class SlurmExecutor:
         folder = Path(launch.run_dir) / "slurm"
         rotate_folder(folder)
         python = launch.spec["slurm"].get("python")
+        chunks: list[list[int]] | list[None] = launch.array_chunks or [None]
+        if launch.sweep and len(launch.sweep) >= 1000:  # the plan assumed SLURM's default MaxArraySize
+            chunks = array_chunks(len(launch.sweep), max_array_size())
         job_ids: list[str] = []
         try:
             with clean_submission_env():
-                for chunk in launch.array_chunks or [None]:
+                for chunk in chunks:
                     ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=launch.payload["max_requeues"], python=python)
                     ex.update_parameters(**launch.submitit)
                     if chunk is None:

@@ -63,6 +63,16 @@ def no_job_processes(within_s: float = 10) -> bool:
     return True
 
 
+def test_single_node_two_ranks(cluster: dict[str, str]) -> None:
+    launch = slurm_plan(cluster, name="single", nodes=1, args=TRAIN)
+    record = run(launch)
+    assert record.state == "COMPLETED", record.error
+    run_dir = Path(launch.run_dir)
+    assert sorted(p.name for p in (run_dir / "metrics").glob("rank-*.jsonl")) == ["rank-0.jsonl", "rank-1.jsonl"]
+    assert len(list((run_dir / "slurm").glob("*_log.out"))) == 2
+    assert (run_dir / "result.json").exists() and list((run_dir / "checkpoints").glob("ckpt-*.pt"))
+
+
 def test_two_nodes_tcp_training_completes(cluster: dict[str, str]) -> None:
     launch = slurm_plan(cluster, args=TRAIN)
     record = run(launch)

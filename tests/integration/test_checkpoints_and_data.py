@@ -101,3 +101,23 @@ def test_balanced_dataparallel_chunks() -> None:
     assert balanced_chunks(64, 4, None) == [16, 16, 16, 16]
     assert balanced_chunks(64, 4, 10) == [10, 18, 18, 18]
     assert sum(balanced_chunks(65, 3, 5)) == 65
+
+
+def test_imagefolder_loader_on_images_written_here(tmp_path: Path) -> None:
+    from PIL import Image
+
+    from jobs import data
+
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):
+        for cls in ("cat", "dog"):
+            (tmp_path / split / cls).mkdir(parents=True)
+            for i in range(3):
+                pixels = rng.integers(0, 256, (20, 24, 3), dtype=np.uint8)
+                Image.fromarray(pixels).save(tmp_path / split / cls / f"{i}.png")
+    train = data.imagefolder(str(tmp_path), train=True, image_size=16)
+    val = data.imagefolder(str(tmp_path), train=False, image_size=16)
+    assert len(train) == 6 and len(val) == 6 and train.classes == ["cat", "dog"]
+    x, y = train[0]
+    assert tuple(x.shape) == (3, 16, 16) and y in (0, 1)
+    assert data.num_classes("imagefolder", train) == 2

@@ -114,7 +114,7 @@ class SlurmLauncher:
 
     def __init__(self, payload: dict[str, Any], point: int | None = None) -> None:
         self.payload = payload
-        self.point = point
+        self.point = point  # the sweep point, for whoever inspects the pickle (submitit's folder)
 
     def rank_env(self, environ: Mapping[str, str] | None = None) -> Any:
         from orchestrator.netif import check_interfaces, interface_for

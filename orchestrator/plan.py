@@ -16,7 +16,7 @@ from typing import Any, Optional
 from pydantic import BaseModel, ConfigDict, Field
 
 from orchestrator.rank_env import RankEnv, derive_port, init_url, local_devices_for_rank, rendezvous_file
-from orchestrator.spec import ExecutorName, JobSpec, Scalar
+from orchestrator.spec import ExecutorName, JobSpec
 
 #: SLURM's default MaxArraySize is 1001, so one array holds at most 1000 tasks.
 DEFAULT_MAX_ARRAY_SIZE = 1001
@@ -307,6 +307,3 @@ def array_chunks(n_points: int, max_array_size: int) -> list[list[int]]:
     size = max(1, max_array_size - 1)
     return [list(range(i, min(i + size, n_points))) for i in range(0, n_points, size)]
 
-
-def describe_point(args: dict[str, Scalar]) -> str:
-    return ",".join(f"{k}={v}" for k, v in args.items())

@@ -8,7 +8,7 @@ JSON schema (``orchestrator schema``) and therefore editor completion. Checks ra
 from __future__ import annotations
 
 from itertools import product
-from typing import Annotated, Any, Literal, Union
+from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 

@@ -47,8 +47,16 @@ start_munge() {
   if munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then return 0; fi
   mkdir -p /run/munge && chown munge:munge /run/munge && chmod 755 /run/munge
   [ -s /etc/munge/munge.key ] || { dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 2>/dev/null; chown munge:munge /etc/munge/munge.key; chmod 400 /etc/munge/munge.key; }
-  runuser -u munge -- /usr/sbin/munged --pid-file="$DIR/munged.pid" 2>/dev/null || runuser -u munge -- /usr/sbin/munged
-  for _ in $(seq 50); do munge -n 2>/dev/null | unmunge >/dev/null 2>&1 && return 0; sleep 0.1; done
+  runuser -u munge -- /usr/sbin/munged
+  # munged runs as the munge user and cannot write into DIR: record its PID ourselves, so that
+  # `down` stops the munged this script started (and only that one).
+  for _ in $(seq 50); do
+    if munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then
+      pgrep -u munge -x munged -n > "$DIR/munged.pid" || true
+      return 0
+    fi
+    sleep 0.1
+  done
   log "munged did not start"; return 1
 }
 

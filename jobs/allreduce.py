@@ -16,6 +16,7 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
+from jobs.argtypes import non_negative_int, positive_float, positive_int
 from jobs.distributed import distributed
 
 
@@ -41,9 +42,9 @@ def measure(size_bytes: int, iters: int, warmup: int, device: torch.device) -> f
 
 def main(argv: Sequence[str] = ()) -> dict[str, Any]:
     p = argparse.ArgumentParser(prog="jobs.allreduce")
-    p.add_argument("--sizes-mb", type=float, nargs="+", default=[1, 4, 16, 64])
-    p.add_argument("--iters", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--sizes-mb", type=positive_float, nargs="+", default=[1, 4, 16, 64])
+    p.add_argument("--iters", type=positive_int, default=10)
+    p.add_argument("--warmup", type=non_negative_int, default=2)
     args = p.parse_args(list(argv))
     with distributed() as ctx:
         if ctx.backend is None:

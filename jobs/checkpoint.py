@@ -3,7 +3,8 @@
 Writing: rank 0 saves to a temporary file in the same directory, fsyncs it, and renames it
 over the final name (``os.replace`` is atomic on POSIX), then prunes to the last ``keep``.
 A crash or ``kill -9`` mid-write leaves only a ``.tmp`` file, which loading ignores, so the
-previous checkpoint stays loadable. All ranks meet at a barrier after the write.
+previous checkpoint stays loadable; the next writer (or a resume) removes such orphans. All
+ranks meet at a barrier after the write.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 _NAME = re.compile(r"^ckpt-(\d{10})\.pt$")
+_TMP = re.compile(r"^\.ckpt-\d{10}\.pt\.\d+\.tmp$")
 
 
 def checkpoint_path(directory: str | Path, step: int) -> Path:
@@ -56,6 +58,29 @@ def save_atomic(state: Mapping[str, Any], path: Path) -> None:
             tmp.unlink()
 
 
+def orphaned_temporaries(directory: str | Path) -> list[Path]:
+    """Temporary files that a killed writer left behind (``.ckpt-<step>.pt.<pid>.tmp``)."""
+    d = Path(directory)
+    if not d.is_dir():
+        return []
+    return sorted(d / name for name in os.listdir(d) if _TMP.match(name))
+
+
+def prune_orphans(directory: str | Path) -> list[Path]:
+    """Remove every orphaned temporary file; only rank 0 writes, so none belongs to a live write.
+
+    Call it only from the job's single writer (rank 0), before it writes or when it resumes.
+    """
+    removed = []
+    for tmp in orphaned_temporaries(directory):
+        try:
+            tmp.unlink()
+            removed.append(tmp)
+        except FileNotFoundError:
+            pass
+    return removed
+
+
 def prune(directory: str | Path, keep: int) -> None:
     for old in list_checkpoints(directory)[:-keep] if keep > 0 else []:
         old.unlink(missing_ok=True)
@@ -66,6 +91,7 @@ def save_checkpoint(state: Mapping[str, Any], directory: str | Path, step: int, 
     """Rank 0 writes; everyone waits so no rank reads a checkpoint that is not there yet."""
     path = checkpoint_path(directory, step)
     if is_main:
+        prune_orphans(directory)  # a write killed in an earlier attempt
         save_atomic(state, path)
         prune(directory, keep)
     barrier()

@@ -106,8 +106,39 @@ def distributed(config: RuntimeConfig | None = None) -> Iterator[DistContext]:
     backend: str | None = None
     if cfg.world_size > 1 or "MASTER_ADDR" in os.environ:
         backend = init_process_group(cfg, device)
+    clean = False
     try:
         yield DistContext(cfg.rank, cfg.local_rank, cfg.world_size, device, backend, cfg)
+        clean = True
     finally:
         if dist.is_available() and dist.is_initialized():
+            if clean:
+                remove_rendezvous_file(cfg)
             dist.destroy_process_group()
+
+
+def rendezvous_path(init_method: str) -> str | None:
+    url = urlparse(init_method)
+    return url.path if url.scheme == "file" and url.path else None
+
+
+def remove_rendezvous_file(cfg: RuntimeConfig) -> None:
+    """Remove the file:// rendezvous file when every rank leaves cleanly.
+
+    FileStore deletes its file only when the store of every rank is destroyed, which does not
+    happen when a rank exits while something (DDP's reducer, a reference cycle) still holds the
+    group, so the files piled up, one per attempt. Here the ranks meet, rank 0 removes the file,
+    and they meet again (a gloo/nccl barrier, not through the store) so that no rank touches the
+    store afterwards: FileStore's destructor does nothing once the file is gone.
+    """
+    path = rendezvous_path(cfg.init_method)
+    if path is None:
+        return
+    try:
+        dist.barrier()
+        if cfg.rank == 0:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        dist.barrier()
+    except Exception as exc:  # a peer already gone: the launcher removes the file at the end
+        print(f"[jobs] could not remove the rendezvous file {path} together: {exc}", file=sys.stderr)

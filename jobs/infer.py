@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, Subset
 from jobs import checkpoint as ckpt
 from jobs import data, models
 from jobs.distributed import distributed
+from jobs.argtypes import positive_int
 from jobs.sampling import shard_indices
 
 
@@ -28,10 +29,10 @@ def main(argv: Sequence[str] = ()) -> dict[str, Any]:
     p.add_argument("--dataset", default="digits")
     p.add_argument("--data-dir", default=None)
     p.add_argument("--no-verify", action="store_true")
-    p.add_argument("--image-size", type=int, default=None)
+    p.add_argument("--image-size", type=positive_int, default=None)
     p.add_argument("--model", default="smallcnn")
     p.add_argument("--device", default=None, help="e.g. cpu or cuda:1 (single-process inference)")
-    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--batch-size", type=positive_int, default=256)
     p.add_argument("--output", default=None, help="default: <run folder>/predictions.jsonl")
     args = p.parse_args(list(argv))
     with distributed() as ctx:

@@ -1,7 +1,8 @@
 """Image classification with DDP (or DataParallel): the main job.
 
 Entrypoint ``jobs.train:main``; it reads the env:// variables, so it runs the same under
-``orchestrator run``, ``orchestrator submit`` or torchrun. Reads top to bottom: set up, resume,
+``orchestrator run``, ``orchestrator submit`` or torchrun (``torchrun -m jobs.train ...``, or
+``python -m jobs.train ...`` for one process). Reads top to bottom: set up, resume,
 train with a stop check at every step boundary, evaluate, checkpoint, clean up.
 """
 
@@ -22,6 +23,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from jobs import checkpoint as ckpt
 from jobs import data, models, parallel
+from jobs.argtypes import non_negative_float, non_negative_int, positive_int
 from jobs.distributed import DistContext, distributed
 from jobs.metrics import MetricsWriter
 from jobs.preemption import StopFlag
@@ -35,23 +37,23 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--download", action="store_true", help="allow torchvision to download the dataset")
     p.add_argument("--no-verify", action="store_true",
                    help="skip torchvision's md5 checks (CIFAR10 copies and test sets)")
-    p.add_argument("--image-size", type=int, default=None)
-    p.add_argument("--fake-size", type=int, default=512)
+    p.add_argument("--image-size", type=positive_int, default=None)
+    p.add_argument("--fake-size", type=positive_int, default=512)
     p.add_argument("--model", default="smallcnn")
-    p.add_argument("--epochs", type=int, default=10)
-    p.add_argument("--batch-size", type=int, default=32, help="per rank (per process for dp)")
-    p.add_argument("--first-gpu-batch", type=int, default=None,
+    p.add_argument("--epochs", type=positive_int, default=10)
+    p.add_argument("--batch-size", type=positive_int, default=32, help="per rank (per process for dp)")
+    p.add_argument("--first-gpu-batch", type=positive_int, default=None,
                    help="dp only: a smaller share of the batch for GPU 0, which also holds the outputs")
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: no limit)")
-    p.add_argument("--step-delay", type=float, default=0.0, help="sleep per step (tests of preemption)")
-    p.add_argument("--log-every", type=int, default=10)
-    p.add_argument("--stop-check-every", type=int, default=10,
+    p.add_argument("--max-steps", type=non_negative_int, default=0, help="stop after this many steps (0: no limit)")
+    p.add_argument("--step-delay", type=non_negative_float, default=0.0, help="sleep per step (tests of preemption)")
+    p.add_argument("--log-every", type=positive_int, default=10)
+    p.add_argument("--stop-check-every", type=positive_int, default=10,
                    help="steps between the collective stop-flag checks (each costs one tiny all_reduce)")
-    p.add_argument("--workers", type=int, default=0, help="DataLoader workers (0 is fastest for small data on few cores)")
+    p.add_argument("--workers", type=non_negative_int, default=0, help="DataLoader workers (0 is fastest for small data on few cores)")
     return p.parse_args(list(argv))
 
 
@@ -106,6 +108,9 @@ def save(ctx: DistContext, model: nn.Module, opt: torch.optim.Optimizer, prog: P
 
 def maybe_resume(ctx: DistContext, model: nn.Module, opt: torch.optim.Optimizer) -> Progress:
     cfg = ctx.config
+    if ctx.is_main:
+        for orphan in ckpt.prune_orphans(cfg.checkpoint_dir):
+            print(f"[train] removed {orphan.name}, left by a checkpoint write that was killed", flush=True)
     path = ckpt.latest_checkpoint(cfg.checkpoint_dir) if cfg.resume else None
     if path is None:
         return Progress()
@@ -220,3 +225,7 @@ def train(ctx: DistContext, args: argparse.Namespace, stop: StopFlag) -> dict[st
         print(f"[train] stopped at step {prog.global_step} ({stopped}); checkpoint written", file=sys.stderr, flush=True)
     return {"stopped": stopped, "epoch": prog.epoch, "global_step": prog.global_step,
             "test_accuracy": accuracy, "world_size": ctx.world_size}
+
+
+if __name__ == "__main__":  # python -m jobs.train, or torchrun -m jobs.train
+    main(sys.argv[1:])

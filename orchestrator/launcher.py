@@ -71,9 +71,48 @@ def run_rank(payload: Mapping[str, Any], rank: int) -> Any:
             "traceback": traceback.format_exc(),
         })
         raise
+    finally:
+        remove_rendezvous_file(os.environ.get("ORCH_INIT_METHOD", ""))
     if rank == 0:
         write_json_atomic(run_dir / "result.json", {"finished": time.time(), "result": _jsonable(result)})
     return result
+
+
+def rendezvous_path(init_method: str) -> str | None:
+    """The file behind a file:// init URL, or None for env:// and tcp://."""
+    return init_method[len("file://"):] or None if init_method.startswith("file://") else None
+
+
+def remove_rendezvous_file(init_method: str) -> None:
+    """Every rank removes the job's file:// rendezvous file once its entrypoint is over.
+
+    By then every rank has passed the rendezvous (a rank that never joins makes its peers fail
+    anyway), and each rank's own store is torn down inside the entrypoint, so the last rank out
+    leaves nothing behind even for a script that never tears its process group down.
+    """
+    path = rendezvous_path(init_method)
+    if path:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            print(f"[launcher] could not remove the rendezvous file {path}: {exc}", file=sys.stderr)
+
+
+def remove_stale_rendezvous_files(rendezvous_dir: str, job_id: str, restart: int) -> list[str]:
+    """Before a restart: the earlier attempts' files of this job (never another job's)."""
+    from orchestrator.rank_env import rendezvous_file
+
+    removed = []
+    for earlier in range(restart):
+        path = rendezvous_file(rendezvous_dir, job_id, earlier)
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except FileNotFoundError:
+            pass
+    return removed
 
 
 def _jsonable(value: Any) -> Any:
@@ -151,9 +190,12 @@ class SlurmLauncher:
     def __call__(self) -> Any:
         env = self.rank_env()
         os.environ.update(env.to_environ())
+        restart = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+        if self.payload["init_method"] == "file" and env.rank == 0 and restart > 0:
+            for path in remove_stale_rendezvous_files(self.payload["rendezvous_dir"], slurm_job_id(os.environ), restart):
+                print(f"[launcher] removed the previous attempt's rendezvous file {path}", flush=True)
         result = run_rank(self.payload, env.rank)
         stopped = isinstance(result, dict) and result.get("stopped") not in (None, "max_steps")
-        restart = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
         if stopped and env.rank == 0 and result.get("stopped") != "SIGTERM":  # SIGTERM: scancel, not preemption
             if restart < int(self.payload.get("max_requeues", 0)):
                 import subprocess

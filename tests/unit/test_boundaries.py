@@ -35,19 +35,46 @@ def test_spec_and_plan_never_import_subprocess() -> None:
         assert "subprocess" not in names, f"orchestrator/{module} imports subprocess"
 
 
-def _modules_after(code: str) -> set[str]:
-    out = subprocess.run([sys.executable, "-c", code + "\nimport sys; print('\\n'.join(sys.modules))"],
-                         capture_output=True, text=True, check=True, cwd=ROOT, timeout=60)
-    return set(out.stdout.split())
+def _run_cli(argv: list[str]) -> tuple[int, set[str], str]:
+    """Run orchestrator.cli.main(argv) in a fresh interpreter: its exit code, the modules it
+    imported, and what it printed."""
+    code = (
+        "import sys, io, contextlib\n"
+        "from orchestrator.cli import main\n"
+        "out = io.StringIO()\n"
+        "with contextlib.redirect_stdout(out):\n"
+        "    try:\n"
+        f"        rc = main({argv!r})\n"
+        "    except SystemExit as exc:\n"
+        "        rc = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)\n"
+        "print('RC', rc)\n"
+        "print('MODULES', ' '.join(sys.modules))\n"
+        "print('OUT', out.getvalue().replace('\\n', ' '))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = {line.split(" ", 1)[0]: line.split(" ", 1)[1] if " " in line else "" for line in proc.stdout.splitlines()}
+    return int(lines["RC"]), set(lines["MODULES"].split()), lines.get("OUT", "")
 
 
 def test_help_and_validate_never_import_torch() -> None:
     example = ROOT / "orchestrator" / "examples" / "tcp-2x8.yaml"
-    for argv in (["--help"], ["validate", str(example)], ["plan", str(example)],
-                 ["plan", str(ROOT / "orchestrator" / "examples" / "demo.yaml"), "--json"]):
-        code = (f"import sys\nfrom orchestrator.cli import main\n"
-                f"try:\n    main({argv!r})\nexcept SystemExit:\n    pass")
-        mods = _modules_after(code)
+    demo = ROOT / "orchestrator" / "examples" / "demo.yaml"
+    cases = [(["--help"], "usage"), (["validate", str(example)], "ok: resnet50-2x8"), (["plan", str(example)], "#SBATCH"),
+             (["plan", str(demo), "--json"], '"ranks"')]
+    for argv, expected in cases:
+        rc, mods, out = _run_cli(argv)
+        # The command must have done its work: an early failure imports nothing either.
+        assert rc == 0, f"orchestrator {' '.join(argv)} exited {rc}"
+        assert expected in out, f"orchestrator {' '.join(argv)} printed {out[:300]!r}"
         assert "torch" not in mods, f"orchestrator {' '.join(argv)} imported torch"
         if argv[0] != "plan":
             assert "submitit" not in mods, f"orchestrator {' '.join(argv)} imported submitit"
+
+
+def test_a_failing_validate_is_seen_as_failing(tmp_path: Path) -> None:
+    """The check above would notice a validate that fails early (it is not blind to exit codes)."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nentrypoint: jobs.train:main\nnodes: 0\n")
+    rc, mods, _ = _run_cli(["validate", str(bad)])
+    assert rc == 2 and "torch" not in mods

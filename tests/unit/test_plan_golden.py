@@ -1,7 +1,8 @@
 """Rendered sbatch scripts against golden files, including hostile names and paths.
 
-Refresh the golden files after an intended change with:
-    ORCH_UPDATE_GOLDEN=1 python -m pytest tests/unit/test_plan_golden.py
+The tests only read the golden files. After an intended change, rewrite them with the separate
+command below and review the diff:
+    python tests/update_golden.py
 """
 
 from __future__ import annotations
@@ -40,19 +41,44 @@ def _spec(runs_dir: str, **extra: object):
     return spec_from_dict(base)
 
 
+def golden_scripts() -> dict[str, str]:
+    """Every golden file's name and the text plan() renders for it now (tests/update_golden.py
+    writes these; the tests compare against them)."""
+    scripts = {
+        "plain": plan(_spec("/shared/runs")).sbatch_script or "",
+        "sweep": plan(_spec("/shared/runs", sweep={"lr": [0.1, 0.2, 0.3]}, nodes=1)).sbatch_script or "",
+    }
+    for case, runs_dir in sorted(HOSTILE_DIRS.items()):
+        scripts[f"hostile-{case}"] = plan(_spec(runs_dir)).sbatch_script or ""
+    return scripts
+
+
 def _check_golden(name: str, text: str) -> None:
     path = GOLDEN / f"{name}.sbatch"
-    if os.environ.get("ORCH_UPDATE_GOLDEN"):
-        path.write_text(text)
-    assert path.exists(), f"missing golden file {path}; create it with ORCH_UPDATE_GOLDEN=1"
+    assert path.exists(), f"missing golden file {path}; write it with: python tests/update_golden.py"
     assert text == path.read_text(), (
-        f"sbatch script differs from {path}; if the change is intended, refresh with "
-        "ORCH_UPDATE_GOLDEN=1 python -m pytest tests/unit/test_plan_golden.py"
+        f"sbatch script differs from {path}; if the change is intended, rewrite the golden files with "
+        "'python tests/update_golden.py' and review the diff"
     )
 
 
+def test_golden_files_are_exactly_the_cases() -> None:
+    """No stale golden file, none missing, and every case is compared by a test below."""
+    assert sorted(p.stem for p in GOLDEN.glob("*.sbatch")) == sorted(golden_scripts())
+
+
+def test_golden_scripts_keep_the_launch_contract() -> None:
+    """What the golden files must keep whatever else changes: one srun task per rank, and a dead
+    rank takes the job down."""
+    for name, script in golden_scripts().items():
+        srun = [line for line in script.splitlines() if line.startswith("srun")]
+        assert len(srun) == 1 and "--kill-on-bad-exit=1" in srun[0], f"{name}: {srun}"
+
+
 def test_plain_script_matches_golden() -> None:
-    _check_golden("plain", plan(_spec("/shared/runs")).sbatch_script or "")
+    script = plan(_spec("/shared/runs")).sbatch_script or ""
+    assert script == golden_scripts()["plain"]  # the cases update_golden.py writes are the ones tested
+    _check_golden("plain", script)
 
 
 def test_sweep_script_is_one_array() -> None:

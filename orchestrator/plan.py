@@ -16,7 +16,7 @@ from typing import Any, Optional
 from pydantic import BaseModel, ConfigDict, Field
 
 from orchestrator.rank_env import RankEnv, derive_port, init_url, local_devices_for_rank, rendezvous_file
-from orchestrator.spec import ExecutorName, JobSpec
+from orchestrator.spec import ExecutorName, JobSpec, render_value
 
 #: SLURM's default MaxArraySize is 1001, so one array holds at most 1000 tasks.
 DEFAULT_MAX_ARRAY_SIZE = 1001
@@ -86,21 +86,17 @@ def render_argv(args: dict[str, Any], extra: list[str]) -> list[str]:
     """{'lr': 0.1, 'amp': True, 'sizes': [1, 2]} -> ['--lr', '0.1', '--amp', '--sizes', '1', '2']."""
     argv: list[str] = []
     for key, value in args.items():
-        if value is True:
-            argv.append(f"--{key}")
-        elif value is False:
-            continue
-        elif isinstance(value, list):
-            argv += [f"--{key}", *[str(x) for x in value]]
-        else:
-            argv += [f"--{key}", str(value)]
+        if value is not False:
+            argv += [f"--{key}", *render_value(value)]
     return argv + list(extra)
 
 
 def plan(spec: JobSpec, executor: ExecutorName | None = None, max_array_size: int = DEFAULT_MAX_ARRAY_SIZE) -> LaunchPlan:
     executor = executor or spec.executor
-    if executor != spec.executor:
-        spec = spec.model_copy(update={"executor": executor})
+    if executor != spec.executor:  # the executor's own rules apply (local caps, node-local paths)
+        from orchestrator.loading import spec_from_dict
+
+        spec = spec_from_dict({**spec.model_dump(mode="json", exclude_defaults=True), "executor": executor})
     run_id = run_id_for(spec)
     run_dir = os.path.abspath(os.path.join(os.path.expanduser(spec.runs_dir), run_id))
     layout = _layout(spec, executor)
@@ -140,35 +136,26 @@ def _layout(spec: JobSpec, executor: ExecutorName) -> _Layout:
         return _Layout(nodes=spec.nodes, ranks_per_node=spec.ranks_per_node, backend=spec.resolved_backend,
                        interface=",".join(iface) if iface else "auto", devices=None, notes=[])
     notes: list[str] = []
-    devices = spec.local.devices
     if executor == "debug":
         nodes, rpn = 1, 1
         if spec.world_size > 1:
             notes.append(f"debug executor: 1 rank in process (the spec has {spec.world_size})")
     else:
-        nodes = spec.local.emulate_nodes or spec.nodes
-        if spec.local.ranks_per_node:
-            rpn = spec.local.ranks_per_node
-        elif spec.strategy == "dp":
-            rpn = 1
-        elif spec.gpus_per_node and devices:
-            rpn = max(1, min(spec.ranks_per_node, len(devices) // nodes))
-        elif spec.gpus_per_node:
-            rpn = min(spec.ranks_per_node, 2)
-        else:
-            rpn = spec.ranks_per_node
+        nodes, rpn = spec.local_shape()
         if (nodes, rpn) != (spec.nodes, spec.ranks_per_node):
             notes.append(
                 f"local dry run: {nodes} emulated node(s) x {rpn} rank(s) instead of "
                 f"{spec.nodes} x {spec.ranks_per_node}; same code path and variables"
             )
-    backend = spec.resolved_backend
-    if backend == "nccl" and not devices:
-        backend = "gloo"
-        notes.append("local dry run: nccl -> gloo on CPU (no local.devices given)")
+    backend = spec.local_backend()
+    if backend != spec.resolved_backend:
+        notes.append(f"local dry run: {spec.resolved_backend} -> {backend} on CPU (no local.devices given)")
     if spec.distributed.interface_names():
         notes.append(f"local dry run: interface {spec.distributed.interface!r} -> 'lo' (all ranks on this machine)")
-    return _Layout(nodes=nodes, ranks_per_node=rpn, backend=backend, interface="lo", devices=devices, notes=notes)
+    if spec.distributed.init_method == "file" and nodes > 1:
+        notes.append("local dry run: the file:// rendezvous is on this machine, which every emulated node shares")
+    return _Layout(nodes=nodes, ranks_per_node=rpn, backend=backend, interface="lo",
+                   devices=spec.local.devices, notes=notes)
 
 
 def _payload(spec: JobSpec, run_dir: str, layout: _Layout) -> dict[str, Any]:
@@ -288,10 +275,15 @@ def submitit_parameters(spec: JobSpec, n_points: int = 0) -> dict[str, Any]:
     return params
 
 
+def python_command(python: str | None) -> str:
+    """The interpreter as the shell must see it: one quoted word (submitit pastes its ``python``
+    argument into the srun line as written, so it always gets this, never the raw field)."""
+    return shlex.quote(python if python is not None else sys.executable)
+
+
 def submitit_command(folder: str, python: str | None) -> str:
     """Exactly the command string submitit's SlurmExecutor puts after srun."""
-    py = python if python is not None else shlex.quote(sys.executable)
-    return " ".join([py, "-u -m submitit.core._submit", shlex.quote(folder)])
+    return " ".join([python_command(python), "-u -m submitit.core._submit", shlex.quote(folder)])
 
 
 def render_sbatch(params: dict[str, Any], folder: str, python: str | None, n_points: int = 0) -> str:

@@ -7,10 +7,12 @@ JSON schema (``orchestrator schema``) and therefore editor completion. Checks ra
 
 from __future__ import annotations
 
+import math
+import re
 from itertools import product
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from orchestrator import validators as v
 
@@ -24,12 +26,67 @@ RESERVED_SBATCH = frozenset(
         "cpus-per-task", "mem", "time", "partition", "account", "qos", "constraint",
         "exclusive", "output", "error", "open-mode", "array", "signal", "wrap", "chdir",
         "export", "wckey",
+        # Options that would change the task layout, the requeue behaviour or how sbatch
+        # answers (submission must get a job id back, at once).
+        "mem-per-cpu", "mem-per-gpu", "gpus-per-task", "cpus-per-gpu", "ntasks-per-gpu",
+        "requeue", "no-requeue", "wait", "test-only", "parsable", "help", "usage", "version",
     }
 )
+#: Most items a list or mapping field may hold (arguments, setup lines, sbatch options).
+MAX_ITEMS = v.MAX_SWEEP_POINTS
+
+
+def _check_texts(value: Any, what: str) -> None:
+    """Apply the one string rule (validators.text) to every string in a field, keys included."""
+    if isinstance(value, str):
+        v.text(value, what)
+    elif isinstance(value, (list, tuple)):
+        if len(value) > MAX_ITEMS:
+            raise ValueError(f"{what} has {len(value)} items; the limit is {MAX_ITEMS}")
+        for i, item in enumerate(value):
+            _check_texts(item, f"{what}[{i}]")
+    elif isinstance(value, dict):
+        if len(value) > MAX_ITEMS:
+            raise ValueError(f"{what} has {len(value)} entries; the limit is {MAX_ITEMS}")
+        for key, item in value.items():
+            _check_texts(key, f"the key of {what}")
+            _check_texts(item, f"{what}.{key}")
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+    """Strict: no coercion (``nodes: true`` and ``port: "80"`` are refused, not converted),
+    no NaN or infinity, no unknown keys, and every string obeys ``validators.text``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True, strict=True,
+                              allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _texts(cls, value: Any, info: ValidationInfo) -> Any:
+        if not isinstance(value, BaseModel):
+            _check_texts(value, info.field_name or "value")
+        return value
+
+
+def _scalar(value: Any, what: str) -> Any:
+    """An argument value: text, a number or true/false (YAML's dates and nulls are refused)."""
+    if isinstance(value, bool) or isinstance(value, (int, str)):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{what} is {value}; give a finite number")
+        return value
+    hint = " (quote it in YAML)" if value is None or type(value).__name__ in ("date", "datetime") else ""
+    raise ValueError(f"{what} must be text, a number or true/false, got {type(value).__name__}{hint}")
+
+
+def render_value(value: Any) -> list[str]:
+    """How one argument value appears after '--key' on the command line (true: nothing)."""
+    if value is True:
+        return []
+    if isinstance(value, list):
+        return [str(x) for x in value]
+    return [str(value)]
 
 
 class DistributedSpec(_Model):
@@ -63,9 +120,9 @@ class DistributedSpec(_Model):
         description="Network interface for NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME: 'auto' (the "
         "interface that routes to the master), a name such as 'eth0', or a list of names.",
     )
-    init_timeout_s: float = Field(300, gt=0, description="Seconds to wait for every rank to join.")
+    init_timeout_s: float = Field(300, gt=0, le=v.MAX_TIMEOUT_S, description="Seconds to wait for every rank to join.")
     collective_timeout_s: float = Field(
-        1800, gt=0, description="Seconds a single collective may take before the job fails."
+        1800, gt=0, le=v.MAX_TIMEOUT_S, description="Seconds a single collective may take before the job fails."
     )
 
     @field_validator("port", mode="before")
@@ -73,10 +130,10 @@ class DistributedSpec(_Model):
     def _port(cls, value: Any) -> Any:
         if value == "auto":
             return value
-        if isinstance(value, str) and value.isdigit():
+        if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 5:
             value = int(value)
         if not isinstance(value, int) or isinstance(value, bool):
-            raise ValueError(f"expected 'auto' or a port number, got {value!r}")
+            raise ValueError(f"expected 'auto' or a port number, got {v.shown(value)}")
         return v.port(value)
 
     @field_validator("rendezvous_dir")
@@ -114,7 +171,9 @@ class CheckpointSpec(_Model):
     @field_validator("dir")
     @classmethod
     def _dir(cls, value: str | None) -> str | None:
-        return None if value is None else v.no_control_chars(value, "checkpoint.dir")
+        if value is not None and not value.strip():
+            raise ValueError("checkpoint.dir is empty: give a directory, or leave it unset for <run folder>/checkpoints")
+        return value
 
 
 class SlurmSpec(_Model):
@@ -143,7 +202,8 @@ class SlurmSpec(_Model):
     )
     max_requeues: int = Field(3, ge=0, description="How many times a preempted or timed-out job is requeued.")
     python: str | None = Field(
-        None, description="Python on the compute nodes. Default: the interpreter that submits."
+        None, description="Python executable on the compute nodes (one path, quoted in the script; "
+        "use setup for wrappers). Default: the interpreter that submits."
     )
     extra_sbatch: dict[str, Union[str, int, bool]] = Field(
         default_factory=dict,
@@ -155,6 +215,16 @@ class SlurmSpec(_Model):
     @classmethod
     def _names(cls, value: str | None, info: Any) -> str | None:
         return None if value is None else v.safe_name(value, f"slurm.{info.field_name} name")
+
+    @field_validator("time", mode="before")
+    @classmethod
+    def _time_text(cls, value: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool):
+            raise ValueError(
+                f"got the number {value}; YAML reads an unquoted time such as 12:00:00 as a number "
+                "(base 60), so quote it: time: '12:00:00' (or '60' for 60 minutes)"
+            )
+        return value
 
     @field_validator("time")
     @classmethod
@@ -172,17 +242,20 @@ class SlurmSpec(_Model):
     def _constraint(cls, value: str | None) -> str | None:
         return None if value is None else v.constraint(value)
 
-    @field_validator("setup")
-    @classmethod
-    def _setup(cls, value: list[str]) -> list[str]:
-        for line in value:
-            v.no_control_chars(line, "a slurm.setup line (give one command per list item)")
-        return value
-
     @field_validator("python")
     @classmethod
     def _python(cls, value: str | None) -> str | None:
-        return None if value is None else v.no_control_chars(value, "slurm.python")
+        if value is None:
+            return None
+        if not value.strip() or value != value.strip():
+            raise ValueError(f"{v.shown(value)} is not a Python executable: give an absolute path such as "
+                             "'/opt/venv/bin/python', or leave it unset to use the submitting interpreter")
+        if value.startswith("~"):
+            raise ValueError(f"{v.shown(value)}: '~' is not expanded (the path is quoted); write the absolute path")
+        if not value.startswith("/") and not re.fullmatch(r"[A-Za-z0-9_.+\-]+", value):
+            raise ValueError(f"{v.shown(value)} is neither an absolute path nor a command name such as 'python3'; "
+                             "it is one executable, quoted in the script (put wrappers and modules in slurm.setup)")
+        return value
 
     @field_validator("extra_sbatch")
     @classmethod
@@ -190,8 +263,8 @@ class SlurmSpec(_Model):
         out: dict[str, Any] = {}
         for key, item in value.items():
             norm = v.sbatch_option(key, RESERVED_SBATCH)
-            if isinstance(item, str):
-                v.no_control_chars(item, f"slurm.extra_sbatch.{key}")
+            if norm in out:
+                raise ValueError(f"{key!r} names the option {norm!r} twice ('_' and '-' are the same)")
             if item is False:
                 continue
             out[norm] = item
@@ -210,13 +283,14 @@ class LocalSpec(_Model):
         "Default: none (CPU, gloo)."
     )
     emulate_nodes: int | None = Field(
-        None, ge=1, description="How many nodes to emulate. Default: the spec's nodes."
+        None, ge=1, le=v.MAX_LOCAL_RANKS, description="How many nodes to emulate. Default: the spec's nodes "
+        f"(at most {v.MAX_LOCAL_RANKS} ranks run locally in all)."
     )
     ranks_per_node: int | None = Field(
-        None, ge=1, description="Ranks per emulated node. Default: GPUs per node, capped at 2 on "
-        "CPU so a cluster spec stays runnable on a laptop."
+        None, ge=1, le=v.MAX_LOCAL_RANKS, description="Ranks per emulated node. Default: GPUs per node, capped at 2 on "
+        "GPU specs without local.devices so a cluster spec stays runnable on a laptop."
     )
-    timeout_s: float | None = Field(None, gt=0, description="Kill the local run after this many seconds.")
+    timeout_s: float | None = Field(None, gt=0, le=v.MAX_TIMEOUT_S, description="Kill the local run after this many seconds.")
     preload_torch: bool = Field(
         True, description="Import torch once in a launcher process and fork the ranks from it (a fast "
         "start on few cores). false starts every rank as a fresh interpreter, exactly as on SLURM."
@@ -238,11 +312,16 @@ class JobSpec(_Model):
         description="What every rank runs: 'package.module:function' (called with the argument "
         "list) or a path to a script that reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT."
     )
-    args: dict[str, Union[Scalar, list[Scalar]]] = Field(
+    args: dict[str, Any] = Field(
         default_factory=dict,
-        description="Arguments, passed as '--key value' ('--key' alone for true; false omits it).",
+        description="Arguments by name without dashes, passed as '--key value' ('--key' alone for true; "
+        "false omits it; a list gives '--key a b'). Values are text, numbers or true/false.",
     )
-    extra_args: list[str] = Field(default_factory=list, description="Raw arguments appended as written.")
+    extra_args: list[str] = Field(
+        default_factory=list,
+        description="Arguments appended after args exactly as written, one per item: positional "
+        "arguments and short flags (['-v', 'data/']). Never interpreted by a shell.",
+    )
     nodes: int = Field(1, ge=1, le=4096, description="Number of nodes.")
     gpus_per_node: int = Field(0, ge=0, le=64, description="GPUs per node; one rank per GPU.")
     cpu_ranks_per_node: int = Field(
@@ -256,7 +335,7 @@ class JobSpec(_Model):
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing.")
     slurm: SlurmSpec = Field(default_factory=SlurmSpec, description="SLURM options.")
     local: LocalSpec = Field(default_factory=LocalSpec, description="Local executor options.")
-    sweep: dict[str, list[Scalar]] = Field(
+    sweep: dict[str, list[Any]] = Field(
         default_factory=dict,
         description="Argument name -> values; the job runs once per point of the grid (a SLURM job array).",
     )
@@ -273,11 +352,18 @@ class JobSpec(_Model):
     def _entry(cls, value: str) -> str:
         return v.entrypoint_syntax(value)
 
-    @field_validator("extra_args")
+    @field_validator("args")
     @classmethod
-    def _extra_args(cls, value: list[str]) -> list[str]:
-        for item in value:
-            v.no_control_chars(item, "an extra_args item")
+    def _args(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for key, item in value.items():
+            v.arg_name(key, "args key")
+            items = item if isinstance(item, list) else [item]
+            if isinstance(item, list) and not item:
+                raise ValueError(f"args.{key} is an empty list: give values, or remove the key")
+            for x in items:
+                if isinstance(x, list):
+                    raise ValueError(f"args.{key}: a list may hold only text, numbers or true/false, not lists")
+                _scalar(x, f"args.{key}")
         return value
 
     @field_validator("runs_dir")
@@ -287,16 +373,23 @@ class JobSpec(_Model):
 
     @field_validator("sweep")
     @classmethod
-    def _sweep(cls, value: dict[str, list[Scalar]]) -> dict[str, list[Scalar]]:
+    def _sweep(cls, value: dict[str, list[Any]]) -> dict[str, list[Any]]:
         for key, values in value.items():
-            if not key or key.startswith("-"):
-                raise ValueError(f"sweep key {key!r} must be an argument name without dashes")
+            v.arg_name(key, "sweep key")
             if not values:
                 raise ValueError(f"sweep.{key} is empty: give at least one value, or remove the key")
-            seen = [repr(x) for x in values]
-            dupes = sorted({s for s in seen if seen.count(s) > 1})
-            if dupes:
-                raise ValueError(f"sweep.{key} repeats {', '.join(dupes)}: each point must differ")
+            rendered: dict[tuple[str, ...], Any] = {}
+            for x in values:
+                _scalar(x, f"sweep.{key}")
+                argv = tuple(render_value(x)) if x is not False else ("<omitted>",)
+                if argv in rendered:
+                    same = "" if repr(rendered[argv]) == repr(x) else f" (as {v.shown(rendered[argv])}: the same command line)"
+                    raise ValueError(f"sweep.{key} repeats {v.shown(x)}{same}; each point must differ")
+                rendered[argv] = x
+        points = math.prod(len(vals) for vals in value.values())
+        if points > v.MAX_SWEEP_POINTS:
+            raise ValueError(f"the sweep has {points} points; the limit is {v.MAX_SWEEP_POINTS}: split it "
+                             "into several specs, or sweep fewer values")
         return value
 
     @model_validator(mode="after")
@@ -323,6 +416,26 @@ class JobSpec(_Model):
             return self.distributed.backend
         return "nccl" if self.gpus_per_node > 0 else "gloo"
 
+    def local_shape(self) -> tuple[int, int]:
+        """(emulated nodes, ranks per emulated node) of a local run of this spec: the honest
+        downscale that ``plan --executor local`` prints."""
+        nodes = self.local.emulate_nodes or self.nodes
+        devices = self.local.devices
+        if self.local.ranks_per_node:
+            return nodes, self.local.ranks_per_node
+        if self.strategy == "dp":
+            return nodes, 1
+        if self.gpus_per_node and devices:
+            return nodes, max(1, min(self.ranks_per_node, len(devices) // nodes))
+        if self.gpus_per_node:
+            return nodes, min(self.ranks_per_node, 2)
+        return nodes, self.ranks_per_node
+
+    def local_backend(self) -> str:
+        """Locally, nccl without local.devices becomes gloo on CPU (a dry run, noted in the plan)."""
+        backend = self.resolved_backend
+        return "gloo" if backend == "nccl" and not self.local.devices else backend
+
     def sweep_points(self) -> list[dict[str, Scalar]]:
         """The grid in a stable order: the first key varies slowest. One empty point without a sweep."""
         keys = list(self.sweep)
@@ -345,15 +458,18 @@ def cross_field_problems(spec: JobSpec) -> list[str]:
         )
     if spec.strategy == "dp" and spec.cpu_ranks_per_node > 1 and spec.gpus_per_node == 0:
         problems.append("cpu_ranks_per_node: strategy dp runs one process; set it to 1 or use strategy ddp")
-    if d.init_method == "file" and spec.nodes > 1 and not d.rendezvous_dir_is_shared:
-        where = d.rendezvous_dir or spec.runs_dir
-        field = "distributed.rendezvous_dir" if d.rendezvous_dir else "runs_dir"
-        if v.is_node_local(where):
-            problems.append(
-                f"{field}: file:// init across {spec.nodes} nodes needs a path every node sees, "
-                f"but {where!r} is node-local; use a shared filesystem path, init_method tcp, or "
-                "set distributed.rendezvous_dir_is_shared: true if it really is shared"
-            )
+    if spec.world_size > v.MAX_WORLD:
+        problems.append(f"nodes: {spec.nodes} nodes x {spec.ranks_per_node} ranks is a world of {spec.world_size}; "
+                        f"the limit is {v.MAX_WORLD} ranks")
+    if spec.slurm.signal_margin_s >= spec.slurm.time_minutes * 60:
+        problems.append(
+            f"slurm.signal_margin_s: {spec.slurm.signal_margin_s}s is not shorter than the time limit "
+            f"({spec.slurm.time}); lower the margin or raise slurm.time"
+        )
+    if spec.executor == "slurm":
+        problems += _file_init_problems(spec)
+    if spec.executor == "local":
+        problems += _local_problems(spec)
     allow_exclusion = spec.resolved_backend == "nccl"
     for name in d.interface_names():
         try:
@@ -362,16 +478,43 @@ def cross_field_problems(spec: JobSpec) -> list[str]:
             problems.append(f"distributed.interface: {exc}")
     if isinstance(d.interface, list) and any(n.startswith("^") for n in d.interface):
         problems.append("distributed.interface: an exclusion ('^a,b') must be the only entry, not part of a list")
-    if spec.local.devices is not None and spec.gpus_per_node > 0:
-        need = spec.ranks_per_node if spec.strategy == "ddp" else 1
-        if len(spec.local.devices) < need and spec.local.ranks_per_node is None:
-            problems.append(
-                f"local.devices: {len(spec.local.devices)} device(s) for {need} ranks per node; "
-                "list more devices or set local.ranks_per_node"
-            )
     both = [k for k in spec.sweep if k in spec.args]
     if both:
         problems.append(
             f"sweep.{both[0]}: also set in args; the sweep overrides it per point, so remove it from args"
         )
     return problems
+
+
+def _file_init_problems(spec: JobSpec) -> list[str]:
+    """file:// rendezvous across real nodes needs a path every node sees. (Locally every emulated
+    node is this machine, so the plan only notes it.)"""
+    d = spec.distributed
+    if d.init_method != "file" or spec.nodes == 1 or d.rendezvous_dir_is_shared:
+        return []
+    where = d.rendezvous_dir or spec.runs_dir
+    field = "distributed.rendezvous_dir" if d.rendezvous_dir else "runs_dir"
+    if not v.is_node_local(where):
+        return []
+    return [
+        f"{field}: file:// init across {spec.nodes} nodes needs a path every node sees, "
+        f"but {v.shown(where)} is node-local; use a shared filesystem path, init_method tcp, or "
+        "set distributed.rendezvous_dir_is_shared: true if it really is shared"
+    ]
+
+
+def _local_problems(spec: JobSpec) -> list[str]:
+    """What the local executor cannot run on one machine."""
+    nodes, rpn = spec.local_shape()
+    world = nodes * rpn
+    if world > v.MAX_LOCAL_RANKS:
+        return [f"local.emulate_nodes: a local run of {nodes} node(s) x {rpn} rank(s) = {world} processes; the "
+                f"limit on one machine is {v.MAX_LOCAL_RANKS}: set local.emulate_nodes and local.ranks_per_node "
+                "to a downscale (the plan keeps the same code path and variables)"]
+    devices = spec.local.devices
+    if devices is not None and spec.gpus_per_node > 0 and spec.local_backend() == "nccl" and spec.strategy == "ddp":
+        if world > len(devices):
+            return [f"local.devices: {len(devices)} GPU(s) for {world} local rank(s) with nccl: every rank needs a "
+                    "GPU of its own; list more devices, lower local.emulate_nodes / local.ranks_per_node, or set "
+                    "distributed.backend: gloo"]
+    return []

@@ -17,7 +17,7 @@ from typing import Iterator
 from orchestrator.errors import SubmissionError
 from orchestrator.executors.base import first_error, prepare_run_dir
 from orchestrator.launcher import SlurmLauncher
-from orchestrator.plan import DEFAULT_MAX_ARRAY_SIZE, LaunchPlan, array_chunks
+from orchestrator.plan import DEFAULT_MAX_ARRAY_SIZE, LaunchPlan, array_chunks, python_command
 from orchestrator.records import TERMINAL, RunRecord
 
 #: sacct/squeue state -> our state. One table, tested; nothing is folded into FAILED.
@@ -124,7 +124,7 @@ class SlurmExecutor:
         record = prepare_run_dir(launch)
         folder = Path(launch.run_dir) / "slurm"
         rotate_folder(folder)
-        python = launch.spec["slurm"].get("python")
+        python = python_command(launch.spec["slurm"].get("python"))
         chunks: list[list[int]] | list[None] = launch.array_chunks or [None]
         if launch.sweep and len(launch.sweep) >= 1000:  # the plan assumed SLURM's default MaxArraySize
             chunks = array_chunks(len(launch.sweep), max_array_size())

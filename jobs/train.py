@@ -171,6 +171,7 @@ def train(ctx: DistContext, args: argparse.Namespace, stop: StopFlag) -> dict[st
     steps_per_epoch = sampler.num_samples // args.batch_size
     metrics = MetricsWriter(ctx.config.run_dir, ctx.rank)
     prog = maybe_resume(ctx, model, opt)
+    resumed_from = prog.global_step if prog.global_step else None
     parallel.settle_ddp_buckets(model, train_set[0][0].unsqueeze(0).to(ctx.device))
     total_steps = steps_per_epoch * args.epochs
     interval = ctx.config.checkpoint_interval
@@ -224,7 +225,8 @@ def train(ctx: DistContext, args: argparse.Namespace, stop: StopFlag) -> dict[st
     if stopped is not None and ctx.is_main:
         print(f"[train] stopped at step {prog.global_step} ({stopped}); checkpoint written", file=sys.stderr, flush=True)
     return {"stopped": stopped, "epoch": prog.epoch, "global_step": prog.global_step,
-            "test_accuracy": accuracy, "world_size": ctx.world_size}
+            "test_accuracy": accuracy, "world_size": ctx.world_size, "resumed_from_step": resumed_from,
+            "init_method": ctx.config.init_method if ctx.backend is not None else None}
 
 
 if __name__ == "__main__":  # python -m jobs.train, or torchrun -m jobs.train

@@ -42,6 +42,33 @@ def test_kill_9_during_write_leaves_previous_checkpoint_loadable(tmp_path: Path)
     assert state["step"] in (1, 2)
     assert ckpt.list_checkpoints(tmp_path)[0].name == "ckpt-0000000001.pt"
     assert torch.equal(ckpt.load_checkpoint(ckpt.list_checkpoints(tmp_path)[0])["w"], torch.ones(4))
+    # The killed write left its model-sized temporary file; the next write (rank 0, on resume) removes it.
+    orphans = ckpt.orphaned_temporaries(tmp_path)
+    assert orphans and orphans[0].name.startswith(".ckpt-0000000002.pt.")
+    ckpt.save_checkpoint({"step": 3}, tmp_path, 3, keep=3, is_main=True, barrier=lambda: None)
+    assert not list(tmp_path.glob("*.tmp")), list(tmp_path.iterdir())
+    assert ckpt.load_checkpoint(ckpt.latest_checkpoint(tmp_path))["step"] == 3
+
+
+def test_only_rank_0_writes_and_everyone_waits_for_the_file(tmp_path: Path) -> None:
+    seen: list[tuple[str, bool]] = []
+    path = ckpt.checkpoint_path(tmp_path, 7)
+    for is_main in (True, False):
+        got = ckpt.save_checkpoint({"step": 7}, tmp_path / ("main" if is_main else "other"), 7, keep=2,
+                                   is_main=is_main, barrier=lambda m=is_main: seen.append((str(m), True)))
+        assert got.exists() == is_main
+    assert seen == [("True", True), ("False", True)]  # the barrier runs on every rank
+    order: list[str] = []
+    ckpt.save_checkpoint({"step": 7}, tmp_path, 7, keep=2, is_main=True,
+                         barrier=lambda: order.append("barrier:" + str(path.exists())))
+    assert order == ["barrier:True"], "rank 0 must meet the others only once the checkpoint is complete"
+
+
+def test_orphans_of_other_names_are_kept(tmp_path: Path) -> None:
+    (tmp_path / ".ckpt-0000000005.pt.123.tmp").write_bytes(b"x")
+    (tmp_path / "notes.tmp").write_bytes(b"keep")  # not ours
+    assert [p.name for p in ckpt.prune_orphans(tmp_path)] == [".ckpt-0000000005.pt.123.tmp"]
+    assert (tmp_path / "notes.tmp").exists()
 
 
 def test_keep_last_prunes_old_checkpoints(tmp_path: Path) -> None:

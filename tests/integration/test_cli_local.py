@@ -10,6 +10,8 @@ from pathlib import Path
 
 import yaml
 
+from tests.integration.helpers import leftover_ranks
+
 
 def orch(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True, text=True, timeout=timeout)
@@ -56,3 +58,43 @@ def test_run_refuses_slurm_specs(tmp_path: Path) -> None:
     spec.write_text(yaml.safe_dump({"name": "s", "entrypoint": "jobs.train:main", "executor": "slurm"}))
     out = orch("run", str(spec))
     assert out.returncode == 2 and "orchestrator submit" in out.stderr
+
+
+def test_cancel_from_the_cli_stops_every_rank_with_a_checkpoint(tmp_path: Path) -> None:
+    """orchestrator cancel RUN: exit 0, says CANCELLED, the ranks checkpoint together and are gone,
+    and status agrees."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "cancel", "entrypoint": "jobs.train:main", "nodes": 1, "cpu_ranks_per_node": 2,
+        "runs_dir": str(tmp_path / "runs"),
+        "args": {"dataset": "digits", "epochs": 50, "batch-size": 16, "log-every": 1, "step-delay": 0.05,
+                 "stop-check-every": 1},
+    }))
+    started = orch("run", str(spec), "--detach")
+    assert started.returncode == 0, started.stderr
+    run_id = started.stdout.split()[1]
+    run_dir = tmp_path / "runs" / run_id
+    metrics = run_dir / "metrics" / "rank-0.jsonl"
+    deadline = time.monotonic() + 120
+    try:
+        while not (metrics.exists() and metrics.read_text().count('"train"') >= 3):
+            assert time.monotonic() < deadline, "training never started"
+            time.sleep(0.2)
+        t0 = time.monotonic()
+        cancelled = orch("cancel", run_id, timeout=60)
+        assert cancelled.returncode == 0, cancelled.stderr
+        assert cancelled.stdout.strip() == f"{run_id}: CANCELLED"
+        assert time.monotonic() - t0 < 30
+    finally:
+        if not cancelled_cleanly(run_dir):
+            orch("cancel", run_id, timeout=60)
+    assert json.loads(orch("status", run_id, "--json").stdout)[0]["state"] == "CANCELLED"
+    assert not leftover_ranks(str(run_dir))
+    ckpts = sorted((run_dir / "checkpoints").glob("ckpt-*.pt"))
+    assert ckpts, "the ranks did not checkpoint on cancel"
+    assert "stopped at step" in orch("logs", run_id, "--rank", "0").stdout
+
+
+def cancelled_cleanly(run_dir: Path) -> bool:
+    record = run_dir / "record.json"
+    return record.exists() and json.loads(record.read_text()).get("state") in ("CANCELLED", "COMPLETED", "FAILED")

@@ -11,7 +11,6 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -23,7 +22,8 @@ TRAIN_ARGS = {"dataset": "digits", "model": "smallcnn", "batch-size": 16, "lr": 
 
 
 def _reference_weights(world: int, per_rank_batch: int, steps: int, lr: float) -> dict[str, torch.Tensor]:
-    """One process, combined batch: the same samples DistributedSampler gives each rank."""
+    """One process, combined batch: the same samples DistributedSampler gives each rank, with a
+    new shuffle each epoch (set_epoch), as an uninterrupted DDP run sees them."""
     from torch.utils.data import DistributedSampler
 
     from jobs import data, models
@@ -33,34 +33,53 @@ def _reference_weights(world: int, per_rank_batch: int, steps: int, lr: float) -
     train_set = data.digits(True)
     model = models.build("smallcnn", 1, 10)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.0)
-    per_rank = []
-    for rank in range(world):
-        s = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=0, drop_last=True)
-        s.set_epoch(0)
-        per_rank.append(list(s))
+    samplers = [DistributedSampler(train_set, num_replicas=world, rank=r, shuffle=True, seed=0, drop_last=True)
+                for r in range(world)]
+    steps_per_epoch = samplers[0].num_samples // per_rank_batch
+    per_rank: list[list[int]] = []
     for step in range(steps):
-        idx = [i for r in range(world) for i in per_rank[r][step * per_rank_batch:(step + 1) * per_rank_batch]]
-        x = torch.stack([train_set[i][0] for i in idx])
-        y = torch.stack([train_set[i][1] for i in idx])
+        epoch, i = divmod(step, steps_per_epoch)
+        if i == 0:
+            for s in samplers:
+                s.set_epoch(epoch)
+            per_rank = [list(s) for s in samplers]
+        idx = [j for r in range(world) for j in per_rank[r][i * per_rank_batch:(i + 1) * per_rank_batch]]
+        x = torch.stack([train_set[j][0] for j in idx])
+        y = torch.stack([train_set[j][1] for j in idx])
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
     return model.state_dict()
 
 
+# Big per-rank batches, so that 6 steps cross epoch boundaries (2 ranks: 5 steps an epoch; 4 ranks: 2):
+# a run that reshuffled the same way every epoch (no set_epoch) gives other weights.
+EPOCH_ARGS = {**TRAIN_ARGS, "batch-size": 128, "epochs": 5}
+
+
 @pytest.mark.parametrize("nodes,per_node,init", [(1, 2, "tcp"), (2, 2, "file")])
 def test_ddp_matches_single_process_with_combined_batch(tmp_path: Path, nodes: int, per_node: int, init: str) -> None:
-    launch = make_plan(tmp_path, nodes=nodes, cpu_ranks_per_node=per_node, args=TRAIN_ARGS,
+    launch = make_plan(tmp_path, nodes=nodes, cpu_ranks_per_node=per_node, args=EPOCH_ARGS,
                        distributed={"init_method": init, "backend": "gloo", "rendezvous_dir_is_shared": True})
     record = run_local(launch)
     assert record.state == "COMPLETED", record.error
     got = final_weights(launch)
-    want = _reference_weights(nodes * per_node, 16, 6, 0.05)
+    want = _reference_weights(nodes * per_node, 128, 6, 0.05)
     for name, tensor in want.items():
         torch.testing.assert_close(got[name], tensor, rtol=1e-4, atol=1e-5, msg=name)
     logs = sorted((Path(launch.run_dir) / "logs").glob("rank-*.log"))
     assert len(logs) == nodes * per_node
-    assert json.loads((Path(launch.run_dir) / "result.json").read_text())["result"]["world_size"] == nodes * per_node
+    result = json.loads((Path(launch.run_dir) / "result.json").read_text())["result"]
+    assert result["world_size"] == nodes * per_node and result["global_step"] == 6 and result["epoch"] >= 1
+    # The init method the ranks really used, and what it left behind.
+    rdir = Path(launch.payload["rendezvous_dir"])
+    if init == "file":
+        assert result["init_method"].startswith(f"file://{rdir}/rendezvous-{launch.run_id}-"), result["init_method"]
+        assert rdir.is_dir(), "the rendezvous folder was never made"
+        assert not Path(result["init_method"][len("file://"):]).exists(), "rendezvous file left behind"
+        assert not list(rdir.iterdir()), f"left in {rdir}: {list(rdir.iterdir())}"
+    else:
+        assert result["init_method"] == f"tcp://127.0.0.1:{record.master_port}"
 
 
 def test_torchrun_style_script_runs_unchanged(tmp_path: Path) -> None:
@@ -73,6 +92,10 @@ def test_torchrun_style_script_runs_unchanged(tmp_path: Path) -> None:
     rows = [json.loads((out / f"byo-{r}.json").read_text()) for r in range(4)]
     assert [(r["rank"], r["local_rank"], r["node_rank"]) for r in rows] == [(0, 0, 0), (1, 1, 0), (2, 0, 1), (3, 1, 1)]
     assert all(r["sum"] == 10.0 and r["world"] == 4 for r in rows)
+    # The socket interface of the local downscale reaches the script under both names.
+    assert {(r["gloo_ifname"], r["nccl_ifname"]) for r in rows} == {("lo", "lo")}
+    # By default ranks are forked from the launcher that pre-imported torch, not spawned by us.
+    assert all("orchestrator.executors.zygote" in r["cmdline"] and r["ppid"] != os.getpid() for r in rows), rows
 
 
 def test_failing_rank_fails_the_run_fast_with_its_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -142,11 +165,27 @@ def test_interrupt_and_resume_is_bit_identical(tmp_path: Path) -> None:
     assert not leftover_ranks(launch.run_dir)
     from jobs.checkpoint import latest_checkpoint, load_checkpoint
 
-    mid = load_checkpoint(latest_checkpoint(launch.payload["checkpoint"]["dir"]))
+    ckpt_dir = Path(launch.payload["checkpoint"]["dir"])
+    mid_path = latest_checkpoint(ckpt_dir)
+    mid = load_checkpoint(mid_path)
     steps_per_epoch = 1437 // 4 // 16
-    assert 0 < mid["global_step"] < 2 * steps_per_epoch, "the interruption did not land mid-run"
+    total = 2 * steps_per_epoch
+    assert 0 < mid["global_step"] < total, "the interruption did not land mid-run"
+    # What a checkpoint write killed mid-way leaves behind: the resume must remove it.
+    orphan = ckpt_dir / f".ckpt-{mid['global_step'] + 1:010d}.pt.4242424.tmp"
+    orphan.write_bytes(b"\0" * 1_000_000)
+    resumed_at = time.time()
     resumed = run_local(launch)
     assert resumed.state == "COMPLETED" and resumed.attempts == 2
+    # The second attempt resumed from that checkpoint: it says so, reports it, and trained only the rest.
+    log = (Path(launch.run_dir) / "logs" / "rank-0.log").read_text().split("=== attempt 2")[1]
+    assert f"resumed from {mid_path} (epoch {mid['epoch']}, step {mid['global_step']})" in log, log[-2000:]
+    result = json.loads((Path(launch.run_dir) / "result.json").read_text())["result"]
+    assert result["resumed_from_step"] == mid["global_step"] and result["global_step"] == total
+    steps = [r["step"] for r in map(json.loads, metrics.read_text().splitlines())
+             if r["kind"] == "train" and r["time"] >= resumed_at]
+    assert steps == list(range(mid["global_step"] + 1, total + 1)), steps
+    assert not orphan.exists() and not list(ckpt_dir.glob("*.tmp"))
     a, b = final_weights(whole), final_weights(launch)
     assert a.keys() == b.keys()
     for name in a:
@@ -165,18 +204,45 @@ def test_unreachable_master_is_an_error_not_a_hang(tmp_path: Path) -> None:
     assert time.monotonic() - t0 < 30
 
 
-def test_debug_executor_runs_one_rank_in_process(tmp_path: Path) -> None:
+def test_debug_executor_runs_one_rank_in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import jobs.train
     from orchestrator.executors.debug import DebugExecutor
+    from orchestrator.loading import spec_from_dict
+    from orchestrator.plan import plan as make
 
     launch = make_plan(tmp_path, nodes=2, cpu_ranks_per_node=2, args=TRAIN_ARGS)
-    from orchestrator.plan import plan as make
-    from orchestrator.loading import spec_from_dict
-
     debug = make(spec_from_dict({**launch.spec, "executor": "debug"}), "debug")
     assert debug.world_size == 1
+    seen: list[dict] = []
+    real_train = jobs.train.train
+
+    def spy(ctx, args, stop):  # type: ignore[no-untyped-def]
+        # Called in this very process (a subprocess would never reach this function object).
+        seen.append({"pid": os.getpid(), "world": ctx.world_size, "rank": ctx.rank})
+        return real_train(ctx, args, stop)
+
+    monkeypatch.setattr(jobs.train, "train", spy)
+    children_before = _children()
     record = DebugExecutor().run(debug)
     assert record.state == "COMPLETED", record.error
-    assert np.isfinite(json.loads((Path(debug.run_dir) / "result.json").read_text())["result"]["global_step"])
+    assert seen == [{"pid": os.getpid(), "world": 1, "rank": 0}]
+    assert _children() == children_before, "the debug executor started processes"
+    result = json.loads((Path(debug.run_dir) / "result.json").read_text())["result"]
+    assert result["global_step"] == 6 and result["world_size"] == 1 and result["stopped"] == "max_steps"
+
+
+def _children() -> set[int]:
+    """Live child processes of this process."""
+    kids = set()
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            if int(fields[1]) == os.getpid() and fields[0] != "Z":
+                kids.add(int(pid))
+    return kids
 
 
 def test_inference_spread_over_ranks_matches_training_accuracy(tmp_path: Path) -> None:
@@ -233,10 +299,42 @@ def test_fresh_interpreters_when_preload_is_off(tmp_path: Path, monkeypatch: pyt
                        extra_args=["--out", str(out)], local={"preload_torch": False})
     record = run_local(launch)
     assert record.state == "COMPLETED", record.error
-    assert all(json.loads((out / f"byo-{r}.json").read_text())["sum"] == 3.0 for r in range(2))
+    rows = [json.loads((out / f"byo-{r}.json").read_text()) for r in range(2)]
+    assert all(r["sum"] == 3.0 for r in rows)
+    # Fresh interpreters: children of the supervisor (this process), each started as
+    # 'python -m orchestrator.launcher PAYLOAD', never forked from the pre-imported launcher.
+    for r in rows:
+        assert r["ppid"] == os.getpid(), r
+        assert "-m orchestrator.launcher" in r["cmdline"] and "zygote" not in r["cmdline"], r
+    assert sorted(r["pid"] for r in rows) == sorted(record.rank_pids)
     monkeypatch.setenv("CRASH_RANK", "1")
     crash = make_plan(tmp_path, name="crash", entrypoint="tests.integration.scripts.crash:main", nodes=1,
                       cpu_ranks_per_node=2, local={"preload_torch": False})
     failed = run_local(crash)
     assert failed.state == "FAILED" and failed.failed_rank == 1 and "boom on rank 1" in (failed.error or "")
     assert not leftover_ranks(crash.run_dir)
+
+
+def test_every_rank_finds_the_checkpoint_when_save_returns(tmp_path: Path) -> None:
+    """The barrier after rank 0's write: no rank goes on before the checkpoint is complete."""
+    launch = make_plan(tmp_path, name="barrier", entrypoint="tests.integration.scripts.ckpt_barrier:main",
+                       nodes=1, cpu_ranks_per_node=2, extra_args=["--dir", str(tmp_path / "ckpt")])
+    record = run_local(launch)
+    assert record.state == "COMPLETED", record.error
+
+
+def test_python_m_jobs_train_runs(tmp_path: Path) -> None:
+    """python -m jobs.train (and so torchrun -m jobs.train) trains, and refuses intervals of 0."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(ORCH_RUN_DIR=str(tmp_path), ORCH_CHECKPOINT_DIR=str(tmp_path / "ckpt"))
+    helped = subprocess.run([sys.executable, "-m", "jobs.train", "--help"], capture_output=True, text=True,
+                            timeout=120, env=env)
+    assert helped.returncode == 0 and "--stop-check-every" in helped.stdout and "--max-steps" in helped.stdout
+    trained = subprocess.run([sys.executable, "-m", "jobs.train", "--max-steps", "3", "--log-every", "1"],
+                             capture_output=True, text=True, timeout=120, env=env)
+    assert trained.returncode == 0, trained.stderr
+    assert "step 3/" in trained.stdout and list((tmp_path / "ckpt").glob("ckpt-*.pt"))
+    for bad in (["--stop-check-every", "0"], ["--log-every", "-1"], ["--batch-size", "0"]):
+        refused = subprocess.run([sys.executable, "-m", "jobs.train", *bad], capture_output=True, text=True,
+                                 timeout=120, env=env)
+        assert refused.returncode == 2 and bad[0] in refused.stderr, refused.stderr

@@ -35,7 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plan", help="show the sbatch script and every rank's environment, without submitting")
     _spec_args(p)
-    p.add_argument("--json", action="store_true", help="print the LaunchPlan as JSON")
+    p.add_argument("--json", action="store_true", help="print the LaunchPlan as JSON (every rank)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--node", type=int, help="show this node's ranks in full")
+    which.add_argument("--rank", type=int, help="show this rank's whole environment")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("schema", help="print the JSON schema of job specs (for editors)")
@@ -75,6 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("logs", help="print a rank's log")
     p.add_argument("run")
     p.add_argument("--rank", type=int, default=0)
+    p.add_argument("--point", type=int, default=None,
+                   help="sweep point index (default: the latest point that has a log)")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing until the run ends")
     p.set_defaults(func=cmd_logs)
 
@@ -116,7 +121,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     else:
         from orchestrator.display import print_plan
 
-        print_plan(launch)
+        print_plan(launch, node=args.node, rank=args.rank)
     return 0
 
 
@@ -247,7 +252,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_logs(args: argparse.Namespace) -> int:
     from orchestrator.operations import logs
 
-    return logs(args.run, args.rank, args.follow)
+    return logs(args.run, args.rank, args.follow, args.point)
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
@@ -275,6 +280,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `orchestrator schema | head`: the reader has what it wanted
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -4,42 +4,101 @@ from __future__ import annotations
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-from orchestrator.plan import LaunchPlan
+from orchestrator.errors import OrchestratorError
+from orchestrator.plan import LaunchPlan, RankRow
 
-def print_plan(launch: LaunchPlan, console: Console | None = None) -> None:
-    console = console or Console(highlight=False, soft_wrap=True)
-    console.print(f"[bold]{launch.run_id}[/bold]  executor={launch.executor}  "
-                  f"{launch.nodes} node(s) x {launch.ranks_per_node} rank(s) = {launch.world_size}  "
-                  f"backend={launch.backend}")
+#: Sweep points shown at each end of the sweep table.
+SWEEP_ROWS = 20
+
+
+class PlanQueryError(OrchestratorError):
+    exit_code = 2
+
+def print_plan(launch: LaunchPlan, console: Console | None = None, node: int | None = None,
+               rank: int | None = None) -> None:
+    if rank is not None and not 0 <= rank < launch.world_size:
+        raise PlanQueryError(f"--rank {rank}: the job has ranks 0-{launch.world_size - 1}")
+    if node is not None and not 0 <= node < launch.nodes:
+        raise PlanQueryError(f"--node {node}: the job has nodes 0-{launch.nodes - 1}")
+    console = console or Console(highlight=False, soft_wrap=True, emoji=False)
+    # Values from the spec are printed as Text, never as rich markup: '[/x]' in an argument
+    # must print as written, not raise or restyle the output.
+    console.print(Text.assemble((launch.run_id, "bold"),
+                                f"  executor={launch.executor}  {launch.nodes} node(s) x {launch.ranks_per_node} "
+                                f"rank(s) = {launch.world_size}  backend={launch.backend}"))
     console.print(f"run folder: {launch.run_dir}", markup=False)
     console.print(f"entrypoint: {launch.payload['entrypoint']} {' '.join(launch.payload['argv'])}", markup=False)
     for note in launch.notes:
-        console.print(f"[yellow]note:[/yellow] {note}")
+        console.print(Text.assemble(("note:", "yellow"), " ", note))
     if launch.sbatch_script is not None:
         console.print("\n[bold]sbatch script[/bold] (rendered by submitit, as it will be submitted):")
         console.print(launch.sbatch_script, markup=False)
         if len(launch.array_chunks) > 1:
             console.print(f"split into {len(launch.array_chunks)} arrays to fit MaxArraySize")
-    keys = sorted({k for row in launch.ranks for k in row.env})
-    shared = {k: launch.ranks[0].env.get(k) for k in keys
-              if len({row.env.get(k) for row in launch.ranks}) == 1}
-    console.print(f"\n[bold]environment of every rank[/bold] ({launch.world_size} ranks)")
-    for key, value in shared.items():
-        console.print(f"  {key}={value}", markup=False)
-    first = ["RANK", "LOCAL_RANK", "NODE_RANK"]
-    varying = [k for k in first if k not in shared] + [k for k in keys if k not in shared and k not in first]
-    table = Table(title="per rank")
-    for col in ("host", *varying):
-        table.add_column(col, overflow="fold")
-    for row in launch.ranks:
-        table.add_row(row.host, *(row.env.get(k, "") for k in varying))
-    console.print(table)
+    print_ranks(launch, console, node=node, rank=rank)
     if launch.sweep:
+        shown = launch.sweep if len(launch.sweep) <= 2 * SWEEP_ROWS else [*launch.sweep[:SWEEP_ROWS], None,
+                                                                          *launch.sweep[-SWEEP_ROWS:]]
         sweep = Table(title=f"sweep: {len(launch.sweep)} points")
         sweep.add_column("index")
         sweep.add_column("args")
         sweep.add_column("run folder", overflow="fold")
-        for point in launch.sweep:
-            sweep.add_row(str(point.index), " ".join(point.argv), point.run_dir)
+        for point in shown:
+            if point is None:
+                sweep.add_row("...", f"{len(launch.sweep) - 2 * SWEEP_ROWS} more (plan --json lists every point)", "")
+            else:
+                sweep.add_row(str(point.index), Text(" ".join(point.argv)), Text(point.run_dir))
         console.print(sweep)
+
+
+def print_ranks(launch: LaunchPlan, console: Console, node: int | None = None, rank: int | None = None) -> None:
+    """Every rank's environment at any scale: what all ranks share once, then the per-rank table
+    of the first and the last node, with the rule that gives every node between (checked against
+    every row, so a row that breaks it is shown, not hidden). ``node`` / ``rank`` show one in full."""
+    rows, rpn = launch.ranks, launch.ranks_per_node
+    first = rows[0].env
+    shared = {k: val for k, val in first.items() if all(r.env.get(k) == val for r in rows)}
+    varying = [k for k in ("RANK", "LOCAL_RANK", "NODE_RANK") if k not in shared]
+    varying += sorted({k for r in rows[: 2 * rpn] for k in r.env} - set(shared) - set(varying))
+    if rank is not None:
+        if not 0 <= rank < len(rows):
+            raise PlanQueryError(f"--rank {rank}: the job has ranks 0-{len(rows) - 1}")
+        console.print(f"\n[bold]environment of rank {rank}[/bold] (host {rows[rank].host})")
+        for key, value in sorted(rows[rank].env.items()):
+            console.print(Text(f"  {key}={value}"))
+        return
+    console.print(f"\n[bold]environment of every rank[/bold] ({launch.world_size} ranks)")
+    for key, value in shared.items():
+        console.print(Text(f"  {key}={value}"))
+    if node is not None:
+        if not 0 <= node < launch.nodes:
+            raise PlanQueryError(f"--node {node}: the job has nodes 0-{launch.nodes - 1}")
+        console.print(_rank_table(f"node {node}", rows[node * rpn:(node + 1) * rpn], varying))
+        return
+    console.print(_rank_table("node 0" if launch.nodes > 1 else "per rank", rows[:rpn], varying))
+    if launch.nodes > 2:
+        odd = [r for r in rows[rpn:-rpn] if not _follows_rule(r, rows[r.local_rank], rpn, varying)]
+        console.print(Text(f"nodes 1-{launch.nodes - 2}: as node 0, with NODE_RANK = the node's index and "
+                           f"RANK = NODE_RANK x {rpn} + LOCAL_RANK ('plan --node N' or '--rank N' shows any one; "
+                           "'plan --json' lists every rank)"))
+        if odd:
+            console.print(_rank_table("ranks that differ from that rule", odd[:SWEEP_ROWS], varying))
+    if launch.nodes > 1:
+        console.print(_rank_table(f"node {launch.nodes - 1}", rows[-rpn:], varying))
+
+
+def _follows_rule(row: RankRow, model: RankRow, rpn: int, varying: list[str]) -> bool:
+    rank_keys = {"RANK": str(row.rank), "NODE_RANK": str(row.node_rank), "GROUP_RANK": str(row.node_rank)}
+    return row.rank == row.node_rank * rpn + row.local_rank and all(
+        row.env.get(k) == rank_keys.get(k, model.env.get(k)) for k in varying)
+
+
+def _rank_table(title: str, rows: list[RankRow], varying: list[str]) -> Table:
+    table = Table(title=title)
+    for col in ("host", *varying):
+        table.add_column(col, overflow="fold")
+    for row in rows:
+        table.add_row(Text(row.host), *(Text(row.env.get(k, "")) for k in varying))
+    return table

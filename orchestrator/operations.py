@@ -12,13 +12,28 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from orchestrator.errors import OrchestratorError, RunNotFoundError
 from orchestrator.executors import get_executor
 from orchestrator.records import TERMINAL, RunRecord, registered_runs, resolve_run
 
+#: `logs -f` on a run that has not started yet waits this long for its first line, then says so.
+FOLLOW_START_TIMEOUT_S = 600.0
+
 
 def _records(refs: list[str]) -> list[RunRecord]:
-    dirs = [resolve_run(r) for r in refs] if refs else [Path(e["run_dir"]) for e in registered_runs()]
-    return [RunRecord.load(d) for d in dirs if (d / "record.json").is_file()]
+    """Explicit refs must all resolve; over the whole registry, a damaged run is reported and
+    skipped so the others are still listed."""
+    if refs:
+        return [RunRecord.load(resolve_run(r)) for r in refs]
+    records = []
+    for entry in registered_runs():
+        d = Path(entry["run_dir"])
+        try:
+            if (d / "record.json").is_file():
+                records.append(RunRecord.load(d))
+        except (OrchestratorError, OSError) as exc:
+            print(f"warning: skipping {entry['run_id']!r}: {exc}", file=sys.stderr)
+    return records
 
 
 def refresh(records: list[RunRecord]) -> list[RunRecord]:
@@ -68,11 +83,18 @@ def list_runs(as_json: bool = False) -> int:
     return status([], as_json=as_json)
 
 
-def logs(ref: str, rank: int, follow: bool) -> int:
+def logs(ref: str, rank: int, follow: bool, point: int | None = None,
+         start_timeout_s: float = FOLLOW_START_TIMEOUT_S) -> int:
     rec = RunRecord.load(resolve_run(ref))
+    if rank < 0 or rank >= max(1, rec.world_size):
+        raise RunNotFoundError(f"rank {rank} is not in {rec.run_id} (ranks 0-{max(1, rec.world_size) - 1})")
+    if point is not None and not 0 <= point < max(1, rec.sweep_size):
+        raise RunNotFoundError(f"point {point} is not in {rec.run_id}"
+                               + (f" (points 0-{rec.sweep_size - 1})" if rec.sweep_size else " (it is not a sweep)"))
     executor = get_executor(rec.executor)
-    path = executor.log_path(rec, rank)
+    path = executor.log_path(rec, rank, point)
     offset = 0
+    started = time.monotonic()
     while True:
         if path.exists():
             with open(path, "rb") as fh:
@@ -87,8 +109,15 @@ def logs(ref: str, rank: int, follow: bool) -> int:
         if not follow:
             return 0
         rec = executor.refresh([RunRecord.load(rec.run_dir)])[0]
-        if rec.state in TERMINAL and path.exists() and path.stat().st_size == offset:
+        if rec.state in TERMINAL and (not path.exists() or path.stat().st_size == offset):
+            if not path.exists():
+                print(f"{rec.run_id} ended {rec.state} without a log for rank {rank} at {path}", file=sys.stderr)
+                return 1
             return 0
+        if not path.exists() and time.monotonic() - started > start_timeout_s:
+            print(f"{rec.run_id} is {rec.state} and rank {rank} has written nothing in {start_timeout_s:.0f}s; "
+                  f"try again later, or check 'orchestrator status {rec.run_id}'", file=sys.stderr)
+            return 1
         time.sleep(0.3)
 
 

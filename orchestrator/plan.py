@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from orchestrator.records import point_dir
 from orchestrator.rank_env import RankEnv, derive_port, init_url, local_devices_for_rank, rendezvous_file
 from orchestrator.spec import ExecutorName, JobSpec, render_value
 
@@ -194,7 +195,7 @@ def _sweep(spec: JobSpec, run_dir: str) -> list[SweepPoint]:
     for i, point in enumerate(spec.sweep_points()):
         args = {**spec.args, **point}
         out.append(SweepPoint(index=i, args=args, argv=render_argv(args, spec.extra_args),
-                              run_dir=os.path.join(run_dir, "points", f"{i:04d}")))
+                              run_dir=str(point_dir(run_dir, i))))
     return out
 
 
@@ -218,7 +219,7 @@ def _local_rows(spec: JobSpec, run_id: str, run_dir: str, layout: _Layout) -> li
         ).to_environ()
         if layout.devices is None:  # CPU dry run: hide any local GPU, as the plan says gloo on CPU
             env["CUDA_VISIBLE_DEVICES"] = ""
-        rows.append(RankRow(rank=rank, local_rank=local, node_rank=node, host=f"local-node{node}", env=env))
+        rows.append(RankRow.model_construct(rank=rank, local_rank=local, node_rank=node, host=f"local-node{node}", env=env))
     return rows
 
 
@@ -247,7 +248,7 @@ def _slurm_rows(spec: JobSpec, run_dir: str) -> list[RankRow]:
             env["GLOO_SOCKET_IFNAME"] = iface
         if spec.gpus_per_node:
             env["CUDA_VISIBLE_DEVICES"] = f"<SLURM's binding, else item {local} of the node's list>"
-        rows.append(RankRow(rank=rank, local_rank=local, node_rank=node, host=f"<node {node} of the allocation>", env=env))
+        rows.append(RankRow.model_construct(rank=rank, local_rank=local, node_rank=node, host=f"<node {node} of the allocation>", env=env))
     return rows
 
 

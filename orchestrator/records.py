@@ -6,6 +6,7 @@ Run folder layout::
     <run_dir>/logs/rank-N.log        (local)   <run_dir>/slurm/  (submitit's folder)
     <run_dir>/errors/rank-N.json     first traceback of a failing rank
     <run_dir>/checkpoints/  metrics/rank-N.jsonl  result.json
+    <run_dir>/points/NNNN/           a sweep point: its own logs/, errors/ and result.json
 
 The registry is one JSON line per run in ``$ORCHESTRATOR_HOME/registry.jsonl`` (default
 ``~/.local/share/orchestrator``); it only maps run ids to run folders.
@@ -24,6 +25,8 @@ from typing import Any
 from orchestrator.errors import RunNotFoundError
 
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY"}
+STATES = TERMINAL | {"PENDING", "RUNNING", "REQUEUED", "UNKNOWN"}
+EXECUTORS = ("local", "slurm", "debug")
 
 
 def write_json_atomic(path: str | Path, data: Any) -> None:
@@ -59,7 +62,9 @@ class RunRecord:
     ended: float | None = None
     job_ids: list[str] = field(default_factory=list)
     supervisor_pid: int | None = None
+    supervisor_start: int | None = None  # /proc start time: the PID is signalled only while it matches
     rank_pids: list[int] = field(default_factory=list)
+    rank_starts: list[int] = field(default_factory=list)
     master_port: int | None = None
     failed_rank: int | None = None
     error: str | None = None
@@ -77,7 +82,17 @@ class RunRecord:
 
     @classmethod
     def load(cls, run_dir: str | Path) -> RunRecord:
-        data = json.loads((Path(run_dir) / "record.json").read_text(encoding="utf-8"))
+        """Read a record; a damaged one raises RunNotFoundError naming the file and the way out."""
+        path = Path(run_dir) / "record.json"
+        try:
+            data = json.loads(path.read_bytes()[:_MAX_RECORD_BYTES].decode("utf-8"))
+        except FileNotFoundError:
+            raise RunNotFoundError(f"{run_dir} has no record.json: it is not a run folder") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+            raise _damaged(path, f"unreadable ({type(exc).__name__})") from None
+        problem = _record_problem(data)
+        if problem:
+            raise _damaged(path, problem)
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in data.items() if k in known})
 
@@ -86,6 +101,49 @@ class RunRecord:
             setattr(self, key, value)
         self.save()
         return self
+
+
+_MAX_RECORD_BYTES = 16 * 1024 * 1024
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "run_id": (str,), "run_dir": (str,), "executor": (str,), "state": (str,), "created": (int, float),
+    "ended": (int, float, type(None)), "job_ids": (list,), "supervisor_pid": (int, type(None)),
+    "supervisor_start": (int, type(None)), "rank_pids": (list,), "rank_starts": (list,),
+    "master_port": (int, type(None)), "failed_rank": (int, type(None)), "error": (str, type(None)),
+    "world_size": (int,), "attempts": (int,), "sweep_size": (int,), "point_states": (dict,),
+}
+
+
+def _record_problem(data: Any) -> str | None:
+    """Why a parsed record.json cannot be used, or None."""
+    if not isinstance(data, dict):
+        return f"holds {type(data).__name__}, not a record"
+    for key in ("run_id", "run_dir", "executor"):
+        if key not in data:
+            return f"has no {key!r}"
+    for key, types in _FIELD_TYPES.items():
+        if key in data and (not isinstance(data[key], types) or isinstance(data[key], bool)):
+            return f"has a {type(data[key]).__name__} for {key!r}"
+    if data["executor"] not in EXECUTORS:
+        return f"names an unknown executor {data['executor'][:40]!r} (known: {', '.join(EXECUTORS)})"
+    if data.get("state", "PENDING") not in STATES:
+        return f"has an unknown state {str(data['state'])[:40]!r}"
+    lists = [("job_ids", str), ("rank_pids", int), ("rank_starts", int)]
+    for key, item_type in lists:
+        if any(not isinstance(x, item_type) or isinstance(x, bool) for x in data.get(key, [])):
+            return f"has a malformed {key!r}"
+    return None
+
+
+def _damaged(path: Path, why: str) -> RunNotFoundError:
+    return RunNotFoundError(
+        f"{path} is damaged ({why}); the run's other files are untouched: inspect them, then remove "
+        f"or rename {path.parent} (a new 'orchestrator run' of the spec starts a fresh folder)"
+    )
+
+
+def point_dir(run_dir: str | Path, index: int) -> Path:
+    """The folder of one sweep point: its logs, errors and result live there."""
+    return Path(run_dir) / "points" / f"{index:04d}"
 
 
 def home() -> Path:
@@ -106,10 +164,13 @@ def registered_runs() -> list[dict[str, Any]]:
     if not reg.exists():
         return []
     latest: dict[str, dict[str, Any]] = {}
-    for line in reg.read_text(encoding="utf-8").splitlines():
+    for line in reg.read_bytes().decode("utf-8", errors="replace").splitlines():
         try:
             entry = json.loads(line)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
+            continue  # a torn or foreign line: the registry only maps ids to folders
+        if not (isinstance(entry, dict) and isinstance(entry.get("run_id"), str)
+                and isinstance(entry.get("run_dir"), str) and entry["run_id"] and entry["run_dir"]):
             continue
         latest.pop(entry["run_dir"], None)
         latest[entry["run_dir"]] = entry
@@ -118,9 +179,16 @@ def registered_runs() -> list[dict[str, Any]]:
 
 def resolve_run(ref: str) -> Path:
     """A run folder path, a run id, or a unique prefix of a run id."""
+    if not ref.strip():
+        raise RunNotFoundError("no run given: pass a run id from 'orchestrator list' or a run folder")
+    if len(ref) > 4096 or "\0" in ref:
+        raise RunNotFoundError("that is not a run id or a run folder")
     p = Path(ref)
-    if (p / "record.json").is_file():
-        return p.resolve()
+    try:
+        if (p / "record.json").is_file():
+            return p.resolve()
+    except OSError:
+        pass
     runs = registered_runs()
     exact = [r for r in runs if r["run_id"] == ref]
     matches = exact or [r for r in runs if r["run_id"].startswith(ref)]

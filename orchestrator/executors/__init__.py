@@ -21,4 +21,6 @@ def get_executor(name: str) -> Executor:
         from orchestrator.executors.slurm import SlurmExecutor
 
         return SlurmExecutor()
-    raise ValueError(f"unknown executor {name!r}: use local, slurm or debug")
+    from orchestrator.errors import OrchestratorError
+
+    raise OrchestratorError(f"unknown executor {name[:40]!r}: use local, slurm or debug")

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
-from typing import Protocol
+from typing import Iterator, Protocol
 
+from orchestrator import procs
 from orchestrator.errors import SubmissionError
 from orchestrator.plan import LaunchPlan
-from orchestrator.records import TERMINAL, RunRecord, register, write_json_atomic, write_text_atomic
+from orchestrator.records import TERMINAL, RunRecord, point_dir, register, write_json_atomic, write_text_atomic
+
+#: A run recorded PENDING with no supervisor this long after it was created never started.
+NEVER_STARTED_S = 60.0
 
 
 class Executor(Protocol):
@@ -17,7 +22,45 @@ class Executor(Protocol):
     def wait(self, record: RunRecord, follow: bool = False) -> RunRecord: ...
     def refresh(self, records: list[RunRecord]) -> list[RunRecord]: ...
     def cancel(self, record: RunRecord) -> RunRecord: ...
-    def log_path(self, record: RunRecord, rank: int) -> Path: ...
+    def log_path(self, record: RunRecord, rank: int, point: int | None = None) -> Path: ...
+
+
+def refresh_by_supervisor(rec: RunRecord) -> RunRecord:
+    """For runs supervised on this machine (local, debug): one whose supervisor is gone without
+    writing an end state is FAILED, and one that never got a supervisor is FAILED after a while."""
+    if rec.state in TERMINAL:
+        return rec
+    if rec.supervisor_pid:
+        if procs.same_process(rec.supervisor_pid, rec.supervisor_start) or (
+                rec.supervisor_start is None and procs.alive(rec.supervisor_pid)):
+            return rec
+        why = f"the supervisor (pid {rec.supervisor_pid}) ended without recording an end state"
+    elif time.time() - rec.created > NEVER_STARTED_S:
+        why = "the run never started (no supervisor was recorded)"
+    else:
+        return rec
+    return rec.update(state="FAILED", ended=time.time(), error=rec.error or why)
+
+
+def _point_dirs(run_dir: Path) -> Iterator[Path]:
+    yield run_dir
+    points = run_dir / "points"
+    if points.is_dir():
+        yield from sorted(p for p in points.iterdir() if p.is_dir())
+
+
+def rank_log_path(record: RunRecord, rank: int, point: int | None = None) -> Path:
+    """``<run>/logs/rank-N.log``; in a sweep, that of the point asked for, else of the latest point
+    that has one (points run in order)."""
+    run_dir = Path(record.run_dir)
+    if record.sweep_size and point is None:
+        for index in reversed(range(record.sweep_size)):
+            path = point_dir(run_dir, index) / "logs" / f"rank-{rank}.log"
+            if path.exists():
+                return path
+        point = 0
+    base = point_dir(run_dir, point) if record.sweep_size and point is not None else run_dir
+    return base / "logs" / f"rank-{rank}.log"
 
 
 def prepare_run_dir(launch: LaunchPlan) -> RunRecord:
@@ -42,10 +85,10 @@ def prepare_run_dir(launch: LaunchPlan) -> RunRecord:
     write_text_atomic(run_dir / "spec.yaml", yaml.safe_dump(launch.spec, sort_keys=False))
     write_json_atomic(run_dir / "plan.json", json.loads(launch.model_dump_json()))
     write_json_atomic(run_dir / "payload.json", launch.payload)
-    for stale in ("result.json",):
-        (run_dir / stale).unlink(missing_ok=True)
-    for err in (run_dir / "errors").glob("rank-*.json") if (run_dir / "errors").is_dir() else []:
-        err.unlink()
+    for folder in _point_dirs(run_dir):  # a rerun must never report an earlier attempt's outcome
+        (folder / "result.json").unlink(missing_ok=True)
+        for err in (folder / "errors").glob("rank-*.json") if (folder / "errors").is_dir() else []:
+            err.unlink()
     record = RunRecord(run_id=launch.run_id, run_dir=str(run_dir), executor=launch.executor,
                        world_size=launch.world_size, attempts=attempts, sweep_size=len(launch.sweep))
     record.save()
@@ -54,15 +97,18 @@ def prepare_run_dir(launch: LaunchPlan) -> RunRecord:
 
 
 def first_error(run_dir: str | Path) -> dict | None:
-    """The earliest traceback written by a failing rank, if any."""
+    """The earliest traceback written by a failing rank of the run or of any sweep point."""
     errors = []
-    d = Path(run_dir) / "errors"
-    for path in d.glob("rank-*.json") if d.is_dir() else []:
-        try:
-            errors.append(json.loads(path.read_text(encoding="utf-8")))
-        except (OSError, json.JSONDecodeError):
-            continue
-    return min(errors, key=lambda e: e.get("time", 0)) if errors else None
+    for folder in _point_dirs(Path(run_dir)):
+        d = folder / "errors"
+        for path in d.glob("rank-*.json") if d.is_dir() else []:
+            try:
+                err = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+                continue
+            if isinstance(err, dict) and isinstance(err.get("rank"), int):
+                errors.append(err)
+    return min(errors, key=lambda e: e.get("time", 0) if isinstance(e.get("time"), (int, float)) else 0) if errors else None
 
 
 def move_aside(run_dir: str | Path) -> Path | None:

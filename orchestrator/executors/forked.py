@@ -1,7 +1,8 @@
-"""The supervisor's side of the zygote (see zygote.py): ranks forked from a pre-imported parent.
+"""The supervisor's side of the zygote (see zygote.py): every local rank is its child.
 
 ``ForkedRank`` offers the part of ``subprocess.Popen`` the supervisor uses (pid, poll, wait),
-so spawned and forked ranks are watched, failed fast and killed by the same code.
+so ranks forked from a pre-imported parent and ranks exec'd as fresh interpreters are watched,
+failed fast and killed by the same code.
 """
 
 from __future__ import annotations
@@ -15,11 +16,16 @@ import time
 from typing import Any
 
 from orchestrator.errors import SubmissionError
+from orchestrator.procs import alive
+
+__all__ = ["ForkedRank", "ZygoteGroup", "alive", "start_zygote"]
 
 
-def start_zygote() -> subprocess.Popen:
-    """Start importing torch now; ranks are forked from it once the plan is ready."""
-    return subprocess.Popen([sys.executable, "-u", "-m", "orchestrator.executors.zygote", "torch"],
+def start_zygote(preload: bool = True) -> subprocess.Popen:
+    """Start the ranks' parent now. With ``preload`` it imports torch while the CLI validates and
+    plans, and forks the ranks; without, it execs each rank as a fresh interpreter."""
+    mode = "torch" if preload else "--exec"
+    return subprocess.Popen([sys.executable, "-u", "-m", "orchestrator.executors.zygote", mode],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
 
 
@@ -28,6 +34,7 @@ class ZygoteGroup:
         self.proc = proc
         self.pids: dict[int, int] = {}
         self.codes: dict[int, int] = {}
+        self.leftovers: list[int] | None = None  # what the zygote had to stop after the ranks ended
         self._buffer = b""
 
     def start(self, ranks: list[dict[str, Any]], timeout_s: float = 300) -> list[ForkedRank]:
@@ -65,6 +72,8 @@ class ZygoteGroup:
                 self.pids[msg["rank"]] = msg["pid"]
             if "exit" in msg:
                 self.codes[msg["rank"]] = msg["exit"]
+            if "leftovers" in msg:
+                self.leftovers = msg["leftovers"]
         return True
 
     def _orphans(self) -> None:
@@ -75,12 +84,21 @@ class ZygoteGroup:
         if self.proc.poll() is None:
             self.proc.wait(timeout=5)
 
-    def close(self) -> None:
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+    def close(self, timeout_s: float = 15.0) -> None:
+        """Wait for the zygote to stop the ranks' leftovers and exit; ask it (SIGTERM: it still
+        cleans up), and only then force it."""
+        deadline = time.monotonic() + timeout_s
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            self.pump(block_s=0.1)
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        while self.pump():
+            pass
 
 
 class ForkedRank:
@@ -102,12 +120,3 @@ class ForkedRank:
                 raise subprocess.TimeoutExpired(f"rank {self.rank}", timeout or 0)
             self.group.pump(block_s=0.05)
         return code
-
-
-def alive(pid: int) -> bool:
-    """True for a running process; a zombie (state Z) counts as dead."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, IndexError):
-        return False

@@ -1,9 +1,12 @@
 """Local executor: nodes x ranks processes on this machine, grouped into emulated nodes.
 
-Each rank is ``python -m orchestrator.launcher payload.json`` in its own session (so its
-DataLoader workers die with it), with exactly the environment the plan shows. The supervisor
-polls the ranks; the first one to fail takes its siblings down (SIGTERM, then SIGKILL after a
-grace period) and the run is recorded FAILED with that rank and its traceback.
+Every rank is a child of one zygote process (see zygote.py): forked from it after it imported
+torch, or exec'd as a fresh ``python -m orchestrator.launcher payload.json``. Each rank leads
+its own session (so its DataLoader workers die with it) and has exactly the environment the
+plan shows. The supervisor polls the ranks; the first one to fail takes its siblings down
+(SIGTERM, then SIGKILL after a grace period) and the run is recorded FAILED with that rank and
+its traceback. The zygote is a subreaper: whatever a rank started, even in a new session, is
+stopped when the ranks are gone, before the end state is recorded.
 
 The supervisor runs in the foreground for ``run`` (and prints the ranks' output prefixed
 with their rank), or detached as ``python -m orchestrator.executors.local RUN_DIR``.
@@ -19,12 +22,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import IO, Callable
+from typing import Callable
 
+from orchestrator import procs
 from orchestrator.errors import SubmissionError
-from orchestrator.executors.base import first_error, prepare_run_dir
+from orchestrator.executors.base import first_error, prepare_run_dir, refresh_by_supervisor, rank_log_path
 from orchestrator.executors.console import ConsoleEcho, LogTails, PlainEcho
-from orchestrator.executors.forked import ZygoteGroup, alive, start_zygote
+from orchestrator.executors.forked import ForkedRank, ZygoteGroup, start_zygote
 from orchestrator.plan import LaunchPlan
 from orchestrator.rank_env import PORT_BASE, PORT_SPAN, init_url, rendezvous_file
 from orchestrator.records import TERMINAL, RunRecord
@@ -49,6 +53,17 @@ def pick_port(preferred: int) -> int:
         if port_is_free(port):
             return port
     raise SubmissionError("no free port in the auto range; set distributed.port to a free port")
+
+
+def remove_rendezvous_files(launch: LaunchPlan, payload: dict) -> None:
+    """This run's file:// rendezvous files (a killed rank cannot remove its own)."""
+    if launch.spec["distributed"]["init_method"] != "file":
+        return
+    prefix = os.path.basename(rendezvous_file(payload["rendezvous_dir"], launch.run_id, 0))[:-1]
+    rdir = Path(payload["rendezvous_dir"])
+    for path in rdir.glob(f"{prefix}*") if rdir.is_dir() else []:
+        if path.name[len(prefix):].isdigit():
+            path.unlink(missing_ok=True)
 
 
 def rank_environments(launch: LaunchPlan, port: int, payload: dict) -> list[dict[str, str]]:
@@ -80,8 +95,7 @@ class Supervisor:
             zygote.kill()
             zygote.wait()
         self.echo: Callable[[int, str], None] | None = None
-        self.procs: list[subprocess.Popen] = []
-        self._logs: list[IO[bytes]] = []
+        self.procs: list[ForkedRank] = []
         self._cancelled = False
         self.timeout_s = launch.spec["local"].get("timeout_s")
 
@@ -89,7 +103,8 @@ class Supervisor:
     def run(self) -> RunRecord:
         """Run every point; the end state is recorded only after every rank is gone, so a
         caller that sees a terminal state never finds a rank still running."""
-        self.record.update(state="RUNNING", supervisor_pid=os.getpid())
+        me = os.getpid()
+        self.record.update(state="RUNNING", supervisor_pid=me, supervisor_start=procs.start_time(me))
         prev = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         state, error = "FAILED", None
         try:
@@ -124,41 +139,34 @@ class Supervisor:
         if self.launch.spec["distributed"]["port"] != "auto" and not port_is_free(planned):
             raise SubmissionError(f"distributed.port {planned} is in use on this machine; pick another or use 'auto'")
         port = pick_port(planned)
-        self.procs, self._logs, offsets = [], [], []
-        envs = rank_environments(self.launch, port, payload)
-        group = ZygoteGroup(self._zygote or start_zygote()) if self.preload else None
-        self._zygote = None  # a zygote serves one set of ranks
-        forks = []
-        for rank, env in enumerate(envs):
+        remove_rendezvous_files(self.launch, payload)  # an earlier attempt's, if it was killed
+        offsets, forks = [], []
+        for rank, env in enumerate(rank_environments(self.launch, port, payload)):
             log_path = run_dir / "logs" / f"rank-{rank}.log"
-            log = open(log_path, "ab")
-            log.write(f"=== attempt {self.record.attempts} started {time.ctime()} ===\n".encode())
-            log.flush()
-            offsets.append(log.tell())  # echo from here: this attempt's output only
+            with open(log_path, "ab") as log:
+                log.write(f"=== attempt {self.record.attempts} started {time.ctime()} ===\n".encode())
+                offsets.append(log.tell())  # echo from here: this attempt's output only
             full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
-            if group is not None:
-                log.close()
-                forks.append({"rank": rank, "env": full_env, "payload": str(payload_path), "log": str(log_path)})
-                continue
-            self._logs.append(log)
-            self.procs.append(subprocess.Popen(
-                [sys.executable, "-u", "-m", "orchestrator.launcher", str(payload_path)],
-                env=full_env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-            ))
-        if group is not None:
-            self.procs = group.start(forks)  # type: ignore[assignment]
-            self._group = group
-        self.record.update(rank_pids=[p.pid for p in self.procs], master_port=port)
-        if self.echo_factory and self.echo is None:
-            self.echo = self.echo_factory()
+            forks.append({"rank": rank, "env": full_env, "payload": str(payload_path), "log": str(log_path)})
+        group = ZygoteGroup(self._zygote or start_zygote(self.preload))
+        self._zygote = None  # a zygote serves one set of ranks
         try:
+            self.procs = group.start(forks)
+            self.record.update(rank_pids=[p.pid for p in self.procs],
+                               rank_starts=[procs.start_time(p.pid) or 0 for p in self.procs], master_port=port)
+            if self.echo_factory and self.echo is None:
+                self.echo = self.echo_factory()
             return self._watch(run_dir, offsets)
         finally:
-            for log in self._logs:
-                log.close()
-            if group is not None:
-                self._kill_all(grace=GRACE_S)
-                group.close()
+            self._kill_all(grace=GRACE_S)
+            group.close()
+            remove_rendezvous_files(self.launch, payload)
+            if group.leftovers:
+                note = (f"[orchestrator] stopped {len(group.leftovers)} process(es) the ranks left running: "
+                        f"pids {', '.join(map(str, group.leftovers[:10]))}")
+                print(note, file=sys.stderr)
+                with open(run_dir / "logs" / "leftovers.log", "a", encoding="utf-8") as fh:
+                    fh.write(note + "\n")
 
     def _watch(self, run_dir: Path, offsets: list[int]) -> str:
         start = time.monotonic()
@@ -207,14 +215,18 @@ class Supervisor:
         return rank
 
     def _kill_all(self, grace: float) -> None:
-        alive = [p for p in self.procs if p.poll() is None]
-        for p in alive:
+        """SIGTERM the sessions of the ranks still running, SIGKILL them after ``grace``. A rank
+        the zygote has not reported as ended is its unreaped child, so its PID (and session id)
+        cannot belong to anyone else; the sessions of ended ranks are the zygote's to clean."""
+        running = [p for p in self.procs if p.poll() is None]
+        for p in running:
             _signal_group(p.pid, signal.SIGTERM)
         deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and any(p.poll() is None for p in alive):
+        while time.monotonic() < deadline and any(p.poll() is None for p in running):
             time.sleep(POLL_S)
-        for p in self.procs:
-            _signal_group(p.pid, signal.SIGKILL)  # also reaps DataLoader workers left in the group
+        for p in running:
+            if p.poll() is None:
+                _signal_group(p.pid, signal.SIGKILL)
             try:
                 p.wait(timeout=5)
             except subprocess.TimeoutExpired:
@@ -260,32 +272,28 @@ class LocalExecutor:
             time.sleep(0.2)
 
     def refresh(self, records: list[RunRecord]) -> list[RunRecord]:
-        """A run whose supervisor vanished without writing an end state is reported FAILED."""
-        out = []
-        for rec in records:
-            if rec.state not in TERMINAL and rec.supervisor_pid and not alive(rec.supervisor_pid):
-                rec = rec.update(state="FAILED", ended=time.time(),
-                                 error=rec.error or "the local supervisor died without recording an end state")
-            out.append(rec)
-        return out
+        return [refresh_by_supervisor(rec) for rec in records]
 
-    def cancel(self, record: RunRecord) -> RunRecord:
+    def cancel(self, record: RunRecord, timeout_s: float = 30.0) -> RunRecord:
+        """SIGTERM the supervisor (it stops the ranks, which checkpoint together) and wait for its
+        end state. Every signal goes only to a process verified to be the recorded one."""
         if record.state in TERMINAL:
             return record
-        if record.supervisor_pid and alive(record.supervisor_pid):
-            os.kill(record.supervisor_pid, signal.SIGTERM)
-            deadline = time.monotonic() + 30
+        if procs.signal_if_same(record.supervisor_pid, record.supervisor_start, signal.SIGTERM):
+            deadline = time.monotonic() + timeout_s
             while time.monotonic() < deadline:
                 record = RunRecord.load(record.run_dir)
-                if record.state in TERMINAL and not alive(record.supervisor_pid):
+                if record.state in TERMINAL and not procs.same_process(record.supervisor_pid, record.supervisor_start):
                     return record
                 time.sleep(0.1)
-        for pid in record.rank_pids:
-            _signal_group(pid, signal.SIGKILL)
+            procs.signal_if_same(record.supervisor_pid, record.supervisor_start, signal.SIGKILL)
+        # No supervisor (it died, or ignored us): stop what is left of the ranks' own sessions.
+        for pid, start in zip(record.rank_pids, record.rank_starts):
+            procs.signal_session(pid, start, signal.SIGKILL)
         return record.update(state="CANCELLED", ended=time.time())
 
-    def log_path(self, record: RunRecord, rank: int) -> Path:
-        return Path(record.run_dir) / "logs" / f"rank-{rank}.log"
+    def log_path(self, record: RunRecord, rank: int, point: int | None = None) -> Path:
+        return rank_log_path(record, rank, point)
 
 
 def _print_outcome(record: RunRecord) -> None:

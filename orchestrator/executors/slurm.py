@@ -67,7 +67,10 @@ def rotate_folder(folder: Path) -> None:
 
 
 def _query(cmd: list[str]) -> list[tuple[str, str]]:
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+    except (FileNotFoundError, subprocess.TimeoutExpired) as exc:
+        raise SubmissionError(f"{cmd[0]} could not run ({exc}); run this on a SLURM login node") from None
     if out.returncode != 0:
         raise SubmissionError(f"{cmd[0]} failed ({out.stderr.strip()}); is SLURM_CONF set and the controller "
                               "(and, for sacct, slurmdbd) running?")
@@ -76,7 +79,11 @@ def _query(cmd: list[str]) -> list[tuple[str, str]]:
 
 def max_array_size() -> int:
     """The cluster's MaxArraySize (array task ids must stay below it)."""
-    out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=60, check=False)
+    try:
+        out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=60, check=False)
+    except (FileNotFoundError, subprocess.TimeoutExpired) as exc:
+        raise SubmissionError(f"cannot ask the cluster for its MaxArraySize ({exc}); submit from a SLURM "
+                              "login node with SLURM_CONF set") from None
     for line in out.stdout.splitlines():
         key, _, value = line.partition("=")
         if key.strip() == "MaxArraySize" and value.strip().isdigit():
@@ -126,7 +133,7 @@ class SlurmExecutor:
         rotate_folder(folder)
         python = python_command(launch.spec["slurm"].get("python"))
         chunks: list[list[int]] | list[None] = launch.array_chunks or [None]
-        if launch.sweep and len(launch.sweep) >= 1000:  # the plan assumed SLURM's default MaxArraySize
+        if launch.sweep:  # the plan assumed SLURM's default MaxArraySize; this cluster's may be smaller
             chunks = array_chunks(len(launch.sweep), max_array_size())
         job_ids: list[str] = []
         try:
@@ -191,11 +198,19 @@ class SlurmExecutor:
             time.sleep(0.5)
         return record
 
-    def log_path(self, record: RunRecord, rank: int) -> Path:
-        """submitit names task logs <job>_<task>_log.out in the run's slurm folder."""
+    def log_path(self, record: RunRecord, rank: int, point: int | None = None) -> Path:
+        """submitit names task logs <job>_<task>_log.out in the run's slurm folder; in a sweep the
+        job is the point's array task (<array>_<index>): the one asked for, else the latest one
+        that has a log."""
         folder = Path(record.run_dir) / "slurm"
-        job = record.job_ids[0] if record.job_ids else "*"
-        return folder / f"{job}_{rank}_log.out"
+        if not record.job_ids:
+            return folder / f"unsubmitted_{rank}_log.out"
+        if point is not None and point < len(record.job_ids):
+            return folder / f"{record.job_ids[point]}_{rank}_log.out"
+        for job in reversed(record.job_ids):
+            if (folder / f"{job}_{rank}_log.out").exists():
+                return folder / f"{job}_{rank}_log.out"
+        return folder / f"{record.job_ids[0]}_{rank}_log.out"
 
 
 def _print_new(path: Path, offset: int) -> int:

@@ -1,4 +1,4 @@
-"""A pre-imported parent for local ranks: import torch once, then fork one child per rank.
+"""The parent of a local run's ranks: import torch once, then fork one child per rank.
 
 On a 2-core machine N ranks that each import torch cost N imports (the "floor" of
 PERFORMANCE-BASELINES). The zygote imports torch once, while the CLI is still validating and
@@ -8,9 +8,18 @@ to its log file, replaces its environment with the rank's, and runs the same
 ``orchestrator.launcher`` code as a spawned rank. Forking after ``import torch`` is what
 PyTorch's own DataLoader workers do; CUDA is never initialised before the fork.
 
+With ``--exec`` it imports nothing and every child execs a fresh interpreter
+(``local.preload_torch: false``, exactly as on SLURM); the ranks are still its children.
+
+The zygote is a child subreaper dedicated to one run: a rank's grandchild that left the rank's
+session (setsid, daemonised) is re-parented to it, not to init. When every rank has ended, or
+the zygote is told to stop (SIGTERM), it stops and reaps all its remaining descendants, so no
+process a run started outlives it.
+
 Protocol, one JSON object per line. stdin: ``{"rank", "env", "payload", "log"}`` per rank, then
 ``{"done": true}``. stdout: ``{"rank", "pid"}`` per fork, then ``{"rank", "exit"}`` as each
-rank ends (a negative exit is the signal that killed it, as in ``subprocess``).
+rank ends (a negative exit is the signal that killed it, as in ``subprocess``), and finally
+``{"leftovers": [pid, ...]}``: the processes it had to stop after the ranks ended.
 """
 
 from __future__ import annotations
@@ -22,13 +31,15 @@ import signal
 import sys
 from typing import Any
 
+from orchestrator import procs
+
 
 def emit(message: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(message) + "\n")
     sys.stdout.flush()
 
 
-def child(msg: dict[str, Any]) -> None:
+def child(msg: dict[str, Any], fresh: bool) -> None:
     """Runs in the forked rank; never returns."""
     code = 1
     try:
@@ -42,6 +53,9 @@ def child(msg: dict[str, Any]) -> None:
         os.dup2(log, 2)
         os.close(log)
         os.close(null)
+        if fresh:
+            os.execve(sys.executable, [sys.executable, "-u", "-m", "orchestrator.launcher", msg["payload"]],
+                      msg["env"])
         os.environ.clear()
         os.environ.update(msg["env"])
         from orchestrator.launcher import main
@@ -59,13 +73,21 @@ def child(msg: dict[str, Any]) -> None:
             os._exit(code if isinstance(code, int) else 1)
 
 
+def _stop_and_exit(signum: int, frame: object) -> None:
+    procs.stop_descendants()
+    os._exit(128 + signum)
+
+
 def main(argv: list[str]) -> int:
-    for module in argv or ["torch"]:
+    fresh = "--exec" in argv
+    procs.become_subreaper()
+    signal.signal(signal.SIGTERM, _stop_and_exit)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides; the ranks get signals directly
+    for module in [] if fresh else [m for m in argv if not m.startswith("-")] or ["torch"]:
         try:
             importlib.import_module(module)
         except ImportError:
             pass  # the ranks will report it with a proper traceback
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides; the ranks get signals directly
     children: dict[int, int] = {}
     for line in sys.stdin:
         msg = json.loads(line)
@@ -75,7 +97,7 @@ def main(argv: list[str]) -> int:
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            child(msg)
+            child(msg, fresh)
         children[pid] = msg["rank"]
         emit({"rank": msg["rank"], "pid": pid})
     while children:
@@ -83,9 +105,11 @@ def main(argv: list[str]) -> int:
             pid, status = os.wait()
         except ChildProcessError:
             break
-        rank = children.pop(pid, None)
+        rank = children.pop(pid, None)  # adopted orphans are reaped here too, and ignored
         if rank is not None:
             emit({"rank": rank, "exit": os.waitstatus_to_exitcode(status)})
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    emit({"leftovers": procs.stop_descendants()})
     return 0
 
 

@@ -13,6 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_DIR = Path("/var/tmp/orch-test-cluster")
 RUNS_DIR = Path("/var/tmp/orch-test-runs")  # every namespace node sees the host's filesystem
+UP_ARGS = ["up", "--nodes", "2", "--cpus", "4", "--gpus", "2", "--dir", str(CLUSTER_DIR)]
 
 
 @pytest.fixture(scope="session")
@@ -21,8 +22,8 @@ def cluster() -> Iterator[dict[str, str]]:
         if os.environ.get("CI") == "true":
             pytest.fail("the cluster tests need root and apt-get in CI")
         pytest.skip("the cluster tests need root and Debian's apt-get")
-    up = subprocess.run(["bash", str(ROOT / "deploy" / "cluster.sh"), "up", "--nodes", "2", "--cpus", "4",
-                         "--gpus", "2", "--dir", str(CLUSTER_DIR)], capture_output=True, text=True, timeout=900)
+    up = subprocess.run(["bash", str(ROOT / "deploy" / "cluster.sh"), *UP_ARGS], capture_output=True, text=True,
+                        timeout=900)
     if up.returncode != 0:
         subprocess.run(["bash", str(ROOT / "deploy" / "cluster.sh"), "down", "--dir", str(CLUSTER_DIR)], timeout=300)
         pytest.fail(f"deploy/cluster.sh up failed:\n{up.stdout}\n{up.stderr}")

@@ -338,3 +338,36 @@ def test_python_m_jobs_train_runs(tmp_path: Path) -> None:
         refused = subprocess.run([sys.executable, "-m", "jobs.train", *bad], capture_output=True, text=True,
                                  timeout=120, env=env)
         assert refused.returncode == 2 and bad[0] in refused.stderr, refused.stderr
+
+
+def _two_ranks(cmd: list[str], rfile: Path, tmp_path: Path) -> None:
+    """Start 2 ranks of cmd joined through file://rfile, without any supervisor, and wait for both."""
+    procs = []
+    for rank in range(2):
+        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
+               "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1",
+               "ORCH_INIT_METHOD": f"file://{rfile}", "ORCH_INIT_TIMEOUT_S": "60", "ORCH_BACKEND": "gloo",
+               "ORCH_RUN_DIR": str(tmp_path), "ORCH_CHECKPOINT_DIR": str(tmp_path / "ckpt")}
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    try:
+        outs = [p.communicate(timeout=180)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in procs] == [0, 0], outs
+
+
+def test_ranks_remove_the_rendezvous_file_themselves(tmp_path: Path) -> None:
+    """Without the local supervisor (as on SLURM) the ranks leave no file:// rendezvous file behind:
+    jobs' process group teardown removes it, and so does the launcher after any entrypoint."""
+    rdir = tmp_path / "rdv"
+    rdir.mkdir()
+    _two_ranks([sys.executable, "-m", "jobs.train", "--max-steps", "2", "--batch-size", "16"], rdir / "a", tmp_path)
+    assert not list(rdir.iterdir()), f"jobs.train left {list(rdir.iterdir())}"
+    launch = make_plan(tmp_path, name="rdv", entrypoint=str(SCRIPTS / "file_init_no_teardown.py"))
+    payload = tmp_path / "payload.json"
+    payload.write_text(json.dumps(launch.payload))
+    _two_ranks([sys.executable, "-m", "orchestrator.launcher", str(payload)], rdir / "b", tmp_path)
+    assert not list(rdir.iterdir()), f"a script that never tore its group down left {list(rdir.iterdir())}"

@@ -69,12 +69,16 @@ MUTATIONS = [
     Mutation("drop GLOO_SOCKET_IFNAME only", "orchestrator/rank_env.py",
              '                env["GLOO_SOCKET_IFNAME"] = self.interface\n', "                pass\n",
              ["tests/unit/test_planning.py", f"{LOCAL}::test_torchrun_style_script_runs_unchanged"]),
-    Mutation("never remove the rendezvous file", "jobs/distributed.py",
+    Mutation("ranks never remove the rendezvous file (jobs teardown)", "jobs/distributed.py",
              "            if clean:\n                remove_rendezvous_file(cfg)\n", "",
-             [f"{LOCAL}::test_ddp_matches_single_process_with_combined_batch"],
-             [f"{SLURM}::test_two_nodes_file_init"],
-             extra=[("orchestrator/launcher.py",
-                     '        remove_rendezvous_file(os.environ.get("ORCH_INIT_METHOD", ""))\n', "        pass\n")]),
+             [f"{LOCAL}::test_ranks_remove_the_rendezvous_file_themselves"],
+             [f"{SLURM}::test_two_nodes_file_init"]),
+    Mutation("the launcher never removes the rendezvous file", "orchestrator/launcher.py",
+             '        remove_rendezvous_file(os.environ.get("ORCH_INIT_METHOD", ""))\n', "        pass\n",
+             [f"{LOCAL}::test_ranks_remove_the_rendezvous_file_themselves"]),
+    Mutation("no stale rendezvous file removed before a SLURM restart", "orchestrator/launcher.py",
+             "    for earlier in range(restart):", "    for earlier in []:",
+             [], [f"{SLURM}::test_requeue_resumes_to_the_same_weights"]),
     Mutation("never prune orphaned .tmp checkpoints", "jobs/checkpoint.py",
              "    for tmp in orphaned_temporaries(directory):", "    for tmp in []:",
              [f"{CKPT}::test_kill_9_during_write_leaves_previous_checkpoint_loadable",
@@ -126,14 +130,14 @@ def run_tests(tree: Path, tests: list[str], timeout: float) -> tuple[int, list[s
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("-k", default="", help="only mutations whose name contains this")
+    p.add_argument("-k", default="", help="only mutations whose name matches this regular expression")
     p.add_argument("--cluster", action="store_true", help="also run each mutation's SLURM tests")
     p.add_argument("--baseline", action="store_true", help="first run the selected tests on the unmutated tree")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per mutation")
     p.add_argument("--keep", action="store_true", help="keep the mutated copies (printed)")
     p.add_argument("--head", action="store_true", help="mutate the last commit instead of the working tree")
     args = p.parse_args(argv)
-    chosen = [m for m in MUTATIONS if args.k.lower() in m.name.lower()]
+    chosen = [m for m in MUTATIONS if re.search(args.k, m.name, re.I)]
     rows = []
     base = Path(tempfile.mkdtemp(prefix="orch-mutants-"))
     try:

@@ -151,10 +151,13 @@ def main(argv: list[str]) -> int:
                 print(tail)
                 return 1
         for i, m in enumerate(chosen):
+            tests = m.tests + (m.cluster_tests if args.cluster else [])
+            if not tests:
+                print(f"[skipped] {m.name}: only SLURM tests catch it; run with --cluster", flush=True)
+                continue
             tree = base / f"mutant-{i}"
             copy_tree(tree, args.head)
             apply(tree, m)
-            tests = m.tests + (m.cluster_tests if args.cluster else [])
             t0 = time.monotonic()
             code, failed, tail = run_tests(tree, tests, args.timeout)
             caught = code != 0 and bool(failed)

@@ -271,6 +271,8 @@ def submitit_parameters(spec: JobSpec, n_points: int = 0) -> dict[str, Any]:
         "setup": list(s.setup) or None, "additional_parameters": dict(s.extra_sbatch) or None,
     }
     params.update({k: val for k, val in optional.items() if val is not None})
+    if s.max_requeues == 0:  # SLURM requeues batch jobs on node failure by default (JobRequeue=1)
+        params["additional_parameters"] = {**params.get("additional_parameters", {}), "no-requeue": True}
     if s.mem:
         params["additional_parameters"] = {**params.get("additional_parameters", {}), "mem": s.mem}
     return params

@@ -94,7 +94,11 @@ class RunRecord:
         if problem:
             raise _damaged(path, problem)
         known = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in data.items() if k in known})
+        fields = {k: v for k, v in data.items() if k in known}
+        # The record lives where it was read from; the folder named inside it may be stale (a
+        # moved run) or wrong, and every later write must go back to this folder.
+        fields["run_dir"] = os.path.abspath(run_dir)
+        return cls(**fields)
 
     def update(self, **changes: Any) -> RunRecord:
         for key, value in changes.items():

@@ -34,6 +34,7 @@ from orchestrator.rank_env import PORT_BASE, PORT_SPAN, init_url, rendezvous_fil
 from orchestrator.records import TERMINAL, RunRecord
 
 GRACE_S = 3.0
+SUPERVISOR_START_S = 30.0  # how long `run --detach` waits for the supervisor to record itself
 POLL_S = 0.1  # the supervisor shares the CPUs with the ranks: poll gently
 
 
@@ -104,7 +105,8 @@ class Supervisor:
         """Run every point; the end state is recorded only after every rank is gone, so a
         caller that sees a terminal state never finds a rank still running."""
         me = os.getpid()
-        self.record.update(state="RUNNING", supervisor_pid=me, supervisor_start=procs.start_time(me))
+        self.record.update(state="RUNNING", supervisor_pid=me, supervisor_start=procs.start_time(me),
+                           job_ids=self.record.job_ids or [f"local-{me}"])
         prev = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         state, error = "FAILED", None
         try:
@@ -262,7 +264,22 @@ class LocalExecutor:
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
         log.close()
-        return record.update(supervisor_pid=proc.pid, job_ids=[f"local-{proc.pid}"])
+        # The supervisor records itself (pid, start time, job id); writing here too would race
+        # with it. Return once it has, so the caller's record is current.
+        deadline = time.monotonic() + SUPERVISOR_START_S
+        while time.monotonic() < deadline and proc.poll() is None:
+            record = RunRecord.load(launch.run_dir)
+            if record.supervisor_pid == proc.pid:
+                return record
+            time.sleep(0.05)
+        if proc.poll() is not None:
+            record = RunRecord.load(launch.run_dir)
+            if record.state not in TERMINAL:
+                record.update(state="FAILED", ended=time.time(),
+                              error=f"the supervisor exited with code {proc.returncode} before starting the ranks; "
+                                    f"see {Path(launch.run_dir) / 'supervisor.log'}")
+            raise SubmissionError(record.error or "the supervisor exited before starting the ranks")
+        return RunRecord.load(launch.run_dir)
 
     def wait(self, record: RunRecord, follow: bool = False) -> RunRecord:
         while True:
@@ -277,6 +294,7 @@ class LocalExecutor:
     def cancel(self, record: RunRecord, timeout_s: float = 30.0) -> RunRecord:
         """SIGTERM the supervisor (it stops the ranks, which checkpoint together) and wait for its
         end state. Every signal goes only to a process verified to be the recorded one."""
+        record = RunRecord.load(record.run_dir)  # the caller's copy may be stale
         if record.state in TERMINAL:
             return record
         if procs.signal_if_same(record.supervisor_pid, record.supervisor_start, signal.SIGTERM):

@@ -59,9 +59,12 @@ def resolve_backend(requested: str, device: torch.device) -> str:
     if requested in ("auto", ""):
         return "nccl" if device.type == "cuda" else "gloo"
     if requested == "nccl" and device.type != "cuda":
-        print("[jobs] nccl requested but no GPU is visible on this rank: falling back to gloo on CPU",
-              file=sys.stderr)
-        return "gloo"
+        # Never switch this one rank to gloo: its peers would use nccl and the job would hang.
+        raise RuntimeError(
+            f"the job's backend is nccl but rank {os.environ.get('RANK', '?')} sees no GPU "
+            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')!r}); give every rank a GPU "
+            "(local.devices, or gpus_per_node on SLURM), or set distributed.backend: gloo"
+        )
     return requested
 
 

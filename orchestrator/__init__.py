@@ -1,3 +1,52 @@
-"""Typed PyTorch DDP jobs, run on SLURM or as a local dry run. Kept import-free: ranks import it."""
+"""Typed PyTorch DDP jobs, run on SLURM or as a local dry run.
+
+Kept import-free: every rank imports this package, so nothing here imports torch, pydantic or
+submitit. The public API is loaded on first use (PEP 562)::
+
+    from orchestrator import JobSpec, Run, load_spec, run, submit
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+#: public name -> the module that defines it, imported when the name is first used
+_LAZY = {
+    "JobSpec": "orchestrator.spec",
+    "load_spec": "orchestrator.api",
+    "run": "orchestrator.api",
+    "submit": "orchestrator.api",
+    "Run": "orchestrator.api",
+    "OrchestratorError": "orchestrator.errors",
+    "SpecError": "orchestrator.errors",
+    "SubmissionError": "orchestrator.errors",
+    "JobFailedError": "orchestrator.errors",
+    "RunNotFoundError": "orchestrator.errors",
+    "RunNotFinishedError": "orchestrator.errors",
+    "WaitTimeoutError": "orchestrator.errors",
+    "UsageError": "orchestrator.errors",
+}
+__all__ = sorted(_LAZY)
+
+if TYPE_CHECKING:
+    from orchestrator.api import Run, load_spec, run, submit
+    from orchestrator.errors import (JobFailedError, OrchestratorError, RunNotFinishedError, RunNotFoundError,
+                                     SpecError, SubmissionError, UsageError, WaitTimeoutError)
+    from orchestrator.spec import JobSpec
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'orchestrator' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -1,4 +1,5 @@
-"""The ``orchestrator`` command line. One small function per subcommand.
+"""The ``orchestrator`` command line: one small function per subcommand, each a thin layer over
+the Python API (api.py) that parses arguments and prints.
 
 Imports are deferred into the subcommands: ``--help``, ``validate``, ``plan``, ``submit`` and
 ``status`` never import torch, and ``validate`` stays under 0.3 s.
@@ -7,9 +8,10 @@ Imports are deferred into the subcommands: ``--help``, ``validate``, ``plan``, `
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from orchestrator.errors import OrchestratorError
 
@@ -93,11 +95,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# ---- subcommands ---------------------------------------------------------------------------
+# ---- subcommands: each one a call into the Python API (api.py) ------------------------------
 def _load(args: argparse.Namespace) -> Any:
-    from orchestrator.loading import load_spec
+    from orchestrator.api import load_spec
 
-    return load_spec(args.spec, args.overrides, getattr(args, "executor", None))
+    return load_spec(*args.spec, overrides=args.overrides, executor=getattr(args, "executor", None))
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -113,9 +115,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from orchestrator.plan import plan
+    from orchestrator.api import plan_for
 
-    launch = plan(_load(args))
+    launch = plan_for(_load(args))
     if args.json:
         print(launch.model_dump_json(indent=2))
     else:
@@ -132,102 +134,78 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+@contextlib.contextmanager
+def _early_zygote(start: bool) -> Iterator[Any]:
+    """The local ranks' parent, started before anything imports pydantic, so that torch imports
+    while the spec is loaded and planned; killed here if the run never used it (an invalid spec,
+    another executor, or local.preload_torch: false)."""
     zygote = None
-    if args.executor in (None, "local") and not args.detach:
+    if start:
         from orchestrator.executors.forked import start_zygote
 
-        zygote = start_zygote()  # imports torch while we validate and plan
+        zygote = start_zygote()
     try:
-        return _run(args, zygote)
+        yield zygote
     finally:
         if zygote is not None and zygote.poll() is None and zygote.stdin is not None and not zygote.stdin.closed:
-            zygote.kill()  # unused: invalid spec, another executor, or --preload_torch false
+            zygote.kill()
             zygote.wait()
 
 
-def _run(args: argparse.Namespace, zygote: Any) -> int:
-    from orchestrator.executors import get_executor
-    from orchestrator.plan import plan
+def cmd_run(args: argparse.Namespace) -> int:
+    with _early_zygote(args.executor in (None, "local") and not args.detach) as zygote:
+        from orchestrator.api import run
 
-    launch = plan(_load(args), args.executor or None)
-    if launch.executor == "slurm":
-        print("error: 'run' is for local and debug executors; use 'orchestrator submit' for SLURM "
-              "or pass --executor local for a dry run", file=sys.stderr)
-        return 2
-    if args.fresh:
-        from orchestrator.executors.base import move_aside
-
-        moved = move_aside(launch.run_dir)
-        if moved:
-            print(f"moved the previous run folder to {moved}")
-    if launch.executor == "local" and zygote is not None:
-        from orchestrator.executors.local import LocalExecutor
-
-        executor: Any = LocalExecutor(zygote)
-    else:
-        executor = get_executor(launch.executor)
+        handle = run(_load(args), wait=not args.detach, executor=args.executor, fresh=args.fresh, zygote=zygote)
     if args.detach:
-        record = executor.submit(launch, detach=True)
-        print(f"started {record.run_id} in the background; follow it with: orchestrator logs -f {record.run_id}")
+        print(f"started {handle.id} in the background; follow it with: orchestrator logs -f {handle.id}")
         return 0
-    record = executor.run(launch)
-    return 0 if record.state == "COMPLETED" else 1
+    return 0 if handle.state == "COMPLETED" else 1
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     demo = Path(__file__).parent / "examples" / "demo.yaml"
-    ns = argparse.Namespace(spec=[str(demo)], overrides=args.overrides, executor="local", detach=False, fresh=True)
-    code = cmd_run(ns)
-    if code == 0:
-        from orchestrator.loading import load_spec
-        from orchestrator.plan import plan
-        from orchestrator.report import write_report
+    with _early_zygote(True) as zygote:
+        from orchestrator.api import load_spec, run
 
-        print(write_report(plan(load_spec([demo], args.overrides, "local")).run_dir))
-    return code
+        handle = run(load_spec(demo, overrides=args.overrides, executor="local"), fresh=True, zygote=zygote)
+    if handle.state != "COMPLETED":
+        return 1
+    print(handle.report())
+    return 0
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from orchestrator.executors import get_executor
-    from orchestrator.plan import plan
+    from orchestrator.api import submit
 
-    launch = plan(_load(args), args.executor or "slurm")
-    executor = get_executor(launch.executor)
-    record = executor.submit(launch)
-    print(f"submitted {record.run_id}: job(s) {', '.join(record.job_ids) or '-'}; run folder {record.run_dir}")
+    handle = submit(_load(args), executor=args.executor or "slurm")
+    print(f"submitted {handle.id}: job(s) {', '.join(handle.job_ids) or '-'}; run folder {handle.run_dir}")
     if args.follow or args.wait:
-        record = executor.wait(record, follow=args.follow)
-        print(f"{record.run_id}: {record.state}")
-        return 0 if record.state == "COMPLETED" else 1
+        state = handle.wait(follow=args.follow)
+        print(f"{handle.id}: {state}")
+        return 0 if state == "COMPLETED" else 1
     return 0
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:
     """Same nodes, ranks, backend, interface and SLURM options as the job; only the entrypoint differs."""
-    from pathlib import Path
-
-    from orchestrator.executors import get_executor
-    from orchestrator.loading import spec_from_dict
-    from orchestrator.plan import plan
+    from orchestrator.api import run, submit
 
     spec = _load(args)
     data = spec.model_dump(mode="json")
     data.update(name=f"{spec.name}-preflight", entrypoint="jobs.allreduce:main", extra_args=[], sweep={},
                 args={"sizes-mb": list(args.sizes_mb)})
-    launch = plan(spec_from_dict(data))
-    executor = get_executor(launch.executor)
-    if launch.executor == "slurm":
-        record = executor.submit(launch)
-        print(f"preflight submitted as job {', '.join(record.job_ids)}; waiting")
-        record = executor.wait(record)
+    if spec.executor == "slurm":
+        handle = submit(data)
+        print(f"preflight submitted as job {', '.join(handle.job_ids)}; waiting")
+        handle.wait()
     else:
-        record = executor.run(launch)
-    report = Path(launch.run_dir) / "allreduce.json"
-    if record.state != "COMPLETED" or not report.exists():
-        print(f"preflight {record.state}: {record.error or 'no report written'}", file=sys.stderr)
+        handle = run(data)
+    report = handle.run_dir / "allreduce.json"
+    if handle.state != "COMPLETED" or not report.exists():
+        print(f"preflight {handle.state}: {handle.error or 'no report written'}", file=sys.stderr)
         return 1
     result = json.loads(report.read_text())
     print(f"all-reduce over {result['world_size']} ranks ({result['backend']}):")
@@ -262,10 +240,9 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from orchestrator.report import write_report
+    from orchestrator.api import Run
 
-    summary = write_report(args.run)
-    print(summary)
+    print(Run.get(args.run).report())
     return 0
 
 

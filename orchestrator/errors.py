@@ -33,3 +33,17 @@ class JobFailedError(OrchestratorError):
 
 class RunNotFoundError(OrchestratorError):
     """No run folder or registry entry matches what the user asked for."""
+
+
+class UsageError(OrchestratorError):
+    """A call that cannot do what was asked (``run`` on a SLURM spec); the message names the one that can."""
+
+    exit_code = 2
+
+
+class RunNotFinishedError(OrchestratorError):
+    """A run's result was asked for before the run ended."""
+
+
+class WaitTimeoutError(OrchestratorError, TimeoutError):
+    """``Run.wait(timeout)`` ran out of time. The run itself goes on."""

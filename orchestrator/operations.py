@@ -1,6 +1,6 @@
-"""status / list / logs / cancel over run folders and the registry, for every executor.
+"""status / list / logs / cancel as the CLI prints them, over the Python API (api.py).
 
-Status for many runs asks each executor once for all its runs (``refresh``), so SLURM
+Status for many runs asks each executor once for all its runs (``api.refresh``), so SLURM
 status over N jobs costs one scheduler query, not N.
 """
 
@@ -10,47 +10,34 @@ import json
 import sys
 import time
 from collections import defaultdict
+from dataclasses import asdict
 from pathlib import Path
 
-from orchestrator.errors import OrchestratorError, RunNotFoundError
-from orchestrator.executors import get_executor
-from orchestrator.records import TERMINAL, RunRecord, registered_runs, resolve_run
+from orchestrator import api
+from orchestrator.api import Run, registered
+from orchestrator.records import TERMINAL, RunRecord
 
 #: `logs -f` on a run that has not started yet waits this long for its first line, then says so.
 FOLLOW_START_TIMEOUT_S = 600.0
 
 
-def _records(refs: list[str]) -> list[RunRecord]:
+def _runs(refs: list[str]) -> list[Run]:
     """Explicit refs must all resolve; over the whole registry, a damaged run is reported and
     skipped so the others are still listed."""
     if refs:
-        return [RunRecord.load(resolve_run(r)) for r in refs]
-    records = []
-    for entry in registered_runs():
-        d = Path(entry["run_dir"])
-        try:
-            if (d / "record.json").is_file():
-                records.append(RunRecord.load(d))
-        except (OrchestratorError, OSError) as exc:
-            print(f"warning: skipping {entry['run_id']!r}: {exc}", file=sys.stderr)
-    return records
+        return [Run.get(r) for r in refs]
+    return registered(on_damaged=lambda run_id, exc: print(f"warning: skipping {run_id!r}: {exc}", file=sys.stderr))
 
 
 def refresh(records: list[RunRecord]) -> list[RunRecord]:
-    by_executor: dict[str, list[RunRecord]] = defaultdict(list)
-    for rec in records:
-        by_executor[rec.executor].append(rec)
-    fresh: dict[str, RunRecord] = {}
-    for name, recs in by_executor.items():
-        for rec in get_executor(name).refresh(recs):
-            fresh[rec.run_dir] = rec
-    return [fresh[r.run_dir] for r in records]
+    """The records, refreshed with one query per executor."""
+    return [run.record for run in api.refresh([Run(rec) for rec in records])]
 
 
 def status(refs: list[str], as_json: bool = False) -> int:
-    records = refresh(_records(refs))
+    records = [run.record for run in api.refresh(_runs(refs))]
     if as_json:
-        print(json.dumps([vars(r) for r in records], indent=2, default=str))
+        print(json.dumps([asdict(r) for r in records], indent=2, default=str))
         return 0
     if not records:
         print("no runs registered yet; start one with 'orchestrator run SPEC'")
@@ -85,14 +72,20 @@ def list_runs(as_json: bool = False) -> int:
 
 def logs(ref: str, rank: int, follow: bool, point: int | None = None,
          start_timeout_s: float = FOLLOW_START_TIMEOUT_S) -> int:
-    rec = RunRecord.load(resolve_run(ref))
-    if rank < 0 or rank >= max(1, rec.world_size):
-        raise RunNotFoundError(f"rank {rank} is not in {rec.run_id} (ranks 0-{max(1, rec.world_size) - 1})")
-    if point is not None and not 0 <= point < max(1, rec.sweep_size):
-        raise RunNotFoundError(f"point {point} is not in {rec.run_id}"
-                               + (f" (points 0-{rec.sweep_size - 1})" if rec.sweep_size else " (it is not a sweep)"))
-    executor = get_executor(rec.executor)
-    path = executor.log_path(rec, rank, point)
+    run = Run.get(ref)
+    path = run.log_path(rank, point)
+    if not follow:
+        if not path.exists():
+            print(f"no log for rank {rank} yet at {path}", file=sys.stderr)
+            return 1
+        sys.stdout.write(run.logs(rank, point))
+        sys.stdout.flush()
+        return 0
+    return _follow(run, path, rank, start_timeout_s)
+
+
+def _follow(run: Run, path: Path, rank: int, start_timeout_s: float) -> int:
+    """Print the log as it grows until the run ends; give up if it never starts."""
     offset = 0
     started = time.monotonic()
     while True:
@@ -103,26 +96,21 @@ def logs(ref: str, rank: int, follow: bool, point: int | None = None,
             offset += len(chunk)
             sys.stdout.write(chunk.decode(errors="replace"))
             sys.stdout.flush()
-        elif not follow:
-            print(f"no log for rank {rank} yet at {path}", file=sys.stderr)
-            return 1
-        if not follow:
-            return 0
-        rec = executor.refresh([RunRecord.load(rec.run_dir)])[0]
-        if rec.state in TERMINAL and (not path.exists() or path.stat().st_size == offset):
+        state = run.status()
+        if state in TERMINAL and (not path.exists() or path.stat().st_size == offset):
             if not path.exists():
-                print(f"{rec.run_id} ended {rec.state} without a log for rank {rank} at {path}", file=sys.stderr)
+                print(f"{run.id} ended {state} without a log for rank {rank} at {path}", file=sys.stderr)
                 return 1
             return 0
         if not path.exists() and time.monotonic() - started > start_timeout_s:
-            print(f"{rec.run_id} is {rec.state} and rank {rank} has written nothing in {start_timeout_s:.0f}s; "
-                  f"try again later, or check 'orchestrator status {rec.run_id}'", file=sys.stderr)
+            print(f"{run.id} is {state} and rank {rank} has written nothing in {start_timeout_s:.0f}s; "
+                  f"try again later, or check 'orchestrator status {run.id}'", file=sys.stderr)
             return 1
         time.sleep(0.3)
 
 
 def cancel(ref: str) -> int:
-    rec = RunRecord.load(resolve_run(ref))
-    rec = get_executor(rec.executor).cancel(rec)
-    print(f"{rec.run_id}: {rec.state}")
+    run = Run.get(ref)
+    print(f"{run.id}: {run.cancel()}")
     return 0
+

@@ -1,0 +1,338 @@
+"""The Python API: what the CLI does, from a notebook or a sweep script.
+
+    from orchestrator import JobSpec, Run, load_spec, run, submit
+
+    spec = JobSpec(name="digits", entrypoint="jobs.train:main", nodes=2, cpu_ranks_per_node=2)
+    r = run(spec)                       # local, in the foreground; wait=False detaches
+    r.state, r.result(), r.logs(rank=3)
+    s = submit(load_spec("job.yaml", overrides=["nodes=4"]))   # SLURM
+    s.wait(timeout=3600)
+    Run.get("digits-1a2b3c4d")          # any run, by id, unique id prefix or folder
+
+Nothing here imports torch. pydantic comes in with the first spec, submitit with the first
+SLURM submission. Every error is an ``OrchestratorError`` (see errors.py) whose message names
+the fix; the CLI prints the same messages.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence, Union
+
+from orchestrator.errors import (JobFailedError, OrchestratorError, RunNotFinishedError, RunNotFoundError,
+                                 UsageError, WaitTimeoutError)
+from orchestrator.records import TERMINAL, RunRecord, registered_runs, resolve_run
+
+if TYPE_CHECKING:
+    import subprocess
+
+    from orchestrator.executors.base import Executor
+    from orchestrator.plan import LaunchPlan
+    from orchestrator.spec import JobSpec
+
+#: What ``run`` and ``submit`` accept: a JobSpec, a mapping of spec fields, a spec file, or a
+#: list of any of these (merged in order, as by ``load_spec``).
+SpecLike = Union["JobSpec", Mapping[str, Any], str, Path, Sequence[Any]]
+
+#: How often ``Run.wait`` looks at the run: a local run's folder is cheap to read, a SLURM
+#: query is not.
+POLL_S = {"local": 0.2, "debug": 0.2, "slurm": 1.0}
+
+
+# ---- specs ---------------------------------------------------------------------------------
+def load_spec(*sources: Any, overrides: Iterable[str] = (), executor: str | None = None) -> JobSpec:
+    """Spec files (YAML or JSON paths), mappings and JobSpecs, deep-merged in order (later ones
+    win key by key), then each ``"key.path=value"`` override in order (the value is read as
+    YAML, as with ``--set``), then ``executor``. Raises SpecError naming the source, the field
+    and the fix."""
+    from orchestrator.loading import apply_override, deep_merge, parse_override, read_spec_file, spec_from_dict
+    from orchestrator.spec import JobSpec
+
+    if isinstance(overrides, (str, bytes)):
+        raise UsageError("overrides is a list of 'key.path=value' strings, e.g. overrides=['nodes=2']")
+    data: dict[str, Any] = {}
+    names: list[str] = []
+    for source in sources:
+        if isinstance(source, JobSpec):
+            data, name = deep_merge(data, source.model_dump(mode="json", exclude_defaults=True)), "<JobSpec>"
+        elif isinstance(source, Mapping):
+            data, name = deep_merge(data, json.loads(json.dumps(source, default=_refuse))), "<mapping>"
+        elif isinstance(source, (str, Path)):
+            data, name = deep_merge(data, read_spec_file(source)), str(source)
+        else:
+            raise UsageError(f"load_spec takes spec files, mappings or JobSpecs, not {type(source).__name__}")
+        names.append(name)
+    for item in overrides:
+        data = apply_override(data, *parse_override(item))
+    if executor is not None:
+        data["executor"] = executor
+    return spec_from_dict(data, source=", ".join(names) or None)
+
+
+def _refuse(value: Any) -> Any:
+    """Paths become text; any other object is refused (a spec is plain data)."""
+    if isinstance(value, Path):
+        return str(value)
+    raise UsageError(f"a spec mapping holds a {type(value).__name__}; give text, numbers, true/false, "
+                     "paths, lists and mappings only")
+
+
+def as_spec(spec: SpecLike) -> JobSpec:
+    """A JobSpec as is; anything else through ``load_spec``."""
+    from orchestrator.spec import JobSpec
+
+    if isinstance(spec, JobSpec):
+        return spec
+    if isinstance(spec, (list, tuple)):
+        return load_spec(*spec)
+    return load_spec(spec)
+
+
+def plan_for(spec: SpecLike, executor: str | None = None) -> LaunchPlan:
+    """The LaunchPlan (what ``orchestrator plan`` prints): pure, nothing is started or written."""
+    from orchestrator.plan import plan
+
+    return plan(as_spec(spec), executor)  # type: ignore[arg-type]
+
+
+# ---- starting runs -------------------------------------------------------------------------
+def run(spec: SpecLike, wait: bool = True, *, executor: str | None = None, fresh: bool = False,
+        zygote: subprocess.Popen | None = None) -> Run:
+    """Run on this machine: ``nodes x ranks`` processes (``executor="local"``), or rank 0 alone
+    in this process (``executor="debug"``, for pdb). Default: the spec's executor.
+
+    ``wait=True`` runs in the foreground, echoing the ranks' output, and returns the ended run
+    (its state may be FAILED: check ``.state``, or let ``.result()`` raise). ``wait=False``
+    starts a detached supervisor and returns once it has recorded itself. The same spec always
+    maps to the same run folder, so running it again resumes from its checkpoints;
+    ``fresh=True`` moves that folder aside first (nothing is deleted).
+
+    ``zygote``: a launcher started early with ``executors.forked.start_zygote()``, so torch
+    imports while the spec is still being loaded (the CLI does this); optional.
+    """
+    launch = plan_for(spec, executor)
+    if launch.executor == "slurm":
+        raise UsageError("'run' is for the local and debug executors: submit to SLURM with 'orchestrator submit' "
+                         "(Python: submit(spec)), or pass --executor local (Python: executor='local') "
+                         "for a local dry run")
+    if fresh:
+        from orchestrator.executors.base import move_aside
+
+        moved = move_aside(launch.run_dir)
+        if moved:
+            print(f"moved the previous run folder to {moved}")
+    chosen = _executor(launch.executor, zygote)
+    record = chosen.run(launch) if wait else chosen.submit(launch, detach=True)
+    return Run(record)
+
+
+def submit(spec: SpecLike, *, executor: str = "slurm") -> Run:
+    """Submit to SLURM (one job, or one job array for a sweep) and return at once: the handle's
+    state is PENDING. Follow it with ``.status()``, ``.wait(timeout=...)`` and ``.logs()``."""
+    launch = plan_for(spec, executor)
+    return Run(_executor(launch.executor).submit(launch))
+
+
+def _executor(name: str, zygote: subprocess.Popen | None = None) -> Executor:
+    if name == "local" and zygote is not None:
+        from orchestrator.executors.local import LocalExecutor
+
+        return LocalExecutor(zygote)
+    from orchestrator.executors import get_executor
+
+    return get_executor(name)
+
+
+# ---- runs ----------------------------------------------------------------------------------
+class Run:
+    """A handle on one run: its folder, and for SLURM its job ids. It holds no process, so it
+    can be dropped and found again with ``Run.get``. ``.state`` reads the run folder;
+    ``.status()`` also asks the scheduler (one query)."""
+
+    def __init__(self, record: RunRecord) -> None:
+        self._record = record
+
+    @classmethod
+    def get(cls, ref: str | Path) -> Run:
+        """A run by folder, id, or unique prefix of an id (as ``orchestrator status`` takes)."""
+        return cls(RunRecord.load(resolve_run(str(ref))))
+
+    def __repr__(self) -> str:
+        return f"Run({self.id!r}, state={self._record.state!r}, executor={self.executor!r}, run_dir='{self.run_dir}')"
+
+    # -- what it is ----------------------------------------------------------------------------
+    @property
+    def id(self) -> str:
+        return self._record.run_id
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self._record.run_dir)
+
+    @property
+    def executor(self) -> str:
+        return self._record.executor
+
+    @property
+    def job_ids(self) -> list[str]:
+        return list(self.record.job_ids)
+
+    @property
+    def record(self) -> RunRecord:
+        """The record as the run folder holds it now (no scheduler query)."""
+        self._record = RunRecord.load(self._record.run_dir)
+        return self._record
+
+    @property
+    def state(self) -> str:
+        """The state last recorded in the run folder. A local run's supervisor keeps it
+        current; a SLURM run's is refreshed by ``.status()`` and ``.wait()``."""
+        return self.record.state
+
+    @property
+    def error(self) -> str | None:
+        """The first failure (rank and traceback), once the run has failed."""
+        return self.record.error
+
+    # -- the scheduler ---------------------------------------------------------------------------
+    def status(self) -> str:
+        """Refresh from the scheduler (one query; none once the run has ended) and return the state."""
+        self._record = refresh([self])[0]._record
+        return self._record.state
+
+    def wait(self, timeout: float | None = None, *, follow: bool = False) -> str:
+        """Block until the run ends and return its state (COMPLETED, FAILED, CANCELLED...).
+
+        With ``timeout`` (seconds), raise WaitTimeoutError (a TimeoutError) when it runs out;
+        the run goes on. ``follow=True`` prints rank 0's log as it grows.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        poll = POLL_S.get(self.executor, 1.0)
+        offset = 0
+        while True:
+            state = self.status()
+            if follow:
+                offset = _print_from(self.log_path(0), offset)
+            if state in TERMINAL:
+                return state
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise WaitTimeoutError(
+                        f"{self.id} is still {state} after {timeout:g}s; it goes on: wait again, or stop it "
+                        f"with .cancel() (CLI: orchestrator cancel {self.id})")
+                time.sleep(min(poll, left))
+            else:
+                time.sleep(poll)
+
+    def cancel(self) -> str:
+        """Stop the run (local ranks checkpoint together first) and return the state it ended in."""
+        return _executor(self.executor).cancel(self.record).state
+
+    # -- what it left ------------------------------------------------------------------------------
+    def result(self) -> Any:
+        """What rank 0's entrypoint returned (``<run>/result.json``); for a sweep, a list with one
+        result per point. Raises RunNotFinishedError while the run is going, JobFailedError if it
+        ended any other way than COMPLETED."""
+        state = self.status()
+        if state not in TERMINAL:
+            raise RunNotFinishedError(f"{self.id} is still {state}: call .wait() first")
+        if state != "COMPLETED":
+            rec = self._record
+            why = (rec.error or "no error was recorded").strip().splitlines()[0]
+            rank = rec.failed_rank if rec.failed_rank is not None else 0
+            raise JobFailedError(f"{self.id} ended {state}, so it has no result: {why}; "
+                                 f"see .logs(rank={rank}) (CLI: orchestrator logs {self.id} --rank {rank})")
+        if self._record.sweep_size:
+            from orchestrator.records import point_dir
+
+            return [_read_result(point_dir(self.run_dir, i)) for i in range(self._record.sweep_size)]
+        return _read_result(self.run_dir)
+
+    def log_path(self, rank: int = 0, point: int | None = None) -> Path:
+        """Where a rank's log is (or will be): the latest sweep point's, unless ``point`` is given."""
+        rec = self.record
+        world = max(1, rec.world_size)
+        if not 0 <= rank < world:
+            raise RunNotFoundError(f"rank {rank} is not in {rec.run_id} (ranks 0-{world - 1})")
+        if point is not None and not 0 <= point < max(1, rec.sweep_size):
+            raise RunNotFoundError(f"point {point} is not in {rec.run_id}"
+                                   + (f" (points 0-{rec.sweep_size - 1})" if rec.sweep_size else " (it is not a sweep)"))
+        return _executor(rec.executor).log_path(rec, rank, point)
+
+    def logs(self, rank: int = 0, point: int | None = None) -> str:
+        """The text of a rank's log so far (every attempt). Raises RunNotFoundError if that rank
+        has written nothing yet."""
+        path = self.log_path(rank, point)
+        try:
+            return path.read_bytes().decode(errors="replace")
+        except FileNotFoundError:
+            raise RunNotFoundError(f"no log for rank {rank} yet at {path} ({self.id} is {self._record.state})") from None
+
+    def report(self) -> str:
+        """Write ``<run>/report/`` (PNG plots of loss, accuracy and throughput) and return the
+        text summary. Needs matplotlib, and metrics from the rank API."""
+        from orchestrator.report import write_report
+
+        return write_report(str(self.run_dir))
+
+
+def _read_result(folder: Path) -> Any:
+    path = folder / "result.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8")).get("result")
+    except FileNotFoundError:
+        raise OrchestratorError(f"{path} is missing although the run COMPLETED: was it removed?") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as exc:
+        raise OrchestratorError(f"{path} is unreadable ({type(exc).__name__}); the rank logs have the output") from None
+
+
+def _print_from(path: Path, offset: int) -> int:
+    """Print what was appended to ``path`` since ``offset``; return the new offset."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            chunk = fh.read()
+    except FileNotFoundError:
+        return offset
+    sys.stdout.write(chunk.decode(errors="replace"))
+    sys.stdout.flush()
+    return offset + len(chunk)
+
+
+# ---- many runs ---------------------------------------------------------------------------------
+def refresh(runs: Sequence[Run]) -> list[Run]:
+    """Refresh every run from its scheduler, asking each executor once for all of its runs (so
+    SLURM status over any number of jobs is one or two scheduler calls, not one per job)."""
+    by_executor: dict[str, list[RunRecord]] = defaultdict(list)
+    for r in runs:
+        by_executor[r.executor].append(r.record)
+    fresh: dict[str, RunRecord] = {}
+    for name, records in by_executor.items():
+        for rec in _executor(name).refresh(records):
+            fresh[rec.run_dir] = rec
+    out = []
+    for r in runs:
+        r._record = fresh[r._record.run_dir]
+        out.append(r)
+    return out
+
+
+def registered(on_damaged: Callable[[str, OrchestratorError | OSError], None] | None = None) -> list[Run]:
+    """Every registered run whose folder still holds a record, oldest first (not refreshed).
+    A damaged record is skipped and handed to ``on_damaged(run_id, error)`` (default: ignored),
+    so one bad folder never hides the others."""
+    found = []
+    for entry in registered_runs():
+        folder = Path(entry["run_dir"])
+        try:
+            if (folder / "record.json").is_file():
+                found.append(Run(RunRecord.load(folder)))
+        except (OrchestratorError, OSError) as exc:
+            if on_damaged is not None:
+                on_damaged(entry["run_id"], exc)
+    return found

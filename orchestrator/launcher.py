@@ -59,8 +59,27 @@ def call_entrypoint(entrypoint: str, argv: list[str]) -> Any:
     return func(argv)
 
 
+_FIRST_TITLE: list[str] = []  # the process's own title, before any rank renamed it
+
+
+def name_process(payload: Mapping[str, Any], rank: int) -> None:
+    """``ps`` and ``top`` show the job and the rank ("orchestrator: digits rank 3/4 (python3 -u -m
+    ...)"). The original command line stays in the title, so what matches on it still does.
+    Optional: without the setproctitle package, nothing changes."""
+    try:
+        import setproctitle
+    except ImportError:
+        return
+    if not _FIRST_TITLE:
+        _FIRST_TITLE.append(setproctitle.getproctitle())
+    world = os.environ.get("WORLD_SIZE", "")
+    setproctitle.setproctitle(f"orchestrator: {payload['job_name']} rank {rank}{'/' + world if world else ''} "
+                              f"({_FIRST_TITLE[0]})")
+
+
 def run_rank(payload: Mapping[str, Any], rank: int) -> Any:
     """Run the entrypoint on this rank; record the result (rank 0) or the traceback (any rank)."""
+    name_process(payload, rank)
     os.environ.update(config_environ(payload))
     run_dir = Path(payload["run_dir"])
     try:

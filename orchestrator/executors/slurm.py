@@ -8,8 +8,10 @@ of runs is one ``sacct`` call; SLURM's states are kept distinct (see STATE_MAP).
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Iterator
@@ -66,13 +68,47 @@ def rotate_folder(folder: Path) -> None:
         folder.rename(old)
 
 
+#: What SLURM's tools print when they find no configuration, no slurmdbd, or no controller.
+_NO_CONFIG = ("Could not establish a configuration source", "DNS SRV lookup failed", "fetch_config")
+_NO_DBD = ("Problem talking to the database", "slurmdbd")
+_NO_CONTROLLER = ("Unable to contact slurm controller", "connect failure", "Connection refused",
+                  "Socket timed out", "Zero Bytes were transmitted")
+
+
+def check_slurm_conf() -> None:
+    """A SLURM_CONF naming a missing file makes every SLURM tool retry for a minute: say so at once."""
+    conf = os.environ.get("SLURM_CONF")
+    if conf and not os.path.isfile(conf):
+        raise SubmissionError(f"SLURM_CONF={conf} does not exist; point it at the cluster's slurm.conf "
+                              "(for the deploy/ cluster: source /var/tmp/orch-cluster/env)")
+
+
+def controller_problem(tool: str, stderr: str) -> str | None:
+    """One line with the fix, when a SLURM tool failed for want of a cluster to talk to; else None."""
+    conf = os.environ.get("SLURM_CONF")
+    if any(s in stderr for s in _NO_CONFIG):
+        where = f"SLURM_CONF={conf}" if conf else "SLURM_CONF is not set and this machine has no slurm.conf"
+        return (f"{tool} found no SLURM cluster ({where}): set SLURM_CONF to the cluster's slurm.conf or run "
+                "this on a login node (for the deploy/ cluster: source /var/tmp/orch-cluster/env)")
+    if any(s in stderr for s in _NO_DBD):
+        return (f"{tool} could not reach the accounting daemon (slurmdbd): check that it is running "
+                "('sacctmgr show cluster' answers when it is)")
+    if any(s in stderr for s in _NO_CONTROLLER):
+        named = f"named in {conf}" if conf else "named in this machine's slurm.conf"
+        return (f"{tool} could not reach the SLURM controller {named}: check that slurmctld is running "
+                "('scontrol ping') and that SLURM_CONF names this cluster")
+    return None
+
+
 def _query(cmd: list[str]) -> list[tuple[str, str]]:
+    check_slurm_conf()
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
     except (FileNotFoundError, subprocess.TimeoutExpired) as exc:
         raise SubmissionError(f"{cmd[0]} could not run ({exc}); run this on a SLURM login node") from None
     if out.returncode != 0:
-        raise SubmissionError(f"{cmd[0]} failed ({out.stderr.strip()}); is SLURM_CONF set and the controller "
+        raise SubmissionError(controller_problem(cmd[0], out.stderr) or
+                              f"{cmd[0]} failed ({out.stderr.strip()}); is SLURM_CONF set and the controller "
                               "(and, for sacct, slurmdbd) running?")
     return [tuple(line.split("|", 1)) for line in out.stdout.splitlines() if "|" in line]  # type: ignore[misc]
 
@@ -84,6 +120,9 @@ def max_array_size() -> int:
     except (FileNotFoundError, subprocess.TimeoutExpired) as exc:
         raise SubmissionError(f"cannot ask the cluster for its MaxArraySize ({exc}); submit from a SLURM "
                               "login node with SLURM_CONF set") from None
+    problem = controller_problem("scontrol", out.stderr) if out.returncode else None
+    if problem:
+        raise SubmissionError(problem)
     for line in out.stdout.splitlines():
         key, _, value = line.partition("=")
         if key.strip() == "MaxArraySize" and value.strip().isdigit():
@@ -128,6 +167,7 @@ class SlurmExecutor:
 
         if launch.submitit is None:
             raise SubmissionError("this plan was not made for the slurm executor; plan it with --executor slurm")
+        check_slurm_conf()
         record = prepare_run_dir(launch)
         folder = Path(launch.run_dir) / "slurm"
         rotate_folder(folder)
@@ -136,8 +176,9 @@ class SlurmExecutor:
         if launch.sweep:  # the plan assumed SLURM's default MaxArraySize; this cluster's may be smaller
             chunks = array_chunks(len(launch.sweep), max_array_size())
         job_ids: list[str] = []
+        sbatch_stderr = io.StringIO()  # submitit prints sbatch's errors as well as raising them: once is enough
         try:
-            with clean_submission_env():
+            with clean_submission_env(), contextlib.redirect_stderr(sbatch_stderr):
                 for chunk in chunks:
                     ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=launch.payload["max_requeues"], python=python)
                     ex.update_parameters(**launch.submitit)
@@ -149,7 +190,8 @@ class SlurmExecutor:
                     job_ids += [j.job_id for j in jobs]
         except Exception as exc:
             record.update(state="FAILED", error=f"submission failed: {exc}", ended=time.time())
-            raise SubmissionError(f"sbatch refused the job: {exc}") from exc
+            raise SubmissionError(controller_problem("sbatch", str(exc)) or f"sbatch refused the job: {exc}") from exc
+        sys.stderr.write(sbatch_stderr.getvalue())
         return record.update(state="PENDING", job_ids=job_ids)
 
     def run(self, launch: LaunchPlan) -> RunRecord:

@@ -23,7 +23,7 @@ def main(argv: list[str]) -> dict:
         with open(f"/proc/{os.getpid()}/cmdline", "rb") as fh:
             title = fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
         seen = {"rank": rank, "world": world, "sum": total.item(), "node_rank": int(os.environ["NODE_RANK"]),
-                "title": title}
+                "title": title, "api_job_env": os.environ.get("API_JOB_ENV")}  # for a spec's env: entry
         Path(args.out, f"rank-{rank}.json").write_text(json.dumps(seen))
         print(f"api_job: rank {rank} of {world} sum {total.item():g}", flush=True)
         return {"world": world, "sum": total.item()}

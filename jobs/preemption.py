@@ -38,3 +38,18 @@ class StopFlag:
     def restore(self) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+
+
+def mark_checkpointed_for_requeue() -> bool:
+    """Tell the orchestrator the ranks stopped on a signal *and* their checkpoint is written, so
+    the job may be requeued (``slurm.requeue: auto``). Call it on one rank (rank 0) after the
+    collective checkpoint. Does nothing outside an orchestrator SLURM job; True if it marked."""
+    import os
+
+    path = os.environ.get("ORCH_REQUEUE_MARKER")
+    if not path:
+        return False
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write("checkpointed\n")
+    return True

@@ -26,7 +26,7 @@ from jobs import data, models, parallel
 from jobs.argtypes import non_negative_float, non_negative_int, positive_int
 from jobs.distributed import DistContext, distributed
 from jobs.metrics import MetricsWriter
-from jobs.preemption import StopFlag
+from jobs.preemption import StopFlag, mark_checkpointed_for_requeue
 from jobs.sampling import ResumableDistributedSampler, shard_indices
 
 
@@ -224,6 +224,8 @@ def train(ctx: DistContext, args: argparse.Namespace, stop: StopFlag) -> dict[st
         metrics.close()
     if stopped is not None and ctx.is_main:
         print(f"[train] stopped at step {prog.global_step} ({stopped}); checkpoint written", file=sys.stderr, flush=True)
+        if stopped != "max_steps":
+            mark_checkpointed_for_requeue()
     return {"stopped": stopped, "epoch": prog.epoch, "global_step": prog.global_step,
             "test_accuracy": accuracy, "world_size": ctx.world_size, "resumed_from_step": resumed_from,
             "init_method": ctx.config.init_method if ctx.backend is not None else None}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -35,6 +37,8 @@ def print_plan(launch: LaunchPlan, console: Console | None = None, node: int | N
     if launch.sbatch_script is not None:
         console.print("\n[bold]sbatch script[/bold] (rendered by submitit, as it will be submitted):")
         console.print(launch.sbatch_script, markup=False)
+        console.print(Text("its agent (orchestrator.slurm_job) starts the ranks with: "
+                           + shlex.join(launch.payload["srun"])))
         if len(launch.array_chunks) > 1:
             console.print(f"split into {len(launch.array_chunks)} arrays to fit MaxArraySize")
     print_ranks(launch, console, node=node, rank=rank)

@@ -1,8 +1,9 @@
 """What starts on every rank: export the environment, import the entrypoint, call it.
 
-Locally each rank is ``python -m orchestrator.launcher <payload.json>`` with its RankEnv already
-in the environment. On SLURM, submitit unpickles a ``SlurmLauncher`` (see executors/slurm.py),
-which builds the RankEnv from SLURM's variables and then calls ``run_rank`` here: the same code
+Locally each rank is ``python -m orchestrator.launcher <payload.json>`` (or a fork of the zygote
+running ``main``) with its RankEnv already in the environment. On SLURM each srun task is
+``python -m orchestrator.launcher --slurm <payload.json>``: ``slurm_rank`` builds the RankEnv
+from SLURM's variables and runs ``run_rank`` under a small signal-recording agent; the same code
 path after that point. Standard library only until the entrypoint imports torch.
 """
 
@@ -70,11 +71,14 @@ def name_process(payload: Mapping[str, Any], rank: int) -> None:
         import setproctitle
     except ImportError:
         return
-    if not _FIRST_TITLE:
-        _FIRST_TITLE.append(setproctitle.getproctitle())
-    world = os.environ.get("WORLD_SIZE", "")
-    setproctitle.setproctitle(f"orchestrator: {payload['job_name']} rank {rank}{'/' + world if world else ''} "
-                              f"({_FIRST_TITLE[0]})")
+    from orchestrator.procs import kept_comm
+
+    with kept_comm():
+        if not _FIRST_TITLE:
+            _FIRST_TITLE.append(setproctitle.getproctitle())
+        world = os.environ.get("WORLD_SIZE", "")
+        setproctitle.setproctitle(f"orchestrator: {payload['job_name']} rank {rank}{'/' + world if world else ''} "
+                                  f"({_FIRST_TITLE[0]})")
 
 
 def run_rank(payload: Mapping[str, Any], rank: int) -> Any:
@@ -86,7 +90,8 @@ def run_rank(payload: Mapping[str, Any], rank: int) -> Any:
         result = call_entrypoint(payload["entrypoint"], list(payload["argv"]))
     except BaseException as exc:
         write_json_atomic(run_dir / "errors" / f"rank-{rank}.json", {
-            "rank": rank, "time": time.time(), "type": type(exc).__name__, "message": str(exc),
+            "rank": rank, "time": time.time(), "attempt": int(os.environ.get("ORCH_ATTEMPT", "0")),
+            "type": type(exc).__name__, "message": str(exc),
             "traceback": traceback.format_exc(),
         })
         raise
@@ -142,13 +147,28 @@ def _jsonable(value: Any) -> Any:
         return repr(value)
 
 
+def apply_thread_count() -> None:
+    """A rank forked after ``import torch`` keeps the parent's thread pool size; give it the
+    OMP_NUM_THREADS its environment now says (a fresh interpreter reads it by itself)."""
+    torch = sys.modules.get("torch")
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if torch is not None and threads.isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["--slurm"] and len(args) >= 2:
+        from orchestrator import slurm_rank
+
+        return slurm_rank.main(args[1:], run_rank)
     if len(args) != 1:
-        print("usage: python -m orchestrator.launcher PAYLOAD.json (started by the local executor)", file=sys.stderr)
+        print("usage: python -m orchestrator.launcher PAYLOAD.json (local ranks) or --slurm PAYLOAD.json "
+              "[--point-base N] (srun tasks)", file=sys.stderr)
         return 2
     payload = json.loads(Path(args[0]).read_text(encoding="utf-8"))
     rank = int(os.environ.get("RANK", "0"))
+    apply_thread_count()
     try:
         run_rank(payload, rank)
     except SystemExit as exc:
@@ -159,86 +179,6 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     return 0
 
-
-
-class SlurmLauncher:
-    """The callable submitit pickles: the rank payload (plain data) and nothing else.
-
-    On each srun task it builds the RankEnv from SLURM's variables, exports it and runs the
-    entrypoint through ``run_rank``, like a local rank. If the entrypoint reports that it stopped
-    on a signal (USR2 before the time limit, or preemption) and requeues remain, rank 0 requeues
-    the job after the checkpoint is written; a finished job never requeues.
-    """
-
-    def __init__(self, payload: dict[str, Any], point: int | None = None) -> None:
-        self.payload = payload
-        self.point = point  # the sweep point, for whoever inspects the pickle (submitit's folder)
-
-    def rank_env(self, environ: Mapping[str, str] | None = None) -> Any:
-        from orchestrator.netif import check_interfaces, interface_for
-        from orchestrator.rank_env import (RankEnv, derive_port, expand_nodelist, init_url,
-                                           rendezvous_file, slurm_visible_devices)
-
-        e = os.environ if environ is None else environ
-        p = self.payload
-        hosts = expand_nodelist(e["SLURM_JOB_NODELIST"])
-        job_id = slurm_job_id(e)
-        restart = int(e.get("SLURM_RESTART_COUNT", "0"))
-        port = derive_port(job_id, restart) if p["port"] == "auto" else int(p["port"])
-        world = int(e["SLURM_NTASKS"])
-        nnodes = int(e.get("SLURM_JOB_NUM_NODES", e.get("SLURM_NNODES", "1")))
-        local_world = world // max(1, nnodes)
-        local_rank = int(e["SLURM_LOCALID"])
-        master = hosts[0]
-        iface = p["interface"]
-        host = socket_hostname()
-        if iface in (None, "auto"):
-            iface = interface_for(master)
-        else:
-            check_interfaces(iface.split(","), host)
-        rfile = rendezvous_file(p["rendezvous_dir"], job_id, restart)
-        if p["init_method"] == "file":
-            os.makedirs(p["rendezvous_dir"], exist_ok=True)
-        return RankEnv(
-            rank=int(e["SLURM_PROCID"]), local_rank=local_rank, world_size=world, local_world_size=local_world,
-            node_rank=int(e["SLURM_NODEID"]), nnodes=nnodes, master_addr=master, master_port=port,
-            init_method=init_url(p["init_method"], master, port, rfile), interface=iface,
-            visible_devices=slurm_visible_devices(e, local_rank, local_world), source="slurm",
-        )
-
-    def __call__(self) -> Any:
-        env = self.rank_env()
-        os.environ.update(env.to_environ())
-        restart = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
-        if self.payload["init_method"] == "file" and env.rank == 0 and restart > 0:
-            for path in remove_stale_rendezvous_files(self.payload["rendezvous_dir"], slurm_job_id(os.environ), restart):
-                print(f"[launcher] removed the previous attempt's rendezvous file {path}", flush=True)
-        result = run_rank(self.payload, env.rank)
-        stopped = isinstance(result, dict) and result.get("stopped") not in (None, "max_steps")
-        if stopped and env.rank == 0 and result.get("stopped") != "SIGTERM":  # SIGTERM: scancel, not preemption
-            if restart < int(self.payload.get("max_requeues", 0)):
-                import subprocess
-
-                job = slurm_job_id(os.environ)
-                print(f"[launcher] stopped ({result.get('stopped')}); requeueing {job} "
-                      f"(restart {restart + 1} of {self.payload['max_requeues']})", flush=True)
-                subprocess.run(["scontrol", "requeue", job], check=False)
-            else:
-                print(f"[launcher] stopped ({result.get('stopped')}) with no requeues left", flush=True)
-        return result
-
-
-def slurm_job_id(environ: Mapping[str, str]) -> str:
-    """The id scontrol and sacct use for this job: '<array job>_<task>' inside an array."""
-    if environ.get("SLURM_ARRAY_JOB_ID"):
-        return f"{environ['SLURM_ARRAY_JOB_ID']}_{environ['SLURM_ARRAY_TASK_ID']}"
-    return environ["SLURM_JOB_ID"]
-
-
-def socket_hostname() -> str:
-    import socket
-
-    return socket.gethostname()
 
 
 if __name__ == "__main__":

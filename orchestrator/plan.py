@@ -8,6 +8,7 @@ runs), the table of every rank's environment, the run folder, and the payload ea
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 import os
 import shlex
 import sys
@@ -16,18 +17,21 @@ from typing import Any, Optional
 from pydantic import BaseModel, ConfigDict, Field
 
 from orchestrator.records import point_dir
-from orchestrator.rank_env import RankEnv, derive_port, init_url, local_devices_for_rank, rendezvous_file
+from orchestrator.rank_env import (RankEnv, derive_port, init_url, local_devices_for_rank, rendezvous_file,
+                                   thread_count_local, thread_env)
 from orchestrator.spec import ExecutorName, JobSpec, render_value
 
 #: SLURM's default MaxArraySize is 1001, so one array holds at most 1000 tasks.
 DEFAULT_MAX_ARRAY_SIZE = 1001
 
 
-class RankRow(BaseModel):
+@dataclass(frozen=True, slots=True)
+class RankRow:
     """One rank's place in the job and the environment it gets. ``<...>`` marks values known
-    only at run time, with the rule that produces them."""
+    only at run time, with the rule that produces them. A plain dataclass: a plan may hold
+    65,536 of them, and building a pydantic model each costs 13 us (pydantic still validates and
+    serialises the list in LaunchPlan)."""
 
-    model_config = ConfigDict(frozen=True)
     rank: int
     local_rank: int
     node_rank: int
@@ -113,9 +117,11 @@ def plan(spec: JobSpec, executor: ExecutorName | None = None, max_array_size: in
         params = submitit_parameters(spec, n_points=len(sweep))
         folder = os.path.join(run_dir, "slurm")
         chunks = array_chunks(len(sweep), max_array_size)
+        common["payload"] = {**payload, "srun": srun_argv(folder, run_dir, spec.slurm.python, bool(sweep))}
         return LaunchPlan(
-            **common, ranks=_slurm_rows(spec, run_dir), submitit=params,
-            sbatch_script=render_sbatch(params, folder, spec.slurm.python, n_points=len(chunks[0]) if chunks else 0),
+            **common, ranks=_slurm_rows(spec, run_dir, params["cpus_per_task"]), submitit=params,
+            sbatch_script=render_sbatch(params, folder, job_command(run_dir, spec.slurm.python),
+                                        n_points=len(chunks[0]) if chunks else 0),
             array_chunks=chunks,
         )
     return LaunchPlan(**common, ranks=_local_rows(spec, run_id, run_dir, layout))
@@ -185,6 +191,7 @@ def _payload(spec: JobSpec, run_dir: str, layout: _Layout) -> dict[str, Any]:
             "resume": c.resume,
         },
         "max_requeues": spec.slurm.max_requeues,
+        "requeue": spec.slurm.requeue,
     }
 
 
@@ -205,6 +212,7 @@ def _local_rows(spec: JobSpec, run_id: str, run_dir: str, layout: _Layout) -> li
     port = payload["port"] if payload["port"] != "auto" else derive_port(run_id, 0)
     world = layout.nodes * layout.ranks_per_node
     rfile = rendezvous_file(payload["rendezvous_dir"], run_id, 0)
+    threads = thread_env(os.environ, thread_count_local(os.cpu_count() or 1, world))
     rows = []
     for rank in range(world):
         node, local = divmod(rank, layout.ranks_per_node)
@@ -219,12 +227,14 @@ def _local_rows(spec: JobSpec, run_id: str, run_dir: str, layout: _Layout) -> li
         ).to_environ()
         if layout.devices is None:  # CPU dry run: hide any local GPU, as the plan says gloo on CPU
             env["CUDA_VISIBLE_DEVICES"] = ""
-        rows.append(RankRow.model_construct(rank=rank, local_rank=local, node_rank=node, host=f"local-node{node}", env=env))
+        env.update(threads)
+        rows.append(RankRow(rank=rank, local_rank=local, node_rank=node, host=f"local-node{node}", env=env))
     return rows
 
 
-def _slurm_rows(spec: JobSpec, run_dir: str) -> list[RankRow]:
+def _slurm_rows(spec: JobSpec, run_dir: str, cpus_per_task: int) -> list[RankRow]:
     rpn, d = spec.ranks_per_node, spec.distributed
+    threads = thread_env(os.environ, cpus_per_task)  # SLURM_CPUS_PER_TASK on the node
     addr = "<first host of SLURM_JOB_NODELIST>"
     port = str(d.port) if d.port != "auto" else "<derive_port(SLURM_JOB_ID, restart): 20000-31999>"
     iface = ",".join(d.interface_names()) or "<interface that routes to MASTER_ADDR>"
@@ -242,13 +252,13 @@ def _slurm_rows(spec: JobSpec, run_dir: str) -> list[RankRow]:
             "RANK": str(rank), "LOCAL_RANK": str(local), "WORLD_SIZE": str(spec.world_size),
             "LOCAL_WORLD_SIZE": str(rpn), "NODE_RANK": str(node), "GROUP_RANK": str(node),
             "NNODES": str(spec.nodes), "MASTER_ADDR": addr, "MASTER_PORT": port,
-            "ORCH_INIT_METHOD": url, "ORCH_RANK_ENV_SOURCE": "slurm", "NCCL_SOCKET_IFNAME": iface,
+            "ORCH_INIT_METHOD": url, "ORCH_RANK_ENV_SOURCE": "slurm", "NCCL_SOCKET_IFNAME": iface, **threads,
         }
         if not iface.startswith("^"):
             env["GLOO_SOCKET_IFNAME"] = iface
         if spec.gpus_per_node:
             env["CUDA_VISIBLE_DEVICES"] = f"<SLURM's binding, else item {local} of the node's list>"
-        rows.append(RankRow.model_construct(rank=rank, local_rank=local, node_rank=node, host=f"<node {node} of the allocation>", env=env))
+        rows.append(RankRow(rank=rank, local_rank=local, node_rank=node, host=f"<node {node} of the allocation>", env=env))
     return rows
 
 
@@ -263,7 +273,11 @@ def submitit_parameters(spec: JobSpec, n_points: int = 0) -> dict[str, Any]:
         "cpus_per_task": s.cpus_per_task * (max(1, spec.gpus_per_node) if spec.strategy == "dp" else 1),
         "time": s.time_minutes,
         "signal_delay_s": s.signal_margin_s,
-        "srun_args": ["--kill-on-bad-exit=1"],
+        # The batch script runs the job's agent (orchestrator.slurm_job), which runs srun itself.
+        "use_srun": False,
+        # One log per rank with stdout and stderr interleaved, as the local executor writes it:
+        # `logs --rank N` shows the traceback next to the output that led to it.
+        "stderr_to_stdout": True,
     }
     optional = {
         "gpus_per_node": spec.gpus_per_node or None, "partition": s.partition, "account": s.account,
@@ -271,6 +285,10 @@ def submitit_parameters(spec: JobSpec, n_points: int = 0) -> dict[str, Any]:
         "setup": list(s.setup) or None, "additional_parameters": dict(s.extra_sbatch) or None,
     }
     params.update({k: val for k, val in optional.items() if val is not None})
+    # The time-limit signal goes to the batch shell only (B:): the agent forwards it to the ranks
+    # through srun, and so knows it came.
+    params["additional_parameters"] = {**params.get("additional_parameters", {}),
+                                       "signal": f"B:USR2@{s.signal_margin_s}"}
     if s.max_requeues == 0:  # SLURM requeues batch jobs on node failure by default (JobRequeue=1)
         params["additional_parameters"] = {**params.get("additional_parameters", {}), "no-requeue": True}
     if s.mem:
@@ -284,17 +302,27 @@ def python_command(python: str | None) -> str:
     return shlex.quote(python if python is not None else sys.executable)
 
 
-def submitit_command(folder: str, python: str | None) -> str:
-    """Exactly the command string submitit's SlurmExecutor puts after srun."""
-    return " ".join([python_command(python), "-u -m submitit.core._submit", shlex.quote(folder)])
+def job_command(run_dir: str, python: str | None, point_base: int = 0) -> str:
+    """The batch script's one command: the job's agent (stdlib only; no submitit, no pickle)."""
+    words = [python_command(python), "-u -m orchestrator.slurm_job", shlex.quote(os.path.join(run_dir, "payload.json"))]
+    return " ".join(words + ([f"--point-base {point_base}"] if point_base else []))
 
 
-def render_sbatch(params: dict[str, Any], folder: str, python: str | None, n_points: int = 0) -> str:
+def srun_argv(folder: str, run_dir: str, python: str | None, array: bool) -> list[str]:
+    """What the agent runs: one srun task per rank, each the stdlib-only launcher. An argv,
+    never a shell line. Logs are named as submitit names them (<job>_<task>_log.out)."""
+    job = "%A_%a" if array else "%j"
+    return ["srun", "--unbuffered", "--output", os.path.join(folder, f"{job}_%t_log.out"), "--kill-on-bad-exit=1",
+            python if python is not None else sys.executable, "-u", "-m", "orchestrator.launcher", "--slurm",
+            os.path.join(run_dir, "payload.json")]
+
+
+def render_sbatch(params: dict[str, Any], folder: str, command: str, n_points: int = 0) -> str:
     """Render with submitit's own template, as SlurmExecutor does at submission."""
     from submitit.slurm.slurm import _make_sbatch_string  # the code that will submit it
 
     extra = {"map_count": n_points} if n_points else {}
-    return _make_sbatch_string(command=submitit_command(folder, python), folder=folder, **params, **extra)
+    return _make_sbatch_string(command=command, folder=folder, **params, **extra)
 
 
 def array_chunks(n_points: int, max_array_size: int) -> list[list[int]]:

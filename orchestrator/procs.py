@@ -8,11 +8,13 @@ still matches. Standard library only (the zygote and the ranks import it).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
 import time
 from dataclasses import dataclass
+from typing import Iterator
 
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -121,6 +123,30 @@ def descendants(pid: int) -> list[int]:
         out.append(p)
         todo += children.get(p, [])
     return out
+
+
+@contextlib.contextmanager
+def kept_comm() -> Iterator[None]:
+    """Keep this process's kernel short name (comm, in /proc/PID/stat) across the block.
+
+    setproctitle renames comm to the first 15 bytes of the new title, spaces included; tools
+    that parse /proc/PID/stat by whitespace then lose the process -- SLURM's
+    proctrack/linuxproc stops finding the rank to signal and kill, and drains the node with
+    "Kill task failed". Titles belong in the command line only."""
+    try:
+        with open("/proc/self/comm", encoding="utf-8") as fh:
+            comm = fh.read().strip()
+    except OSError:
+        comm = ""
+    try:
+        yield
+    finally:
+        if comm:
+            try:
+                with open("/proc/self/comm", "w", encoding="utf-8") as fh:
+                    fh.write(comm)
+            except OSError:
+                pass
 
 
 def become_subreaper() -> bool:

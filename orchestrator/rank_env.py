@@ -134,6 +134,62 @@ class RankEnv:
         )
 
 
+def slurm_job_id(environ: Mapping[str, str]) -> str:
+    """The id scontrol and sacct use for this job: '<array job>_<task>' inside an array."""
+    if environ.get("SLURM_ARRAY_JOB_ID"):
+        return f"{environ['SLURM_ARRAY_JOB_ID']}_{environ['SLURM_ARRAY_TASK_ID']}"
+    return environ["SLURM_JOB_ID"]
+
+
+def rank_env_from_slurm(environ: Mapping[str, str], payload: Mapping[str, object]) -> RankEnv:
+    """The RankEnv of this srun task, from SLURM's variables and the job's payload: master = first
+    host of the node list, port derived from the job id and restart count, interface 'auto' =
+    the one carrying (or routing to) the master's address, a named one checked on this node,
+    a GPU binding SLURM made kept, and a file:// rendezvous file unique per job and restart."""
+    from orchestrator.netif import check_interfaces, interface_for
+
+    e, p = environ, payload
+    hosts = expand_nodelist(e["SLURM_JOB_NODELIST"])
+    job_id = slurm_job_id(e)
+    restart = int(e.get("SLURM_RESTART_COUNT", "0"))
+    port = derive_port(job_id, restart) if p["port"] == "auto" else int(str(p["port"]))
+    world = int(e["SLURM_NTASKS"])
+    nnodes = int(e.get("SLURM_JOB_NUM_NODES", e.get("SLURM_NNODES", "1")))
+    local_world = world // max(1, nnodes)
+    local_rank = int(e["SLURM_LOCALID"])
+    master = hosts[0]
+    iface = p["interface"]
+    if iface in (None, "auto"):
+        iface = interface_for(master)
+    else:
+        import socket
+
+        check_interfaces(str(iface).split(","), socket.gethostname())
+    rfile = rendezvous_file(str(p["rendezvous_dir"]), job_id, restart)
+    return RankEnv(
+        rank=int(e["SLURM_PROCID"]), local_rank=local_rank, world_size=world, local_world_size=local_world,
+        node_rank=int(e["SLURM_NODEID"]), nnodes=nnodes, master_addr=master, master_port=port,
+        init_method=init_url(str(p["init_method"]), master, port, rfile), interface=str(iface),
+        visible_devices=slurm_visible_devices(e, local_rank, local_world), source="slurm",
+    )
+
+
+#: CPU threads: the variables every rank gets unless the user set them (torchrun sets
+#: OMP_NUM_THREADS=1; one thread pool per core-hungry rank on a shared node is the slow default).
+THREAD_VARS = ("OMP_NUM_THREADS",)
+
+
+def thread_count_local(cpus: int, ranks: int) -> int:
+    """Locally every rank shares this machine: its cores divided among the ranks."""
+    return max(1, cpus // max(1, ranks))
+
+
+def thread_env(environ: Mapping[str, str], threads: int) -> dict[str, str]:
+    """``OMP_NUM_THREADS`` for a rank: the user's own value where their environment sets one
+    (it reaches the ranks on either executor), else ``threads``."""
+    return {"OMP_NUM_THREADS": environ.get("OMP_NUM_THREADS") or str(threads)}
+
+
 def local_devices_for_rank(devices: list[int] | None, local_rank: int, local_world_size: int) -> str | None:
     """Split the spec's local device list among the local ranks; None when there are no GPUs."""
     if not devices:

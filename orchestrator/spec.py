@@ -200,7 +200,13 @@ class SlurmSpec(_Model):
         120, ge=10, le=3600,
         description="Seconds before the time limit at which SLURM sends USR2, so ranks can checkpoint.",
     )
-    max_requeues: int = Field(3, ge=0, description="How many times a preempted or timed-out job is requeued.")
+    max_requeues: int = Field(3, ge=0, le=1000, description="How many times a preempted or timed-out job is requeued.")
+    requeue: Literal["auto", "always", "never"] = Field(
+        "auto",
+        description="When USR2 arrives (signal_margin_s before the time limit, or on preemption): 'auto' "
+        "requeues once the ranks checkpointed through the rank API (jobs/); 'always' requeues any script "
+        "at once (for a script that resumes from its own snapshot); 'never' lets the job end.",
+    )
     python: str | None = Field(
         None, description="Python executable on the compute nodes (one path, quoted in the script; "
         "use setup for wrappers). Default: the interpreter that submits."

@@ -39,7 +39,10 @@ def refresh_by_supervisor(rec: RunRecord) -> RunRecord:
         why = "the run never started (no supervisor was recorded)"
     else:
         return rec
-    return rec.update(state="FAILED", ended=time.time(), error=rec.error or why)
+    latest = RunRecord.load(rec.run_dir)  # the supervisor may have recorded its end meanwhile
+    if latest.state in TERMINAL or latest.supervisor_pid != rec.supervisor_pid:
+        return latest
+    return latest.update(state="FAILED", ended=time.time(), error=latest.error or why)
 
 
 def _point_dirs(run_dir: Path) -> Iterator[Path]:

@@ -18,9 +18,8 @@ from typing import Iterator
 
 from orchestrator.errors import SubmissionError
 from orchestrator.executors.base import first_error, prepare_run_dir
-from orchestrator.launcher import SlurmLauncher
-from orchestrator.plan import DEFAULT_MAX_ARRAY_SIZE, LaunchPlan, array_chunks, python_command
-from orchestrator.records import TERMINAL, RunRecord
+from orchestrator.plan import DEFAULT_MAX_ARRAY_SIZE, LaunchPlan, array_chunks, job_command
+from orchestrator.records import TERMINAL, RunRecord, point_dir, write_json_atomic
 
 #: sacct/squeue state -> our state. One table, tested; nothing is folded into FAILED.
 STATE_MAP = {
@@ -113,6 +112,18 @@ def _query(cmd: list[str]) -> list[tuple[str, str]]:
     return [tuple(line.split("|", 1)) for line in out.stdout.splitlines() if "|" in line]  # type: ignore[misc]
 
 
+def _listed(bases: list[str]) -> bool:
+    """True while squeue still shows any of the jobs (pending, running or completing)."""
+    try:
+        out = subprocess.run(["squeue", "-h", "-o", "%i|%T", "-j", ",".join(bases)], capture_output=True,
+                             text=True, timeout=60, check=False)
+    except (FileNotFoundError, subprocess.TimeoutExpired):
+        return True
+    if out.returncode != 0:
+        return "Invalid job id" not in out.stderr  # purged from the controller: long gone
+    return bool(out.stdout.strip())
+
+
 def max_array_size() -> int:
     """The cluster's MaxArraySize (array task ids must stay below it)."""
     try:
@@ -163,6 +174,9 @@ def sacct_states(job_ids: list[str]) -> dict[str, str]:
 
 class SlurmExecutor:
     def submit(self, launch: LaunchPlan, detach: bool = True) -> RunRecord:
+        """sbatch through submitit, with the script the plan rendered: the batch script runs the
+        job's agent, which runs one srun task per rank on a payload file (no pickled callable). A sweep is one array per
+        chunk of MaxArraySize; each array task finds its point's payload by its task id."""
         import submitit
 
         if launch.submitit is None:
@@ -171,8 +185,11 @@ class SlurmExecutor:
         record = prepare_run_dir(launch)
         folder = Path(launch.run_dir) / "slurm"
         rotate_folder(folder)
-        python = python_command(launch.spec["slurm"].get("python"))
-        chunks: list[list[int]] | list[None] = launch.array_chunks or [None]
+        folder.mkdir(parents=True, exist_ok=True)
+        for index, point in enumerate(launch.sweep):
+            write_json_atomic(point_dir(launch.run_dir, index) / "payload.json", launch.payload_for_point(index))
+        python = launch.spec["slurm"].get("python")
+        chunks: list[list[int]] | list[None] = [None]
         if launch.sweep:  # the plan assumed SLURM's default MaxArraySize; this cluster's may be smaller
             chunks = array_chunks(len(launch.sweep), max_array_size())
         job_ids: list[str] = []
@@ -180,17 +197,14 @@ class SlurmExecutor:
         try:
             with clean_submission_env(), contextlib.redirect_stderr(sbatch_stderr):
                 for chunk in chunks:
-                    ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=launch.payload["max_requeues"], python=python)
-                    ex.update_parameters(**launch.submitit)
-                    if chunk is None:
-                        job_ids.append(ex.submit(SlurmLauncher(launch.payload_for_point(None))).job_id)
-                        continue
-                    with ex.batch():
-                        jobs = [ex.submit(SlurmLauncher(launch.payload_for_point(i), point=i)) for i in chunk]
-                    job_ids += [j.job_id for j in jobs]
+                    ex = submitit.SlurmExecutor(folder=folder)
+                    ex.update_parameters(**launch.submitit, **({"map_count": len(chunk)} if chunk else {}))
+                    job = ex._submit_command(job_command(launch.run_dir, python, chunk[0] if chunk else 0))
+                    job_ids += [f"{job.job_id}_{i}" for i in range(len(chunk))] if chunk else [job.job_id]
         except Exception as exc:
             record.update(state="FAILED", error=f"submission failed: {exc}", ended=time.time())
-            raise SubmissionError(controller_problem("sbatch", str(exc)) or f"sbatch refused the job: {exc}") from exc
+            raise SubmissionError(controller_problem("sbatch", str(exc)) or
+                                  f"sbatch refused the job: {_one_line(exc)}") from exc
         sys.stderr.write(sbatch_stderr.getvalue())
         return record.update(state="PENDING", job_ids=job_ids)
 
@@ -228,17 +242,20 @@ class SlurmExecutor:
                 return record
             time.sleep(poll_s)
 
-    def cancel(self, record: RunRecord) -> RunRecord:
-        if record.job_ids:
-            subprocess.run(["scancel", *sorted({j.split("_")[0] for j in record.job_ids})],
-                           capture_output=True, text=True, timeout=60, check=False)
-        deadline = time.monotonic() + 30
+    def cancel(self, record: RunRecord, timeout_s: float = 120.0) -> RunRecord:
+        """scancel, then return only when the scheduler no longer lists the job (not even
+        COMPLETING): every rank's SIGTERM clean-up has run, or KillWait has ended it."""
+        record = RunRecord.load(record.run_dir)
+        bases = sorted({j.split("_")[0] for j in record.job_ids})
+        if not bases or record.state in TERMINAL:
+            return record
+        subprocess.run(["scancel", *bases], capture_output=True, text=True, timeout=60, check=False)
+        deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            record = self.refresh([RunRecord.load(record.run_dir)])[0]
-            if record.state in TERMINAL:
-                return record
-            time.sleep(0.5)
-        return record
+            if not _listed(bases):
+                break
+            time.sleep(0.25)
+        return self.refresh([RunRecord.load(record.run_dir)])[0]
 
     def log_path(self, record: RunRecord, rank: int, point: int | None = None) -> Path:
         """submitit names task logs <job>_<task>_log.out in the run's slurm folder; in a sweep the
@@ -253,6 +270,10 @@ class SlurmExecutor:
             if (folder / f"{job}_{rank}_log.out").exists():
                 return folder / f"{job}_{rank}_log.out"
         return folder / f"{record.job_ids[0]}_{rank}_log.out"
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:500]
 
 
 def _print_new(path: Path, offset: int) -> int:

@@ -88,6 +88,13 @@ def main(argv: list[str]) -> int:
             importlib.import_module(module)
         except ImportError:
             pass  # the ranks will report it with a proper traceback
+    try:  # set up in the parent: a forked rank clears its environment, after which setproctitle cannot start
+        import setproctitle
+
+        with procs.kept_comm():
+            setproctitle.getproctitle()
+    except ImportError:
+        pass
     children: dict[int, int] = {}
     for line in sys.stdin:
         msg = json.loads(line)

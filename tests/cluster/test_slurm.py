@@ -81,8 +81,8 @@ def test_two_nodes_tcp_training_completes(cluster: dict[str, str]) -> None:
     assert len(list((run_dir / "metrics").glob("rank-*.jsonl"))) == 4
     logs = sorted((run_dir / "slurm").glob("*_log.out"))
     assert len(logs) == 4
-    hosts = {line.split("hostname=")[1].split(",")[0] for p in logs for line in p.read_text().splitlines()
-             if "hostname=" in line}
+    hosts = {line.split(" on ")[1].split(",")[0] for p in logs for line in p.read_text().splitlines()
+             if line.startswith("[launcher] rank ")}
     assert hosts == {"node1", "node2"}
     assert json.loads((run_dir / "result.json").read_text())["result"]["world_size"] == 4
 
@@ -151,9 +151,11 @@ def test_killed_rank_fails_the_job_fast(cluster: dict[str, str]) -> None:
     launch, record = start_long_training(cluster, "killed")
     ex = SlurmExecutor()
     pids = subprocess.run(["ip", "netns", "pids", "orch-node2"], capture_output=True, text=True).stdout.split()
-    victim = next(p for p in pids if "submitit" in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")
-                  and "SLURM_PROCID=3" in Path(f"/proc/{p}/environ").read_bytes().decode(errors="replace").split("\0")
-                  if Path(f"/proc/{p}/cmdline").exists())
+    tasks = [p for p in pids if Path(f"/proc/{p}/cmdline").exists()
+             and "orchestrator.launcher" in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")
+             and "SLURM_PROCID=3" in Path(f"/proc/{p}/environ").read_bytes().decode(errors="replace").split("\0")]
+    assert len(tasks) == 1, tasks  # the srun task is the rank itself, as under plain srun
+    victim = tasks[0]
     subprocess.run(["kill", "-9", victim])
     t0 = time.monotonic()
     while record.state not in ("FAILED", "CANCELLED", "COMPLETED"):

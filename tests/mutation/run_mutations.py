@@ -59,7 +59,7 @@ MUTATIONS = [
              [f"{CKPT}::test_only_rank_0_writes_and_everyone_waits_for_the_file",
               f"{LOCAL}::test_every_rank_finds_the_checkpoint_when_save_returns"]),
     Mutation("drop --kill-on-bad-exit", "orchestrator/plan.py",
-             '"srun_args": ["--kill-on-bad-exit=1"],', '"srun_args": [],',
+             '"--kill-on-bad-exit=1",', '',
              ["tests/unit/test_plan_golden.py", "tests/unit/test_planning.py"],
              [f"{SLURM}::test_killed_rank_fails_the_job_fast"]),
     Mutation("drop the interface variables (NCCL_ and GLOO_SOCKET_IFNAME)", "orchestrator/rank_env.py",

@@ -4,8 +4,9 @@ Specs, ``--set`` overrides and whole file contents are generated with newlines, 
 ``$()``, backticks, ``;``, ``%``, escape sequences, unicode and very long strings in every
 string field, plus values of the wrong type. Each goes through the CLI (``validate`` and
 ``plan``): it must end with exit 0 or 2 (never a traceback) within 2 s. Every accepted SLURM
-spec's script must pass ``bash -n`` and, run with a fake ``srun`` on an otherwise empty PATH,
-execute nothing but ``export`` and ``srun`` -- with exactly the argv the plan intends.
+spec's script must pass ``bash -n`` and, run with an empty PATH and a recording stand-in for the
+interpreter, execute nothing but ``export`` and the job's agent -- with exactly the argv the
+plan intends (the ranks' srun command is an argv in the payload, never a shell line).
 
 Run counts are set per test below (``EXAMPLES``); the closing note of issue 7 has the figures.
 """
@@ -125,31 +126,73 @@ def assert_clean_outcome(code: int, err: str, seconds: float) -> None:
         assert "\x1b" not in line, "an escape sequence reached the terminal"
 
 
-def run_script_with_fake_srun(script: str, tmp: Path) -> tuple[list[str], list[list[str]], str]:
-    """Execute an sbatch script with only a fake srun on PATH. Returns the commands bash ran
-    (DEBUG trap), the argv of each srun call, and stderr."""
-    bin_dir = tmp / "fakebin"
-    bin_dir.mkdir(exist_ok=True)
-    calls = tmp / "srun-calls"
-    srun = bin_dir / "srun"
-    srun.write_text(f"#!/bin/bash\nprintf '%s\\0' \"$@\" >> {shlex.quote(str(calls))}\nprintf '\\n' >> "
-                    f"{shlex.quote(str(calls))}\n")
-    srun.chmod(0o755)
+PY_STUBS = "/tmp/orch-hostile-py"
+
+
+def _python_stub(path: str, record: Path) -> bool:
+    """Put a recording stand-in for the interpreter at ``path`` (inside PY_STUBS only)."""
+    if not os.path.normpath(path).startswith(PY_STUBS + "/"):
+        return False
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        Path(path).write_text(f"#!/bin/bash\nprintf '%s\\0' \"$@\" >> {shlex.quote(str(record))}\n"
+                              f"printf '\\n' >> {shlex.quote(str(record))}\n")
+        os.chmod(path, 0o755)
+    except OSError:  # a name the filesystem refuses (too long): use the default stub instead
+        return False
+    return True
+
+
+def run_script(script: str, tmp: Path) -> tuple[list[str], str]:
+    """Execute an sbatch script with an empty PATH in an empty folder. Returns the commands bash
+    ran (DEBUG trap) and stderr; fails if the script created anything in its folder."""
     script_path = tmp / "job.sbatch"
     script_path.write_text(script, encoding="utf-8")
     trace = tmp / "trace"
     work = tmp / "cwd"
     work.mkdir(exist_ok=True)
+    empty = tmp / "emptybin"
+    empty.mkdir(exist_ok=True)
     runner = (f"set -T; trap 'printf \"%s\\n\" \"$BASH_COMMAND\" >> {shlex.quote(str(trace))}' DEBUG; "
               f"source {shlex.quote(str(script_path))}")
     proc = subprocess.run(["/bin/bash", "-c", runner], cwd=work, capture_output=True, text=True, timeout=20,
-                          env={"PATH": str(bin_dir), "HOME": str(work)})
+                          env={"PATH": str(empty), "HOME": str(work)})
     commands = trace.read_text().splitlines() if trace.exists() else []
-    raw = calls.read_bytes().split(b"\n") if calls.exists() else []
-    argvs = [[a.decode() for a in chunk.split(b"\0")[:-1]] for chunk in raw if chunk]
     leftovers = [p.name for p in work.iterdir()]
     assert not leftovers, f"the script created {leftovers} in its working directory"
-    return commands, argvs, proc.stderr
+    return commands, proc.stderr
+
+
+def assert_script_runs_only_the_agent(path: Path, tmp: Path) -> None:
+    """The script runs ``export`` and the job's agent, with exactly the intended argv; the ranks'
+    srun command is an argv in the payload, never a shell line."""
+    spec = load_spec([path])
+    if spec.executor != "slurm":
+        return
+    record = tmp / "python-calls"
+    python = spec.slurm.python
+    if python is None or not _python_stub(python, record):
+        python = f"{PY_STUBS}/default/python"
+        assert _python_stub(python, record)
+        spec = spec.model_copy(update={"slurm": spec.slurm.model_copy(update={"python": python})})
+    launch = plan(spec)
+    assert launch.sbatch_script is not None
+    event("script executed")
+    assert subprocess.run(["bash", "-n"], input=launch.sbatch_script, text=True, capture_output=True,
+                          timeout=10).returncode == 0
+    commands, stderr = run_script(launch.sbatch_script, tmp)
+    assert not os.path.exists(CANARY), "a spec field executed a command"
+    assert stderr == "", f"the script ran something that is not there: {stderr[:500]}"
+    ran = [c for c in commands if not c.startswith("source ")]
+    assert len(ran) == 2 and ran[0].startswith("export "), ran
+    raw = record.read_bytes().split(b"\n") if record.exists() else []
+    argvs = [[a.decode() for a in chunk.split(b"\0")[:-1]] for chunk in raw if chunk]
+    payload = os.path.join(launch.run_dir, "payload.json")
+    assert argvs == [["-u", "-m", "orchestrator.slurm_job", payload]], argvs
+    job = "%A_%a" if launch.sweep else "%j"
+    assert launch.payload["srun"] == ["srun", "--unbuffered", "--output",
+                                      os.path.join(launch.run_dir, "slurm", f"{job}_%t_log.out"), "--kill-on-bad-exit=1",
+                                      python, "-u", "-m", "orchestrator.launcher", "--slurm", payload]
 
 
 @SETTINGS
@@ -167,26 +210,7 @@ def test_generated_specs_validate_and_plan_cleanly(tmp_path_factory: pytest.Temp
     if code == 2:
         assert "invalid job spec" in err or "error:" in err
         return
-    assert_script_runs_only_srun(path, tmp)
-
-
-def assert_script_runs_only_srun(path: Path, tmp: Path) -> None:
-    launch = plan(load_spec([path]))
-    if launch.sbatch_script is None:
-        return
-    event("script executed")
-    assert subprocess.run(["bash", "-n"], input=launch.sbatch_script, text=True, capture_output=True,
-                          timeout=10).returncode == 0
-    commands, argvs, stderr = run_script_with_fake_srun(launch.sbatch_script, tmp)
-    assert not os.path.exists(CANARY), "a spec field executed a command"
-    assert stderr == "", f"the script ran something that is not there: {stderr[:500]}"
-    ran = [c for c in commands if not c.startswith("source ")]
-    assert [c.split()[0] for c in ran] == ["export", "srun"], ran
-    folder = os.path.join(launch.run_dir, "slurm")
-    python = launch.spec["slurm"]["python"] or sys.executable
-    job = "%A_%a" if launch.sweep else "%j"
-    assert argvs == [["--unbuffered", "--output", f"{folder}/{job}_%t_log.out", "--error", f"{folder}/{job}_%t_log.err",
-                      "--kill-on-bad-exit=1", python, "-u", "-m", "submitit.core._submit", folder]]
+    assert_script_runs_only_the_agent(path, tmp)
 
 
 # Text a spec may legitimately hold (no control characters), full of shell syntax.
@@ -202,7 +226,7 @@ def shell_hostile_valid_specs(draw: st.DrawFn) -> dict[str, Any]:
     spec["args"] = draw(st.dictionaries(st.from_regex(r"[a-z][a-z0-9_]{0,8}", fullmatch=True), printable_hostile,
                                         max_size=3))
     spec["extra_args"] = draw(st.lists(printable_hostile, max_size=3))
-    spec["slurm"] = {"python": "/opt/" + draw(printable_hostile),
+    spec["slurm"] = {"python": PY_STUBS + "/" + draw(printable_hostile),
                      "extra_sbatch": {"comment": draw(printable_hostile)},
                      "partition": draw(st.from_regex(r"[a-z][a-z0-9_.-]{0,10}", fullmatch=True))}
     spec["checkpoint"] = {"dir": "/ckpt/" + draw(printable_hostile)}
@@ -214,7 +238,7 @@ def shell_hostile_valid_specs(draw: st.DrawFn) -> dict[str, Any]:
 
 @SETTINGS
 @given(data=shell_hostile_valid_specs(), as_json=st.booleans())
-def test_accepted_specs_full_of_shell_syntax_run_only_srun(tmp_path_factory: pytest.TempPathFactory, data: dict,
+def test_accepted_specs_full_of_shell_syntax_run_only_the_agent(tmp_path_factory: pytest.TempPathFactory, data: dict,
                                                            as_json: bool) -> None:
     tmp = tmp_path_factory.mktemp("valid")
     path = _write(tmp, data, as_json)
@@ -222,7 +246,7 @@ def test_accepted_specs_full_of_shell_syntax_run_only_srun(tmp_path_factory: pyt
     assert_clean_outcome(code, err, seconds)
     event("accepted" if code == 0 else "refused")
     if code == 0:
-        assert_script_runs_only_srun(path, tmp)
+        assert_script_runs_only_the_agent(path, tmp)
 
 
 OVERRIDE_KEYS = st.one_of(st.sampled_from([".".join(p) for p in PATHS]), hostile_text)

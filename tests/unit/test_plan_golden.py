@@ -68,11 +68,17 @@ def test_golden_files_are_exactly_the_cases() -> None:
 
 
 def test_golden_scripts_keep_the_launch_contract() -> None:
-    """What the golden files must keep whatever else changes: one srun task per rank, and a dead
-    rank takes the job down."""
+    """What the scripts must keep whatever else changes: the batch shell alone gets the time-limit
+    signal and runs the job's agent, which starts one srun task per rank, and a dead rank takes
+    the job down."""
     for name, script in golden_scripts().items():
-        srun = [line for line in script.splitlines() if line.startswith("srun")]
-        assert len(srun) == 1 and "--kill-on-bad-exit=1" in srun[0], f"{name}: {srun}"
+        assert "#SBATCH --signal=B:USR2@" in script, name
+        words = shlex.split(script.rstrip().splitlines()[-1])
+        assert words[1:4] == ["-u", "-m", "orchestrator.slurm_job"] and words[-1].endswith("/payload.json"), name
+    for launch in (plan(_spec("/shared/runs")), plan(_spec("/shared/runs", sweep={"lr": [0.1, 0.2]}))):
+        srun = launch.payload["srun"]
+        assert srun[0] == "srun" and "--kill-on-bad-exit=1" in srun, srun
+        assert srun[-4:] == ["-m", "orchestrator.launcher", "--slurm", os.path.join(launch.run_dir, "payload.json")]
 
 
 def test_plain_script_matches_golden() -> None:
@@ -102,7 +108,7 @@ def test_hostile_paths_are_quoted(case: str, tmp_path: Path) -> None:
     (bin_dir / "module").write_text("#!/bin/sh\nexit 0\n")
     (bin_dir / "module").chmod(0o755)
     script_path = tmp_path / "job.sh"
-    script_path.write_text(script.replace("source /opt/venv/bin/activate", "true"))
+    script_path.write_text(script.replace("source /opt/venv/bin/activate", "true").replace(PYTHON, "true"))
     work = tmp_path / "cwd"
     work.mkdir()
     subprocess.run(["bash", str(script_path)], cwd=work, check=True, timeout=30,
@@ -110,12 +116,13 @@ def test_hostile_paths_are_quoted(case: str, tmp_path: Path) -> None:
     assert not list(work.iterdir()), "a spec field executed inside the sbatch script"
 
 
-def test_srun_line_parses_back_to_the_exact_path() -> None:
+def test_agent_line_parses_back_to_the_exact_path() -> None:
     runs_dir = HOSTILE_DIRS["subshell"]
     launch = plan(_spec(runs_dir))
-    srun_line = next(line for line in (launch.sbatch_script or "").splitlines() if line.startswith("srun"))
-    words = shlex.split(srun_line)
-    assert words[-1] == os.path.join(launch.run_dir, "slurm")
+    words = shlex.split((launch.sbatch_script or "").rstrip().splitlines()[-1])
+    assert words == [PYTHON, "-u", "-m", "orchestrator.slurm_job", os.path.join(launch.run_dir, "payload.json")]
+    srun = launch.payload["srun"]
+    assert srun[srun.index("--output") + 1] == os.path.join(launch.run_dir, "slurm", "%j_%t_log.out")
     assert launch.run_dir.startswith(runs_dir)
 
 

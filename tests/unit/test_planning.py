@@ -31,7 +31,7 @@ def test_slurm_plan_rank_table() -> None:
     launch = plan(spec_from_dict(CLUSTER), "slurm")
     assert launch.world_size == 16 and len(launch.ranks) == 16
     assert launch.submitit["ntasks_per_node"] == 8 and launch.submitit["gpus_per_node"] == 8
-    assert "--kill-on-bad-exit=1" in launch.sbatch_script
+    assert "--kill-on-bad-exit=1" in launch.payload["srun"]
     assert launch.ranks[9].env["NODE_RANK"] == "1" and launch.ranks[9].env["LOCAL_RANK"] == "1"
     assert launch.ranks[0].env["NCCL_SOCKET_IFNAME"] == "ib0"
 
@@ -127,7 +127,7 @@ def test_examples_validate() -> None:
 
 
 def test_slurm_rank_env_from_slurm_variables(tmp_path) -> None:
-    from orchestrator.launcher import SlurmLauncher
+    from orchestrator.rank_env import rank_env_from_slurm
 
     launch = plan(spec_from_dict({"name": "s", "entrypoint": "jobs.train:main", "nodes": 2, "gpus_per_node": 2,
                                   "distributed": {"backend": "gloo", "interface": "lo", "init_method": "file",
@@ -135,11 +135,10 @@ def test_slurm_rank_env_from_slurm_variables(tmp_path) -> None:
     env = {"SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_JOB_ID": "4242", "SLURM_RESTART_COUNT": "1",
            "SLURM_NTASKS": "4", "SLURM_JOB_NUM_NODES": "2", "SLURM_LOCALID": "1", "SLURM_PROCID": "3",
            "SLURM_NODEID": "1", "CUDA_VISIBLE_DEVICES": "0,1"}
-    rank = SlurmLauncher(launch.payload).rank_env(env)
+    rank = rank_env_from_slurm(env, launch.payload)
     assert (rank.rank, rank.local_rank, rank.node_rank, rank.world_size) == (3, 1, 1, 4)
     assert rank.master_addr == "gpu07" and rank.master_port == derive_port("4242", 1)
     assert rank.init_method == f"file://{tmp_path}/rendezvous-4242-1"
     assert rank.visible_devices == "1" and rank.source == "slurm"
-    bad = SlurmLauncher({**launch.payload, "interface": "ib9"})
     with pytest.raises(RuntimeError, match="interface ib9 does not exist"):
-        bad.rank_env(env)
+        rank_env_from_slurm(env, {**launch.payload, "interface": "ib9"})

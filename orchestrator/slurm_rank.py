@@ -1,0 +1,68 @@
+"""One srun task: ``python -m orchestrator.launcher --slurm RUN/payload.json [--point-base N]``.
+
+Standard library only until the user's entrypoint: no submitit import and no unpickling on the
+ranks (tens of thousands of ranks doing that from a shared filesystem is a metadata storm). The
+task *is* the rank, as under plain ``srun``: SLURM's signals (scancel's SIGTERM, the USR2 that
+the job's agent forwards through srun) reach the user's own handlers and ``finally:`` blocks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from orchestrator.rank_env import rank_env_from_slurm, slurm_job_id, thread_env
+from orchestrator.records import point_dir
+
+
+def payload_path(path: str, point_base: int, environ: Mapping[str, str]) -> Path:
+    """The payload of this job: the run's, or in a job array that of its sweep point."""
+    task = environ.get("SLURM_ARRAY_TASK_ID")
+    if task is None:
+        return Path(path)
+    return point_dir(Path(path).parent, point_base + int(task)) / "payload.json"
+
+
+def point_base(args: list[str]) -> int:
+    return int(args[args.index("--point-base") + 1]) if "--point-base" in args else 0
+
+
+def requeue_marker(run_dir: str, job_id: str, restart: int) -> str:
+    """Written by the rank API once the ranks checkpointed after a stop signal (policy auto)."""
+    return os.path.join(run_dir, "requeue", f"checkpointed-{job_id}-{restart}")
+
+
+def main(args: list[str], run_rank: Callable[[Mapping[str, Any], int], Any]) -> int:
+    """Build this task's rank environment from SLURM's variables, then run the rank."""
+    payload = json.loads(payload_path(args[0], point_base(args), os.environ).read_text(encoding="utf-8"))
+    env = rank_env_from_slurm(os.environ, payload)
+    job_id, restart = slurm_job_id(os.environ), int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+    os.environ.update(env.to_environ())
+    os.environ.update(thread_env(os.environ, int(os.environ.get("SLURM_CPUS_PER_TASK", "1"))))
+    os.environ["ORCH_REQUEUE_MARKER"] = requeue_marker(str(payload["run_dir"]), job_id, restart)
+    os.environ["ORCH_ATTEMPT"] = str(restart)
+    import socket
+
+    print(f"[launcher] rank {env.rank}/{env.world_size} (local {env.local_rank}) on {socket.gethostname()}, job "
+          f"{job_id} attempt {restart}, master {env.master_addr}:{env.master_port}, {env.init_method}",
+          file=sys.stderr, flush=True)
+    if payload["init_method"] == "file":
+        if env.rank == 0 and restart > 0:
+            from orchestrator.launcher import remove_stale_rendezvous_files
+
+            for path in remove_stale_rendezvous_files(str(payload["rendezvous_dir"]), job_id, restart):
+                print(f"[launcher] removed the previous attempt's rendezvous file {path}", flush=True)
+        os.makedirs(str(payload["rendezvous_dir"]), exist_ok=True)
+    try:
+        run_rank(payload, env.rank)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        return 1
+    return 0

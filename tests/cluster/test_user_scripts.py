@@ -1,0 +1,73 @@
+"""Users' own scripts on SLURM get what they would get under plain srun: their signal handlers
+and finally blocks run, cancel returns only when every rank is gone, and a script that snapshots
+itself outlives a real time limit through slurm.requeue: always."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+from orchestrator.executors.slurm import SlurmExecutor
+from orchestrator.records import RunRecord
+
+from .test_slurm import no_job_processes, rank_processes, release_requeued, run_wait, slurm_plan
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def _wait_for(paths: list[Path], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not all(p.exists() for p in paths):
+        assert time.monotonic() < deadline, f"missing: {[str(p) for p in paths if not p.exists()]}"
+        time.sleep(0.2)
+
+
+def test_user_handlers_see_usr2_and_cancel_waits_for_their_cleanup(cluster: dict[str, str]) -> None:
+    out = Path(cluster["runs_dir"]) / "signals-out"
+    out.mkdir(exist_ok=True)
+    launch = slurm_plan(cluster, name="signals", entrypoint=str(SCRIPTS / "user_signals.py"), extra_args=[str(out)],
+                        slurm={"time": "00:10:00", "signal_margin_s": 30, "requeue": "never"})
+    ex = SlurmExecutor()
+    record = ex.submit(launch)
+    _wait_for([out / f"started-{r}" for r in range(4)], 120)
+    # What SLURM sends signal_margin_s before the time limit: the script's own handler sees it.
+    subprocess.run(["scancel", "--signal=USR2", record.job_ids[0]], check=True)
+    _wait_for([out / f"usr2-{r}" for r in range(4)], 15)
+    assert RunRecord.load(launch.run_dir).state in ("PENDING", "RUNNING")  # USR2 did not end the job
+    t0 = time.monotonic()
+    record = ex.cancel(record)
+    took = time.monotonic() - t0
+    print(f"cancel -> every rank gone: {took:.2f}s")
+    assert record.state == "CANCELLED", record
+    # cancel returned only after every rank ran its SIGTERM handler and its finally block
+    assert all((out / f"sigterm-{r}").exists() and (out / f"finally-{r}").exists() for r in range(4)), \
+        sorted(p.name for p in out.iterdir())
+    assert not rank_processes(), rank_processes()
+    assert took < 30
+
+
+def test_snapshotting_script_outlives_its_time_limit_with_requeue_always(cluster: dict[str, str]) -> None:
+    out = Path(cluster["runs_dir"]) / "snapshot-out"
+    out.mkdir(exist_ok=True)
+    # A real 2-minute limit: USR2 comes 60 s before it, mid-way through 8 epochs of 10 s.
+    launch = slurm_plan(cluster, name="snapshots", entrypoint=str(SCRIPTS / "snapshotting.py"),
+                        extra_args=[str(out), "8", "10"],
+                        slurm={"time": "2", "signal_margin_s": 60, "requeue": "always", "max_requeues": 2})
+    ex = SlurmExecutor()
+    record = ex.submit(launch)
+    deadline = time.monotonic() + 180
+    while "Restarts=1" not in subprocess.run(["scontrol", "show", "job", record.job_ids[0]], capture_output=True,
+                                             text=True).stdout:
+        assert time.monotonic() < deadline, "the job was not requeued at its time-limit signal"
+        time.sleep(0.5)
+    release_requeued(record.job_ids[0])
+    final = run_wait(ex, record, 300)
+    assert final.state == "COMPLETED", final.error
+    attempts = (out / "attempts-0.log").read_text().splitlines()
+    assert attempts[0] == "attempt 0 starts at epoch 0" and attempts[-1].startswith("attempt 1 starts at epoch ")
+    assert int(attempts[-1].split()[-1]) > 0  # the second attempt resumed from the first one's snapshot
+    assert all('"epoch": 8' in (out / f"snapshot-{r}.json").read_text() for r in range(4))
+    log = "".join(p.read_text() for p in (Path(launch.run_dir) / "slurm").glob("*_0_log.out"))
+    assert "requeueing" in log
+    assert no_job_processes()

@@ -185,6 +185,11 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if args.follow or args.wait:
         state = handle.wait(follow=args.follow)
         print(f"{handle.id}: {state}")
+        if state != "COMPLETED":
+            error, rank = handle.error, handle.record.failed_rank
+            if error:
+                print(error, file=sys.stderr)
+            print(f"see: orchestrator logs {handle.id} --rank {rank if rank is not None else 0}", file=sys.stderr)
         return 0 if state == "COMPLETED" else 1
     return 0
 

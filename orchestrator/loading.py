@@ -236,7 +236,8 @@ def _dotted(loc: list[str]) -> str:
     parts = [p for p in loc if "[" not in p and not p.startswith("function-") and p not in _TYPE_TAGS]
     out = ""
     for p in parts:
-        p = p if len(p) <= 40 else shown(p, 40)  # a key is echoed no more than a value is
+        # A key is echoed no more than a value is: long or unprintable keys are shown as repr.
+        p = p if len(p) <= 40 and p.isprintable() and p.strip() == p and p else shown(p, 40)
         out += f"[{p}]" if p.isdigit() else (f".{p}" if out else p)
     return out
 

@@ -303,8 +303,10 @@ def python_command(python: str | None) -> str:
 
 
 def job_command(run_dir: str, python: str | None, point_base: int = 0) -> str:
-    """The batch script's one command: the job's agent (stdlib only; no submitit, no pickle)."""
-    words = [python_command(python), "-u -m orchestrator.slurm_job", shlex.quote(os.path.join(run_dir, "payload.json"))]
+    """The batch script's one command: the job's agent (stdlib only; no submitit, no pickle). It
+    replaces the batch shell (exec), so the time-limit signal (B:USR2) reaches it and nothing else."""
+    words = ["exec", python_command(python), "-u -m orchestrator.slurm_job",
+             shlex.quote(os.path.join(run_dir, "payload.json"))]
     return " ".join(words + ([f"--point-base {point_base}"] if point_base else []))
 
 

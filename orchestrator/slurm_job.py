@@ -6,8 +6,8 @@ It is the batch script's one command (standard library only). It starts the rank
 user's handlers or the rank API see it, and decides about requeue by ``slurm.requeue``:
 
 - ``always``: requeue as soon as USR2 arrives; the script resumes from its own snapshot.
-- ``auto``: requeue once srun has ended after USR2 *and* the ranks checkpointed through the rank
-  API (it writes ``ORCH_REQUEUE_MARKER``).
+- ``auto``: requeue once srun has ended and the ranks stopped on a signal and checkpointed
+  through the rank API (it writes ``ORCH_REQUEUE_MARKER``), unless the job was cancelled.
 - ``never``: let the job end.
 
 Requeues are bounded by ``slurm.max_requeues``. scancel (``orchestrator cancel``) signals the
@@ -55,11 +55,13 @@ class JobAgent:
             if "SIGUSR2" in self.received and "SIGTERM" not in self.received and self.policy == "always":
                 self._requeue("SIGUSR2 (time limit or preemption), slurm.requeue: always")
             time.sleep(POLL_S)
-        if "SIGUSR2" in self.received and "SIGTERM" not in self.received and self.policy == "auto":
+        if self.policy == "auto" and "SIGTERM" not in self.received:
+            # The ranks may also have been signalled directly (scancel --signal=USR2 reaches the
+            # steps, not this shell): their checkpoint marker is the evidence either way.
             marker = requeue_marker(str(self.payload["run_dir"]), self.job_id, self.restart)
             if os.path.exists(marker):
-                self._requeue("the ranks checkpointed after SIGUSR2, slurm.requeue: auto")
-            else:
+                self._requeue("the ranks stopped on a signal and checkpointed, slurm.requeue: auto")
+            elif "SIGUSR2" in self.received:
                 self._say("SIGUSR2 arrived but the ranks did not checkpoint through the rank API, so the job is "
                           "not requeued (slurm.requeue: auto); a script that resumes from its own snapshot "
                           "wants slurm.requeue: always")

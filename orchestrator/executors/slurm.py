@@ -198,7 +198,9 @@ class SlurmExecutor:
             with clean_submission_env(), contextlib.redirect_stderr(sbatch_stderr):
                 for chunk in chunks:
                     ex = submitit.SlurmExecutor(folder=folder)
-                    ex.update_parameters(**launch.submitit, **({"map_count": len(chunk)} if chunk else {}))
+                    ex.update_parameters(**launch.submitit)
+                    if chunk:  # an array of len(chunk) tasks (submitit's own way of asking for one)
+                        ex.parameters["map_count"] = len(chunk)
                     job = ex._submit_command(job_command(launch.run_dir, python, chunk[0] if chunk else 0))
                     job_ids += [f"{job.job_id}_{i}" for i in range(len(chunk))] if chunk else [job.job_id]
         except Exception as exc:

@@ -11,6 +11,10 @@ Run: .venv/bin/python tests/benchmarks/bench_runtime.py [--repeat 3] [--only lau
    the same model, data, batch and optimizer, launched by torchrun. Target >= 0.98x.
 3. allreduce: jobs.allreduce at 64 MB (2 ranks via `orchestrator run`) against a bare
    torch.distributed loop. Target >= 0.95x.
+4. threads: the embedded demo with the defaults a user gets against the same demo with
+   OMP_NUM_THREADS set by hand (1, cores/4, cores/2, cores). Target <= 1.15x the best.
+
+Nothing here sets an environment variable a user would not set, on either side.
 """
 
 from __future__ import annotations
@@ -32,14 +36,16 @@ ROOT = HERE.parents[1]
 PY = sys.executable
 ORCH = [PY, "-m", "orchestrator"]
 TORCHRUN = [PY, "-m", "torch.distributed.run", "--standalone"]
-ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+# What a user's shell gives: nothing set that a user would not set (OMP_NUM_THREADS above all:
+# setting it on both sides once hid a default that made the demo 3.3x slower).
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
-def run_quiet(cmd: list[str], attempts: int = 2) -> None:
+def run_quiet(cmd: list[str], attempts: int = 2, env: dict[str, str] | None = None) -> None:
     """Run a launcher; on failure show its stderr, and retry once (torchrun's standalone
     rendezvous occasionally aborts on this machine right after another torchrun)."""
     for attempt in range(attempts):
-        proc = subprocess.run(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.run(cmd, env=env or ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         if proc.returncode == 0:
             return
         tail = "\n".join(proc.stderr.splitlines()[-8:])
@@ -129,10 +135,32 @@ def bench_allreduce(repeat: int, tmp: Path) -> None:
     print(f"bare loop {b:.3f}  jobs.allreduce {o:.3f}  -> {o / b:.3f}x (target >= 0.95)")
 
 
+def bench_threads(repeat: int, tmp: Path) -> None:
+    """The embedded demo (2 emulated nodes x 2 CPU ranks) with the defaults a user gets, against
+    the same demo with OMP_NUM_THREADS set by hand to each sensible value, interleaved."""
+    print("\n== demo wall time: defaults vs hand-set OMP_NUM_THREADS (s, median) ==")
+    demo = ROOT / "orchestrator" / "examples" / "demo.yaml"
+    cores = os.cpu_count() or 1
+    variants: dict[str, dict[str, str]] = {"defaults": ENV}
+    for n in sorted({1, max(1, cores // 4), max(1, cores // 2), cores}):
+        variants[f"OMP_NUM_THREADS={n}"] = {**ENV, "OMP_NUM_THREADS": str(n)}
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    for _ in range(repeat):
+        for name, env in variants.items():
+            t0 = time.monotonic()
+            run_quiet([*ORCH, "run", str(demo), "--set", f"runs_dir={tmp / 'runs'}", "--fresh"], env=env)
+            times[name].append(time.monotonic() - t0)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    best = min((v, k) for k, v in med.items() if k != "defaults")
+    print("  ".join(f"{k} {v:.1f}" for k, v in med.items()))
+    print(f"defaults {med['defaults']:.1f}s vs best hand-set ({best[1]}) {best[0]:.1f}s -> "
+          f"{med['defaults'] / best[0]:.2f}x (target <= 1.15)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--only", choices=["launch", "throughput", "allreduce"])
+    ap.add_argument("--only", choices=["launch", "throughput", "allreduce", "threads"])
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
@@ -142,6 +170,8 @@ def main() -> None:
             bench_throughput(args.repeat, tmp)
         if args.only in (None, "allreduce"):
             bench_allreduce(args.repeat, tmp)
+        if args.only in (None, "threads"):
+            bench_threads(args.repeat, tmp)
 
 
 if __name__ == "__main__":

@@ -151,9 +151,12 @@ def test_killed_rank_fails_the_job_fast(cluster: dict[str, str]) -> None:
     launch, record = start_long_training(cluster, "killed")
     ex = SlurmExecutor()
     pids = subprocess.run(["ip", "netns", "pids", "orch-node2"], capture_output=True, text=True).stdout.split()
-    tasks = [p for p in pids if Path(f"/proc/{p}/cmdline").exists()
-             and "orchestrator.launcher" in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")
-             and "SLURM_PROCID=3" in Path(f"/proc/{p}/environ").read_bytes().decode(errors="replace").split("\0")]
+    def is_rank_3(pid: str) -> bool:  # the title names the rank; setproctitle may reuse environ's memory
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        environ = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
+        return "orchestrator.launcher" in cmd and ("rank 3/4" in cmd or "SLURM_PROCID=3" in environ)
+
+    tasks = [p for p in pids if Path(f"/proc/{p}/cmdline").exists() and is_rank_3(p)]
     assert len(tasks) == 1, tasks  # the srun task is the rank itself, as under plain srun
     victim = tasks[0]
     subprocess.run(["kill", "-9", victim])

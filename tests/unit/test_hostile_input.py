@@ -184,7 +184,7 @@ def assert_script_runs_only_the_agent(path: Path, tmp: Path) -> None:
     assert not os.path.exists(CANARY), "a spec field executed a command"
     assert stderr == "", f"the script ran something that is not there: {stderr[:500]}"
     ran = [c for c in commands if not c.startswith("source ")]
-    assert len(ran) == 2 and ran[0].startswith("export "), ran
+    assert len(ran) == 2 and ran[0].startswith("export ") and ran[1].startswith("exec "), ran
     raw = record.read_bytes().split(b"\n") if record.exists() else []
     argvs = [[a.decode() for a in chunk.split(b"\0")[:-1]] for chunk in raw if chunk]
     payload = os.path.join(launch.run_dir, "payload.json")

@@ -74,7 +74,8 @@ def test_golden_scripts_keep_the_launch_contract() -> None:
     for name, script in golden_scripts().items():
         assert "#SBATCH --signal=B:USR2@" in script, name
         words = shlex.split(script.rstrip().splitlines()[-1])
-        assert words[1:4] == ["-u", "-m", "orchestrator.slurm_job"] and words[-1].endswith("/payload.json"), name
+        assert words[0] == "exec" and words[2:5] == ["-u", "-m", "orchestrator.slurm_job"], name
+        assert words[-1].endswith("/payload.json"), name
     for launch in (plan(_spec("/shared/runs")), plan(_spec("/shared/runs", sweep={"lr": [0.1, 0.2]}))):
         srun = launch.payload["srun"]
         assert srun[0] == "srun" and "--kill-on-bad-exit=1" in srun, srun
@@ -120,7 +121,7 @@ def test_agent_line_parses_back_to_the_exact_path() -> None:
     runs_dir = HOSTILE_DIRS["subshell"]
     launch = plan(_spec(runs_dir))
     words = shlex.split((launch.sbatch_script or "").rstrip().splitlines()[-1])
-    assert words == [PYTHON, "-u", "-m", "orchestrator.slurm_job", os.path.join(launch.run_dir, "payload.json")]
+    assert words == ["exec", PYTHON, "-u", "-m", "orchestrator.slurm_job", os.path.join(launch.run_dir, "payload.json")]
     srun = launch.payload["srun"]
     assert srun[srun.index("--output") + 1] == os.path.join(launch.run_dir, "slurm", "%j_%t_log.out")
     assert launch.run_dir.startswith(runs_dir)

@@ -3,7 +3,6 @@ rank's session, and not a grandchild that left for a session of its own and igno
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 

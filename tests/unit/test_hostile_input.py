@@ -18,7 +18,6 @@ import json
 import os
 import shlex
 import subprocess
-import sys
 import time
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path

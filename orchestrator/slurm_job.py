@@ -38,7 +38,8 @@ class JobAgent:
         self.job_id = slurm_job_id(environ)
         self.restart = int(environ.get("SLURM_RESTART_COUNT", "0"))
         self.received: list[str] = []
-        self.requeued = False
+        self.requeued = False  # decided (once per attempt)
+        self.requeue_done = False  # scontrol accepted it
         self.srun: subprocess.Popen | None = None
 
     def _on_signal(self, signum: int, frame: object) -> None:
@@ -52,9 +53,9 @@ class JobAgent:
             signal.signal(sig, self._on_signal)
         self.srun = subprocess.Popen(srun_argv)
         while (code := self.srun.poll()) is None:
-            if "SIGUSR2" in self.received and "SIGTERM" not in self.received and self.policy == "always":
-                self._requeue("SIGUSR2 (time limit or preemption), slurm.requeue: always")
+            self._requeue_if_always()
             time.sleep(POLL_S)
+        self._requeue_if_always()  # the ranks may all have ended on USR2 before the loop looked
         if self.policy == "auto" and "SIGTERM" not in self.received:
             # The ranks may also have been signalled directly (scancel --signal=USR2 reaches the
             # steps, not this shell): their checkpoint marker is the evidence either way.
@@ -65,7 +66,13 @@ class JobAgent:
                 self._say("SIGUSR2 arrived but the ranks did not checkpoint through the rank API, so the job is "
                           "not requeued (slurm.requeue: auto); a script that resumes from its own snapshot "
                           "wants slurm.requeue: always")
+        if self.requeue_done:
+            return 0  # the ranks' ends were the requeue's doing; SLURM runs the next attempt
         return code if code >= 0 else 128 - code
+
+    def _requeue_if_always(self) -> None:
+        if "SIGUSR2" in self.received and "SIGTERM" not in self.received and self.policy == "always":
+            self._requeue("SIGUSR2 (time limit or preemption), slurm.requeue: always")
 
     @property
     def policy(self) -> str:
@@ -87,6 +94,8 @@ class JobAgent:
             return
         if out.returncode != 0:
             self._say(f"scontrol requeue {self.job_id} failed: {out.stderr.strip()}")
+            return
+        self.requeue_done = True
 
     def _say(self, text: str) -> None:
         print(f"[launcher] {text}", file=sys.stderr, flush=True)

@@ -1,0 +1,89 @@
+"""The job's agent (orchestrator.slurm_job) without a cluster: a stand-in srun (a child that
+exits on USR2 unless told to checkpoint) and a recording stand-in scontrol on PATH. Its
+requeue decisions are checked for each slurm.requeue policy, through real signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+# The child plays all the ranks: it records that USR2 reached it and (like the rank API after a
+# collective checkpoint) writes the marker when asked to; USR2 ends it either way.
+CHILD = """
+import os, signal, sys, time
+out = sys.argv[1]
+def on_usr2(signum, frame):
+    open(os.path.join(out, "child-got-usr2"), "w").close()
+    if os.environ.get("CHECKPOINT") == "1":
+        os.makedirs(os.path.dirname(os.environ["ORCH_REQUEUE_MARKER"]), exist_ok=True)
+        open(os.environ["ORCH_REQUEUE_MARKER"], "w").close()
+    sys.exit(0 if os.environ.get("CHECKPOINT") == "1" else 1)
+signal.signal(signal.SIGUSR2, on_usr2)
+open(os.path.join(out, "child-started"), "w").close()
+time.sleep(60)
+"""
+
+
+def _agent(tmp: Path, policy: str, checkpoint: bool, restart: int = 0, max_requeues: int = 2):
+    bin_dir = tmp / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp / 'scontrol-calls'}\n")
+    (bin_dir / "scontrol").chmod(0o755)
+    marker = tmp / "run" / "requeue" / f"checkpointed-77-{restart}"
+    payload = {"run_dir": str(tmp / "run"), "requeue": policy, "max_requeues": max_requeues,
+               "srun": [sys.executable, "-c", CHILD, str(tmp)]}
+    (tmp / "payload.json").write_text(json.dumps(payload))
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "77",
+           "SLURM_RESTART_COUNT": str(restart), "ORCH_REQUEUE_MARKER": str(marker),
+           "CHECKPOINT": "1" if checkpoint else "0"}
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.slurm_job", str(tmp / "payload.json")], env=env,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not (tmp / "child-started").exists():
+        assert time.monotonic() < deadline and proc.poll() is None, "the stand-in srun never started"
+        time.sleep(0.05)
+    return proc
+
+
+def _calls(tmp: Path) -> list[str]:
+    path = tmp / "scontrol-calls"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+@pytest.mark.parametrize("policy,checkpoint,requeued", [
+    ("always", False, True),    # a script with no handler dies on USR2: requeued anyway
+    ("auto", True, True),       # the rank API checkpointed: requeued
+    ("auto", False, False),     # no checkpoint: auto does not requeue
+    ("never", True, False),
+])
+def test_usr2_requeues_by_policy(tmp_path: Path, policy: str, checkpoint: bool, requeued: bool) -> None:
+    proc = _agent(tmp_path, policy, checkpoint)
+    proc.send_signal(signal.SIGUSR2)  # what B:USR2@margin sends the batch shell (the agent)
+    _, err = proc.communicate(timeout=30)
+    assert (tmp_path / "child-got-usr2").exists(), "the agent did not forward USR2 to the ranks"
+    assert _calls(tmp_path) == (["requeue 77"] if requeued else []), err
+    if requeued:
+        assert "requeueing 77 (restart 1 of 2)" in err and proc.returncode == 0
+
+
+def test_sigterm_never_requeues_and_the_limit_holds(tmp_path: Path) -> None:
+    cancelled = tmp_path / "a"
+    cancelled.mkdir()
+    proc = _agent(cancelled, "always", False)
+    proc.send_signal(signal.SIGTERM)  # scancel: the ranks get it from SLURM; the agent only notes it
+    proc.send_signal(signal.SIGUSR2)
+    proc.communicate(timeout=30)
+    assert _calls(cancelled) == []
+    done = tmp_path / "b"
+    done.mkdir()
+    proc = _agent(done, "always", False, restart=2, max_requeues=2)
+    proc.send_signal(signal.SIGUSR2)
+    _, err = proc.communicate(timeout=30)
+    assert _calls(done) == [] and "no requeues left (2 of 2 used)" in err

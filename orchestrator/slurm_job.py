@@ -38,6 +38,7 @@ class JobAgent:
         self.job_id = slurm_job_id(environ)
         self.restart = int(environ.get("SLURM_RESTART_COUNT", "0"))
         self.received: list[str] = []
+        self.marker = requeue_marker(str(payload["run_dir"]), self.job_id, self.restart)
         self.requeued = False  # decided (once per attempt)
         self.requeue_done = False  # scontrol accepted it
         self.srun: subprocess.Popen | None = None
@@ -52,27 +53,30 @@ class JobAgent:
         for sig in (signal.SIGUSR2, signal.SIGTERM):
             signal.signal(sig, self._on_signal)
         self.srun = subprocess.Popen(srun_argv)
+        # Requeue while the job is still running, as soon as the evidence is there (SLURM then
+        # ends the ranks that are still exiting); checked once more after srun, since every rank
+        # may have ended before the loop looked.
         while (code := self.srun.poll()) is None:
-            self._requeue_if_always()
+            self._requeue_if_due()
             time.sleep(POLL_S)
-        self._requeue_if_always()  # the ranks may all have ended on USR2 before the loop looked
-        if self.policy == "auto" and "SIGTERM" not in self.received:
-            # The ranks may also have been signalled directly (scancel --signal=USR2 reaches the
-            # steps, not this shell): their checkpoint marker is the evidence either way.
-            marker = requeue_marker(str(self.payload["run_dir"]), self.job_id, self.restart)
-            if os.path.exists(marker):
-                self._requeue("the ranks stopped on a signal and checkpointed, slurm.requeue: auto")
-            elif "SIGUSR2" in self.received:
-                self._say("SIGUSR2 arrived but the ranks did not checkpoint through the rank API, so the job is "
-                          "not requeued (slurm.requeue: auto); a script that resumes from its own snapshot "
-                          "wants slurm.requeue: always")
+        self._requeue_if_due()
+        if self.policy == "auto" and not self.requeued and "SIGUSR2" in self.received:
+            self._say("SIGUSR2 arrived but the ranks did not checkpoint through the rank API, so the job is "
+                      "not requeued (slurm.requeue: auto); a script that resumes from its own snapshot "
+                      "wants slurm.requeue: always")
         if self.requeue_done:
             return 0  # the ranks' ends were the requeue's doing; SLURM runs the next attempt
         return code if code >= 0 else 128 - code
 
-    def _requeue_if_always(self) -> None:
-        if "SIGUSR2" in self.received and "SIGTERM" not in self.received and self.policy == "always":
+    def _requeue_if_due(self) -> None:
+        if self.requeued or "SIGTERM" in self.received:  # scancel / orchestrator cancel: never
+            return
+        if self.policy == "always" and "SIGUSR2" in self.received:
             self._requeue("SIGUSR2 (time limit or preemption), slurm.requeue: always")
+        # The ranks may also have been signalled directly (scancel --signal=USR2 reaches the steps,
+        # not this shell): the rank API's checkpoint marker is the evidence either way.
+        elif self.policy == "auto" and os.path.exists(self.marker):
+            self._requeue("the ranks stopped on a signal and checkpointed, slurm.requeue: auto")
 
     @property
     def policy(self) -> str:

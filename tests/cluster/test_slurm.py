@@ -205,7 +205,8 @@ def test_requeue_resumes_to_the_same_weights(cluster: dict[str, str], uninterrup
         stale.write_text("left by the first attempt")  # as a crashed attempt would leave it
     release_requeued(record.job_ids[0])
     final = run_wait(ex, record, 300)
-    assert final.state == "COMPLETED", final.error
+    log = "".join(p.read_text() for p in sorted((Path(launch.run_dir) / "slurm").glob("*_log.out")))
+    assert final.state == "COMPLETED", (final.error, log[-3000:])
     log = "".join(p.read_text() for p in (Path(launch.run_dir) / "slurm").glob("*_0_log.out"))
     result = json.loads((Path(launch.run_dir) / "result.json").read_text())["result"]
     assert "resumed from" in log and result["resumed_from_step"], result  # the last attempt resumed

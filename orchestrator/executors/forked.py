@@ -18,7 +18,7 @@ from typing import Any
 from orchestrator.errors import SubmissionError
 from orchestrator.procs import alive
 
-__all__ = ["ForkedRank", "ZygoteGroup", "alive", "start_zygote"]
+__all__ = ["ForkedRank", "ZygoteGroup", "start_zygote"]
 
 
 def start_zygote(preload: bool = True) -> subprocess.Popen:

@@ -36,10 +36,11 @@ def config_environ(payload: Mapping[str, Any]) -> dict[str, str]:
         "ORCH_CHECKPOINT_INTERVAL": str(c["interval_steps"]),
         "ORCH_CHECKPOINT_KEEP": str(c["keep_last"]),
         "ORCH_RESUME": "1" if c["resume"] else "0",
+        "ORCH_GRAD_COMPRESSION": str(payload.get("grad_compression", "none")),
     }
 
 
-def call_entrypoint(entrypoint: str, argv: list[str]) -> Any:
+def call_entrypoint(entrypoint: str, argv: list[str], source_dir: str | None = None) -> Any:
     """``pkg.module:function`` is called with the argument list; a script runs as __main__."""
     if entrypoint.endswith(".py") or ":" not in entrypoint:
         saved = sys.argv
@@ -56,6 +57,8 @@ def call_entrypoint(entrypoint: str, argv: list[str]) -> Any:
     module_name, func_name = entrypoint.split(":")
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
+    if source_dir and source_dir not in sys.path:  # where the user ran the CLI: their modules
+        sys.path.insert(1, source_dir)
     func = getattr(importlib.import_module(module_name), func_name)
     return func(argv)
 
@@ -81,19 +84,42 @@ def name_process(payload: Mapping[str, Any], rank: int) -> None:
                                   f"({_FIRST_TITLE[0]})")
 
 
+def enter_workdir(payload: Mapping[str, Any]) -> None:
+    """The rank's working directory (spec ``workdir``; default: where the CLI was called), created
+    if missing, as ``sbatch --chdir`` would need it to be; and the NCCL flight recorder's folder."""
+    workdir = payload.get("workdir")
+    if workdir:
+        os.makedirs(workdir, exist_ok=True)
+        os.chdir(workdir)
+    trace = os.environ.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+    if trace:
+        os.makedirs(os.path.dirname(trace) or ".", exist_ok=True)
+
+
 def run_rank(payload: Mapping[str, Any], rank: int) -> Any:
-    """Run the entrypoint on this rank; record the result (rank 0) or the traceback (any rank)."""
+    """Run the entrypoint on this rank; record the result (rank 0) or the traceback (any rank).
+    A failure is printed once, trimmed of our frames (``failures.user_traceback``), and recorded
+    in full in ``<run>/errors/rank-N.json``; the exception then propagates."""
+    from orchestrator.failures import FAILED_MARK, user_traceback
+
     name_process(payload, rank)
     os.environ.update(config_environ(payload))
     run_dir = Path(payload["run_dir"])
     try:
-        result = call_entrypoint(payload["entrypoint"], list(payload["argv"]))
+        enter_workdir(payload)
+        result = call_entrypoint(payload["entrypoint"], list(payload["argv"]), payload.get("source_dir"))
     except BaseException as exc:
+        if isinstance(exc, SystemExit) and exc.code in (None, 0):
+            raise
+        trimmed = user_traceback(exc)
         write_json_atomic(run_dir / "errors" / f"rank-{rank}.json", {
             "rank": rank, "time": time.time(), "attempt": int(os.environ.get("ORCH_ATTEMPT", "0")),
             "type": type(exc).__name__, "message": str(exc),
-            "traceback": traceback.format_exc(),
+            "traceback": traceback.format_exc(), "user_traceback": trimmed,
         })
+        if not isinstance(exc, (SystemExit, KeyboardInterrupt)):
+            sys.stderr.write(f"{FAILED_MARK.format(rank=rank)}{type(exc).__name__}: {exc}\n{trimmed}")
+            sys.stderr.flush()
         raise
     finally:
         remove_rendezvous_file(os.environ.get("ORCH_INIT_METHOD", ""))
@@ -174,9 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 1
     except BaseException:
-        traceback.print_exc()
-        sys.stderr.flush()
-        return 1
+        return 1  # run_rank printed and recorded it
     return 0
 
 

@@ -12,13 +12,13 @@ from dataclasses import dataclass
 import os
 import shlex
 import sys
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from orchestrator.records import point_dir
 from orchestrator.rank_env import (RankEnv, derive_port, init_url, local_devices_for_rank, rendezvous_file,
-                                   thread_count_local, thread_env)
+                                   thread_count_local)
 from orchestrator.spec import ExecutorName, JobSpec, render_value
 
 #: SLURM's default MaxArraySize is 1001, so one array holds at most 1000 tasks.
@@ -105,7 +105,9 @@ def plan(spec: JobSpec, executor: ExecutorName | None = None, max_array_size: in
     run_id = run_id_for(spec)
     run_dir = os.path.abspath(os.path.join(os.path.expanduser(spec.runs_dir), run_id))
     layout = _layout(spec, executor)
-    payload = _payload(spec, run_dir, layout)
+    threads = spec.slurm.cpus_per_task if executor == "slurm" else \
+        thread_count_local(os.cpu_count() or 1, layout.nodes * layout.ranks_per_node)
+    payload = _payload(spec, run_dir, layout, job_environment(spec, run_dir, layout.backend, threads, os.environ))
     sweep = _sweep(spec, run_dir)
     common: dict[str, Any] = dict(
         run_id=run_id, run_dir=run_dir, executor=executor, spec=spec.model_dump(mode="json"),
@@ -119,12 +121,12 @@ def plan(spec: JobSpec, executor: ExecutorName | None = None, max_array_size: in
         chunks = array_chunks(len(sweep), max_array_size)
         common["payload"] = {**payload, "srun": srun_argv(folder, run_dir, spec.slurm.python, bool(sweep))}
         return LaunchPlan(
-            **common, ranks=_slurm_rows(spec, run_dir, params["cpus_per_task"]), submitit=params,
+            **common, ranks=_slurm_rows(spec, run_dir, payload["env"]), submitit=params,
             sbatch_script=render_sbatch(params, folder, job_command(run_dir, spec.slurm.python),
                                         n_points=len(chunks[0]) if chunks else 0),
             array_chunks=chunks,
         )
-    return LaunchPlan(**common, ranks=_local_rows(spec, run_id, run_dir, layout))
+    return LaunchPlan(**common, ranks=_local_rows(spec, run_id, run_dir, layout, payload))
 
 
 # ---- layout --------------------------------------------------------------------------------
@@ -165,7 +167,31 @@ def _layout(spec: JobSpec, executor: ExecutorName) -> _Layout:
                    devices=spec.local.devices, notes=notes)
 
 
-def _payload(spec: JobSpec, run_dir: str, layout: _Layout) -> dict[str, Any]:
+#: PyTorch's NCCL debugging aids that jobs get by default (each can be turned off in the spec).
+NCCL_ASYNC_ERRORS = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+NCCL_TRACE_BUFFER = "2000"  # entries kept per rank; a ring buffer of recent collectives
+
+
+def job_environment(spec: JobSpec, run_dir: str, backend: str, threads: int,
+                    environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables every rank gets on top of the rank contract, computed once (the payload carries
+    them, the plan's rows show them): the CPU thread default, the NCCL aids for nccl jobs, then
+    the spec's ``env``, which wins. A default the user already exported in their own environment
+    (which reaches the ranks on either executor) is left to theirs."""
+    defaults = {"OMP_NUM_THREADS": str(threads)}
+    if backend == "nccl":
+        d = spec.distributed
+        if d.nccl_async_error_handling:
+            defaults.update(NCCL_ASYNC_ERRORS)
+        if d.nccl_flight_recorder:
+            defaults.update({"TORCH_NCCL_TRACE_BUFFER_SIZE": NCCL_TRACE_BUFFER, "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+                             "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": os.path.join(run_dir, "nccl-trace", "rank-")})
+    env = {name: environ.get(name) or value for name, value in defaults.items()}
+    env.update(spec.env)
+    return env
+
+
+def _payload(spec: JobSpec, run_dir: str, layout: _Layout, env: dict[str, str]) -> dict[str, Any]:
     d, c = spec.distributed, spec.checkpoint
     entry = spec.entrypoint if ":" in spec.entrypoint and not spec.entrypoint.endswith(".py") else os.path.abspath(spec.entrypoint)
     return {
@@ -192,6 +218,12 @@ def _payload(spec: JobSpec, run_dir: str, layout: _Layout) -> dict[str, Any]:
         },
         "max_requeues": spec.slurm.max_requeues,
         "requeue": spec.slurm.requeue,
+        "grad_compression": d.grad_compression,
+        "env": env,
+        # Relative paths the user wrote are relative to where they ran the CLI.
+        "workdir": os.path.abspath(spec.workdir) if spec.workdir else os.getcwd(),
+        "source_dir": os.getcwd(),
+        "watchdog": {"stall_s": spec.watchdog.stall_s, "stacks_on_failure": spec.watchdog.stacks_on_failure},
     }
 
 
@@ -207,12 +239,10 @@ def _sweep(spec: JobSpec, run_dir: str) -> list[SweepPoint]:
 
 
 # ---- rank tables ---------------------------------------------------------------------------
-def _local_rows(spec: JobSpec, run_id: str, run_dir: str, layout: _Layout) -> list[RankRow]:
-    payload = _payload(spec, run_dir, layout)
+def _local_rows(spec: JobSpec, run_id: str, run_dir: str, layout: _Layout, payload: dict[str, Any]) -> list[RankRow]:
     port = payload["port"] if payload["port"] != "auto" else derive_port(run_id, 0)
     world = layout.nodes * layout.ranks_per_node
     rfile = rendezvous_file(payload["rendezvous_dir"], run_id, 0)
-    threads = thread_env(os.environ, thread_count_local(os.cpu_count() or 1, world))
     rows = []
     for rank in range(world):
         node, local = divmod(rank, layout.ranks_per_node)
@@ -227,14 +257,13 @@ def _local_rows(spec: JobSpec, run_id: str, run_dir: str, layout: _Layout) -> li
         ).to_environ()
         if layout.devices is None:  # CPU dry run: hide any local GPU, as the plan says gloo on CPU
             env["CUDA_VISIBLE_DEVICES"] = ""
-        env.update(threads)
+        env.update(payload["env"])
         rows.append(RankRow(rank=rank, local_rank=local, node_rank=node, host=f"local-node{node}", env=env))
     return rows
 
 
-def _slurm_rows(spec: JobSpec, run_dir: str, cpus_per_task: int) -> list[RankRow]:
+def _slurm_rows(spec: JobSpec, run_dir: str, job_env: dict[str, str]) -> list[RankRow]:
     rpn, d = spec.ranks_per_node, spec.distributed
-    threads = thread_env(os.environ, cpus_per_task)  # SLURM_CPUS_PER_TASK on the node
     addr = "<first host of SLURM_JOB_NODELIST>"
     port = str(d.port) if d.port != "auto" else "<derive_port(SLURM_JOB_ID, restart): 20000-31999>"
     iface = ",".join(d.interface_names()) or "<interface that routes to MASTER_ADDR>"
@@ -252,12 +281,13 @@ def _slurm_rows(spec: JobSpec, run_dir: str, cpus_per_task: int) -> list[RankRow
             "RANK": str(rank), "LOCAL_RANK": str(local), "WORLD_SIZE": str(spec.world_size),
             "LOCAL_WORLD_SIZE": str(rpn), "NODE_RANK": str(node), "GROUP_RANK": str(node),
             "NNODES": str(spec.nodes), "MASTER_ADDR": addr, "MASTER_PORT": port,
-            "ORCH_INIT_METHOD": url, "ORCH_RANK_ENV_SOURCE": "slurm", "NCCL_SOCKET_IFNAME": iface, **threads,
+            "ORCH_INIT_METHOD": url, "ORCH_RANK_ENV_SOURCE": "slurm", "NCCL_SOCKET_IFNAME": iface,
         }
         if not iface.startswith("^"):
             env["GLOO_SOCKET_IFNAME"] = iface
         if spec.gpus_per_node:
             env["CUDA_VISIBLE_DEVICES"] = f"<SLURM's binding, else item {local} of the node's list>"
+        env.update(job_env)
         rows.append(RankRow(rank=rank, local_rank=local, node_rank=node, host=f"<node {node} of the allocation>", env=env))
     return rows
 
@@ -279,8 +309,11 @@ def submitit_parameters(spec: JobSpec, n_points: int = 0) -> dict[str, Any]:
         # `logs --rank N` shows the traceback next to the output that led to it.
         "stderr_to_stdout": True,
     }
+    gpus = f"{s.gpu_type}:{spec.gpus_per_node}" if s.gpu_type and spec.gpus_per_node else spec.gpus_per_node
     optional = {
-        "gpus_per_node": spec.gpus_per_node or None, "partition": s.partition, "account": s.account,
+        # --gpus-per-node=TYPE:N (not --gres=gpu:TYPE:N): the GPU-specific option of SLURM >= 19.05,
+        # which the srun steps inherit and which SLURM's GPU binding and cgroups act on.
+        "gpus_per_node": gpus or None, "partition": s.partition, "account": s.account,
         "qos": s.qos, "constraint": s.constraint, "exclusive": True if s.exclusive else None,
         "setup": list(s.setup) or None, "additional_parameters": dict(s.extra_sbatch) or None,
     }
@@ -291,6 +324,9 @@ def submitit_parameters(spec: JobSpec, n_points: int = 0) -> dict[str, Any]:
                                        "signal": f"B:USR2@{s.signal_margin_s}"}
     if s.max_requeues == 0:  # SLURM requeues batch jobs on node failure by default (JobRequeue=1)
         params["additional_parameters"] = {**params.get("additional_parameters", {}), "no-requeue": True}
+    for option in ("nodelist", "exclude"):
+        if getattr(s, option):
+            params["additional_parameters"] = {**params.get("additional_parameters", {}), option: getattr(s, option)}
     if s.mem:
         params["additional_parameters"] = {**params.get("additional_parameters", {}), "mem": s.mem}
     return params

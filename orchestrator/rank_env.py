@@ -174,20 +174,11 @@ def rank_env_from_slurm(environ: Mapping[str, str], payload: Mapping[str, object
     )
 
 
-#: CPU threads: the variables every rank gets unless the user set them (torchrun sets
-#: OMP_NUM_THREADS=1; one thread pool per core-hungry rank on a shared node is the slow default).
-THREAD_VARS = ("OMP_NUM_THREADS",)
-
-
 def thread_count_local(cpus: int, ranks: int) -> int:
-    """Locally every rank shares this machine: its cores divided among the ranks."""
+    """Locally every rank shares this machine: its cores divided among the ranks (on SLURM a rank
+    gets its cpus_per_task). torchrun sets OMP_NUM_THREADS=1; one thread pool per core-hungry rank
+    on a shared node is the slow default."""
     return max(1, cpus // max(1, ranks))
-
-
-def thread_env(environ: Mapping[str, str], threads: int) -> dict[str, str]:
-    """``OMP_NUM_THREADS`` for a rank: the user's own value where their environment sets one
-    (it reaches the ranks on either executor), else ``threads``."""
-    return {"OMP_NUM_THREADS": environ.get("OMP_NUM_THREADS") or str(threads)}
 
 
 def local_devices_for_rank(devices: list[int] | None, local_rank: int, local_world_size: int) -> str | None:

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from orchestrator.rank_env import rank_env_from_slurm, slurm_job_id, thread_env
+from orchestrator.rank_env import rank_env_from_slurm, slurm_job_id
 from orchestrator.records import point_dir
 
 
@@ -41,7 +41,7 @@ def main(args: list[str], run_rank: Callable[[Mapping[str, Any], int], Any]) -> 
     env = rank_env_from_slurm(os.environ, payload)
     job_id, restart = slurm_job_id(os.environ), int(os.environ.get("SLURM_RESTART_COUNT", "0"))
     os.environ.update(env.to_environ())
-    os.environ.update(thread_env(os.environ, int(os.environ.get("SLURM_CPUS_PER_TASK", "1"))))
+    os.environ.update(payload.get("env", {}))  # the job's variables, computed once by the plan
     os.environ["ORCH_REQUEUE_MARKER"] = requeue_marker(str(payload["run_dir"]), job_id, restart)
     os.environ["ORCH_ATTEMPT"] = str(restart)
     import socket
@@ -61,8 +61,5 @@ def main(args: list[str], run_rank: Callable[[Mapping[str, Any], int], Any]) -> 
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 1
     except BaseException:
-        import traceback
-
-        traceback.print_exc()
-        return 1
+        return 1  # run_rank printed and recorded it
     return 0

@@ -25,7 +25,7 @@ RESERVED_SBATCH = frozenset(
         "job-name", "nodes", "ntasks", "ntasks-per-node", "gpus-per-node", "gpus", "gres",
         "cpus-per-task", "mem", "time", "partition", "account", "qos", "constraint",
         "exclusive", "output", "error", "open-mode", "array", "signal", "wrap", "chdir",
-        "export", "wckey",
+        "export", "wckey", "nodelist", "exclude",
         # Options that would change the task layout, the requeue behaviour or how sbatch
         # answers (submission must get a job id back, at once).
         "mem-per-cpu", "mem-per-gpu", "gpus-per-task", "cpus-per-gpu", "ntasks-per-gpu",
@@ -124,6 +124,21 @@ class DistributedSpec(_Model):
     collective_timeout_s: float = Field(
         1800, gt=0, le=v.MAX_TIMEOUT_S, description="Seconds a single collective may take before the job fails."
     )
+    grad_compression: Literal["none", "fp16", "bf16"] = Field(
+        "none",
+        description="DDP gradient compression for jobs built on the rank API (jobs.wrap_model): 'fp16' or "
+        "'bf16' halve the bytes all-reduced, for bandwidth-bound multi-node jobs; 'none' is exact.",
+    )
+    nccl_async_error_handling: bool = Field(
+        True,
+        description="nccl jobs: TORCH_NCCL_ASYNC_ERROR_HANDLING=1, so a failed or timed-out collective ends "
+        "the rank instead of hanging it. Free while nothing is wrong.",
+    )
+    nccl_flight_recorder: bool = Field(
+        True,
+        description="nccl jobs: PyTorch's NCCL flight recorder (TORCH_NCCL_TRACE_BUFFER_SIZE=2000) with a "
+        "dump on timeout into <run folder>/nccl-trace/ (TORCH_NCCL_DUMP_ON_TIMEOUT=1).",
+    )
 
     @field_validator("port", mode="before")
     @classmethod
@@ -211,6 +226,17 @@ class SlurmSpec(_Model):
         None, description="Python executable on the compute nodes (one path, quoted in the script; "
         "use setup for wrappers). Default: the interpreter that submits."
     )
+    gpu_type: str | None = Field(
+        None,
+        description="GPU type as the cluster's GRES names it (e.g. 'a100'): the job asks for "
+        "--gpus-per-node=TYPE:N instead of --gpus-per-node=N. Needs gpus_per_node.",
+    )
+    nodelist: str | None = Field(
+        None, description="Run on these nodes (sbatch --nodelist), a SLURM host list: 'gpu[01-04]'."
+    )
+    exclude: str | None = Field(
+        None, description="Never run on these nodes (sbatch --exclude), a SLURM host list: 'gpu07,gpu[10-12]'."
+    )
     extra_sbatch: dict[str, Union[str, int, bool]] = Field(
         default_factory=dict,
         description="Further sbatch options by long name, e.g. {'mail-type': 'END'}. Options the "
@@ -247,6 +273,16 @@ class SlurmSpec(_Model):
     @classmethod
     def _constraint(cls, value: str | None) -> str | None:
         return None if value is None else v.constraint(value)
+
+    @field_validator("gpu_type")
+    @classmethod
+    def _gpu_type(cls, value: str | None) -> str | None:
+        return None if value is None else v.gpu_type(value)
+
+    @field_validator("nodelist", "exclude")
+    @classmethod
+    def _hostlists(cls, value: str | None) -> str | None:
+        return None if value is None else v.hostlist(value)
 
     @field_validator("python")
     @classmethod
@@ -310,6 +346,22 @@ class LocalSpec(_Model):
         return value
 
 
+class WatchdogSpec(_Model):
+    """What the orchestrator watches while the ranks run (outside the ranks' code)."""
+
+    stall_s: float | None = Field(
+        None, gt=0, le=v.MAX_TIMEOUT_S,
+        description="End the job (capturing every rank's stack and naming the straggler) when no rank has "
+        "made progress for this many seconds. Progress: a rank API heartbeat (jobs.heartbeat) or, for a "
+        "script that sends none, new output in the rank's log. Default: off.",
+    )
+    stacks_on_failure: bool = Field(
+        True,
+        description="On an abnormal end (a rank failed, a timeout, the init deadline, a stall, the time limit "
+        "with no requeue left) save the stacks of the ranks still alive in <run folder>/stacks/ first.",
+    )
+
+
 class JobSpec(_Model):
     """One distributed training (or inference) job."""
 
@@ -345,6 +397,18 @@ class JobSpec(_Model):
         default_factory=dict,
         description="Argument name -> values; the job runs once per point of the grid (a SLURM job array).",
     )
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Environment variables set on every rank, on every executor (NCCL_DEBUG, WANDB_*...). "
+        "Values are text, set as written (never read by a shell); they override the orchestrator's "
+        "defaults (OMP_NUM_THREADS, the NCCL aids) but not the rank contract (RANK, MASTER_PORT, ORCH_*...).",
+    )
+    workdir: str | None = Field(
+        None,
+        description="The ranks' working directory (relative files the script writes land here). Default: "
+        "the directory 'orchestrator run' / 'submit' was called from.",
+    )
+    watchdog: WatchdogSpec = Field(default_factory=WatchdogSpec, description="Stall watchdog and stack capture.")
     executor: ExecutorName = Field("local", description="Where it runs: local, slurm or debug.")
     runs_dir: str = Field("runs", description="Where run folders are created; must be shared on a cluster.")
 
@@ -371,6 +435,28 @@ class JobSpec(_Model):
                     raise ValueError(f"args.{key}: a list may hold only text, numbers or true/false, not lists")
                 _scalar(x, f"args.{key}")
         return value
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            v.env_name(name)
+        return value
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_values(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            for name, item in value.items():
+                if not isinstance(item, str):
+                    raise ValueError(f"env.{name}: {v.shown(item)} is not text; quote it in YAML "
+                                     f"({name}: '{item}'), every environment value is a string")
+        return value
+
+    @field_validator("workdir")
+    @classmethod
+    def _workdir(cls, value: str | None) -> str | None:
+        return None if value is None else v.run_path(value, "workdir")
 
     @field_validator("runs_dir")
     @classmethod
@@ -472,6 +558,11 @@ def cross_field_problems(spec: JobSpec) -> list[str]:
             f"slurm.signal_margin_s: {spec.slurm.signal_margin_s}s is not shorter than the time limit "
             f"({spec.slurm.time}); lower the margin or raise slurm.time"
         )
+    if spec.slurm.gpu_type and not spec.gpus_per_node:
+        problems.append("slurm.gpu_type: a GPU type needs GPUs; set gpus_per_node, or remove slurm.gpu_type")
+    if spec.distributed.grad_compression != "none" and spec.strategy != "ddp":
+        problems.append("distributed.grad_compression: compresses DDP's all-reduce; strategy dp has none, so "
+                        "use strategy ddp or grad_compression: none")
     if spec.executor == "slurm":
         problems += _file_init_problems(spec)
     if spec.executor == "local":

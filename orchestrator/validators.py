@@ -247,3 +247,58 @@ def run_path(value: str, what: str) -> str:
 def is_node_local(path: str) -> bool:
     norm = path.rstrip("/") or "/"
     return any(norm == p or norm.startswith(p + "/") for p in NODE_LOCAL_PREFIXES)
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+#: Variables the orchestrator sets on every rank (the rank contract); ``env:`` may not set them.
+OWNED_ENV = frozenset({
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "NNODES",
+    "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME",
+    "PYTHONUNBUFFERED", "TORCHELASTIC_RUN_ID",
+})
+#: Prefixes of variables that belong to the orchestrator or to SLURM.
+OWNED_ENV_PREFIXES = ("ORCH_", "SLURM_", "SBATCH_", "SRUN_")
+
+
+def env_name(name: str) -> str:
+    """A variable ``env:`` may set on the ranks: a valid name the orchestrator does not own."""
+    if not _ENV_NAME.fullmatch(name):
+        raise ValueError(f"{shown(name)} is not an environment variable name: letters, digits and '_', "
+                         "not starting with a digit")
+    if name in OWNED_ENV:
+        fix = ("set distributed.interface" if name.endswith("SOCKET_IFNAME")
+               else "set local.devices or gpus_per_node" if name == "CUDA_VISIBLE_DEVICES"
+               else "it is part of the rank contract every rank gets (see 'orchestrator plan')")
+        raise ValueError(f"{name} is set by the orchestrator on every rank, so env may not set it: {fix}")
+    for prefix in OWNED_ENV_PREFIXES:
+        if name.startswith(prefix):
+            owner = "the orchestrator" if prefix == "ORCH_" else "SLURM"
+            raise ValueError(f"{name}: variables starting with {prefix} belong to {owner}; env may not set them")
+    return name
+
+
+_HOST = r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,62}"
+_HOST_RANGE = r"\[\d{1,6}(-\d{1,6})?(,\d{1,6}(-\d{1,6})?)*\]"
+_HOSTLIST = re.compile(rf"({_HOST}({_HOST_RANGE}[A-Za-z0-9_.\-]*)?)(,{_HOST}({_HOST_RANGE}[A-Za-z0-9_.\-]*)?)*")
+
+
+def hostlist(value: str) -> str:
+    """A SLURM host list: names, or compressed ranges such as 'gpu[01-04,7],cpu1'."""
+    if not _HOSTLIST.fullmatch(value):
+        raise ValueError(f"{shown(value)} is not a SLURM host list; write names separated by commas, "
+                         "with ranges in brackets: 'node1,node2' or 'gpu[01-04,07]'")
+    for lo, hi in re.findall(r"(\d+)-(\d+)", "".join(re.findall(r"\[[^\]]*\]", value))):
+        if int(lo) > int(hi):
+            raise ValueError(f"the range {lo}-{hi} in {shown(value)} runs backwards; write {hi}-{lo}")
+    return value
+
+
+_GPU_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")
+
+
+def gpu_type(value: str) -> str:
+    """A GRES type name as slurm.conf / gres.conf spell it ('a100', 'h100_80gb')."""
+    if not _GPU_TYPE.fullmatch(value):
+        raise ValueError(f"{shown(value)} is not a GPU type name: letters, digits, '_', '.', '-' as in the "
+                         "cluster's gres.conf (e.g. 'a100'); 'sinfo -o %G' lists them")
+    return value

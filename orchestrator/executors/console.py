@@ -8,13 +8,21 @@ from typing import Callable
 
 
 class LogTails:
-    """Follows every rank's log file and hands new complete lines to ``echo(rank, line)``."""
+    """Follows every rank's log file and hands new complete lines to ``echo(rank, line)``.
+
+    A failing rank's traceback is not echoed: after its ``[launcher] rank N failed: ...`` line the
+    rest of its output stays in its log, and the run's outcome shows the first failure's
+    traceback once (peers that fail because of it would otherwise repeat it N times)."""
 
     def __init__(self, run_dir: Path, offsets: list[int], echo: Callable[[int, str], None]) -> None:
+        from orchestrator.failures import FAILED_MARK
+
         self.paths = [run_dir / "logs" / f"rank-{r}.log" for r in range(len(offsets))]
         self.offsets = list(offsets)
         self.partial = [b""] * len(offsets)
         self.echo = echo
+        self.marks = [FAILED_MARK.format(rank=r) for r in range(len(offsets))]
+        self.silenced = [False] * len(offsets)
 
     def pump(self) -> None:
         for rank, path in enumerate(self.paths):
@@ -28,7 +36,13 @@ class LogTails:
             lines = (self.partial[rank] + chunk).split(b"\n")
             self.partial[rank] = lines.pop()
             for line in lines:
-                self.echo(rank, line.decode(errors="replace"))
+                if self.silenced[rank]:
+                    break
+                text = line.decode(errors="replace")
+                if text.startswith(self.marks[rank]):
+                    self.silenced[rank] = True
+                    text += f"  (traceback in {path})"
+                self.echo(rank, text)
 
 
 _STEP = re.compile(r"step (\d+)/(\d+)")

@@ -209,7 +209,7 @@ class Supervisor:
             message = f"rank {rank} was killed by signal {signal.Signals(-(codes[rank] or 0)).name}"
         elif err is not None and err["rank"] in failed:
             rank = err["rank"]
-            message = f"rank {rank} raised {err['type']}: {err['message']}\n{err['traceback']}"
+            message = f"rank {rank} raised {err['type']}: {err['message']}\n{err.get('user_traceback') or err['traceback']}"
         else:
             rank = failed[0]
             message = f"rank {rank} exited with code {codes[rank]}"

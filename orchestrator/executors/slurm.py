@@ -227,7 +227,8 @@ class SlurmExecutor:
                     changes["ended"] = time.time()
                     err = first_error(rec.run_dir)
                     if err and state != "COMPLETED":
-                        changes.update(failed_rank=err["rank"], error=f"rank {err['rank']} raised {err['type']}: {err['message']}")
+                        changes.update(failed_rank=err["rank"], error=f"rank {err['rank']} raised {err['type']}: {err['message']}\n"
+                                             f"{err.get('user_traceback') or err['traceback']}")
                 if len(per_job) > 1:
                     changes["point_states"] = {str(i): s for i, s in enumerate(per_job)}
                 rec = rec.update(**changes)

@@ -1,0 +1,44 @@
+"""How a rank's failure is told: the user's traceback without the launcher's frames.
+
+Standard library only (ranks import it). The full traceback stays in ``<run>/errors/rank-N.json``;
+what the rank's log and the run's outcome show is trimmed of the orchestrator's and runpy's
+frames, which are the same in every failure and hide the user's own.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import traceback
+
+_OURS = (os.path.dirname(os.path.abspath(__file__)) + os.sep, os.path.abspath(runpy.__file__))
+
+#: The line a failing rank prints before its traceback. The local console stops echoing a rank
+#: after it (the run's outcome shows the first failure's traceback once).
+FAILED_MARK = "[launcher] rank {rank} failed: "
+
+
+def _is_ours(filename: str) -> bool:
+    path = os.path.abspath(filename)
+    return path.startswith(_OURS[0]) or path == _OURS[1] or filename.startswith("<frozen runpy")
+
+
+def user_traceback(exc: BaseException) -> str:
+    """``traceback.format_exception`` with the orchestrator's and runpy's frames left out (each
+    chained exception too). If every frame is ours, the full traceback is the honest answer."""
+    te = traceback.TracebackException.from_exception(exc)
+    for part in _chain(te):
+        kept = [f for f in part.stack if not _is_ours(f.filename)]
+        if kept:
+            part.stack = traceback.StackSummary.from_list(kept)
+    return "".join(te.format())
+
+
+def _chain(te: traceback.TracebackException) -> list[traceback.TracebackException]:
+    out, seen = [], set()
+    current: traceback.TracebackException | None = te
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        out.append(current)
+        current = current.__cause__ or (None if current.__suppress_context__ else current.__context__)
+    return out

@@ -205,3 +205,18 @@ def slurm_visible_devices(environ: Mapping[str, str], local_rank: int, local_wor
         return visible
     per_rank = len(ids) // local_world_size
     return ",".join(ids[local_rank * per_rank : (local_rank + 1) * per_rank])
+
+
+#: The flight recorder's variables were renamed in torch 2.8 (TORCH_NCCL_* -> TORCH_FR_*); newer
+#: releases warn about the old names, older ones know only those.
+FLIGHT_RECORDER_RENAMES = {"TORCH_FR_BUFFER_SIZE": "TORCH_NCCL_TRACE_BUFFER_SIZE",
+                           "TORCH_FR_DUMP_TEMP_FILE": "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"}
+
+
+def flight_recorder_aliases(environ: Mapping[str, str], torch_version: str | None) -> dict[str, str]:
+    """The old names of the flight recorder's variables, for a torch older than 2.8 (``plan`` shows
+    the new ones). ``torch_version`` from importlib.metadata, so torch is not imported for it."""
+    m = re.match(r"(\d+)\.(\d+)", torch_version or "")
+    if not m or (int(m.group(1)), int(m.group(2))) >= (2, 8):
+        return {}
+    return {old: environ[new] for new, old in FLIGHT_RECORDER_RENAMES.items() if new in environ and old not in environ}

@@ -136,8 +136,8 @@ class DistributedSpec(_Model):
     )
     nccl_flight_recorder: bool = Field(
         True,
-        description="nccl jobs: PyTorch's NCCL flight recorder (TORCH_NCCL_TRACE_BUFFER_SIZE=2000) with a "
-        "dump on timeout into <run folder>/nccl-trace/ (TORCH_NCCL_DUMP_ON_TIMEOUT=1).",
+        description="nccl jobs: PyTorch's NCCL flight recorder (TORCH_FR_BUFFER_SIZE=2000) with a dump on "
+        "timeout into <run folder>/nccl-trace/ (TORCH_NCCL_DUMP_ON_TIMEOUT=1, TORCH_FR_DUMP_TEMP_FILE).",
     )
 
     @field_validator("port", mode="before")
@@ -449,8 +449,8 @@ class JobSpec(_Model):
         if isinstance(value, dict):
             for name, item in value.items():
                 if not isinstance(item, str):
-                    raise ValueError(f"env.{name}: {v.shown(item)} is not text; quote it in YAML "
-                                     f"({name}: '{item}'), every environment value is a string")
+                    raise ValueError(f"the value of {v.shown(name)} is {v.shown(item)}, not text: quote it in "
+                                     "YAML (NAME: '1'); every environment value is a string")
         return value
 
     @field_validator("workdir")

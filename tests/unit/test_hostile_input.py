@@ -69,14 +69,16 @@ PATHS = [("name",), ("entrypoint",), ("runs_dir",), ("nodes",), ("gpus_per_node"
          ("distributed", "interface"), ("distributed", "rendezvous_dir"), ("distributed", "port"),
          ("distributed", "init_method"), ("distributed", "backend"), ("distributed", "init_timeout_s"),
          ("checkpoint", "dir"), ("checkpoint", "keep_last"),
-         ("local", "emulate_nodes"), ("local", "ranks_per_node"), ("local", "devices"), ("local", "timeout_s")]
+         ("local", "emulate_nodes"), ("local", "ranks_per_node"), ("local", "devices"), ("local", "timeout_s"),
+         ("env",), ("workdir",), ("slurm", "gpu_type"), ("slurm", "nodelist"), ("slurm", "exclude"),
+         ("watchdog", "stall_s"), ("distributed", "grad_compression")]
 
 
 @st.composite
 def hostile_specs(draw: st.DrawFn) -> dict[str, Any]:
     spec: dict[str, Any] = json.loads(json.dumps(BASE))
     for path in draw(st.lists(st.sampled_from(PATHS), min_size=1, max_size=5, unique=True)):
-        if path == ("args",) or path == ("slurm", "extra_sbatch"):
+        if path in (("args",), ("slurm", "extra_sbatch"), ("env",)):
             value: Any = draw(st.dictionaries(hostile_text, field_value, max_size=3))
         elif path == ("sweep",):
             value = draw(st.dictionaries(hostile_text, st.lists(field_value, max_size=3), max_size=2))

@@ -1,0 +1,63 @@
+"""The human view of a large plan: what all ranks share, node 0, the rule for the nodes between
+(checked against every row), the last node; the job's environment (spec env, thread default,
+NCCL aids) on every row, computed once."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import replace
+
+from rich.console import Console
+
+from orchestrator.display import print_ranks
+from orchestrator.plan import plan
+from orchestrator.spec import JobSpec
+
+
+def _view(launch, **kw) -> str:
+    buf = io.StringIO()
+    print_ranks(launch, Console(file=buf, width=240), **kw)
+    return buf.getvalue()
+
+
+def _spec(**kw) -> JobSpec:
+    base = dict(name="big", entrypoint="jobs.train:main", nodes=64, gpus_per_node=8, executor="slurm")
+    return JobSpec(**{**base, **kw})
+
+
+def test_rows_that_break_the_node_rule_are_shown_not_hidden() -> None:
+    launch = plan(_spec())
+    assert "differ from that rule" not in _view(launch)
+    rows = list(launch.ranks)
+    odd = rows[8 * 30 + 3]
+    rows[odd.rank] = replace(odd, env={**odd.env, "CUDA_VISIBLE_DEVICES": "7"})
+    broken = launch.model_copy(update={"ranks": rows})
+    view = _view(broken)
+    assert "ranks that differ from that rule" in view
+    assert f"{odd.rank}" in view.split("differ from that rule")[1]
+
+
+def test_a_row_with_the_wrong_rank_breaks_the_rule() -> None:
+    launch = plan(_spec(nodes=8))
+    rows = list(launch.ranks)
+    rows[20] = replace(rows[20], env={**rows[20].env, "RANK": "21"})
+    assert "differ from that rule" in _view(launch.model_copy(update={"ranks": rows}))
+
+
+def test_job_environment_is_on_every_row_and_shown_once() -> None:
+    launch = plan(_spec(env={"NCCL_DEBUG": "WARN", "OMP_NUM_THREADS": "3"}))
+    for row in launch.ranks:
+        assert row.env["NCCL_DEBUG"] == "WARN" and row.env["OMP_NUM_THREADS"] == "3"
+        assert row.env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+    assert launch.payload["env"]["NCCL_DEBUG"] == "WARN"
+    view = _view(launch)
+    assert view.count("NCCL_DEBUG=WARN") == 1
+
+
+def test_nccl_aids_can_be_turned_off_and_are_absent_for_gloo() -> None:
+    off = plan(_spec(distributed={"nccl_async_error_handling": False, "nccl_flight_recorder": False}))
+    assert not any(k.startswith("TORCH_") for k in off.payload["env"])
+    gloo = plan(JobSpec(name="cpu", entrypoint="jobs.train:main", nodes=2, cpu_ranks_per_node=2))
+    assert not any(k.startswith("TORCH_") for k in gloo.payload["env"])
+    on = plan(_spec())
+    assert on.payload["env"]["TORCH_FR_DUMP_TEMP_FILE"].startswith(on.run_dir)

@@ -32,6 +32,10 @@ def print_plan(launch: LaunchPlan, console: Console | None = None, node: int | N
                                 f"rank(s) = {launch.world_size}  backend={launch.backend}"))
     console.print(f"run folder: {launch.run_dir}", markup=False)
     console.print(f"entrypoint: {launch.payload['entrypoint']} {' '.join(launch.payload['argv'])}", markup=False)
+    console.print(f"working directory of the ranks: {launch.payload['workdir']}", markup=False)
+    stall = launch.payload["watchdog"]["stall_s"]
+    if stall:
+        console.print(f"stall watchdog: ends the job when no rank progresses for {stall:g}s", markup=False)
     for note in launch.notes:
         console.print(Text.assemble(("note:", "yellow"), " ", note))
     if launch.sbatch_script is not None:

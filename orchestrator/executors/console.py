@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 from typing import Callable
+
+from orchestrator.progress import Summary, read_progress, summarize
 
 
 class LogTails:
@@ -23,8 +26,24 @@ class LogTails:
         self.echo = echo
         self.marks = [FAILED_MARK.format(rank=r) for r in range(len(offsets))]
         self.silenced = [False] * len(offsets)
+        self.run_dir = run_dir
+        self._next_progress = 0.0
+        self._since = time.time()  # reports of an earlier attempt in this run folder do not count
+
+    def progress(self) -> None:
+        """Once a second: hand the live progress line (from the ranks' progress reports) to the
+        echo, if it shows one."""
+        show = getattr(self.echo, "progress", None)
+        now = time.monotonic()
+        if show is None or now < self._next_progress:
+            return
+        self._next_progress = now + PROGRESS_EVERY_S
+        summary = summarize(read_progress(self.run_dir, len(self.paths)), self._since)
+        if summary is not None:
+            show(summary)
 
     def pump(self) -> None:
+        self.progress()
         for rank, path in enumerate(self.paths):
             try:
                 with open(path, "rb") as fh:
@@ -46,31 +65,52 @@ class LogTails:
 
 
 _STEP = re.compile(r"step (\d+)/(\d+)")
+PROGRESS_EVERY_S = 1.0
+PLAIN_PROGRESS_EVERY_S = 30.0
 
 
 class ConsoleEcho:
-    """Prefixed live output plus a progress bar fed by rank 0's step lines."""
+    """On a terminal: prefixed live output under one live progress line (rich): step / total,
+    samples/s, ETA and the slowest rank from the ranks' progress reports (jobs.heartbeat), or,
+    for a script that sends none, rank 0's "step N/M" lines."""
 
     def __init__(self) -> None:
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-        self.progress = Progress(TextColumn("training"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
-                                 TimeElapsedColumn(), transient=False)
-        self.task = self.progress.add_task("train", total=None)
-        self.progress.start()
+        self.progress_bar = Progress(TextColumn("training"), BarColumn(), TextColumn("{task.description}"),
+                                     TimeElapsedColumn(), transient=False)
+        self.task = self.progress_bar.add_task("", total=None)
+        self.progress_bar.start()
+        self.reported = False
 
     def close(self) -> None:
-        self.progress.stop()
+        self.progress_bar.stop()
 
     def __call__(self, rank: int, line: str) -> None:
-        self.progress.console.print(f"[rank {rank}] {line}", markup=False, highlight=False)
-        m = _STEP.search(line) if rank == 0 else None
+        self.progress_bar.console.print(f"[rank {rank}] {line}", markup=False, highlight=False)
+        m = _STEP.search(line) if rank == 0 and not self.reported else None
         if m:
-            self.progress.update(self.task, completed=int(m.group(1)), total=int(m.group(2)))
+            self.progress_bar.update(self.task, completed=int(m.group(1)), total=int(m.group(2)),
+                                     description=f"step {m.group(1)}/{m.group(2)}")
+
+    def progress(self, summary: Summary) -> None:
+        self.reported = True
+        self.progress_bar.update(self.task, completed=summary.step, total=summary.total,
+                                 description=summary.line())
 
 
 class PlainEcho:
-    """Prefixed lines without a progress bar, for logs and pipes (no rich import, no redraws)."""
+    """Prefixed lines for logs and pipes (no rich import, no redraws), and the progress line as a
+    plain line every 30 s."""
+
+    def __init__(self) -> None:
+        self._next = 0.0
 
     def __call__(self, rank: int, line: str) -> None:
         print(f"[rank {rank}] {line}", flush=True)
+
+    def progress(self, summary: Summary) -> None:
+        now = time.monotonic()
+        if now >= self._next:
+            self._next = now + PLAIN_PROGRESS_EVERY_S
+            print(f"[progress] {summary.line()}", flush=True)

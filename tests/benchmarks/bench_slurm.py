@@ -51,7 +51,10 @@ def spec_file(tmp: Path, **fields: Any) -> Path:
 
 
 def latency(repeat: int, tmp: Path, script: Path) -> None:
-    ours, plain = [], []
+    ours: list[float] = []
+    plain: list[float] = []
+    cli: list[float] = []
+    plain_cli: list[float] = []
     for i in range(repeat):
         out = tmp / f"ours-{i}"
         out.mkdir()
@@ -59,15 +62,22 @@ def latency(repeat: int, tmp: Path, script: Path) -> None:
                          extra_args=["--out", str(out)])
         t0 = time.time()
         subprocess.run([PY, "-m", "orchestrator", "submit", str(spec)], check=True, stdout=subprocess.DEVNULL)
+        cli.append(time.time() - t0)
         ours.append(wait_files(out, 4) - t0)
         out = tmp / f"plain-{i}"
         out.mkdir()
         t0 = time.time()
         subprocess.run(["sbatch", "-Q", "-N2", "--ntasks-per-node=2", "-o", "/dev/null", "--wrap",
                         f"srun {PY} {script} --out {out}"], check=True)
+        plain_cli.append(time.time() - t0)
         plain.append(wait_files(out, 4) - t0)
     o, p = statistics.median(ours), statistics.median(plain)
-    print(f"submit -> 4 ranks running: sbatch --wrap {p:.2f} s, orchestrator submit {o:.2f} s -> {o / p:.2f}x")
+    print(f"submit -> 4 ranks running: sbatch --wrap {p:.2f} s, orchestrator submit {o:.2f} s -> {o / p:.2f}x "
+          f"(+{o - p:.2f} s)")
+    print(f"  of which the command itself (until it returns): sbatch {statistics.median(plain_cli):.2f} s, "
+          f"orchestrator submit {statistics.median(cli):.2f} s; from its return to 4 ranks running: "
+          f"{statistics.median([a - b for a, b in zip(plain, plain_cli)]):.2f} s vs "
+          f"{statistics.median([a - b for a, b in zip(ours, cli)]):.2f} s")
 
 
 def sweep_submission(tmp: Path, script: Path) -> list[str]:

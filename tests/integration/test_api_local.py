@@ -25,7 +25,7 @@ def test_run_from_python_waits_and_reads_result_and_logs(tmp_path: Path) -> None
     from orchestrator import Run, run
 
     t0 = time.monotonic()
-    handle = run(_spec(tmp_path))
+    handle = run(_spec(tmp_path, env={"API_JOB_ENV": "seen"}))
     assert time.monotonic() - t0 < 120
     assert handle.state == "COMPLETED", handle.error
     assert handle.wait(timeout=5) == "COMPLETED"
@@ -34,6 +34,7 @@ def test_run_from_python_waits_and_reads_result_and_logs(tmp_path: Path) -> None
     assert "attempt 1 started" in handle.logs(rank=3)
     rows = [json.loads((tmp_path / "out" / f"rank-{r}.json").read_text()) for r in range(4)]
     assert [(r["rank"], r["node_rank"]) for r in rows] == [(0, 0), (1, 0), (2, 1), (3, 1)]
+    assert [r["api_job_env"] for r in rows] == ["seen"] * 4  # the spec's env reached every rank
     assert handle.run_dir == tmp_path / "runs" / handle.id
     again = Run.get(handle.id)  # found again by id, by prefix and by folder
     assert again.run_dir == handle.run_dir == Run.get(handle.id[:6]).run_dir == Run.get(str(handle.run_dir)).run_dir

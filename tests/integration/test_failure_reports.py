@@ -1,0 +1,36 @@
+"""A failure is told once, in the user's terms: the first failing rank's traceback, trimmed of the
+orchestrator's and runpy's frames, shown once by ``run`` (not once per rank); the full traceback
+stays in ``<run>/errors/rank-N.json`` and the rank's log keeps the trimmed one."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = Path(__file__).parent / "scripts" / "user_crash.py"
+
+
+def test_run_shows_the_first_failure_once_without_our_frames(tmp_path: Path) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({"name": "crash", "entrypoint": str(SCRIPT), "nodes": 2, "cpu_ranks_per_node": 2,
+                                    "runs_dir": str(tmp_path / "runs")}))
+    proc = subprocess.run([sys.executable, "-m", "orchestrator", "run", str(spec)], capture_output=True, text=True,
+                          timeout=180, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    shown = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "FAILED" in shown, shown[-3000:]
+    assert shown.count("Traceback (most recent call last)") == 1, shown[-5000:]
+    assert "rank 1 raised ValueError: shard 1 is corrupt" in shown
+    assert "in load_shard" in shown and "user_crash.py" in shown
+    for ours in ("orchestrator/launcher.py", "runpy", "zygote.py"):
+        assert ours not in shown, f"{ours} in the output:\n{shown[-3000:]}"
+    run_dir = next((tmp_path / "runs").iterdir())
+    full = json.loads((run_dir / "errors" / "rank-1.json").read_text())
+    assert "orchestrator/launcher.py" in full["traceback"] and "launcher.py" not in full["user_traceback"]
+    log = (run_dir / "logs" / "rank-1.log").read_text()
+    assert "[launcher] rank 1 failed: ValueError: shard 1 is corrupt" in log and "in load_shard" in log

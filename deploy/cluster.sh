@@ -2,7 +2,7 @@
 # A real SLURM cluster on one machine: slurmctld + slurmdbd (private MariaDB) on the host, and
 # N compute nodes, each a network namespace with its own hostname, address and eth0.
 #
-#   deploy/cluster.sh up   [--nodes N] [--cpus C] [--gpus G] [--dir DIR]   (idempotent)
+#   deploy/cluster.sh up   [--nodes N] [--cpus C] [--gpus G] [--gpu-type T] [--dir DIR]   (idempotent)
 #   deploy/cluster.sh down [--dir DIR]                                     (idempotent)
 #   deploy/cluster.sh status [--dir DIR]
 #   source DIR/env    # exports SLURM_CONF for sbatch, sacct, submitit ...
@@ -10,19 +10,27 @@
 # Needs root and Debian 12 (it installs slurm-wlm 22.05, munge, slurmdbd and MariaDB itself).
 # Daemons are stopped by the PIDs recorded in DIR only. Fake GPUs are GRES backed by character
 # devices (mknod c 1 3), so scheduling and CUDA_VISIBLE_DEVICES binding are real; CUDA is not.
+# They are typed (--gpu-type, default a100: Gres=gpu:a100:G), so jobs may ask for
+# --gpus-per-node=a100:2 as on a real cluster; untyped requests (--gpus-per-node=2) match them
+# too. --gpu-type '' gives untyped GPUs (Gres=gpu:G), which typed requests do not match.
 set -euo pipefail
 
 CMD=${1:-}; shift || true
-NODES=2; CPUS=4; GPUS=2; DIR=${ORCH_CLUSTER_DIR:-/var/tmp/orch-cluster}
+NODES=2; CPUS=4; GPUS=2; GPU_TYPE=a100; DIR=${ORCH_CLUSTER_DIR:-/var/tmp/orch-cluster}
 while [ $# -gt 0 ]; do
   case "$1" in
     --nodes) NODES=$2; shift 2 ;;
     --cpus) CPUS=$2; shift 2 ;;
     --gpus) GPUS=$2; shift 2 ;;
+    --gpu-type) GPU_TYPE=$2; shift 2 ;;
     --dir) DIR=$2; shift 2 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
+case "$NODES$CPUS$GPUS" in *[!0-9]*|'') echo "--nodes, --cpus and --gpus take whole numbers" >&2; exit 2 ;; esac
+# A GRES type as slurm.conf and gres.conf spell it; refused here rather than by slurmctld's log.
+[[ -z "$GPU_TYPE" || "$GPU_TYPE" =~ ^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$ ]] || {
+  echo "--gpu-type '$GPU_TYPE': use letters, digits, '_', '.' or '-' (e.g. a100), or '' for untyped GPUs" >&2; exit 2; }
 BRIDGE=orchbr0; NET=10.77.0; CTL_ADDR=$NET.1; CLUSTER=orch; DB_PORT=3307
 log() { echo "[cluster] $*" >&2; }
 alive() { [ -n "${1:-}" ] && [ -r "/proc/$1/stat" ] && [ "$(awk '{print $3}' "/proc/$1/stat")" != Z ]; }
@@ -100,7 +108,9 @@ PidFile=$DIR/slurmdbd.pid
 LogFile=$DIR/log/slurmdbd.log
 EOF
   chmod 600 "$DIR/slurmdbd.conf"
-  local gres=""; [ "$GPUS" -gt 0 ] && gres="Gres=gpu:$GPUS"
+  local gres="" typed=""
+  [ -n "$GPU_TYPE" ] && typed="$GPU_TYPE:"
+  [ "$GPUS" -gt 0 ] && gres="Gres=gpu:$typed$GPUS"
   cat > "$DIR/slurm.conf" <<EOF
 ClusterName=$CLUSTER
 SlurmctldHost=$host($CTL_ADDR)
@@ -139,7 +149,8 @@ EOF
   done
   echo "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP" >> "$DIR/slurm.conf"
   if [ "$GPUS" -gt 0 ]; then
-    { echo "AutoDetect=off"; echo "NodeName=node[1-$NODES] Name=gpu File=$DIR/dev/nvidia[0-$((GPUS - 1))]"; } > "$DIR/gres.conf"
+    { echo "AutoDetect=off"
+      echo "NodeName=node[1-$NODES] Name=gpu${GPU_TYPE:+ Type=$GPU_TYPE} File=$DIR/dev/nvidia[0-$((GPUS - 1))]"; } > "$DIR/gres.conf"
   else
     echo "AutoDetect=off" > "$DIR/gres.conf"
   fi
@@ -204,7 +215,7 @@ up() {
   sinfo -h -N -o '%N %T' | grep -q idle || { log "nodes did not come up; see $DIR/log"; sinfo -N; exit 1; }
   # Warm-up: the first batch job after slurmctld starts waits ~3 s; pay it here, not in a test.
   sbatch -Q --wait -o /dev/null --wrap true >/dev/null 2>&1 || true
-  log "up: $NODES node(s), SLURM_CONF=$DIR/slurm.conf"
+  log "up: $NODES node(s), ${GPUS} GPU(s) ${GPU_TYPE:-untyped} per node, SLURM_CONF=$DIR/slurm.conf"
 }
 
 kill_pidfile() {
@@ -245,5 +256,5 @@ case "$CMD" in
   up) up ;;
   down) down ;;
   status) status ;;
-  *) echo "usage: deploy/cluster.sh up|down|status [--nodes N] [--cpus C] [--gpus G] [--dir DIR]" >&2; exit 2 ;;
+  *) echo "usage: deploy/cluster.sh up|down|status [--nodes N] [--cpus C] [--gpus G] [--gpu-type T] [--dir DIR]" >&2; exit 2 ;;
 esac

@@ -560,6 +560,7 @@ def cross_field_problems(spec: JobSpec) -> list[str]:
         )
     if spec.slurm.gpu_type and not spec.gpus_per_node:
         problems.append("slurm.gpu_type: a GPU type needs GPUs; set gpus_per_node, or remove slurm.gpu_type")
+    problems += _hostlist_problems(spec)
     if spec.distributed.grad_compression != "none" and spec.strategy != "ddp":
         problems.append("distributed.grad_compression: compresses DDP's all-reduce; strategy dp has none, so "
                         "use strategy ddp or grad_compression: none")
@@ -581,6 +582,23 @@ def cross_field_problems(spec: JobSpec) -> list[str]:
             f"sweep.{both[0]}: also set in args; the sweep overrides it per point, so remove it from args"
         )
     return problems
+
+
+def _hostlist_problems(spec: JobSpec) -> list[str]:
+    """What sbatch would refuse without naming the field: a node list longer than ``nodes`` (SLURM
+    allocates every node of it) and a host both wanted and excluded."""
+    s = spec.slurm
+    if not s.nodelist:
+        return []
+    wanted = v.hostlist_hosts(s.nodelist)
+    if wanted is None or len(wanted) > spec.nodes:
+        n = "more than 65536" if wanted is None else str(len(wanted))
+        return [f"slurm.nodelist: names {n} nodes but the job asks for nodes: {spec.nodes}; SLURM allocates every "
+                "node of the list, so raise nodes or shorten the list"]
+    both = wanted & (v.hostlist_hosts(s.exclude) or set()) if s.exclude else set()
+    if both:
+        return [f"slurm.nodelist and slurm.exclude both name {', '.join(sorted(both)[:5])}; remove it from one of them"]
+    return []
 
 
 def _file_init_problems(spec: JobSpec) -> list[str]:

@@ -279,14 +279,15 @@ def env_name(name: str) -> str:
 
 _HOST = r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,62}"
 _HOST_RANGE = r"\[\d{1,6}(-\d{1,6})?(,\d{1,6}(-\d{1,6})?)*\]"
-_HOSTLIST = re.compile(rf"({_HOST}({_HOST_RANGE}[A-Za-z0-9_.\-]*)?)(,{_HOST}({_HOST_RANGE}[A-Za-z0-9_.\-]*)?)*")
+# Text after a bracket range ('gpu[1-2]-ib') is refused: scontrol 22.05 calls it an invalid hostlist.
+_HOSTLIST = re.compile(rf"({_HOST}({_HOST_RANGE})?)(,{_HOST}({_HOST_RANGE})?)*")
 
 
 def hostlist(value: str) -> str:
     """A SLURM host list: names, or compressed ranges such as 'gpu[01-04,7],cpu1'."""
     if not _HOSTLIST.fullmatch(value):
         raise ValueError(f"{shown(value)} is not a SLURM host list; write names separated by commas, "
-                         "with ranges in brackets: 'node1,node2' or 'gpu[01-04,07]'")
+                         "with ranges in brackets at the end of a name: 'node1,node2' or 'gpu[01-04,07]'")
     for lo, hi in re.findall(r"(\d+)-(\d+)", "".join(re.findall(r"\[[^\]]*\]", value))):
         if int(lo) > int(hi):
             raise ValueError(f"the range {lo}-{hi} in {shown(value)} runs backwards; write {hi}-{lo}")
@@ -302,3 +303,22 @@ def gpu_type(value: str) -> str:
         raise ValueError(f"{shown(value)} is not a GPU type name: letters, digits, '_', '.', '-' as in the "
                          "cluster's gres.conf (e.g. 'a100'); 'sinfo -o %G' lists them")
     return value
+
+
+def hostlist_hosts(value: str, limit: int = MAX_WORLD) -> set[str] | None:
+    """The hosts of a valid host list, or None when it names more than ``limit`` (counted before
+    anything is expanded, so 'n[1-999999]' costs nothing)."""
+    count = 0
+    for item in re.findall(r"[^,\[]+(?:\[[^\]]*\])?", value):
+        ranges = re.search(r"\[([^\]]*)\]", item)
+        if not ranges:
+            count += 1
+            continue
+        for part in ranges.group(1).split(","):
+            lo, _, hi = part.partition("-")
+            count += int(hi or lo) - int(lo) + 1
+    if count > limit:
+        return None
+    from orchestrator.rank_env import expand_nodelist
+
+    return set(expand_nodelist(value))

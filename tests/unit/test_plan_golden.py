@@ -41,12 +41,21 @@ def _spec(runs_dir: str, **extra: object):
     return spec_from_dict(base)
 
 
+def _gpu_type_spec():
+    """Typed GPUs and node selection: a bracketed host list reaches sbatch quoted, as one word."""
+    spec = _spec("/shared/runs")
+    slurm = {**spec.slurm.model_dump(mode="json", exclude_defaults=True),
+             "gpu_type": "a100", "nodelist": "gpu[01-02]", "exclude": "gpu07,gpu[10-12]"}
+    return _spec("/shared/runs", slurm=slurm)
+
+
 def golden_scripts() -> dict[str, str]:
     """Every golden file's name and the text plan() renders for it now (tests/update_golden.py
     writes these; the tests compare against them)."""
     scripts = {
         "plain": plan(_spec("/shared/runs")).sbatch_script or "",
         "sweep": plan(_spec("/shared/runs", sweep={"lr": [0.1, 0.2, 0.3]}, nodes=1)).sbatch_script or "",
+        "gpu-type-nodes": plan(_gpu_type_spec()).sbatch_script or "",
     }
     for case, runs_dir in sorted(HOSTILE_DIRS.items()):
         scripts[f"hostile-{case}"] = plan(_spec(runs_dir)).sbatch_script or ""
@@ -94,6 +103,17 @@ def test_sweep_script_is_one_array() -> None:
     _check_golden("sweep", launch.sbatch_script or "")
     assert [p.args["lr"] for p in launch.sweep] == [0.1, 0.2, 0.3]
     assert len({p.run_dir for p in launch.sweep}) == 3
+
+
+def test_gpu_type_and_node_selection_match_golden() -> None:
+    script = plan(_gpu_type_spec()).sbatch_script or ""
+    _check_golden("gpu-type-nodes", script)
+    lines = script.splitlines()
+    # The typed request in the GPU option (not --gres), and the host lists quoted for the shell
+    # reading of #SBATCH lines: sbatch 22.05 strips the quotes (tests/cluster/test_gpu_types.py).
+    assert "#SBATCH --gpus-per-node=a100:2" in lines and not any("--gres" in line for line in lines)
+    assert "#SBATCH --nodelist='gpu[01-02]'" in lines
+    assert "#SBATCH --exclude='gpu07,gpu[10-12]'" in lines
 
 
 @pytest.mark.parametrize("case", sorted(HOSTILE_DIRS))

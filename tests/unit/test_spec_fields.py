@@ -1,0 +1,62 @@
+"""The spec fields for real clusters: env, workdir, GPU types, node selection, the watchdog."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orchestrator.errors import SpecError
+from orchestrator.loading import spec_from_dict
+from orchestrator.plan import plan
+from orchestrator.validators import OWNED_ENV, hostlist_hosts
+
+BASE = {"name": "f", "entrypoint": "jobs.train:main", "executor": "slurm", "nodes": 2}
+
+
+def _refused(match: str, **fields: object) -> None:
+    with pytest.raises(SpecError, match=match):
+        spec_from_dict({**BASE, **fields})
+
+
+@pytest.mark.parametrize("name", sorted(OWNED_ENV) + ["ORCH_RUN_DIR", "SLURM_PROCID", "SRUN_CPUS_PER_TASK"])
+def test_env_may_not_set_what_the_orchestrator_or_slurm_owns(name: str) -> None:
+    _refused(name, env={name: "1"})
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,20}", fullmatch=True), st.text(max_size=20), max_size=4))
+def test_valid_env_reaches_the_payload_as_written(env: dict[str, str]) -> None:
+    try:
+        spec = spec_from_dict({**BASE, "env": env})
+    except SpecError as exc:  # an owned name, or a control character in a value
+        assert "env" in str(exc)
+        return
+    launch = plan(spec)
+    for key, value in env.items():
+        assert launch.payload["env"][key] == value
+        assert all(row.env[key] == value for row in launch.ranks)
+
+
+def test_gpu_type_needs_gpus_and_renders_typed() -> None:
+    _refused("gpu_type", slurm={"gpu_type": "a100"})
+    launch = plan(spec_from_dict({**BASE, "gpus_per_node": 4, "slurm": {"gpu_type": "a100"}}))
+    assert "#SBATCH --gpus-per-node=a100:4" in (launch.sbatch_script or "")
+
+
+def test_node_lists() -> None:
+    _refused("names 3 nodes", slurm={"nodelist": "n[1-3]"})
+    _refused("both name n2", slurm={"nodelist": "n[1-2]", "exclude": "n2"})
+    _refused("not a SLURM host list", slurm={"exclude": "gpu[1-2]-ib"})
+    _refused("runs backwards", slurm={"exclude": "gpu[4-1]"})
+    assert hostlist_hosts("gpu[01-03,7],cpu1") == {"gpu01", "gpu02", "gpu03", "gpu7", "cpu1"}
+    assert hostlist_hosts("n[1-999999]") is None  # counted, not expanded
+    script = plan(spec_from_dict({**BASE, "slurm": {"nodelist": "n[1-2]", "exclude": "n7"}})).sbatch_script or ""
+    assert "#SBATCH --nodelist='n[1-2]'" in script and "#SBATCH --exclude=n7" in script
+
+
+def test_workdir_and_watchdog_reach_the_payload(tmp_path) -> None:
+    launch = plan(spec_from_dict({**BASE, "workdir": str(tmp_path), "watchdog": {"stall_s": 20}}))
+    assert launch.payload["workdir"] == str(tmp_path)
+    assert launch.payload["watchdog"] == {"stall_s": 20, "stacks_on_failure": True}
+    _refused("stall_s", watchdog={"stall_s": 0})

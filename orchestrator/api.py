@@ -273,12 +273,124 @@ class Run:
         except FileNotFoundError:
             raise RunNotFoundError(f"no log for rank {rank} yet at {path} ({self.id} is {self._record.state})") from None
 
+    def stacks(self, rank: int | None = None, timeout: float = 5.0, native: bool = False) -> str:
+        """The Python stack of every thread of every live rank (or of ``rank``), as the ranks are
+        now; they keep running. Each rank dumps its own stacks on a signal (faulthandler, set up
+        by the launcher), which works while it is blocked inside a C++ collective; on SLURM the
+        request reaches every node through ``srun --overlap``. A run that has ended shows the
+        stacks saved at its end, if any. ``native=True`` (local runs) asks py-spy instead, for the
+        C/C++ frames too; it needs ptrace permission."""
+        from orchestrator import stacks
+
+        if native:
+            return self._native_stacks(rank)
+        state = self.status()
+        world = max(1, self._record.world_size)
+        if rank is not None and not 0 <= rank < world:
+            raise RunNotFoundError(f"rank {rank} is not in {self.id} (ranks 0-{world - 1})")
+        if self._record.state in TERMINAL:
+            return self._saved_stacks(rank)
+        folder = _live_folder(self._record)
+        wanted = None if rank is None else [rank]
+        problem = ""
+        if self.executor == "slurm":
+            from orchestrator.stacks_probe import python_of, request_slurm
+
+            payload = json.loads((folder / "payload.json").read_text(encoding="utf-8"))
+            job = _running_job(self._record, folder)
+            dumps, problem = request_slurm(folder, job, int(payload.get("nodes", 1)), python_of(payload), wanted,
+                                           timeout_s=max(timeout * 3, 10.0))
+        else:
+            dumps = stacks.request_local(folder, wanted, timeout_s=timeout)
+        known = stacks.rank_procs(folder)
+        if not dumps:
+            raise RunNotFinishedError(
+                f"no rank of {self.id} ({state}) answered: " + (problem or "none has started yet, or all have ended")
+                + f"; try again in a moment, or see orchestrator logs {self.id}")
+        parts = []
+        for r in range(world) if rank is None else [rank]:
+            text = dumps.get(r, "")
+            rp = known.get(r)
+            who = f"rank {r}" + (f" (host {rp.host}, pid {rp.pid})" if rp else "")
+            if not text:
+                parts.append(f"=== {who}: no answer (not started, ended, or not reachable) ===\n")
+                continue
+            parts.append(f"=== {who}: {stacks.where(text).text()} ===\n{text.rstrip()}\n")
+        if problem:
+            parts.append(f"(srun said: {problem.splitlines()[-1]})\n")
+        return "\n".join(parts)
+
+    def _native_stacks(self, rank: int | None) -> str:
+        import shutil
+        import subprocess
+
+        from orchestrator import procs, stacks
+
+        if self.executor == "slurm":
+            raise UsageError("--native (py-spy) works for local runs only; on SLURM use 'orchestrator stacks' "
+                             "without it (Python stacks from every node)")
+        spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+        if not Path(spy).exists():
+            raise UsageError("--native needs py-spy: pip install py-spy (or drop --native for the Python stacks)")
+        parts = []
+        for r, rp in sorted(stacks.rank_procs(_live_folder(self.record)).items()):
+            if rank is not None and r != rank:
+                continue
+            if not procs.same_process(rp.pid, rp.start_ticks):
+                parts.append(f"=== rank {r}: no longer running ===\n")
+                continue
+            try:
+                out = subprocess.run([spy, "dump", "--native", "--pid", str(rp.pid)], capture_output=True,
+                                     text=True, timeout=30)
+                text = out.stdout if out.returncode == 0 else (
+                    f"py-spy failed: {out.stderr.strip() or out.stdout.strip()} (it needs ptrace permission: "
+                    "root, CAP_SYS_PTRACE or kernel.yama.ptrace_scope=0; without --native no permission is needed)")
+            except subprocess.TimeoutExpired:
+                text = "py-spy did not answer within 30 s"
+            parts.append(f"=== rank {r} (pid {rp.pid}, py-spy --native) ===\n{text.rstrip()}\n")
+        if not parts:
+            raise RunNotFinishedError(f"no rank of {self.id} is running; try again once it has started")
+        return "\n".join(parts)
+
+    def _saved_stacks(self, rank: int | None) -> str:
+        folder = Path(self._record.run_dir) / "stacks"
+        files = sorted(folder.glob("rank-*.txt"), key=lambda p: int(p.stem.split("-")[1])) if folder.is_dir() else []
+        files = [p for p in files if rank is None or p.stem == f"rank-{rank}"]
+        if not files:
+            raise RunNotFinishedError(f"{self.id} has ended ({self._record.state}) and no stacks were saved at its "
+                                      f"end; live stacks need a running run")
+        head = f"{self.id} has ended ({self._record.state}); the stacks saved at its end ({folder}):\n"
+        return head + "\n".join(f"=== {p.stem.replace('-', ' ')} ===\n{p.read_text(errors='replace').rstrip()}\n"
+                                 for p in files)
+
     def report(self) -> str:
         """Write ``<run>/report/`` (PNG plots of loss, accuracy and throughput) and return the
         text summary. Needs matplotlib, and metrics from the rank API."""
         from orchestrator.report import write_report
 
         return write_report(str(self.run_dir))
+
+
+def _live_folder(rec: RunRecord) -> Path:
+    """Where the running ranks record themselves: the run folder, or in a sweep the latest point
+    whose ranks have (points run in order locally; on SLURM the newest array task)."""
+    from orchestrator.records import point_dir
+
+    run_dir = Path(rec.run_dir)
+    if not rec.sweep_size:
+        return run_dir
+    for index in reversed(range(rec.sweep_size)):
+        if (point_dir(run_dir, index) / "ranks").is_dir():
+            return point_dir(run_dir, index)
+    return point_dir(run_dir, 0)
+
+
+def _running_job(rec: RunRecord, folder: Path) -> str:
+    """The SLURM job (or array task) whose ranks record themselves in ``folder``."""
+    if rec.sweep_size and folder.parent.name == "points":
+        index = int(folder.name)
+        return rec.job_ids[index] if index < len(rec.job_ids) else rec.job_ids[-1]
+    return rec.job_ids[0]
 
 
 def _read_result(folder: Path) -> Any:

@@ -85,6 +85,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-f", "--follow", action="store_true", help="keep printing until the run ends")
     p.set_defaults(func=cmd_logs)
 
+    p = sub.add_parser("stacks", help="print the Python stack of every thread of every live rank (they keep running)")
+    p.add_argument("run")
+    p.add_argument("--rank", type=int, default=None, help="only this rank")
+    p.add_argument("--native", action="store_true",
+                   help="local runs: C/C++ frames too, through py-spy (needs ptrace permission)")
+    p.set_defaults(func=cmd_stacks)
+
     p = sub.add_parser("cancel", help="stop a run")
     p.add_argument("run")
     p.set_defaults(func=cmd_cancel)
@@ -185,13 +192,27 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if args.follow or args.wait:
         state = handle.wait(follow=args.follow)
         print(f"{handle.id}: {state}")
+        record = handle.record
         if state != "COMPLETED":
-            error, rank = handle.error, handle.record.failed_rank
+            error, rank = record.error, record.failed_rank
             if error:
                 print(error, file=sys.stderr)
+            _print_waits(record)
             print(f"see: orchestrator logs {handle.id} --rank {rank if rank is not None else 0}", file=sys.stderr)
+        if record.warning:
+            print(f"warning: {record.warning}", file=sys.stderr)
         return 0 if state == "COMPLETED" else 1
     return 0
+
+
+def _print_waits(record: Any) -> None:
+    """Where each rank was at an abnormal end (from the stacks saved in the run folder)."""
+    if record.waits:
+        from orchestrator.stacks import wait_lines
+
+        print(f"where the ranks were (stacks in {record.run_dir}/stacks):", file=sys.stderr)
+        for line in wait_lines(record.waits):
+            print(f"  {line}", file=sys.stderr)
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:
@@ -236,6 +257,14 @@ def cmd_logs(args: argparse.Namespace) -> int:
     from orchestrator.operations import logs
 
     return logs(args.run, args.rank, args.follow, args.point)
+
+
+def cmd_stacks(args: argparse.Namespace) -> int:
+    from orchestrator.api import Run
+
+    sys.stdout.write(Run.get(args.run).stacks(rank=args.rank, native=args.native))
+    sys.stdout.flush()
+    return 0
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:

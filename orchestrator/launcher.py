@@ -105,6 +105,7 @@ def run_rank(payload: Mapping[str, Any], rank: int) -> Any:
     name_process(payload, rank)
     os.environ.update(config_environ(payload))
     run_dir = Path(payload["run_dir"])
+    install_watch_hooks(run_dir, rank)
     try:
         enter_workdir(payload)
         result = call_entrypoint(payload["entrypoint"], list(payload["argv"]), payload.get("source_dir"))
@@ -126,6 +127,16 @@ def run_rank(payload: Mapping[str, Any], rank: int) -> Any:
     if rank == 0:
         write_json_atomic(run_dir / "result.json", {"finished": time.time(), "result": _jsonable(result)})
     return result
+
+
+def install_watch_hooks(run_dir: Path, rank: int) -> None:
+    """What lets the orchestrator see into a rank from outside, for any script: its stacks on a
+    signal (``stacks.install``: faulthandler, no cost until asked) and the moment it joins its
+    process group (``join_hook.install``: a wrapper around init_process_group)."""
+    from orchestrator import join_hook, stacks
+
+    stacks.install(run_dir, rank)
+    join_hook.install(run_dir, rank)
 
 
 def rendezvous_path(init_method: str) -> str | None:

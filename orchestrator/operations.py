@@ -16,6 +16,7 @@ from pathlib import Path
 from orchestrator import api
 from orchestrator.api import Run, registered
 from orchestrator.records import TERMINAL, RunRecord
+from orchestrator.stacks import wait_lines
 
 #: `logs -f` on a run that has not started yet waits this long for its first line, then says so.
 FOLLOW_START_TIMEOUT_S = 600.0
@@ -47,6 +48,11 @@ def status(refs: list[str], as_json: bool = False) -> int:
         print(f"{rec.run_id:40} {rec.state:14} {rec.executor:6} jobs={ids or '-'} ranks={rec.world_size}")
         if rec.state not in ("COMPLETED", "RUNNING", "PENDING") and rec.error:
             print("    " + rec.error.strip().splitlines()[0])
+        if rec.state not in ("COMPLETED", "RUNNING", "PENDING") and rec.waits:
+            for line in wait_lines(rec.waits):
+                print(f"    {line}")
+        if rec.warning:
+            print(f"    warning: {rec.warning}")
         if rec.point_states:
             print_grid(rec, rec.point_states)
     return 0

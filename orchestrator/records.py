@@ -5,6 +5,7 @@ Run folder layout::
     <run_dir>/spec.yaml  plan.json  record.json  payload.json
     <run_dir>/logs/rank-N.log        (local)   <run_dir>/slurm/  (submitit's folder)
     <run_dir>/errors/rank-N.json     first traceback of a failing rank
+    <run_dir>/stacks/rank-N.txt      every live rank's stacks at an abnormal end (forensics.py)
     <run_dir>/checkpoints/  metrics/rank-N.jsonl  result.json
     <run_dir>/points/NNNN/           a sweep point: its own logs/, errors/ and result.json
 
@@ -72,6 +73,12 @@ class RunRecord:
     attempts: int = 1
     sweep_size: int = 0
     point_states: dict[str, str] = field(default_factory=dict)
+    #: Where each rank was when the run ended abnormally (its user-code line and the collective
+    #: it waited in), from the stacks saved in <run>/stacks/; rank (as text) -> description.
+    waits: dict[str, str] = field(default_factory=dict)
+    #: Shown with any end state, COMPLETED included: e.g. ranks that all exited 0 without ever
+    #: joining a process group.
+    warning: str | None = None
 
     @property
     def path(self) -> Path:
@@ -114,6 +121,7 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "supervisor_start": (int, type(None)), "rank_pids": (list,), "rank_starts": (list,),
     "master_port": (int, type(None)), "failed_rank": (int, type(None)), "error": (str, type(None)),
     "world_size": (int,), "attempts": (int,), "sweep_size": (int,), "point_states": (dict,),
+    "waits": (dict,), "warning": (str, type(None)),
 }
 
 

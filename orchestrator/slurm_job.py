@@ -14,6 +14,12 @@ Requeues are bounded by ``slurm.max_requeues``. scancel (``orchestrator cancel``
 ranks directly, as under plain srun, and never leads to a requeue. Being outside the job step,
 the agent is not killed by ``--kill-on-bad-exit`` and decides once per attempt, in one place;
 the decision never depends on what the entrypoint returns.
+
+It is also the job's watchdog, with the local supervisor's rules (``orchestrator.watchdog``):
+a rank that has not joined its process group within ``distributed.init_timeout_s``, or no rank
+progressing for ``watchdog.stall_s``, ends the job FAILED once every rank's stacks are saved
+(``srun --overlap`` runs ``orchestrator.stacks_probe`` on each node); so does a USR2 that no
+requeue will follow, before it is forwarded. The verdict goes to ``<run>/end.json`` for status.
 """
 
 from __future__ import annotations
@@ -24,12 +30,18 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any, Mapping
 
+from orchestrator import forensics, join_hook, stacks
 from orchestrator.rank_env import slurm_job_id
 from orchestrator.slurm_rank import payload_path, point_base, requeue_marker
+from orchestrator.watchdog import (Watch, did_nothing, init_culprits, never_joined_message, stall_message,
+                                   straggler)
 
 POLL_S = 0.2
+LOOK_S = 1.0  # the watchdog reads the shared run folder: once a second
+END_GRACE_S = 30.0  # srun ends its tasks (SIGKILL) on SIGTERM; this bounds the wait for it
 
 
 class JobAgent:
@@ -42,24 +54,64 @@ class JobAgent:
         self.requeued = False  # decided (once per attempt)
         self.requeue_done = False  # scontrol accepted it
         self.srun: subprocess.Popen | None = None
+        self.run_dir = str(payload["run_dir"])
+        watchdog = payload.get("watchdog") or {}
+        self.stall_s = watchdog.get("stall_s")
+        self.stacks_on_failure = bool(watchdog.get("stacks_on_failure", True))
+        self.world = int(payload.get("nodes", 1)) * int(payload.get("ranks_per_node", 1))
+        self.environ = dict(environ)
+        init = payload.get("init_timeout_s")
+        self.watch = Watch(self.world, time.time(), self.stall_s, None if init is None else float(init))
+        self.usr2_pending = False  # stacks first, then USR2 (its default action ends a rank)
 
     def _on_signal(self, signum: int, frame: object) -> None:
         name = signal.Signals(signum).name
         self.received.append(name)
         if signum == signal.SIGUSR2 and self.srun is not None and self.srun.poll() is None:
-            self.srun.send_signal(signal.SIGUSR2)  # srun forwards it to every task (rank)
+            if self._stacks_before_usr2():
+                self.usr2_pending = True  # the loop captures the stacks, then forwards it
+            else:
+                self.srun.send_signal(signal.SIGUSR2)  # srun forwards it to every task (rank)
+
+    def _stacks_before_usr2(self) -> bool:
+        """USR2 with no requeue to follow (slurm.requeue: never, or no requeues left) is the time
+        limit ending the job: save where the ranks are first. ``auto`` may still requeue."""
+        limit = int(self.payload.get("max_requeues", 0))
+        return self.stacks_on_failure and (self.policy == "never" or self.restart >= limit)
 
     def run(self, srun_argv: list[str]) -> int:
         for sig in (signal.SIGUSR2, signal.SIGTERM):
             signal.signal(sig, self._on_signal)
+        forensics.clear_attempt(self.run_dir)
+        self.logs = rank_logs(srun_argv, self.environ, self.world)
+        self.watch.started = time.time()
         self.srun = subprocess.Popen(srun_argv)
         # Requeue while the job is still running, as soon as the evidence is there (SLURM then
         # ends the ranks that are still exiting); checked once more after srun, since every rank
         # may have ended before the loop looked.
+        next_look = time.monotonic() + LOOK_S
+        verdict = None
         while (code := self.srun.poll()) is None:
             self._requeue_if_due()
+            if self.usr2_pending:
+                self.usr2_pending = False
+                self._capture("the time limit (USR2) with no requeue left", "time_limit")
+                if self.srun.poll() is None:
+                    self.srun.send_signal(signal.SIGUSR2)
+            if verdict is None and time.monotonic() >= next_look and "SIGTERM" not in self.received \
+                    and not self.requeued:
+                next_look = time.monotonic() + LOOK_S
+                verdict = self._watchdog()
+                if verdict is not None:
+                    self._end_ranks()
             time.sleep(POLL_S)
         self._requeue_if_due()
+        if verdict is not None:
+            return 1
+        if code == 0:
+            warning = did_nothing(self.world, [0], join_hook.joined_ranks(self.run_dir, self.world))
+            if warning:
+                forensics.write_end(self.run_dir, reason="did_nothing", warning=warning)
         if self.policy == "auto" and not self.requeued and "SIGUSR2" in self.received:
             self._say("SIGUSR2 arrived but the ranks did not checkpoint through the rank API, so the job is "
                       "not requeued (slurm.requeue: auto); a script that resumes from its own snapshot "
@@ -101,8 +153,77 @@ class JobAgent:
             return
         self.requeue_done = True
 
+    # -- the watchdog: init deadline and stall, decided as locally (orchestrator.watchdog) --------
+    def _watchdog(self) -> str | None:
+        if self.world <= 0:
+            return None
+        forensics.look(self.watch, self.run_dir, self.logs)
+        now = time.time()
+        missing = self.watch.never_joined(now)
+        if missing:
+            calling = join_hook.calling_ranks(self.run_dir, self.world)
+            message = never_joined_message(missing, calling, self.world, self.watch.init_timeout_s or 0)
+            dumps = self._capture("the init deadline (distributed.init_timeout_s)", None)
+            self._verdict("init_deadline", init_culprits(missing, calling)[0], message, dumps)
+            return "init_deadline"
+        if self.watch.stalled(now):
+            last = {r: self.watch.last_progress(r) for r in range(self.world)}
+            dumps = self._capture(f"no progress for {self.stall_s:g}s (watchdog.stall_s)", None, always=True)
+            wheres = {r: stacks.where(dumps[r]) if dumps.get(r) else None for r in last}
+            rank, why = straggler(wheres, last)
+            message = stall_message(self.stall_s or 0, rank, why, wheres.get(rank) if rank is not None else None)
+            self._verdict("stall", rank, message, dumps)
+            return "stall"
+        return None
+
+    def _capture(self, reason: str, verdict: str | None, always: bool = False) -> dict[int, str]:
+        """Every rank's stacks through ``srun --overlap`` (one probe per node), saved in
+        <run>/stacks/; with ``verdict``, also recorded in end.json for status."""
+        if not (self.stacks_on_failure or always):
+            return {}
+        from orchestrator.stacks_probe import python_of, request_slurm
+
+        self._say(f"{reason}: saving every rank's stacks in {self.run_dir}/stacks")
+        dumps, problem = request_slurm(self.run_dir, self.job_id, int(self.payload.get("nodes", 1)),
+                                       python_of(self.payload))
+        if problem:
+            self._say(f"stacks: {problem.splitlines()[-1] if problem.splitlines() else problem}")
+        if any(dumps.values()):
+            stacks.save(self.run_dir, dumps, reason)
+        if verdict:
+            forensics.write_end(self.run_dir, reason=verdict, waits=forensics.waits_of(dumps))
+        return dumps
+
+    def _verdict(self, reason: str, rank: int | None, message: str, dumps: dict[int, str]) -> None:
+        message = message.replace("<run>", self.run_dir)
+        self._say(message)
+        forensics.write_end(self.run_dir, reason=reason, failed_rank=rank, error=message,
+                            waits=forensics.waits_of(dumps) if any(dumps.values()) else {})
+
+    def _end_ranks(self) -> None:
+        """srun answers SIGTERM by ending every task of the step; bounded, then srun itself goes."""
+        assert self.srun is not None
+        self.srun.send_signal(signal.SIGTERM)
+        try:
+            self.srun.wait(timeout=END_GRACE_S)
+        except subprocess.TimeoutExpired:
+            self.srun.kill()
+            self.srun.wait(timeout=10)
+
     def _say(self, text: str) -> None:
         print(f"[launcher] {text}", file=sys.stderr, flush=True)
+
+
+def rank_logs(srun_argv: list[str], environ: dict[str, str], world: int) -> dict[int, Path]:
+    """Each rank's log, from srun's --output pattern (%j, %A, %a, %t): the progress of a rank
+    that sends no heartbeat is new output there."""
+    if "--output" not in srun_argv or world <= 0:
+        return {}
+    pattern = srun_argv[srun_argv.index("--output") + 1]
+    job = environ.get("SLURM_JOB_ID", "")
+    pattern = pattern.replace("%A", environ.get("SLURM_ARRAY_JOB_ID", job)).replace(
+        "%a", environ.get("SLURM_ARRAY_TASK_ID", "")).replace("%j", job)
+    return {r: Path(pattern.replace("%t", str(r))) for r in range(world)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from orchestrator import procs
+from orchestrator import forensics, join_hook, procs, stacks
 from orchestrator.errors import SubmissionError
 from orchestrator.executors.base import first_error, prepare_run_dir, refresh_by_supervisor, rank_log_path
 from orchestrator.executors.console import ConsoleEcho, LogTails, PlainEcho
@@ -32,8 +32,10 @@ from orchestrator.executors.forked import ForkedRank, ZygoteGroup, start_zygote
 from orchestrator.plan import LaunchPlan
 from orchestrator.rank_env import PORT_BASE, PORT_SPAN, init_url, rendezvous_file
 from orchestrator.records import TERMINAL, RunRecord
+from orchestrator.watchdog import Watch, did_nothing, init_culprits, never_joined_message, stall_message, straggler
 
 GRACE_S = 3.0
+LOOK_S = 1.0  # how often the watchdog looks at the ranks' logs, heartbeats and joins
 SUPERVISOR_START_S = 30.0  # how long `run --detach` waits for the supervisor to record itself
 POLL_S = 0.1  # the supervisor shares the CPUs with the ranks: poll gently
 
@@ -99,6 +101,10 @@ class Supervisor:
         self.procs: list[ForkedRank] = []
         self._cancelled = False
         self.timeout_s = launch.spec["local"].get("timeout_s")
+        watchdog = launch.payload.get("watchdog") or {}
+        self.stall_s: float | None = watchdog.get("stall_s")
+        self.stacks_on_failure = bool(watchdog.get("stacks_on_failure", True))
+        self.watch = Watch(0, time.time())
 
     # -- lifecycle --------------------------------------------------------------------------
     def run(self) -> RunRecord:
@@ -142,6 +148,7 @@ class Supervisor:
             raise SubmissionError(f"distributed.port {planned} is in use on this machine; pick another or use 'auto'")
         port = pick_port(planned)
         remove_rendezvous_files(self.launch, payload)  # an earlier attempt's, if it was killed
+        forensics.clear_attempt(run_dir)
         offsets, forks = [], []
         for rank, env in enumerate(rank_environments(self.launch, port, payload)):
             log_path = run_dir / "logs" / f"rank-{rank}.log"
@@ -154,11 +161,15 @@ class Supervisor:
         self._zygote = None  # a zygote serves one set of ranks
         try:
             self.procs = group.start(forks)
+            self.watch = Watch(len(self.procs), time.time(), self.stall_s, float(payload["init_timeout_s"]))
             self.record.update(rank_pids=[p.pid for p in self.procs],
                                rank_starts=[procs.start_time(p.pid) or 0 for p in self.procs], master_port=port)
             if self.echo_factory and self.echo is None:
                 self.echo = self.echo_factory()
-            return self._watch(run_dir, offsets)
+            state = self._watch(run_dir, offsets)
+            if state == "COMPLETED":
+                self._warn_if_did_nothing(run_dir)
+            return state
         finally:
             self._kill_all(grace=GRACE_S)
             group.close()
@@ -173,12 +184,15 @@ class Supervisor:
     def _watch(self, run_dir: Path, offsets: list[int]) -> str:
         start = time.monotonic()
         tails = LogTails(run_dir, offsets, self.echo) if self.echo else None
+        next_look = 0.0
         while True:
             if tails:
                 tails.pump()
             codes = [p.poll() for p in self.procs]
             failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
             if failed:
+                if not self._cancelled:
+                    self._capture(run_dir, f"rank {failed[0]} ended with exit code {codes[failed[0]]}")
                 self._first_failure(failed, codes, run_dir)
                 self._kill_all(grace=GRACE_S)
                 if tails:
@@ -194,10 +208,61 @@ class Supervisor:
                     tails.pump()
                 return "CANCELLED"
             if self.timeout_s and time.monotonic() - start > self.timeout_s:
+                self._capture(run_dir, f"local.timeout_s ({self.timeout_s:.0f}s) reached")
                 self.record.update(error=f"local.timeout_s ({self.timeout_s:.0f}s) reached")
                 self._kill_all(grace=GRACE_S)
                 return "TIMEOUT"
+            if time.monotonic() >= next_look:  # the watchdog reads files: once a second is plenty
+                next_look = time.monotonic() + LOOK_S
+                verdict = self._watchdog(run_dir)
+                if verdict:
+                    self._kill_all(grace=GRACE_S)
+                    if tails:
+                        tails.pump()
+                    return verdict
             time.sleep(POLL_S)
+
+    # -- the watchdog ---------------------------------------------------------------------------
+    def _watchdog(self, run_dir: Path) -> str | None:
+        """The init deadline and the stall watchdog; FAILED (with the stacks saved) when either fires."""
+        logs = {r: run_dir / "logs" / f"rank-{r}.log" for r in range(len(self.procs))}
+        forensics.look(self.watch, run_dir, logs)
+        now = time.time()
+        missing = self.watch.never_joined(now)
+        if missing:
+            calling = join_hook.calling_ranks(run_dir, self.watch.world_size)
+            message = never_joined_message(missing, calling, self.watch.world_size, self.watch.init_timeout_s or 0)
+            self._capture(run_dir, "the init deadline (distributed.init_timeout_s)")
+            self.record.update(failed_rank=init_culprits(missing, calling)[0],
+                               error=message.replace("<run>", str(run_dir)))
+            return "FAILED"
+        if self.watch.stalled(now):
+            last = {r: self.watch.last_progress(r) for r in range(self.watch.world_size)}
+            dumps = self._capture(run_dir, f"no progress for {self.stall_s:g}s (watchdog.stall_s)", always=True)
+            wheres = {r: stacks.where(dumps[r]) if dumps.get(r) else None for r in last}
+            rank, why = straggler(wheres, last)
+            message = stall_message(self.stall_s or 0, rank, why, wheres.get(rank) if rank is not None else None)
+            self.record.update(failed_rank=rank, error=message + f"\nstacks of every rank: {run_dir / 'stacks'}")
+            return "FAILED"
+        return None
+
+    def _capture(self, run_dir: Path, reason: str, always: bool = False) -> dict[int, str]:
+        """Save the stacks of the ranks still running (spec watchdog.stacks_on_failure) and record
+        where each one was. ``always``: the stall watchdog needs them to name the straggler."""
+        if not (self.stacks_on_failure or always):
+            return {}
+        alive = [r for r, p in enumerate(self.procs) if p.poll() is None]
+        dumps = forensics.capture_local(run_dir, reason, alive) if alive else {}
+        if dumps:
+            self.record.update(waits=forensics.waits_of(dumps))
+        return dumps
+
+    def _warn_if_did_nothing(self, run_dir: Path) -> None:
+        codes = [p.poll() for p in self.procs]
+        joined = join_hook.joined_ranks(run_dir, len(self.procs))
+        warning = did_nothing(len(self.procs), codes, joined)
+        if warning:
+            self.record.update(warning=warning)
 
     def _first_failure(self, failed: list[int], codes: list[int | None], run_dir: Path) -> int:
         """Prefer a rank killed by a signal (peers then fail because it vanished), then the
@@ -318,6 +383,12 @@ def _print_outcome(record: RunRecord) -> None:
     print(f"{record.run_id}: {record.state}  (run folder {record.run_dir})")
     if record.state != "COMPLETED" and record.error:
         print(record.error, file=sys.stderr)
+    if record.state != "COMPLETED" and record.waits:
+        print(f"where the ranks were (stacks in {Path(record.run_dir) / 'stacks'}):", file=sys.stderr)
+        for line in stacks.wait_lines(record.waits):
+            print(f"  {line}", file=sys.stderr)
+    if record.warning:
+        print(f"warning: {record.warning}", file=sys.stderr)
     result = Path(record.run_dir) / "result.json"
     if result.exists():
         print(f"result: {json.loads(result.read_text()).get('result')}")

@@ -229,6 +229,7 @@ class SlurmExecutor:
                     if err and state != "COMPLETED":
                         changes.update(failed_rank=err["rank"], error=f"rank {err['rank']} raised {err['type']}: {err['message']}\n"
                                              f"{err.get('user_traceback') or err['traceback']}")
+                    changes.update(agent_verdict(rec, state))
                 if len(per_job) > 1:
                     changes["point_states"] = {str(i): s for i, s in enumerate(per_job)}
                 rec = rec.update(**changes)
@@ -273,6 +274,30 @@ class SlurmExecutor:
             if (folder / f"{job}_{rank}_log.out").exists():
                 return folder / f"{job}_{rank}_log.out"
         return folder / f"{record.job_ids[0]}_{rank}_log.out"
+
+
+def agent_verdict(rec: RunRecord, state: str) -> dict:
+    """What the job's agent recorded about the end (orchestrator.forensics.write_end): the init
+    deadline or the stall (failed rank, message, where each rank was), the stacks at the time
+    limit, or the did-nothing warning; for a sweep, the first point that has one."""
+    from orchestrator.forensics import read_end
+
+    folders = [point_dir(rec.run_dir, i) for i in range(rec.sweep_size)] if rec.sweep_size else [Path(rec.run_dir)]
+    for folder in folders:
+        end = read_end(folder)
+        if not end:
+            continue
+        changes: dict = {}
+        if end.get("warning") and state == "COMPLETED":
+            changes["warning"] = str(end["warning"])
+        if state != "COMPLETED":
+            if end.get("error"):
+                changes.update(error=str(end["error"]), failed_rank=end.get("failed_rank"))
+            if isinstance(end.get("waits"), dict) and end["waits"]:
+                changes["waits"] = {str(k): str(v) for k, v in end["waits"].items()}
+        if changes:
+            return changes
+    return {}
 
 
 def _one_line(exc: BaseException) -> str:

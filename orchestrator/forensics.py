@@ -1,0 +1,72 @@
+"""What the local supervisor and the SLURM job's agent both do with a run folder while ranks
+run: look at the ranks' progress for the watchdog, capture and save their stacks, and record
+the verdict of an abnormal end. Standard library only (the agent runs on a compute node).
+
+Run folder, per attempt (cleared when an attempt starts)::
+
+    <run>/ranks/rank-N.json       who each rank is (host, pid, start time): written by the rank
+    <run>/joined/rank-N           the rank's init_process_group returned
+    <run>/stacks/live/rank-N.txt  its stack dumps on request (orchestrator stacks)
+    <run>/stacks/rank-N.txt       the stacks saved at an abnormal end (kept until the next end)
+    <run>/end.json                the agent's verdict (SLURM): reason, failed rank, message, waits
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+from orchestrator import join_hook, stacks
+from orchestrator.progress import read_progress
+from orchestrator.watchdog import Watch
+
+
+def clear_attempt(run_dir: str | Path) -> None:
+    """Forget the previous attempt's ranks, joins, live dumps and verdict."""
+    run_dir = Path(run_dir)
+    for name in ("ranks", "joined", "stacks/live"):
+        shutil.rmtree(run_dir / name, ignore_errors=True)
+    (run_dir / "end.json").unlink(missing_ok=True)
+
+
+def look(watch: Watch, run_dir: str | Path, log_paths: Mapping[int, Path], now: Optional[float] = None) -> None:
+    """Feed the watch one observation: log sizes, heartbeats, joins."""
+    sizes = {}
+    for rank, path in log_paths.items():
+        try:
+            sizes[rank] = path.stat().st_size
+        except OSError:
+            sizes[rank] = 0
+    beats = {p.rank: p.time for p in read_progress(run_dir, watch.world_size) if p is not None}
+    watch.observe(time.time() if now is None else now, sizes, beats,
+                  join_hook.joined_ranks(run_dir, watch.world_size))
+
+
+def waits_of(dumps: Mapping[int, str]) -> dict[str, str]:
+    """Rank -> where it was (user-code line, collective), for the record."""
+    return {str(r): stacks.where(text).text() for r, text in sorted(dumps.items())}
+
+
+def capture_local(run_dir: str | Path, reason: str, ranks: Optional[list[int]] = None) -> dict[int, str]:
+    """Ask the ranks on this machine for their stacks and save them in <run>/stacks/."""
+    dumps = stacks.request_local(run_dir, ranks)
+    if dumps:
+        stacks.save(run_dir, dumps, reason)
+    return dumps
+
+
+def write_end(run_dir: str | Path, **verdict: Any) -> None:
+    from orchestrator.records import write_json_atomic
+
+    write_json_atomic(Path(run_dir) / "end.json", {"time": time.time(), **verdict})
+
+
+def read_end(run_dir: str | Path) -> Optional[dict[str, Any]]:
+    try:
+        data = json.loads((Path(run_dir) / "end.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

@@ -1,0 +1,124 @@
+"""Know when a rank joined its process group, for any script, without importing torch early.
+
+Standard library only. The launcher calls ``install(run_dir, rank)`` before the entrypoint. The
+moment ``torch.distributed.distributed_c10d`` has executed (it runs inside ``import torch``), its
+``init_process_group`` is replaced by a wrapper that, once the real call returns, writes
+``<run>/joined/rank-N``. ``torch/distributed/__init__.py`` star-imports distributed_c10d after
+that, so ``dist.init_process_group`` (and ``device_mesh``'s imported name) is the wrapper. In a
+rank forked from a zygote that already imported torch, the loaded modules are patched in place.
+
+The supervisor (local) and the job's agent (SLURM) read these files: the init deadline names
+the ranks that never joined, and a run whose ranks all exited 0 with none joined is
+COMPLETED with a warning.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+TARGET = "torch.distributed.distributed_c10d"
+
+
+def joined_path(run_dir: str | Path, rank: int) -> Path:
+    return Path(run_dir) / "joined" / f"rank-{rank}"
+
+
+def calling_path(run_dir: str | Path, rank: int) -> Path:
+    return Path(run_dir) / "joined" / f"rank-{rank}.calling"
+
+
+def joined_ranks(run_dir: str | Path, world_size: int) -> list[int]:
+    return [r for r in range(world_size) if joined_path(run_dir, r).exists()]
+
+
+def calling_ranks(run_dir: str | Path, world_size: int) -> list[int]:
+    """Ranks that called init_process_group (whether or not it has returned)."""
+    return [r for r in range(world_size) if calling_path(run_dir, r).exists() or joined_path(run_dir, r).exists()]
+
+
+def _touch(path: Path, what: str) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"{time.time()}\n", encoding="utf-8")
+    except OSError as exc:
+        print(f"[launcher] could not record that this rank {what} ({exc}); the init deadline may "
+              "end the job", file=sys.stderr, flush=True)
+
+
+def _wrap(original: Callable[..., Any], marker: Path) -> Callable[..., Any]:
+    if getattr(original, "__orch_join_hook__", False):
+        return original
+    calling = marker.with_name(marker.name + ".calling")
+
+    @functools.wraps(original)
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        _touch(calling, "called init_process_group")
+        result = original(*args, **kwargs)
+        _touch(marker, "joined")
+        return result
+
+    init_process_group.__orch_join_hook__ = True  # type: ignore[attr-defined]
+    return init_process_group
+
+
+def _patch_loaded(module: Any, marker: Path) -> None:
+    """Replace init_process_group in distributed_c10d and wherever a loaded torch module holds it."""
+    original = getattr(module, "init_process_group", None)
+    if original is None or getattr(original, "__orch_join_hook__", False):
+        return
+    wrapper = _wrap(original, marker)
+    module.init_process_group = wrapper
+    for name, mod in list(sys.modules.items()):
+        if mod is not None and (name == "torch" or name.startswith("torch.")) and \
+                getattr(mod, "init_process_group", None) is original:
+            try:
+                mod.init_process_group = wrapper
+            except (AttributeError, TypeError):
+                pass
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: wraps the real loader of distributed_c10d so its exec is followed by the patch."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != TARGET:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                real_exec = spec.loader.exec_module
+                marker = self.marker
+
+                def exec_module(module: Any, _real: Callable[[Any], None] = real_exec) -> None:
+                    _real(module)
+                    _patch_loaded(module, marker)
+
+                spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+                return spec
+        return None
+
+
+def install(run_dir: str | Path, rank: int) -> None:
+    """Record this rank's join into ``<run>/joined/rank-N`` when init_process_group returns."""
+    marker = joined_path(run_dir, rank)
+    for old in (marker, calling_path(run_dir, rank)):  # an earlier attempt's
+        try:
+            os.unlink(old)
+        except OSError:
+            pass
+    loaded = sys.modules.get(TARGET)
+    if loaded is not None:
+        _patch_loaded(loaded, marker)
+    elif not any(isinstance(f, _Finder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _Finder(marker))

@@ -1,0 +1,80 @@
+"""Stacks of ranks on SLURM nodes: ``python -m orchestrator.stacks_probe RUN_DIR [--rank N]``.
+
+Run once per node of a running job through ``srun --overlap`` (``request_slurm`` does that; so
+do ``orchestrator stacks`` and the job's agent): on its node it signals, identity-checked, the
+ranks whose own record names this host, and waits (bounded) until their dumps are written to
+the shared run folder, where the caller reads them. Standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Mapping
+
+from orchestrator import stacks
+
+#: srun has to create a step in the allocation (under a second on an idle controller).
+SRUN_TIMEOUT_S = 20.0
+
+
+def python_of(payload: Mapping[str, Any]) -> str:
+    """The interpreter the ranks run (the one in the srun line the plan made)."""
+    argv = list(payload.get("srun") or [])
+    if "orchestrator.launcher" in argv and argv.index("orchestrator.launcher") >= 3:
+        return argv[argv.index("orchestrator.launcher") - 3]
+    return sys.executable
+
+
+def probe_argv(run_dir: str | Path, job_id: str, nodes: int, python: str, ranks: list[int] | None = None) -> list[str]:
+    """One task on each node of the job, sharing its CPUs (--overlap) so a busy job still lets it in."""
+    argv = ["srun", "--overlap", f"--jobid={job_id}", f"--nodes={nodes}", "--ntasks-per-node=1",
+            f"--ntasks={nodes}", "--quiet", "--kill-on-bad-exit=0", python, "-m", "orchestrator.stacks_probe",
+            str(run_dir)]
+    for rank in ranks or []:
+        argv += ["--rank", str(rank)]
+    return argv
+
+
+def request_slurm(run_dir: str | Path, job_id: str, nodes: int, python: str, ranks: list[int] | None = None,
+                  timeout_s: float = SRUN_TIMEOUT_S) -> tuple[dict[int, str], str]:
+    """Each rank's fresh dump ('' for a rank that did not answer), and srun's complaint if any."""
+    known = stacks.rank_procs(run_dir)
+    chosen = sorted(known if ranks is None else [r for r in ranks if r in known])
+    if not chosen:
+        return {}, "no rank has recorded itself yet (the job may still be starting)"
+    before = stacks.sizes(run_dir, chosen)
+    env = {k: v for k, v in os.environ.items() if not (k.startswith("SLURM_") and k != "SLURM_CONF")
+           and not k.startswith("SBATCH_") and not k.startswith("SRUN_")}
+    try:
+        out = subprocess.run(probe_argv(run_dir, job_id, nodes, python, ranks), capture_output=True, text=True,
+                             timeout=timeout_s, env=env, stdin=subprocess.DEVNULL)
+        problem = out.stderr.strip() if out.returncode != 0 else ""
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        problem = f"srun --overlap could not reach the job's nodes ({exc})"
+    after = stacks.wait_written(run_dir, before, timeout_s=1.0)  # the probes waited; this is the shared FS
+    return {r: stacks.read_from(run_dir, r, before[r], after[r]) for r in chosen}, problem
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args:
+        print("usage: python -m orchestrator.stacks_probe RUN_DIR [--rank N ...] (run by srun --overlap)",
+              file=sys.stderr)
+        return 2
+    run_dir = args[0]
+    ranks = [int(args[i + 1]) for i, a in enumerate(args) if a == "--rank" and i + 1 < len(args)] or None
+    here = socket.gethostname()
+    mine = [r for r, rp in stacks.rank_procs(run_dir).items() if rp.host == here and (ranks is None or r in ranks)]
+    before = stacks.sizes(run_dir, mine)
+    sent = stacks.signal_ranks(run_dir, mine, host=here)
+    if sent:
+        stacks.wait_written(run_dir, {r: before[r] for r in sent})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -208,15 +208,28 @@ class Run:
         """Block until the run ends and return its state (COMPLETED, FAILED, CANCELLED...).
 
         With ``timeout`` (seconds), raise WaitTimeoutError (a TimeoutError) when it runs out;
-        the run goes on. ``follow=True`` prints rank 0's log as it grows.
+        the run goes on. ``follow=True`` prints rank 0's log as it grows, under the live progress line.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         poll = POLL_S.get(self.executor, 1.0)
+        follower = None
+        if follow:
+            from orchestrator.executors.console import Follower
+
+            follower = Follower(max(1, self.record.world_size))
+        try:
+            return self._wait(deadline, timeout, poll, follower)
+        finally:
+            if follower is not None:
+                follower.close()
+
+    def _wait(self, deadline: float | None, timeout: float | None, poll: float, follower: Any) -> str:
         offset = 0
         while True:
             state = self.status()
-            if follow:
-                offset = _print_from(self.log_path(0), offset)
+            if follower is not None:
+                offset = _print_from(self.log_path(0), offset, follower.write)
+                follower.progress(_live_folder(self._record))
             if state in TERMINAL:
                 return state
             if deadline is not None:
@@ -403,7 +416,7 @@ def _read_result(folder: Path) -> Any:
         raise OrchestratorError(f"{path} is unreadable ({type(exc).__name__}); the rank logs have the output") from None
 
 
-def _print_from(path: Path, offset: int) -> int:
+def _print_from(path: Path, offset: int, write: Callable[[str], None] | None = None) -> int:
     """Print what was appended to ``path`` since ``offset``; return the new offset."""
     try:
         with open(path, "rb") as fh:
@@ -411,8 +424,11 @@ def _print_from(path: Path, offset: int) -> int:
             chunk = fh.read()
     except FileNotFoundError:
         return offset
-    sys.stdout.write(chunk.decode(errors="replace"))
-    sys.stdout.flush()
+    if write is not None:
+        write(chunk.decode(errors="replace"))
+    else:
+        sys.stdout.write(chunk.decode(errors="replace"))
+        sys.stdout.flush()
     return offset + len(chunk)
 
 

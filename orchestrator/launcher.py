@@ -19,6 +19,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Mapping
 
+from orchestrator.rank_env import flight_recorder_aliases
 from orchestrator.records import write_json_atomic
 
 
@@ -91,9 +92,23 @@ def enter_workdir(payload: Mapping[str, Any]) -> None:
     if workdir:
         os.makedirs(workdir, exist_ok=True)
         os.chdir(workdir)
-    trace = os.environ.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+    os.environ.update(flight_recorder_aliases(os.environ, _installed_torch_version()))
+    trace = os.environ.get("TORCH_FR_DUMP_TEMP_FILE") or os.environ.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
     if trace:
         os.makedirs(os.path.dirname(trace) or ".", exist_ok=True)
+
+
+def _installed_torch_version() -> str | None:
+    """torch's version from its metadata (only for a job that asked for the flight recorder; torch
+    itself is not imported here)."""
+    if "TORCH_FR_BUFFER_SIZE" not in os.environ:
+        return None
+    try:
+        from importlib.metadata import version
+
+        return version("torch")
+    except Exception:  # not installed the usual way: the names stay as the plan shows them
+        return None
 
 
 def run_rank(payload: Mapping[str, Any], rank: int) -> Any:

@@ -120,7 +120,12 @@ class DistributedSpec(_Model):
         description="Network interface for NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME: 'auto' (the "
         "interface that routes to the master), a name such as 'eth0', or a list of names.",
     )
-    init_timeout_s: float = Field(300, gt=0, le=v.MAX_TIMEOUT_S, description="Seconds to wait for every rank to join.")
+    init_timeout_s: float = Field(
+        300, gt=0, le=v.MAX_TIMEOUT_S,
+        description="Seconds to wait for every rank to join. The orchestrator enforces it for any script: a rank "
+        "whose init_process_group has not returned by then ends the job FAILED, naming the ranks that never "
+        "called it, with every rank's stack saved in <run folder>/stacks/.",
+    )
     collective_timeout_s: float = Field(
         1800, gt=0, le=v.MAX_TIMEOUT_S, description="Seconds a single collective may take before the job fails."
     )
@@ -351,9 +356,11 @@ class WatchdogSpec(_Model):
 
     stall_s: float | None = Field(
         None, gt=0, le=v.MAX_TIMEOUT_S,
-        description="End the job (capturing every rank's stack and naming the straggler) when no rank has "
-        "made progress for this many seconds. Progress: a rank API heartbeat (jobs.heartbeat) or, for a "
-        "script that sends none, new output in the rank's log. Default: off.",
+        description="End the job FAILED (capturing every rank's stack and naming the straggler) when no rank "
+        "has made progress for this many seconds. Progress: a rank API heartbeat (jobs.heartbeat) for a rank "
+        "that sends them; for a rank that sends none, new output in its log; joining the process group counts "
+        "too. The straggler is the rank whose stack is not inside a torch.distributed collective, else one "
+        "that did not answer, else the one that progressed least recently. Default: off.",
     )
     stacks_on_failure: bool = Field(
         True,

@@ -67,6 +67,7 @@ class LogTails:
 _STEP = re.compile(r"step (\d+)/(\d+)")
 PROGRESS_EVERY_S = 1.0
 PLAIN_PROGRESS_EVERY_S = 30.0
+PLAIN_RETRY_S = 3.0
 
 
 class ConsoleEcho:
@@ -112,5 +113,43 @@ class PlainEcho:
     def progress(self, summary: Summary) -> None:
         now = time.monotonic()
         if now >= self._next:
-            self._next = now + PLAIN_PROGRESS_EVERY_S
+            # a line without a rate yet (the first report) is followed by a complete one soon
+            self._next = now + (PLAIN_PROGRESS_EVERY_S if summary.samples_per_s is not None else PLAIN_RETRY_S)
             print(f"[progress] {summary.line()}", flush=True)
+
+
+class Follower:
+    """``submit --follow`` / ``Run.wait(follow=True)``: rank 0's log as it grows, and the live
+    progress line from every rank's progress reports (rich on a terminal, a plain line every 30 s
+    otherwise), the same line ``run`` shows."""
+
+    def __init__(self, world_size: int, tty: bool | None = None) -> None:
+        import sys
+
+        self.world_size = world_size
+        self.tty = sys.stdout.isatty() if tty is None else tty
+        self.echo: ConsoleEcho | PlainEcho = ConsoleEcho() if self.tty else PlainEcho()
+        self._next = 0.0
+        self._since = time.time()
+
+    def write(self, text: str) -> None:
+        import sys
+
+        if isinstance(self.echo, ConsoleEcho):
+            self.echo.progress_bar.console.print(text, end="", markup=False, highlight=False)
+        else:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+
+    def progress(self, run_dir: Path) -> None:
+        now = time.monotonic()
+        if now < self._next:
+            return
+        self._next = now + PROGRESS_EVERY_S
+        summary = summarize(read_progress(run_dir, self.world_size), self._since)
+        if summary is not None:
+            self.echo.progress(summary)
+
+    def close(self) -> None:
+        if isinstance(self.echo, ConsoleEcho):
+            self.echo.close()

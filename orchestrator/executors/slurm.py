@@ -68,7 +68,11 @@ def rotate_folder(folder: Path) -> None:
 
 
 #: What SLURM's tools print when they find no configuration, no slurmdbd, or no controller.
-_NO_CONFIG = ("Could not establish a configuration source", "DNS SRV lookup failed", "fetch_config")
+_NO_CONFIG = ("Could not establish a configuration source", "DNS SRV lookup failed", "fetch_config",
+              "Unable to process configuration file")
+#: sbatch's answers that do not say which field the cluster cannot satisfy.
+_UNSATISFIABLE = ("Requested node configuration is not available", "Invalid node name specified",
+                  "Invalid generic resource")
 _NO_DBD = ("Problem talking to the database", "slurmdbd")
 _NO_CONTROLLER = ("Unable to contact slurm controller", "connect failure", "Connection refused",
                   "Socket timed out", "Zero Bytes were transmitted")
@@ -77,6 +81,9 @@ _NO_CONTROLLER = ("Unable to contact slurm controller", "connect failure", "Conn
 def check_slurm_conf() -> None:
     """A SLURM_CONF naming a missing file makes every SLURM tool retry for a minute: say so at once."""
     conf = os.environ.get("SLURM_CONF")
+    if conf is not None and not conf.strip():
+        raise SubmissionError("SLURM_CONF is set but empty (every SLURM tool would retry for a minute); unset it to "
+                              "use this machine's slurm.conf, or point it at the cluster's")
     if conf and not os.path.isfile(conf):
         raise SubmissionError(f"SLURM_CONF={conf} does not exist; point it at the cluster's slurm.conf "
                               "(for the deploy/ cluster: source /var/tmp/orch-cluster/env)")
@@ -205,8 +212,10 @@ class SlurmExecutor:
                     job_ids += [f"{job.job_id}_{i}" for i in range(len(chunk))] if chunk else [job.job_id]
         except Exception as exc:
             record.update(state="FAILED", error=f"submission failed: {exc}", ended=time.time())
+            hint = (" (run 'orchestrator validate SPEC --cluster': it names the field this cluster cannot satisfy)"
+                    if any(s in str(exc) for s in _UNSATISFIABLE) else "")
             raise SubmissionError(controller_problem("sbatch", str(exc)) or
-                                  f"sbatch refused the job: {_one_line(exc)}") from exc
+                                  f"sbatch refused the job: {_one_line(exc)}{hint}") from exc
         sys.stderr.write(sbatch_stderr.getvalue())
         return record.update(state="PENDING", job_ids=job_ids)
 

@@ -93,7 +93,9 @@ def main() -> int:
                              "batch-size": 128, "log-every": 20})
         r = run(spec)
         assert r.state == "COMPLETED", r.error
-        return {"state": r.state, "result": r.result()}
+        summary = r.report()
+        return {"state": r.state, "result": r.result(),
+                "throughput": [ln for ln in summary.splitlines() if "samples/s" in ln]}
 
     def env_and_selection() -> dict[str, Any]:
         target = Path(a.runs_dir) / "env_probe.json"

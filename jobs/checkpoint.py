@@ -5,17 +5,29 @@ over the final name (``os.replace`` is atomic on POSIX), then prunes to the last
 A crash or ``kill -9`` mid-write leaves only a ``.tmp`` file, which loading ignores, so the
 previous checkpoint stays loadable; the next writer (or a resume) removes such orphans. All
 ranks meet at a barrier after the write.
+
+``Checkpointer`` is the rank API's face of it: ``save(step, model, optimizer, **extra)`` on every
+rank (model without the ``module.`` prefix, optimizer, every rank's RNG state, your extras) and
+``load_latest(model, optimizer)``, which restores all of that onto this rank's device.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import sys
 from collections import OrderedDict
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import torch
+import torch.distributed as dist
+
+from jobs.rng import rng_state, set_rng_state
+
+if TYPE_CHECKING:
+    from jobs.distributed import DistContext
 
 _NAME = re.compile(r"^ckpt-(\d{10})\.pt$")
 _TMP = re.compile(r"^\.ckpt-\d{10}\.pt\.\d+\.tmp$")
@@ -120,3 +132,82 @@ def load_model_state(model: torch.nn.Module, state_dict: Mapping[str, Any]) -> N
 def unwrapped_state(model: torch.nn.Module) -> "OrderedDict[str, Any]":
     """Always save without the prefix, so a checkpoint loads into any wrapping."""
     return strip_module_prefix(model.state_dict())
+
+
+#: The keys a Checkpointer file always holds; a caller's extras may not reuse them.
+RESERVED = ("model", "optimizer", "step", "rng", "world_size")
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """What ``Checkpointer.load_latest`` restored: the file, its step and the caller's extras."""
+
+    path: Path
+    step: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Checkpointer:
+    """Collective checkpoints of one job: every rank calls ``save`` and ``load_latest`` together.
+
+    Directory, how many to keep and the save interval come from the spec's ``checkpoint`` section
+    (ORCH_CHECKPOINT_DIR / _KEEP / _INTERVAL), unless given here. Rank 0 writes atomically, then all
+    ranks meet, so no rank reads a checkpoint that is not complete.
+    """
+
+    def __init__(self, ctx: DistContext, directory: str | Path | None = None, keep: int | None = None,
+                 interval: int | None = None) -> None:
+        self.ctx = ctx
+        self.directory = Path(directory if directory is not None else ctx.config.checkpoint_dir)
+        self.keep = ctx.config.checkpoint_keep if keep is None else keep
+        self.interval = ctx.config.checkpoint_interval if interval is None else interval
+
+    def due(self, step: int) -> bool:
+        """Whether ``step`` is one the spec asks to checkpoint at (``checkpoint.interval_steps``; 0: never)."""
+        return self.interval > 0 and step % self.interval == 0
+
+    def latest(self) -> Path | None:
+        return latest_checkpoint(self.directory)
+
+    def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
+             **extra: Any) -> Path:
+        """Collective: every rank calls it at the same step. Returns the file, complete on every rank."""
+        clash = sorted(set(extra) & set(RESERVED))
+        if clash:
+            raise ValueError(f"Checkpointer.save: {', '.join(clash)} is reserved; give your value another name")
+        state = {"model": unwrapped_state(model), "optimizer": optimizer.state_dict() if optimizer else None,
+                 "step": step, "rng": self._gather_rng(), "world_size": self.ctx.world_size, **extra}
+        return save_checkpoint(state, self.directory, step, self.keep, self.ctx.is_main, self.ctx.barrier)
+
+    def load_latest(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> Resumed | None:
+        """Restore the latest checkpoint (model, optimizer, this rank's RNG state) onto this rank's device.
+
+        None when there is none, or the spec says ``checkpoint.resume: false``. Loads files saved with
+        or without the ``module.`` prefix, from any device. Rank 0 first removes what a killed write left.
+        """
+        if self.ctx.is_main:
+            for orphan in prune_orphans(self.directory):
+                print(f"[jobs] removed {orphan.name}, left by a checkpoint write that was killed", flush=True)
+        path = self.latest() if self.ctx.config.resume else None
+        if path is None:
+            return None
+        state = load_checkpoint(path, self.ctx.device)
+        load_model_state(model, state["model"])
+        if optimizer is not None and state.get("optimizer") is not None:
+            optimizer.load_state_dict(state["optimizer"])
+        rngs = state.get("rng") or []
+        if len(rngs) == self.ctx.world_size:  # another world size resumes, but not bit-exactly
+            set_rng_state(rngs[self.ctx.rank])
+        elif self.ctx.is_main:
+            print(f"[jobs] {path} was saved by {len(rngs)} rank(s), this job has {self.ctx.world_size}: "
+                  "RNG states not restored", file=sys.stderr, flush=True)
+        extra = {k: v for k, v in state.items() if k not in RESERVED}
+        return Resumed(path=path, step=int(state.get("step", state.get("global_step", 0))), extra=extra)
+
+    def _gather_rng(self) -> list[dict[str, Any]]:
+        mine = rng_state()
+        if self.ctx.backend is None:
+            return [mine]
+        out: list[Any] = [None] * self.ctx.world_size
+        dist.all_gather_object(out, mine)
+        return out

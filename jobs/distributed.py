@@ -1,7 +1,8 @@
 """Process-group setup from the environment, device choice, and guaranteed teardown.
 
-``with distributed() as ctx:`` joins the group (or runs single-process when WORLD_SIZE is 1
-and no master is set), pins the device, and always destroys the group on the way out.
+``with jobs.process_group() as ctx:`` (this module's ``distributed``) joins the group (or runs
+single-process when WORLD_SIZE is 1 and no master is set), pins the device, and always destroys
+the group on the way out.
 
 The store is created here rather than by ``init_process_group(init_method=url)`` so that the
 rendezvous timeout (``init_timeout_s``) and the collective timeout (``collective_timeout_s``)
@@ -27,6 +28,8 @@ from jobs.runtime import RuntimeConfig
 
 @dataclass(frozen=True)
 class DistContext:
+    """This rank in its job: what ``jobs.process_group()`` yields."""
+
     rank: int
     local_rank: int
     world_size: int

@@ -1,25 +1,33 @@
 """A stop flag set by a signal, agreed on by all ranks at a step boundary.
 
-The signal handler only sets a flag (it may run in the middle of a collective). At each step
+The signal handler only sets a flag (it may run in the middle of a collective). At a step
 boundary, ``should_stop()`` all-reduces the flag with MAX, so if any rank was signalled, every
 rank stops at the same step and they can checkpoint together. SLURM sends USR2 a margin before
-the time limit or on preemption; SIGTERM is included for local cancellation.
+the time limit or on preemption; SIGTERM is included for local cancellation. After that
+checkpoint, ``checkpointed()`` tells the orchestrator the job may be requeued
+(``slurm.requeue: auto``).
 """
 
 from __future__ import annotations
 
+import os
 import signal
-from types import FrameType
+from types import FrameType, TracebackType
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 
 class StopFlag:
+    """Install it before the long work starts (``with jobs.StopFlag() as stop:`` puts the previous
+    handlers back on the way out; ``restore()`` does it by hand)."""
+
     def __init__(self, signals: tuple[int, ...] = (signal.SIGUSR2, signal.SIGTERM)) -> None:
         self.local = False
         self.signal_name: str | None = None
-        self._previous = {}
+        self.stopped = False  # should_stop() returned True: the ranks agreed to stop
+        self._previous: dict[int, Any] = {}
         for sig in signals:
             self._previous[sig] = signal.signal(sig, self._handle)
 
@@ -27,25 +35,43 @@ class StopFlag:
         self.local = True
         self.signal_name = signal.Signals(signum).name
 
-    def should_stop(self, device: torch.device | str = "cpu") -> bool:
-        """Collective: every rank must call it at the same step."""
-        if not (dist.is_available() and dist.is_initialized()):
-            return self.local
-        flag = torch.tensor([1 if self.local else 0], dtype=torch.int32, device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
+    def should_stop(self, device: torch.device | str = "cpu", *, step: int | None = None, every: int = 1) -> bool:
+        """Collective: every rank must call it at the same steps. With ``step`` and ``every``, only
+        every ``every``-th step communicates (one tiny all_reduce); the others return False at once."""
+        if step is not None and step % every != 0:
+            return False
+        if dist.is_available() and dist.is_initialized():
+            flag = torch.tensor([1 if self.local else 0], dtype=torch.int32, device=device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            self.stopped = bool(flag.item())
+        else:
+            self.stopped = self.local
+        return self.stopped
+
+    def checkpointed(self) -> bool:
+        """Call it on every rank once the checkpoint after a stop is written: rank 0 marks the job
+        as requeueable (``mark_checkpointed_for_requeue``). True if it marked."""
+        if not self.stopped:
+            return False
+        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else int(os.environ.get("RANK", "0"))
+        return rank == 0 and mark_checkpointed_for_requeue()
 
     def restore(self) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+        self._previous.clear()
+
+    def __enter__(self) -> StopFlag:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.restore()
 
 
 def mark_checkpointed_for_requeue() -> bool:
     """Tell the orchestrator the ranks stopped on a signal *and* their checkpoint is written, so
     the job may be requeued (``slurm.requeue: auto``). Call it on one rank (rank 0) after the
     collective checkpoint. Does nothing outside an orchestrator SLURM job; True if it marked."""
-    import os
-
     path = os.environ.get("ORCH_REQUEUE_MARKER")
     if not path:
         return False

@@ -27,6 +27,8 @@ class RuntimeConfig:
     checkpoint_keep: int
     resume: bool
     strategy: str
+    grad_compression: str  # none, fp16 or bf16: DDP's all-reduce in that precision (jobs.wrap_model)
+    attempt: int  # 0 for the first attempt, then one more per requeue or resume on SLURM
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> RuntimeConfig:
@@ -48,4 +50,17 @@ class RuntimeConfig:
             checkpoint_keep=int(e.get("ORCH_CHECKPOINT_KEEP", "3")),
             resume=e.get("ORCH_RESUME", "1") == "1",
             strategy=e.get("ORCH_STRATEGY", "ddp"),
+            grad_compression=_choice(e, "ORCH_GRAD_COMPRESSION", "none", GRAD_COMPRESSIONS),
+            attempt=int(e.get("ORCH_ATTEMPT", "0")),
         )
+
+
+GRAD_COMPRESSIONS = ("none", "fp16", "bf16")
+
+
+def _choice(environ: Mapping[str, str], name: str, default: str, allowed: tuple[str, ...]) -> str:
+    value = environ.get(name, default) or default
+    if value not in allowed:
+        raise ValueError(f"{name}={value!r} is not one of {', '.join(allowed)}: fix the variable (or the spec field "
+                         "that sets it, distributed.grad_compression)")
+    return value

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence, Un
 from orchestrator.errors import (JobFailedError, OrchestratorError, RunNotFinishedError, RunNotFoundError,
                                  UsageError, WaitTimeoutError)
 from orchestrator.records import TERMINAL, RunRecord, registered_runs, resolve_run
+from orchestrator.run_folder import RunFolder
 
 if TYPE_CHECKING:
     import subprocess
@@ -309,7 +310,7 @@ class Run:
         if self.executor == "slurm":
             from orchestrator.stacks_probe import python_of, request_slurm
 
-            payload = json.loads((folder / "payload.json").read_text(encoding="utf-8"))
+            payload = json.loads(RunFolder.of(folder).payload.read_text(encoding="utf-8"))
             job = _running_job(self._record, folder)
             dumps, problem = request_slurm(folder, job, int(payload.get("nodes", 1)), python_of(payload), wanted,
                                            timeout_s=max(timeout * 3, 10.0))
@@ -407,7 +408,7 @@ def _running_job(rec: RunRecord, folder: Path) -> str:
 
 
 def _read_result(folder: Path) -> Any:
-    path = folder / "result.json"
+    path = RunFolder.of(folder).result
     try:
         return json.loads(path.read_text(encoding="utf-8")).get("result")
     except FileNotFoundError:

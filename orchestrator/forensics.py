@@ -22,14 +22,16 @@ from typing import Any, Mapping, Optional
 from orchestrator import join_hook, stacks
 from orchestrator.progress import read_progress
 from orchestrator.watchdog import Watch
+from orchestrator.run_folder import RunFolder
 
 
 def clear_attempt(run_dir: str | Path) -> None:
     """Forget the previous attempt's ranks, joins, live dumps and verdict."""
-    run_dir = Path(run_dir)
-    for name in ("ranks", "joined", "stacks/live"):
-        shutil.rmtree(run_dir / name, ignore_errors=True)
-    (run_dir / "end.json").unlink(missing_ok=True)
+    for path in RunFolder.of(run_dir).attempt_files():
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
 
 
 def look(watch: Watch, run_dir: str | Path, log_paths: Mapping[int, Path], now: Optional[float] = None) -> None:
@@ -61,12 +63,12 @@ def capture_local(run_dir: str | Path, reason: str, ranks: Optional[list[int]] =
 def write_end(run_dir: str | Path, **verdict: Any) -> None:
     from orchestrator.records import write_json_atomic
 
-    write_json_atomic(Path(run_dir) / "end.json", {"time": time.time(), **verdict})
+    write_json_atomic(RunFolder.of(run_dir).end, {"time": time.time(), **verdict})
 
 
 def read_end(run_dir: str | Path) -> Optional[dict[str, Any]]:
     try:
-        data = json.loads((Path(run_dir) / "end.json").read_text(encoding="utf-8"))
+        data = json.loads(RunFolder.of(run_dir).end.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

@@ -21,16 +21,17 @@ import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
+from orchestrator.run_folder import RunFolder
 
 TARGET = "torch.distributed.distributed_c10d"
 
 
 def joined_path(run_dir: str | Path, rank: int) -> Path:
-    return Path(run_dir) / "joined" / f"rank-{rank}"
+    return RunFolder.of(run_dir).joined(rank)
 
 
 def calling_path(run_dir: str | Path, rank: int) -> Path:
-    return Path(run_dir) / "joined" / f"rank-{rank}.calling"
+    return RunFolder.of(run_dir).calling(rank)
 
 
 def joined_ranks(run_dir: str | Path, world_size: int) -> list[int]:

@@ -21,6 +21,7 @@ from typing import Any, Mapping
 
 from orchestrator.rank_env import flight_recorder_aliases
 from orchestrator.records import write_json_atomic
+from orchestrator.run_folder import RunFolder
 
 
 def config_environ(payload: Mapping[str, Any]) -> dict[str, str]:
@@ -128,7 +129,7 @@ def run_rank(payload: Mapping[str, Any], rank: int) -> Any:
         if isinstance(exc, SystemExit) and exc.code in (None, 0):
             raise
         trimmed = user_traceback(exc)
-        write_json_atomic(run_dir / "errors" / f"rank-{rank}.json", {
+        write_json_atomic(RunFolder(run_dir).error(rank), {
             "rank": rank, "time": time.time(), "attempt": int(os.environ.get("ORCH_ATTEMPT", "0")),
             "type": type(exc).__name__, "message": str(exc),
             "traceback": traceback.format_exc(), "user_traceback": trimmed,
@@ -140,7 +141,7 @@ def run_rank(payload: Mapping[str, Any], rank: int) -> Any:
     finally:
         remove_rendezvous_file(os.environ.get("ORCH_INIT_METHOD", ""))
     if rank == 0:
-        write_json_atomic(run_dir / "result.json", {"finished": time.time(), "result": _jsonable(result)})
+        write_json_atomic(RunFolder(run_dir).result, {"finished": time.time(), "result": _jsonable(result)})
     return result
 
 

@@ -17,6 +17,7 @@ from orchestrator import api
 from orchestrator.api import Run, registered
 from orchestrator.records import TERMINAL, RunRecord
 from orchestrator.stacks import wait_lines
+from orchestrator.run_folder import RunFolder
 
 #: `logs -f` on a run that has not started yet waits this long for its first line, then says so.
 FOLLOW_START_TIMEOUT_S = 600.0
@@ -64,7 +65,7 @@ def print_grid(rec: RunRecord, points: dict[str, str]) -> None:
     for state in points.values():
         counts[state] += 1
     print("    sweep: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
-    plan_path = Path(rec.run_dir) / "plan.json"
+    plan_path = RunFolder.of(rec.run_dir).plan
     sweep = json.loads(plan_path.read_text()).get("sweep", []) if plan_path.exists() else []
     for point in sweep:
         state = points.get(str(point["index"]), "UNKNOWN")

@@ -16,7 +16,7 @@ from typing import Any, Mapping, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from orchestrator.records import point_dir
+from orchestrator.run_folder import RunFolder
 from orchestrator.rank_env import (RankEnv, derive_port, init_url, local_devices_for_rank, rendezvous_file,
                                    thread_count_local)
 from orchestrator.spec import ExecutorName, JobSpec, render_value
@@ -185,7 +185,7 @@ def job_environment(spec: JobSpec, run_dir: str, backend: str, threads: int,
             defaults.update(NCCL_ASYNC_ERRORS)
         if d.nccl_flight_recorder:  # torch >= 2.8 names; the launcher adds the old ones for older torch
             defaults.update({"TORCH_FR_BUFFER_SIZE": NCCL_TRACE_BUFFER, "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-                             "TORCH_FR_DUMP_TEMP_FILE": os.path.join(run_dir, "nccl-trace", "rank-")})
+                             "TORCH_FR_DUMP_TEMP_FILE": str(RunFolder.of(run_dir).nccl_trace_prefix)})
     env = {name: environ.get(name) or value for name, value in defaults.items()}
     env.update(spec.env)
     return env
@@ -205,13 +205,13 @@ def _payload(spec: JobSpec, run_dir: str, layout: _Layout, env: dict[str, str]) 
         "init_method": d.init_method,
         "port": d.port,
         "interface": layout.interface,
-        "rendezvous_dir": os.path.abspath(d.rendezvous_dir) if d.rendezvous_dir else os.path.join(run_dir, "rendezvous"),
+        "rendezvous_dir": os.path.abspath(d.rendezvous_dir) if d.rendezvous_dir else str(RunFolder.of(run_dir).rendezvous),
         "init_timeout_s": d.init_timeout_s,
         "collective_timeout_s": d.collective_timeout_s,
         "devices": layout.devices,
         "run_dir": run_dir,
         "checkpoint": {
-            "dir": os.path.abspath(c.dir) if c.dir else os.path.join(run_dir, "checkpoints"),
+            "dir": os.path.abspath(c.dir) if c.dir else str(RunFolder.of(run_dir).checkpoints),
             "interval_steps": c.interval_steps,
             "keep_last": c.keep_last,
             "resume": c.resume,
@@ -234,7 +234,7 @@ def _sweep(spec: JobSpec, run_dir: str) -> list[SweepPoint]:
     for i, point in enumerate(spec.sweep_points()):
         args = {**spec.args, **point}
         out.append(SweepPoint(index=i, args=args, argv=render_argv(args, spec.extra_args),
-                              run_dir=str(point_dir(run_dir, i))))
+                              run_dir=str(RunFolder.of(run_dir).point(i).root)))
     return out
 
 
@@ -270,7 +270,7 @@ def _slurm_rows(spec: JobSpec, run_dir: str, job_env: dict[str, str]) -> list[Ra
     if d.init_method == "tcp":
         url = f"tcp://{addr}:{port}"
     elif d.init_method == "file":
-        rdir = os.path.abspath(d.rendezvous_dir) if d.rendezvous_dir else os.path.join(run_dir, "rendezvous")
+        rdir = os.path.abspath(d.rendezvous_dir) if d.rendezvous_dir else str(RunFolder.of(run_dir).rendezvous)
         url = f"file://{rdir}/rendezvous-<SLURM_JOB_ID>-<restart>"
     else:
         url = "env://"
@@ -351,7 +351,7 @@ def job_command(run_dir: str, python: str | None, point_base: int = 0) -> str:
     """The batch script's one command: the job's agent (stdlib only; no submitit, no pickle). It
     replaces the batch shell (exec), so the time-limit signal (B:USR2) reaches it and nothing else."""
     words = ["exec", python_command(python), "-u -m orchestrator.slurm_job",
-             shlex.quote(os.path.join(run_dir, "payload.json"))]
+             shlex.quote(str(RunFolder.of(run_dir).payload))]
     return " ".join(words + ([f"--point-base {point_base}"] if point_base else []))
 
 
@@ -361,7 +361,7 @@ def srun_argv(folder: str, run_dir: str, python: str | None, array: bool) -> lis
     job = "%A_%a" if array else "%j"
     return ["srun", "--unbuffered", "--output", os.path.join(folder, f"{job}_%t_log.out"), "--kill-on-bad-exit=1",
             python if python is not None else sys.executable, "-u", "-m", "orchestrator.launcher", "--slurm",
-            os.path.join(run_dir, "payload.json")]
+            str(RunFolder.of(run_dir).payload)]
 
 
 def render_sbatch(params: dict[str, Any], folder: str, command: str, n_points: int = 0) -> str:

@@ -17,7 +17,9 @@ from typing import Optional
 
 
 def progress_path(run_dir: str | Path, rank: int) -> Path:
-    return Path(run_dir) / "progress" / f"rank-{rank}.json"
+    from orchestrator.run_folder import RunFolder
+
+    return RunFolder.of(run_dir).progress(rank)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import RunNotFoundError
+from orchestrator.run_folder import RunFolder
 
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY"}
 STATES = TERMINAL | {"PENDING", "RUNNING", "REQUEUED", "UNKNOWN"}
@@ -90,7 +91,7 @@ class RunRecord:
     @classmethod
     def load(cls, run_dir: str | Path) -> RunRecord:
         """Read a record; a damaged one raises RunNotFoundError naming the file and the way out."""
-        path = Path(run_dir) / "record.json"
+        path = RunFolder.of(run_dir).record
         try:
             data = json.loads(path.read_bytes()[:_MAX_RECORD_BYTES].decode("utf-8"))
         except FileNotFoundError:
@@ -155,7 +156,7 @@ def _damaged(path: Path, why: str) -> RunNotFoundError:
 
 def point_dir(run_dir: str | Path, index: int) -> Path:
     """The folder of one sweep point: its logs, errors and result live there."""
-    return Path(run_dir) / "points" / f"{index:04d}"
+    return RunFolder.of(run_dir).point(index).root
 
 
 def home() -> Path:

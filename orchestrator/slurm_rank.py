@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from orchestrator.rank_env import rank_env_from_slurm, slurm_job_id
-from orchestrator.records import point_dir
+from orchestrator.run_folder import RunFolder
 
 
 def payload_path(path: str, point_base: int, environ: Mapping[str, str]) -> Path:
@@ -23,7 +23,7 @@ def payload_path(path: str, point_base: int, environ: Mapping[str, str]) -> Path
     task = environ.get("SLURM_ARRAY_TASK_ID")
     if task is None:
         return Path(path)
-    return point_dir(Path(path).parent, point_base + int(task)) / "payload.json"
+    return RunFolder(Path(path).parent).point(point_base + int(task)).payload
 
 
 def point_base(args: list[str]) -> int:
@@ -32,7 +32,7 @@ def point_base(args: list[str]) -> int:
 
 def requeue_marker(run_dir: str, job_id: str, restart: int) -> str:
     """Written by the rank API once the ranks checkpointed after a stop signal (policy auto)."""
-    return os.path.join(run_dir, "requeue", f"checkpointed-{job_id}-{restart}")
+    return str(RunFolder(Path(run_dir)).requeue_marker(job_id, restart))
 
 
 def main(args: list[str], run_rank: Callable[[Mapping[str, Any], int], Any]) -> int:

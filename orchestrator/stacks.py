@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Iterable, Mapping
 
 from orchestrator import procs
+from orchestrator.run_folder import RunFolder
 
 #: The signal a rank dumps its stacks on. A real-time signal: no library or user script uses it
 #: by convention (NCCL may catch USR1, users own USR2 and TERM), and its default action is
@@ -51,15 +52,15 @@ _KEPT: list = []  # the open dump file of this rank (faulthandler holds only its
 
 # ---- paths ------------------------------------------------------------------------------------
 def live_path(run_dir: str | Path, rank: int) -> Path:
-    return Path(run_dir) / "stacks" / "live" / f"rank-{rank}.txt"
+    return RunFolder.of(run_dir).live_stack(rank)
 
 
 def saved_path(run_dir: str | Path, rank: int) -> Path:
-    return Path(run_dir) / "stacks" / f"rank-{rank}.txt"
+    return RunFolder.of(run_dir).saved_stack(rank)
 
 
 def rank_record_path(run_dir: str | Path, rank: int) -> Path:
-    return Path(run_dir) / "ranks" / f"rank-{rank}.json"
+    return RunFolder.of(run_dir).rank_record(rank)
 
 
 # ---- on the rank --------------------------------------------------------------------------------

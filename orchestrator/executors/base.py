@@ -10,7 +10,8 @@ from typing import Iterator, Protocol
 from orchestrator import procs
 from orchestrator.errors import SubmissionError
 from orchestrator.plan import LaunchPlan
-from orchestrator.records import TERMINAL, RunRecord, point_dir, register, write_json_atomic, write_text_atomic
+from orchestrator.run_folder import RunFolder
+from orchestrator.records import TERMINAL, RunRecord, register, write_json_atomic, write_text_atomic
 
 #: A run recorded PENDING with no supervisor this long after it was created never started.
 NEVER_STARTED_S = 60.0
@@ -45,25 +46,24 @@ def refresh_by_supervisor(rec: RunRecord) -> RunRecord:
     return latest.update(state="FAILED", ended=time.time(), error=latest.error or why)
 
 
-def _point_dirs(run_dir: Path) -> Iterator[Path]:
-    yield run_dir
+def _point_dirs(run_dir: Path) -> Iterator[RunFolder]:
+    yield RunFolder(run_dir)
     points = run_dir / "points"
     if points.is_dir():
-        yield from sorted(p for p in points.iterdir() if p.is_dir())
+        yield from (RunFolder(p) for p in sorted(points.iterdir()) if p.is_dir())
 
 
 def rank_log_path(record: RunRecord, rank: int, point: int | None = None) -> Path:
     """``<run>/logs/rank-N.log``; in a sweep, that of the point asked for, else of the latest point
     that has one (points run in order)."""
-    run_dir = Path(record.run_dir)
+    run = RunFolder.of(record.run_dir)
     if record.sweep_size and point is None:
         for index in reversed(range(record.sweep_size)):
-            path = point_dir(run_dir, index) / "logs" / f"rank-{rank}.log"
+            path = run.point(index).log(rank)
             if path.exists():
                 return path
         point = 0
-    base = point_dir(run_dir, point) if record.sweep_size and point is not None else run_dir
-    return base / "logs" / f"rank-{rank}.log"
+    return (run.point(point) if record.sweep_size and point is not None else run).log(rank)
 
 
 def prepare_run_dir(launch: LaunchPlan) -> RunRecord:
@@ -74,7 +74,8 @@ def prepare_run_dir(launch: LaunchPlan) -> RunRecord:
     """
     run_dir = Path(launch.run_dir)
     attempts = 1
-    if (run_dir / "record.json").is_file():
+    run = RunFolder(run_dir)
+    if run.record.is_file():
         old = RunRecord.load(run_dir)
         if old.state not in TERMINAL:
             raise SubmissionError(
@@ -86,11 +87,11 @@ def prepare_run_dir(launch: LaunchPlan) -> RunRecord:
     import yaml
 
     write_text_atomic(run_dir / "spec.yaml", yaml.safe_dump(launch.spec, sort_keys=False))
-    write_json_atomic(run_dir / "plan.json", json.loads(launch.model_dump_json()))
-    write_json_atomic(run_dir / "payload.json", launch.payload)
+    write_json_atomic(run.plan, json.loads(launch.model_dump_json()))
+    write_json_atomic(run.payload, launch.payload)
     for folder in _point_dirs(run_dir):  # a rerun must never report an earlier attempt's outcome
-        (folder / "result.json").unlink(missing_ok=True)
-        for err in (folder / "errors").glob("rank-*.json") if (folder / "errors").is_dir() else []:
+        folder.result.unlink(missing_ok=True)
+        for err in folder.errors.glob("rank-*.json") if folder.errors.is_dir() else []:
             err.unlink()
     record = RunRecord(run_id=launch.run_id, run_dir=str(run_dir), executor=launch.executor,
                        world_size=launch.world_size, attempts=attempts, sweep_size=len(launch.sweep))
@@ -103,7 +104,7 @@ def first_error(run_dir: str | Path) -> dict | None:
     """The earliest traceback written by a failing rank of the run or of any sweep point."""
     errors = []
     for folder in _point_dirs(Path(run_dir)):
-        d = folder / "errors"
+        d = folder.errors
         for path in d.glob("rank-*.json") if d.is_dir() else []:
             try:
                 err = json.loads(path.read_text(encoding="utf-8"))

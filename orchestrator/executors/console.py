@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Callable
 
 from orchestrator.progress import Summary, read_progress, summarize
+from orchestrator.run_folder import RunFolder
 
 
 class LogTails:
@@ -20,7 +21,7 @@ class LogTails:
     def __init__(self, run_dir: Path, offsets: list[int], echo: Callable[[int, str], None]) -> None:
         from orchestrator.failures import FAILED_MARK
 
-        self.paths = [run_dir / "logs" / f"rank-{r}.log" for r in range(len(offsets))]
+        self.paths = [RunFolder(run_dir).log(r) for r in range(len(offsets))]
         self.offsets = list(offsets)
         self.partial = [b""] * len(offsets)
         self.echo = echo

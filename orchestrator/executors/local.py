@@ -33,6 +33,7 @@ from orchestrator.plan import LaunchPlan
 from orchestrator.rank_env import PORT_BASE, PORT_SPAN, init_url, rendezvous_file
 from orchestrator.records import TERMINAL, RunRecord
 from orchestrator.watchdog import Watch, did_nothing, init_culprits, never_joined_message, stall_message, straggler
+from orchestrator.run_folder import RunFolder
 
 GRACE_S = 3.0
 LOOK_S = 1.0  # how often the watchdog looks at the ranks' logs, heartbeats and joins
@@ -140,7 +141,8 @@ class Supervisor:
     def _run_point(self, index: int | None) -> str:
         payload = self.launch.payload_for_point(index)
         run_dir = Path(payload["run_dir"])
-        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        folder = RunFolder(run_dir)
+        folder.logs.mkdir(parents=True, exist_ok=True)
         payload_path = run_dir / ("payload.json" if index is None else "point-payload.json")
         payload_path.write_text(json.dumps(payload))
         planned = int(self.launch.ranks[0].env["MASTER_PORT"])
@@ -151,11 +153,11 @@ class Supervisor:
         forensics.clear_attempt(run_dir)
         offsets, forks = [], []
         for rank, env in enumerate(rank_environments(self.launch, port, payload)):
-            log_path = run_dir / "logs" / f"rank-{rank}.log"
+            log_path = folder.log(rank)
             with open(log_path, "ab") as log:
                 log.write(f"=== attempt {self.record.attempts} started {time.ctime()} ===\n".encode())
                 offsets.append(log.tell())  # echo from here: this attempt's output only
-            full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
+            full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1", "ORCH_ATTEMPT": str(self.record.attempts - 1)}
             forks.append({"rank": rank, "env": full_env, "payload": str(payload_path), "log": str(log_path)})
         group = ZygoteGroup(self._zygote or start_zygote(self.preload))
         self._zygote = None  # a zygote serves one set of ranks
@@ -178,7 +180,7 @@ class Supervisor:
                 note = (f"[orchestrator] stopped {len(group.leftovers)} process(es) the ranks left running: "
                         f"pids {', '.join(map(str, group.leftovers[:10]))}")
                 print(note, file=sys.stderr)
-                with open(run_dir / "logs" / "leftovers.log", "a", encoding="utf-8") as fh:
+                with open(folder.leftovers_log, "a", encoding="utf-8") as fh:
                     fh.write(note + "\n")
 
     def _watch(self, run_dir: Path, offsets: list[int]) -> str:
@@ -225,7 +227,7 @@ class Supervisor:
     # -- the watchdog ---------------------------------------------------------------------------
     def _watchdog(self, run_dir: Path) -> str | None:
         """The init deadline and the stall watchdog; FAILED (with the stacks saved) when either fires."""
-        logs = {r: run_dir / "logs" / f"rank-{r}.log" for r in range(len(self.procs))}
+        logs = {r: RunFolder(run_dir).log(r) for r in range(len(self.procs))}
         forensics.look(self.watch, run_dir, logs)
         now = time.time()
         missing = self.watch.never_joined(now)
@@ -324,7 +326,7 @@ class LocalExecutor:
 
     def submit(self, launch: LaunchPlan, detach: bool = True) -> RunRecord:
         record = prepare_run_dir(launch)
-        log = open(Path(launch.run_dir) / "supervisor.log", "ab")
+        log = open(RunFolder.of(launch.run_dir).supervisor_log, "ab")
         proc = subprocess.Popen([sys.executable, "-m", "orchestrator.executors.local", launch.run_dir],
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
@@ -389,13 +391,13 @@ def _print_outcome(record: RunRecord) -> None:
             print(f"  {line}", file=sys.stderr)
     if record.warning:
         print(f"warning: {record.warning}", file=sys.stderr)
-    result = Path(record.run_dir) / "result.json"
+    result = RunFolder.of(record.run_dir).result
     if result.exists():
         print(f"result: {json.loads(result.read_text()).get('result')}")
 
 
 def _detached_main(run_dir: str) -> int:
-    launch = LaunchPlan.model_validate_json((Path(run_dir) / "plan.json").read_text())
+    launch = LaunchPlan.model_validate_json(RunFolder.of(run_dir).plan.read_text())
     record = Supervisor(launch, RunRecord.load(run_dir)).run()
     return 0 if record.state == "COMPLETED" else 1
 

@@ -20,6 +20,7 @@ from orchestrator.errors import SubmissionError
 from orchestrator.executors.base import first_error, prepare_run_dir
 from orchestrator.plan import DEFAULT_MAX_ARRAY_SIZE, LaunchPlan, array_chunks, job_command
 from orchestrator.records import TERMINAL, RunRecord, point_dir, write_json_atomic
+from orchestrator.run_folder import RunFolder
 
 #: sacct/squeue state -> our state. One table, tested; nothing is folded into FAILED.
 STATE_MAP = {
@@ -127,6 +128,9 @@ def _listed(bases: list[str]) -> bool:
     except (FileNotFoundError, subprocess.TimeoutExpired):
         return True
     if out.returncode != 0:
+        problem = controller_problem("squeue", out.stderr)
+        if problem:  # no cluster to ask: waiting would not change the answer
+            raise SubmissionError(problem)
         return "Invalid job id" not in out.stderr  # purged from the controller: long gone
     return bool(out.stdout.strip())
 
@@ -194,7 +198,7 @@ class SlurmExecutor:
         rotate_folder(folder)
         folder.mkdir(parents=True, exist_ok=True)
         for index, point in enumerate(launch.sweep):
-            write_json_atomic(point_dir(launch.run_dir, index) / "payload.json", launch.payload_for_point(index))
+            write_json_atomic(RunFolder.of(launch.run_dir).point(index).payload, launch.payload_for_point(index))
         python = launch.spec["slurm"].get("python")
         chunks: list[list[int]] | list[None] = [None]
         if launch.sweep:  # the plan assumed SLURM's default MaxArraySize; this cluster's may be smaller
@@ -262,7 +266,10 @@ class SlurmExecutor:
         bases = sorted({j.split("_")[0] for j in record.job_ids})
         if not bases or record.state in TERMINAL:
             return record
-        subprocess.run(["scancel", *bases], capture_output=True, text=True, timeout=60, check=False)
+        out = subprocess.run(["scancel", *bases], capture_output=True, text=True, timeout=60, check=False)
+        problem = controller_problem("scancel", out.stderr) if out.returncode else None
+        if problem:
+            raise SubmissionError(problem)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if not _listed(bases):

@@ -1,0 +1,84 @@
+"""A user script on the public rank API (jobs/examples/rank_api_example.py) on the 2-node SLURM
+cluster: a real time limit's USR2 stops it, the ranks checkpoint together, the agent requeues it
+(slurm.requeue: auto, on the rank API's marker), and the next attempt resumes to the very weights
+and loss of an uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+from orchestrator.executors.slurm import SlurmExecutor
+from orchestrator.records import RunRecord
+
+from .test_slurm import no_job_processes, run, slurm_plan
+
+EXAMPLE = "jobs.examples.rank_api_example:main"
+ARGS = {"epochs": 2, "batch-size": 32}
+TOTAL = 2 * (4096 // 4 // 32)  # 4 ranks (2 nodes x 2)
+
+
+def _weights(checkpoint_dir: str) -> dict[str, torch.Tensor]:
+    from jobs.checkpoint import latest_checkpoint, load_checkpoint
+
+    path = latest_checkpoint(checkpoint_dir)
+    assert path is not None, f"no checkpoint in {checkpoint_dir}"
+    return load_checkpoint(path)["model"]
+
+
+def _result(run_dir: str) -> dict:
+    return json.loads((Path(run_dir) / "result.json").read_text())["result"]
+
+
+def test_rank_api_script_resumes_bit_exactly_after_its_time_limit(cluster: dict[str, str]) -> None:
+    whole = slurm_plan(cluster, name="rank-api-whole", entrypoint=EXAMPLE, args=ARGS, checkpoint={"interval_steps": 10})
+    assert run(whole).state == "COMPLETED"
+    assert _result(whole.run_dir)["step"] == TOTAL
+
+    # A real 2-minute limit: USR2 comes 60 s before it, to the batch shell (as at a time limit or a
+    # preemption), part-way through the 64 steps of 1 s; the agent forwards it to every rank. A slow
+    # start can leave the second attempt short of time too: then it stops and requeues again.
+    launch = slurm_plan(cluster, name="rank-api-preempted", entrypoint=EXAMPLE, args={**ARGS, "step-delay": 1.0},
+                        checkpoint={"interval_steps": 10},
+                        slurm={"time": "2", "signal_margin_s": 60, "requeue": "auto", "max_requeues": 3})
+    ex = SlurmExecutor()
+    record = ex.submit(launch)
+    final = _run_releasing_requeues(ex, record, timeout=900)
+    rank0 = "".join(p.read_text() for p in sorted((Path(launch.run_dir) / "slurm").glob("*_0_log.out")))
+    assert final.state == "COMPLETED", (final.error, rank0[-3000:])
+    stops = [int(s) for s in re.findall(r"^stopped at step (\d+) by (?:SIGUSR2|a peer); checkpoint written$",
+                                        rank0, re.M)]
+    resumes = [int(s) for s in re.findall(r"^resumed from .*ckpt-\d+\.pt at step (\d+)$", rank0, re.M)]
+    requeues = rank0.count("slurm.requeue: auto: requeueing")
+    assert stops and requeues >= 1 and len(resumes) == requeues, rank0[-3000:]
+    # Every attempt after the first started mid-run, from the checkpoint the ranks wrote together at the stop.
+    assert resumes == stops[:requeues] and all(0 < s < TOTAL for s in resumes), (stops, resumes)
+    result = _result(launch.run_dir)
+    assert result["step"] == TOTAL, result
+    assert result["loss"] == _result(whole.run_dir)["loss"]
+    a, b = _weights(whole.payload["checkpoint"]["dir"]), _weights(launch.payload["checkpoint"]["dir"])
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), f"{name} differs after the time limit and requeue"
+    progress = json.loads((Path(launch.run_dir) / "progress" / "rank-3.json").read_text())
+    assert (progress["step"], progress["attempt"]) == (TOTAL, requeues), progress  # the last attempt's heartbeat
+    assert no_job_processes()
+
+
+def _run_releasing_requeues(ex: SlurmExecutor, record: RunRecord, timeout: float) -> RunRecord:
+    """Until the job ends; SLURM holds a requeued job ~2 minutes (BeginTime): start it at once."""
+    deadline = time.monotonic() + timeout
+    while True:
+        record = ex.refresh([RunRecord.load(record.run_dir)])[0]
+        if record.state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):  # as test_slurm.run_wait
+            return record
+        assert time.monotonic() < deadline, record
+        job = record.job_ids[0]
+        if "Reason=BeginTime" in subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout:
+            subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"], check=True)
+        time.sleep(0.5)

@@ -38,7 +38,7 @@ STUCK_COLLECTIVE = textwrap.dedent('''
     import pickle
     trace = pickle.loads(torch._C._distributed_c10d._dump_nccl_trace())
     print("flight recorder entries after 5 all_reduce:", len(trace.get("entries", [])), flush=True)
-    torch.cuda._sleep(int(8e10))  # ~40 s of GPU time on the compute stream
+    torch.cuda._sleep(int(float(sys.argv[2]) if len(sys.argv) > 2 else 8e10))  # 8e10: ~40 s of GPU time
     dist.all_reduce(x)            # NCCL's stream waits for it: the watchdog times the collective out
     torch.cuda.synchronize()
     print("not reached", flush=True)
@@ -142,8 +142,23 @@ def main() -> int:
         return {"state": r.state, "seconds_to_end": round(took, 1), "dumps": [f"{d.name} {d.stat().st_size} B" for d in dumps],
                 "entries_line": entries[:1], "error": (r.error or "")[:300]}
 
+    def stall_watchdog() -> dict[str, Any]:
+        """torch's own watchdog does not end a rank whose collective waits behind a kernel (above);
+        the orchestrator's stall watchdog does, with the stack of where it waited."""
+        spec = JobSpec(name="gpu-stall", entrypoint=str(scripts / "stuck.py"), watchdog={"stall_s": 20},
+                       **{**base, "local": {"devices": [0], "timeout_s": 400}}, extra_args=["15", "4e11"])
+        t0 = time.monotonic()
+        r = run(spec)
+        took = time.monotonic() - t0
+        stacks = sorted((Path(r.run_dir) / "stacks").glob("rank-*.txt"))
+        assert r.state == "FAILED", f"expected the stall watchdog to end the run, got {r.state}"
+        assert stacks, "no stacks saved"
+        return {"state": r.state, "seconds_to_end": round(took, 1), "error": (r.error or "")[:400],
+                "stack_head": stacks[0].read_text()[:600]}
+
     for name, fn in (("ddp_nccl_1gpu", ddp), ("env_and_device_selection", env_and_selection), ("dataparallel", dp),
-                     ("inference_cuda", infer), ("nccl_flight_recorder", flight_recorder)):
+                     ("inference_cuda", infer), ("nccl_flight_recorder", flight_recorder),
+                     ("stall_watchdog_nccl", stall_watchdog)):
         if wanted(name):
             check(name, results, fn)
     (out / "gpu_paths.json").write_text(json.dumps(results, indent=2, default=str))

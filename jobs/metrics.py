@@ -11,13 +11,15 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from orchestrator.rank_env import OrchVar
+
 
 class MetricsWriter:
     """This rank's metrics file; run folder and rank default to ORCH_RUN_DIR (or the working
     directory) and RANK, as the orchestrator and torchrun set them."""
 
     def __init__(self, run_dir: str | Path | None = None, rank: int | None = None) -> None:
-        run_dir = run_dir if run_dir is not None else os.environ.get("ORCH_RUN_DIR", os.getcwd())
+        run_dir = run_dir if run_dir is not None else os.environ.get(OrchVar.RUN_DIR, os.getcwd())
         self.rank = rank if rank is not None else int(os.environ.get("RANK", "0"))
         self.path = Path(run_dir) / "metrics" / f"rank-{self.rank}.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -18,6 +18,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from orchestrator.rank_env import OrchVar
+
 
 class StopFlag:
     """Install it before the long work starts (``with jobs.StopFlag() as stop:`` puts the previous
@@ -72,7 +74,7 @@ def mark_checkpointed_for_requeue() -> bool:
     """Tell the orchestrator the ranks stopped on a signal *and* their checkpoint is written, so
     the job may be requeued (``slurm.requeue: auto``). Call it on one rank (rank 0) after the
     collective checkpoint. Does nothing outside an orchestrator SLURM job; True if it marked."""
-    path = os.environ.get("ORCH_REQUEUE_MARKER")
+    path = os.environ.get(OrchVar.REQUEUE_MARKER)
     if not path:
         return False
     os.makedirs(os.path.dirname(path), exist_ok=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 
 from orchestrator.progress import ProgressWriter
+from orchestrator.rank_env import OrchVar
 
 _writers: dict[tuple[str, int, int], ProgressWriter] = {}
 
@@ -25,10 +26,10 @@ def heartbeat(step: int, total: int | None = None, samples: int | None = None) -
 
 
 def _writer() -> ProgressWriter | None:
-    run_dir = os.environ.get("ORCH_RUN_DIR")
+    run_dir = os.environ.get(OrchVar.RUN_DIR)
     if not run_dir:
         return None
-    key = (run_dir, int(os.environ.get("RANK", "0")), int(os.environ.get("ORCH_ATTEMPT", "0")))
+    key = (run_dir, int(os.environ.get("RANK", "0")), int(os.environ.get(OrchVar.ATTEMPT, "0")))
     writer = _writers.get(key)
     if writer is None:  # a new run (the debug executor runs several in one process) or attempt
         writer = _writers[key] = ProgressWriter(*key)

@@ -10,6 +10,8 @@ import os
 from dataclasses import dataclass
 from typing import Mapping
 
+from orchestrator.rank_env import OrchVar
+
 
 @dataclass(frozen=True)
 class RuntimeConfig:
@@ -33,25 +35,25 @@ class RuntimeConfig:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> RuntimeConfig:
         e = os.environ if environ is None else environ
-        run_dir = e.get("ORCH_RUN_DIR", os.getcwd())
+        run_dir = e.get(OrchVar.RUN_DIR, os.getcwd())
         world = int(e.get("WORLD_SIZE", "1"))
         return cls(
             rank=int(e.get("RANK", "0")),
             local_rank=int(e.get("LOCAL_RANK", "0")),
             world_size=world,
             local_world_size=int(e.get("LOCAL_WORLD_SIZE", str(world))),
-            backend=e.get("ORCH_BACKEND", "auto"),
-            init_method=e.get("ORCH_INIT_METHOD", "env://"),
-            init_timeout_s=float(e.get("ORCH_INIT_TIMEOUT_S", "300")),
-            collective_timeout_s=float(e.get("ORCH_COLLECTIVE_TIMEOUT_S", "1800")),
+            backend=e.get(OrchVar.BACKEND, "auto"),
+            init_method=e.get(OrchVar.INIT_METHOD, "env://"),
+            init_timeout_s=float(e.get(OrchVar.INIT_TIMEOUT_S, "300")),
+            collective_timeout_s=float(e.get(OrchVar.COLLECTIVE_TIMEOUT_S, "1800")),
             run_dir=run_dir,
-            checkpoint_dir=e.get("ORCH_CHECKPOINT_DIR", os.path.join(run_dir, "checkpoints")),
-            checkpoint_interval=int(e.get("ORCH_CHECKPOINT_INTERVAL", "0")),
-            checkpoint_keep=int(e.get("ORCH_CHECKPOINT_KEEP", "3")),
-            resume=e.get("ORCH_RESUME", "1") == "1",
-            strategy=e.get("ORCH_STRATEGY", "ddp"),
-            grad_compression=_choice(e, "ORCH_GRAD_COMPRESSION", "none", GRAD_COMPRESSIONS),
-            attempt=int(e.get("ORCH_ATTEMPT", "0")),
+            checkpoint_dir=e.get(OrchVar.CHECKPOINT_DIR, os.path.join(run_dir, "checkpoints")),
+            checkpoint_interval=int(e.get(OrchVar.CHECKPOINT_INTERVAL, "0")),
+            checkpoint_keep=int(e.get(OrchVar.CHECKPOINT_KEEP, "3")),
+            resume=e.get(OrchVar.RESUME, "1") == "1",
+            strategy=e.get(OrchVar.STRATEGY, "ddp"),
+            grad_compression=_choice(e, OrchVar.GRAD_COMPRESSION, "none", GRAD_COMPRESSIONS),
+            attempt=int(e.get(OrchVar.ATTEMPT, "0")),
         )
 
 

@@ -19,7 +19,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Mapping
 
-from orchestrator.rank_env import flight_recorder_aliases
+from orchestrator.rank_env import OrchVar, flight_recorder_aliases
 from orchestrator.records import write_json_atomic
 from orchestrator.run_folder import RunFolder
 
@@ -28,17 +28,17 @@ def config_environ(payload: Mapping[str, Any]) -> dict[str, str]:
     """The ORCH_* settings that jobs/runtime.py reads."""
     c = payload["checkpoint"]
     return {
-        "ORCH_JOB_NAME": payload["job_name"],
-        "ORCH_BACKEND": payload["backend"],
-        "ORCH_STRATEGY": payload["strategy"],
-        "ORCH_INIT_TIMEOUT_S": str(payload["init_timeout_s"]),
-        "ORCH_COLLECTIVE_TIMEOUT_S": str(payload["collective_timeout_s"]),
-        "ORCH_RUN_DIR": payload["run_dir"],
-        "ORCH_CHECKPOINT_DIR": c["dir"],
-        "ORCH_CHECKPOINT_INTERVAL": str(c["interval_steps"]),
-        "ORCH_CHECKPOINT_KEEP": str(c["keep_last"]),
-        "ORCH_RESUME": "1" if c["resume"] else "0",
-        "ORCH_GRAD_COMPRESSION": str(payload.get("grad_compression", "none")),
+        OrchVar.JOB_NAME: payload["job_name"],
+        OrchVar.BACKEND: payload["backend"],
+        OrchVar.STRATEGY: payload["strategy"],
+        OrchVar.INIT_TIMEOUT_S: str(payload["init_timeout_s"]),
+        OrchVar.COLLECTIVE_TIMEOUT_S: str(payload["collective_timeout_s"]),
+        OrchVar.RUN_DIR: payload["run_dir"],
+        OrchVar.CHECKPOINT_DIR: c["dir"],
+        OrchVar.CHECKPOINT_INTERVAL: str(c["interval_steps"]),
+        OrchVar.CHECKPOINT_KEEP: str(c["keep_last"]),
+        OrchVar.RESUME: "1" if c["resume"] else "0",
+        OrchVar.GRAD_COMPRESSION: str(payload.get("grad_compression", "none")),
     }
 
 
@@ -130,7 +130,7 @@ def run_rank(payload: Mapping[str, Any], rank: int) -> Any:
             raise
         trimmed = user_traceback(exc)
         write_json_atomic(RunFolder(run_dir).error(rank), {
-            "rank": rank, "time": time.time(), "attempt": int(os.environ.get("ORCH_ATTEMPT", "0")),
+            "rank": rank, "time": time.time(), "attempt": int(os.environ.get(OrchVar.ATTEMPT, "0")),
             "type": type(exc).__name__, "message": str(exc),
             "traceback": traceback.format_exc(), "user_traceback": trimmed,
         })
@@ -139,7 +139,7 @@ def run_rank(payload: Mapping[str, Any], rank: int) -> Any:
             sys.stderr.flush()
         raise
     finally:
-        remove_rendezvous_file(os.environ.get("ORCH_INIT_METHOD", ""))
+        remove_rendezvous_file(os.environ.get(OrchVar.INIT_METHOD, ""))
     if rank == 0:
         write_json_atomic(RunFolder(run_dir).result, {"finished": time.time(), "result": _jsonable(result)})
     return result

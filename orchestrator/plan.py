@@ -8,17 +8,24 @@ runs), the table of every rank's environment, the run folder, and the payload ea
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 import os
 import shlex
 import sys
+from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from orchestrator.rank_env import (
+    OrchVar,
+    RankEnv,
+    derive_port,
+    init_url,
+    local_devices_for_rank,
+    rendezvous_file,
+    thread_count_local,
+)
 from orchestrator.run_folder import RunFolder
-from orchestrator.rank_env import (RankEnv, derive_port, init_url, local_devices_for_rank, rendezvous_file,
-                                   thread_count_local)
 from orchestrator.spec import ExecutorName, JobSpec, render_value
 
 #: SLURM's default MaxArraySize is 1001, so one array holds at most 1000 tasks.
@@ -282,7 +289,7 @@ def _slurm_rows(spec: JobSpec, run_dir: str, job_env: dict[str, str]) -> list[Ra
             "RANK": "", "LOCAL_RANK": str(local), "WORLD_SIZE": str(spec.world_size),
             "LOCAL_WORLD_SIZE": str(rpn), "NODE_RANK": "", "GROUP_RANK": "",
             "NNODES": str(spec.nodes), "MASTER_ADDR": addr, "MASTER_PORT": port,
-            "ORCH_INIT_METHOD": url, "ORCH_RANK_ENV_SOURCE": "slurm", "NCCL_SOCKET_IFNAME": iface,
+            OrchVar.INIT_METHOD: url, OrchVar.RANK_ENV_SOURCE: "slurm", "NCCL_SOCKET_IFNAME": iface,
         }
         if not iface.startswith("^"):
             env["GLOO_SOCKET_IFNAME"] = iface

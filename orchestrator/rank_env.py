@@ -15,6 +15,27 @@ from typing import Literal, Mapping
 
 Source = Literal["slurm", "local", "env"]
 
+
+class OrchVar:
+    """The ORCH_* variables of the rank contract, named once: the launcher and the executors set
+    them, ``jobs/`` (the rank API) reads them by these names."""
+
+    JOB_NAME = "ORCH_JOB_NAME"
+    BACKEND = "ORCH_BACKEND"
+    STRATEGY = "ORCH_STRATEGY"
+    INIT_METHOD = "ORCH_INIT_METHOD"
+    INIT_TIMEOUT_S = "ORCH_INIT_TIMEOUT_S"
+    COLLECTIVE_TIMEOUT_S = "ORCH_COLLECTIVE_TIMEOUT_S"
+    RUN_DIR = "ORCH_RUN_DIR"
+    CHECKPOINT_DIR = "ORCH_CHECKPOINT_DIR"
+    CHECKPOINT_INTERVAL = "ORCH_CHECKPOINT_INTERVAL"
+    CHECKPOINT_KEEP = "ORCH_CHECKPOINT_KEEP"
+    RESUME = "ORCH_RESUME"
+    GRAD_COMPRESSION = "ORCH_GRAD_COMPRESSION"
+    ATTEMPT = "ORCH_ATTEMPT"
+    REQUEUE_MARKER = "ORCH_REQUEUE_MARKER"
+    RANK_ENV_SOURCE = "ORCH_RANK_ENV_SOURCE"
+
 #: Auto ports live in [PORT_BASE, PORT_BASE + PORT_SPAN): below Linux's ephemeral range (32768+)
 #: and above the usual service ports.
 PORT_BASE = 20000
@@ -91,8 +112,8 @@ class RankEnv:
             "NNODES": str(self.nnodes),
             "MASTER_ADDR": self.master_addr,
             "MASTER_PORT": str(self.master_port),
-            "ORCH_INIT_METHOD": self.init_method,
-            "ORCH_RANK_ENV_SOURCE": self.source,
+            OrchVar.INIT_METHOD: self.init_method,
+            OrchVar.RANK_ENV_SOURCE: self.source,
         }
         if self.interface:
             env["NCCL_SOCKET_IFNAME"] = self.interface
@@ -127,7 +148,7 @@ class RankEnv:
             nnodes=int(e.get("NNODES", max(1, world // local_world))),
             master_addr=e["MASTER_ADDR"],
             master_port=int(e["MASTER_PORT"]),
-            init_method=e.get("ORCH_INIT_METHOD", "env://"),
+            init_method=e.get(OrchVar.INIT_METHOD, "env://"),
             interface=e.get("GLOO_SOCKET_IFNAME") or e.get("NCCL_SOCKET_IFNAME"),
             visible_devices=e.get("CUDA_VISIBLE_DEVICES"),
             source="env",

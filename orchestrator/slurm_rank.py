@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from orchestrator.rank_env import rank_env_from_slurm, slurm_job_id
+from orchestrator.rank_env import OrchVar, rank_env_from_slurm, slurm_job_id
 from orchestrator.run_folder import RunFolder
 
 
@@ -42,8 +42,8 @@ def main(args: list[str], run_rank: Callable[[Mapping[str, Any], int], Any]) -> 
     job_id, restart = slurm_job_id(os.environ), int(os.environ.get("SLURM_RESTART_COUNT", "0"))
     os.environ.update(env.to_environ())
     os.environ.update(payload.get("env", {}))  # the job's variables, computed once by the plan
-    os.environ["ORCH_REQUEUE_MARKER"] = requeue_marker(str(payload["run_dir"]), job_id, restart)
-    os.environ["ORCH_ATTEMPT"] = str(restart)
+    os.environ[OrchVar.REQUEUE_MARKER] = requeue_marker(str(payload["run_dir"]), job_id, restart)
+    os.environ[OrchVar.ATTEMPT] = str(restart)
     import socket
 
     print(f"[launcher] rank {env.rank}/{env.world_size} (local {env.local_rank}) on {socket.gethostname()}, job "

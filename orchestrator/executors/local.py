@@ -26,14 +26,32 @@ from typing import Callable
 
 from orchestrator import forensics, join_hook, procs, stacks
 from orchestrator.errors import SubmissionError
-from orchestrator.executors.base import first_error, prepare_run_dir, refresh_by_supervisor, rank_log_path
+from orchestrator.executors.base import (
+    first_error,
+    prepare_run_dir,
+    rank_log_path,
+    refresh_by_supervisor,
+)
 from orchestrator.executors.console import ConsoleEcho, LogTails, PlainEcho
 from orchestrator.executors.forked import ForkedRank, ZygoteGroup, start_zygote
 from orchestrator.plan import LaunchPlan
-from orchestrator.rank_env import PORT_BASE, PORT_SPAN, init_url, rendezvous_file
+from orchestrator.rank_env import (
+    PORT_BASE,
+    PORT_SPAN,
+    OrchVar,
+    init_url,
+    rendezvous_file,
+)
 from orchestrator.records import TERMINAL, RunRecord
-from orchestrator.watchdog import Watch, did_nothing, init_culprits, never_joined_message, stall_message, straggler
 from orchestrator.run_folder import RunFolder
+from orchestrator.watchdog import (
+    Watch,
+    did_nothing,
+    init_culprits,
+    never_joined_message,
+    stall_message,
+    straggler,
+)
 
 GRACE_S = 3.0
 LOOK_S = 1.0  # how often the watchdog looks at the ranks' logs, heartbeats and joins
@@ -78,7 +96,7 @@ def rank_environments(launch: LaunchPlan, port: int, payload: dict) -> list[dict
         env = dict(row.env)
         env["MASTER_PORT"] = str(port)
         method = launch.spec["distributed"]["init_method"]
-        env["ORCH_INIT_METHOD"] = init_url(method, env["MASTER_ADDR"], port, rfile)
+        env[OrchVar.INIT_METHOD] = init_url(method, env["MASTER_ADDR"], port, rfile)
         envs.append(env)
     if launch.spec["distributed"]["init_method"] == "file":
         Path(payload["rendezvous_dir"]).mkdir(parents=True, exist_ok=True)
@@ -157,7 +175,7 @@ class Supervisor:
             with open(log_path, "ab") as log:
                 log.write(f"=== attempt {self.record.attempts} started {time.ctime()} ===\n".encode())
                 offsets.append(log.tell())  # echo from here: this attempt's output only
-            full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1", "ORCH_ATTEMPT": str(self.record.attempts - 1)}
+            full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1", OrchVar.ATTEMPT: str(self.record.attempts - 1)}
             forks.append({"rank": rank, "env": full_env, "payload": str(payload_path), "log": str(log_path)})
         group = ZygoteGroup(self._zygote or start_zygote(self.preload))
         self._zygote = None  # a zygote serves one set of ranks

@@ -367,7 +367,7 @@ class Run:
         return "\n".join(parts)
 
     def _saved_stacks(self, rank: int | None) -> str:
-        folder = Path(self._record.run_dir) / "stacks"
+        folder = RunFolder.of(self._record.run_dir).stacks
         files = sorted(folder.glob("rank-*.txt"), key=lambda p: int(p.stem.split("-")[1])) if folder.is_dir() else []
         files = [p for p in files if rank is None or p.stem == f"rank-{rank}"]
         if not files:

@@ -52,10 +52,10 @@ def _touch(path: Path, what: str) -> None:
               "end the job", file=sys.stderr, flush=True)
 
 
-def _wrap(original: Callable[..., Any], marker: Path) -> Callable[..., Any]:
+def _wrap(original: Callable[..., Any], markers: tuple[Path, Path]) -> Callable[..., Any]:
+    marker, calling = markers
     if getattr(original, "__orch_join_hook__", False):
         return original
-    calling = marker.with_name(marker.name + ".calling")
 
     @functools.wraps(original)
     def init_process_group(*args: Any, **kwargs: Any) -> Any:
@@ -68,12 +68,12 @@ def _wrap(original: Callable[..., Any], marker: Path) -> Callable[..., Any]:
     return init_process_group
 
 
-def _patch_loaded(module: Any, marker: Path) -> None:
+def _patch_loaded(module: Any, markers: tuple[Path, Path]) -> None:
     """Replace init_process_group in distributed_c10d and wherever a loaded torch module holds it."""
     original = getattr(module, "init_process_group", None)
     if original is None or getattr(original, "__orch_join_hook__", False):
         return
-    wrapper = _wrap(original, marker)
+    wrapper = _wrap(original, markers)
     module.init_process_group = wrapper
     for name, mod in list(sys.modules.items()):
         if mod is not None and (name == "torch" or name.startswith("torch.")) and \
@@ -87,8 +87,8 @@ def _patch_loaded(module: Any, marker: Path) -> None:
 class _Finder(importlib.abc.MetaPathFinder):
     """Finds nothing itself: wraps the real loader of distributed_c10d so its exec is followed by the patch."""
 
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
+    def __init__(self, markers: tuple[Path, Path]) -> None:
+        self.markers = markers
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
         if fullname != TARGET:
@@ -99,11 +99,11 @@ class _Finder(importlib.abc.MetaPathFinder):
             spec = finder.find_spec(fullname, path, target)
             if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
                 real_exec = spec.loader.exec_module
-                marker = self.marker
+                markers = self.markers
 
                 def exec_module(module: Any, _real: Callable[[Any], None] = real_exec) -> None:
                     _real(module)
-                    _patch_loaded(module, marker)
+                    _patch_loaded(module, markers)
 
                 spec.loader.exec_module = exec_module  # type: ignore[method-assign]
                 return spec
@@ -112,14 +112,14 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 def install(run_dir: str | Path, rank: int) -> None:
     """Record this rank's join into ``<run>/joined/rank-N`` when init_process_group returns."""
-    marker = joined_path(run_dir, rank)
-    for old in (marker, calling_path(run_dir, rank)):  # an earlier attempt's
+    markers = (joined_path(run_dir, rank), calling_path(run_dir, rank))  # (returned, entered)
+    for old in markers:  # an earlier attempt's
         try:
             os.unlink(old)
         except OSError:
             pass
     loaded = sys.modules.get(TARGET)
     if loaded is not None:
-        _patch_loaded(loaded, marker)
+        _patch_loaded(loaded, markers)
     elif not any(isinstance(f, _Finder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _Finder(marker))
+        sys.meta_path.insert(0, _Finder(markers))

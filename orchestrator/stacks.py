@@ -179,7 +179,7 @@ def request_local(run_dir: str | Path, ranks: Iterable[int] | None = None,
 
 def save(run_dir: str | Path, dumps: Mapping[int, str], reason: str) -> list[Path]:
     """Write ``<run>/stacks/rank-N.txt`` for each dump (an earlier end's files are replaced)."""
-    folder = Path(run_dir) / "stacks"
+    folder = RunFolder.of(run_dir).stacks
     folder.mkdir(parents=True, exist_ok=True)
     for old in folder.glob("rank-*.txt"):
         old.unlink(missing_ok=True)

@@ -262,7 +262,7 @@ class Supervisor:
             wheres = {r: stacks.where(dumps[r]) if dumps.get(r) else None for r in last}
             rank, why = straggler(wheres, last)
             message = stall_message(self.stall_s or 0, rank, why, wheres.get(rank) if rank is not None else None)
-            self.record.update(failed_rank=rank, error=message + f"\nstacks of every rank: {run_dir / 'stacks'}")
+            self.record.update(failed_rank=rank, error=message + f"\nstacks of every rank: {RunFolder(run_dir).stacks}")
             return "FAILED"
         return None
 

@@ -14,7 +14,6 @@ Run folder, per attempt (cleared when an attempt starts)::
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from pathlib import Path
 from typing import Any, Mapping, Optional
@@ -23,15 +22,6 @@ from orchestrator import join_hook, stacks
 from orchestrator.progress import read_progress
 from orchestrator.watchdog import Watch
 from orchestrator.run_folder import RunFolder
-
-
-def clear_attempt(run_dir: str | Path) -> None:
-    """Forget the previous attempt's ranks, joins, live dumps and verdict."""
-    for path in RunFolder.of(run_dir).attempt_files():
-        if path.is_dir():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
 
 
 def look(watch: Watch, run_dir: str | Path, log_paths: Mapping[int, Path], now: Optional[float] = None) -> None:

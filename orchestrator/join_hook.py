@@ -15,7 +15,6 @@ COMPLETED with a warning.
 from __future__ import annotations
 
 import functools
-import importlib.abc
 import os
 import sys
 import time
@@ -84,8 +83,10 @@ def _patch_loaded(module: Any, markers: tuple[Path, Path]) -> None:
                 pass
 
 
-class _Finder(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: wraps the real loader of distributed_c10d so its exec is followed by the patch."""
+class _Finder:
+    """A meta path finder (``find_spec`` is the whole protocol; not derived from importlib.abc, which
+    would cost every rank its import) that finds nothing itself: it wraps the real loader of
+    distributed_c10d so its exec is followed by the patch."""
 
     def __init__(self, markers: tuple[Path, Path]) -> None:
         self.markers = markers

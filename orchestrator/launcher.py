@@ -19,6 +19,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Mapping
 
+from orchestrator import malloc
 from orchestrator.rank_env import OrchVar, flight_recorder_aliases
 from orchestrator.records import write_json_atomic
 from orchestrator.run_folder import RunFolder
@@ -119,6 +120,7 @@ def run_rank(payload: Mapping[str, Any], rank: int) -> Any:
     from orchestrator.failures import FAILED_MARK, user_traceback
 
     name_process(payload, rank)
+    malloc.apply()  # the job's heap settings, which this already running process did not start with
     os.environ.update(config_environ(payload))
     run_dir = Path(payload["run_dir"])
     install_watch_hooks(run_dir, rank)

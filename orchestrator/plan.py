@@ -16,6 +16,7 @@ from typing import Any, Mapping, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from orchestrator.malloc import MALLOC_DEFAULTS
 from orchestrator.rank_env import (
     OrchVar,
     RankEnv,
@@ -182,10 +183,10 @@ NCCL_TRACE_BUFFER = "2000"  # entries kept per rank; a ring buffer of recent col
 def job_environment(spec: JobSpec, run_dir: str, backend: str, threads: int,
                     environ: Mapping[str, str]) -> dict[str, str]:
     """The variables every rank gets on top of the rank contract, computed once (the payload carries
-    them, the plan's rows show them): the CPU thread default, the NCCL aids for nccl jobs, then
-    the spec's ``env``, which wins. A default the user already exported in their own environment
+    them, the plan's rows show them): the CPU thread default, the C heap settings
+    (``orchestrator.malloc``), the NCCL aids for nccl jobs, then the spec's ``env``, which wins. A default the user already exported in their own environment
     (which reaches the ranks on either executor) is left to theirs."""
-    defaults = {"OMP_NUM_THREADS": str(threads)}
+    defaults = {"OMP_NUM_THREADS": str(threads), **MALLOC_DEFAULTS}
     if backend == "nccl":
         d = spec.distributed
         if d.nccl_async_error_handling:

@@ -9,7 +9,6 @@ still matches. Standard library only (the zygote and the ranks import it).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import time
@@ -153,6 +152,8 @@ def become_subreaper() -> bool:
     """Make orphaned descendants re-parent to this process instead of init, so a grandchild that
     left its session (setsid) can still be found and stopped. Linux only; False elsewhere."""
     try:
+        import ctypes
+
         libc = ctypes.CDLL(None, use_errno=True)
         return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
     except (OSError, AttributeError):

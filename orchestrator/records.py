@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -31,10 +30,21 @@ STATES = TERMINAL | {"PENDING", "RUNNING", "REQUEUED", "UNKNOWN"}
 EXECUTORS = ("local", "slurm", "debug")
 
 
+def _temp_beside(path: Path) -> tuple[int, str]:
+    """A new file next to ``path`` for an atomic replace (tempfile's mkstemp, without importing
+    tempfile on every rank): unique per process and call, created exclusively."""
+    while True:
+        tmp = str(path.parent / f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), tmp
+        except FileExistsError:
+            continue
+
+
 def write_json_atomic(path: str | Path, data: Any) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = _temp_beside(path)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             json.dump(data, fh, indent=2, default=str)
@@ -48,7 +58,7 @@ def write_json_atomic(path: str | Path, data: Any) -> None:
 
 def write_text_atomic(path: str | Path, text: str) -> None:
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = _temp_beside(path)
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         fh.write(text)
     os.replace(tmp, path)

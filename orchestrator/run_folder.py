@@ -122,3 +122,13 @@ class RunFolder:
     #: What belongs to one attempt only (forgotten before the next one starts).
     def attempt_files(self) -> list[Path]:
         return [self.root / "ranks", self.root / "joined", self.stacks / "live", self.end]
+
+    def forget_attempt(self) -> None:
+        """Remove the previous attempt's ranks, joins, live dumps and verdict (before a new one)."""
+        import shutil
+
+        for path in self.attempt_files():
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)

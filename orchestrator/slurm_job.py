@@ -33,11 +33,12 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from orchestrator import forensics, join_hook, stacks
 from orchestrator.rank_env import slurm_job_id
+from orchestrator.run_folder import RunFolder
 from orchestrator.slurm_rank import payload_path, point_base, requeue_marker
-from orchestrator.watchdog import (Watch, did_nothing, init_culprits, never_joined_message, stall_message,
-                                   straggler)
+
+# The watchdog's modules (forensics, join_hook, stacks, watchdog) are imported once srun has
+# started the ranks: the time to the ranks' first line is the job's start-up cost.
 
 POLL_S = 0.2
 LOOK_S = 1.0  # the watchdog reads the shared run folder: once a second
@@ -60,8 +61,7 @@ class JobAgent:
         self.stacks_on_failure = bool(watchdog.get("stacks_on_failure", True))
         self.world = int(payload.get("nodes", 1)) * int(payload.get("ranks_per_node", 1))
         self.environ = dict(environ)
-        init = payload.get("init_timeout_s")
-        self.watch = Watch(self.world, time.time(), self.stall_s, None if init is None else float(init))
+        self.init_timeout_s = None if payload.get("init_timeout_s") is None else float(payload["init_timeout_s"])
         self.usr2_pending = False  # stacks first, then USR2 (its default action ends a rank)
 
     def _on_signal(self, signum: int, frame: object) -> None:
@@ -82,10 +82,13 @@ class JobAgent:
     def run(self, srun_argv: list[str]) -> int:
         for sig in (signal.SIGUSR2, signal.SIGTERM):
             signal.signal(sig, self._on_signal)
-        forensics.clear_attempt(self.run_dir)
+        RunFolder.of(self.run_dir).forget_attempt()
         self.logs = rank_logs(srun_argv, self.environ, self.world)
-        self.watch.started = time.time()
+        started = time.time()
         self.srun = subprocess.Popen(srun_argv)
+        from orchestrator.watchdog import Watch
+
+        self.watch = Watch(self.world, started, self.stall_s, self.init_timeout_s)
         # Requeue while the job is still running, as soon as the evidence is there (SLURM then
         # ends the ranks that are still exiting); checked once more after srun, since every rank
         # may have ended before the loop looked.
@@ -109,6 +112,9 @@ class JobAgent:
         if verdict is not None:
             return 1
         if code == 0:
+            from orchestrator import forensics, join_hook
+            from orchestrator.watchdog import did_nothing
+
             warning = did_nothing(self.world, [0], join_hook.joined_ranks(self.run_dir, self.world))
             if warning:
                 forensics.write_end(self.run_dir, reason="did_nothing", warning=warning)
@@ -155,6 +161,9 @@ class JobAgent:
 
     # -- the watchdog: init deadline and stall, decided as locally (orchestrator.watchdog) --------
     def _watchdog(self) -> str | None:
+        from orchestrator import forensics, join_hook, stacks
+        from orchestrator.watchdog import init_culprits, never_joined_message, stall_message, straggler
+
         if self.world <= 0:
             return None
         forensics.look(self.watch, self.run_dir, self.logs)
@@ -181,6 +190,7 @@ class JobAgent:
         <run>/stacks/; with ``verdict``, also recorded in end.json for status."""
         if not (self.stacks_on_failure or always):
             return {}
+        from orchestrator import forensics, stacks
         from orchestrator.stacks_probe import python_of, request_slurm
 
         self._say(f"{reason}: saving every rank's stacks in {self.run_dir}/stacks")
@@ -195,6 +205,8 @@ class JobAgent:
         return dumps
 
     def _verdict(self, reason: str, rank: int | None, message: str, dumps: dict[int, str]) -> None:
+        from orchestrator import forensics
+
         message = message.replace("<run>", self.run_dir)
         self._say(message)
         forensics.write_end(self.run_dir, reason=reason, failed_rank=rank, error=message,

@@ -23,12 +23,12 @@ of the user's own code, and whether a thread waits inside a torch.distributed co
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
 import signal
 import socket
-import sysconfig
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -238,10 +238,15 @@ def parse(text: str) -> list[Thread]:
     return threads
 
 
-_STDLIB = tuple(sorted({os.path.realpath(p) + os.sep for p in
-                        (sysconfig.get_paths().get("stdlib"), sysconfig.get_paths().get("platstdlib")) if p}))
-_SITE = tuple(sorted({os.path.realpath(p) + os.sep for p in
-                      (sysconfig.get_paths().get("purelib"), sysconfig.get_paths().get("platlib")) if p}))
+@functools.lru_cache(maxsize=1)
+def _library_dirs() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The standard library's folders and site-packages' (read when stacks are first parsed, not
+    on every rank at import)."""
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    return (tuple(sorted({os.path.realpath(p) + os.sep for p in (paths.get("stdlib"), paths.get("platstdlib")) if p})),
+            tuple(sorted({os.path.realpath(p) + os.sep for p in (paths.get("purelib"), paths.get("platlib")) if p})))
 
 
 _OURS = os.path.dirname(os.path.realpath(__file__)) + os.sep
@@ -250,7 +255,8 @@ _TORCH = re.compile(r"/(site|dist)-packages/(torch|orchestrator)/")
 
 def _is_stdlib(filename: str) -> bool:
     path = os.path.realpath(filename)
-    return path.startswith(_STDLIB) and not path.startswith(_SITE) and "site-packages" not in path
+    stdlib, site = _library_dirs()
+    return path.startswith(stdlib) and not path.startswith(site) and "site-packages" not in path
 
 
 def is_framework(filename: str) -> bool:

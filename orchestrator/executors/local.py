@@ -168,7 +168,7 @@ class Supervisor:
             raise SubmissionError(f"distributed.port {planned} is in use on this machine; pick another or use 'auto'")
         port = pick_port(planned)
         remove_rendezvous_files(self.launch, payload)  # an earlier attempt's, if it was killed
-        forensics.clear_attempt(run_dir)
+        folder.forget_attempt()
         offsets, forks = [], []
         for rank, env in enumerate(rank_environments(self.launch, port, payload)):
             log_path = folder.log(rank)

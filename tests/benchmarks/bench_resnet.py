@@ -69,15 +69,21 @@ def _batches(n: int = 4) -> list[tuple[Any, Any]]:
             for _ in range(n)]
 
 
-def _loop(model: Any, warmup: int, steps: int) -> list[float]:
-    """Seconds of each of ``steps`` training steps after ``warmup`` untimed ones."""
+def _loop(model: Any, warmup: int, steps: int) -> tuple[list[float], float]:
+    """Seconds of each of ``steps`` training steps after ``warmup`` untimed ones, and the page
+    faults per timed step (memory the C heap handed back to the kernel and took again)."""
+    import resource
+
     import torch
 
     batches = _batches()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     model.train()
     times = []
+    faults = 0
     for i in range(warmup + steps):
+        if i == warmup:
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         t0 = time.perf_counter()
         x, y = batches[i % len(batches)]
         opt.zero_grad(set_to_none=True)
@@ -85,7 +91,13 @@ def _loop(model: Any, warmup: int, steps: int) -> list[float]:
         opt.step()
         if i >= warmup:
             times.append(time.perf_counter() - t0)
-    return times
+    return times, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / steps
+
+
+def _max_rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def tune_worker(rounds: int, out: str) -> None:
@@ -131,22 +143,24 @@ def worker(mode: str, warmup: int, steps: int, out: str, ddp: dict[str, Any]) ->
         import jobs
 
         with jobs.process_group() as ctx:
-            times = _loop(jobs.wrap_model(net, ctx, **ddp), warmup, steps)
+            times, faults = _loop(jobs.wrap_model(net, ctx, **ddp), warmup, steps)
     elif mode == "hand":
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel
 
         dist.init_process_group("gloo")
-        times = _loop(DistributedDataParallel(net), warmup, steps)
+        times, faults = _loop(DistributedDataParallel(net), warmup, steps)
         dist.destroy_process_group()
     else:  # bound: no process group, no DDP
-        times = _loop(net, warmup, steps)
+        times, faults = _loop(net, warmup, steps)
     rank = os.environ.get("RANK", "0")
     # The first quartile of the step times: steps slowed by other processes on this shared machine
     # do not count, and no single lucky step decides.
     fast = statistics.quantiles(times, n=4)[0]
     Path(out, f"rank-{rank}.json").write_text(json.dumps({"samples_per_s": BATCH / fast,
-                                                          "threads": torch.get_num_threads()}))
+                                                          "threads": torch.get_num_threads(),
+                                                          "faults_per_step": faults,
+                                                          "max_rss_mb": _max_rss_mb()}))
 
 
 # ---------------------------------------------------------------- the driver
@@ -160,8 +174,9 @@ def _run(cmd: list[str]) -> None:
     raise RuntimeError(f"{cmd} kept failing; its stderr is above")
 
 
-def measure(kind: str, args: argparse.Namespace, tmp: Path, ddp: dict[str, Any] | None = None) -> tuple[float, int]:
-    """Mean samples/s per rank of one launch, and the ranks' thread count."""
+def measure(kind: str, args: argparse.Namespace, tmp: Path, ddp: dict[str, Any] | None = None) -> tuple[float, int, float, float]:
+    """Mean samples/s per rank of one launch, the ranks' thread count, page faults per step and
+    peak RSS (MB)."""
     out = Path(tempfile.mkdtemp(dir=tmp))
     rank_args = ["worker", "--mode", kind, "--warmup", str(args.warmup), "--steps", str(args.steps),
                  "--out", str(out), "--ddp", json.dumps(ddp or {})]
@@ -173,7 +188,8 @@ def measure(kind: str, args: argparse.Namespace, tmp: Path, ddp: dict[str, Any] 
     else:
         _run([*TORCHRUN, str(HERE), *rank_args])
     rows = [json.loads((out / f"rank-{r}.json").read_text()) for r in range(2)]
-    return statistics.mean(r["samples_per_s"] for r in rows), rows[0]["threads"]
+    return (statistics.mean(r["samples_per_s"] for r in rows), rows[0]["threads"],
+            statistics.mean(r["faults_per_step"] for r in rows), max(r["max_rss_mb"] for r in rows))
 
 
 def main() -> None:
@@ -190,18 +206,22 @@ def main() -> None:
         "runtime (defaults)": ("runtime", None), "hand DDP": ("hand", None), "bound": ("bound", None)}
     rates: dict[str, list[float]] = {k: [] for k in variants}
     threads: dict[str, int] = {}
+    faults: dict[str, list[float]] = {k: [] for k in variants}
+    rss: dict[str, float] = {}
     t_start = time.monotonic()
     with tempfile.TemporaryDirectory() as d:
         for _ in range(args.repeat):
             for name, (kind, ddp) in variants.items():
-                rate, threads[name] = measure(kind, args, Path(d), ddp)
+                rate, threads[name], f, rss[name] = measure(kind, args, Path(d), ddp)
                 rates[name].append(rate)
+                faults[name].append(f)
     med = {k: statistics.median(v) for k, v in rates.items()}
     print(f"== resnet18, batch {BATCH}/rank, 3x32x32, 2 CPU ranks, gloo: samples/s per rank, median of "
           f"{args.repeat} (spread min-max), each from the first quartile of {args.steps} step times after {args.warmup} warm-up ==")
     print(f"wrap_model defaults: {jobs.parallel.DDP_DEFAULTS}")
     for name, v in rates.items():
-        print(f"  {name:42s} {med[name]:7.1f}  ({min(v):.1f}-{max(v):.1f})  threads/rank {threads[name]}")
+        print(f"  {name:42s} {med[name]:7.1f}  ({min(v):.1f}-{max(v):.1f})  threads/rank {threads[name]}  "
+              f"page faults/step {statistics.median(faults[name]):5.0f}  peak RSS {rss[name]:.0f} MB")
     rt, hand, bound = med["runtime (defaults)"], med["hand DDP"], med["bound"]
     print(f"runtime/hand {rt / hand:.3f}x (target >= 0.98)   runtime/bound {rt / bound:.3f}x   "
           f"hand/bound {hand / bound:.3f}x")

@@ -35,3 +35,4 @@ def test_local_ranks_get_exactly_the_planned_environment(tmp_path: Path) -> None
                 assert env.get(key) == planned, (row.rank, key, env.get(key), planned)
         assert env["CONTRACT_VAR"] == "a b $HOME ;"  # as written: no shell read it
         assert env["OMP_NUM_THREADS"] == "2"  # the spec's env wins over the thread default
+        assert seen["heap_faults_per_cycle"] < 1000, seen["heap_faults_per_cycle"]  # orchestrator.malloc applied

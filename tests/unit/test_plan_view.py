@@ -61,3 +61,17 @@ def test_nccl_aids_can_be_turned_off_and_are_absent_for_gloo() -> None:
     assert not any(k.startswith("TORCH_") for k in gloo.payload["env"])
     on = plan(_spec())
     assert on.payload["env"]["TORCH_FR_DUMP_TEMP_FILE"].startswith(on.run_dir)
+
+
+def test_heap_defaults_are_planned_and_the_users_own_win(monkeypatch) -> None:
+    from orchestrator.malloc import MALLOC_DEFAULTS
+
+    for executor in ("slurm", "local"):
+        launch = plan(_spec(nodes=2, executor=executor) if executor == "slurm" else
+                      JobSpec(name="cpu", entrypoint="jobs.train:main", nodes=2, cpu_ranks_per_node=2))
+        assert all(launch.payload["env"][k] == v for k, v in MALLOC_DEFAULTS.items())
+        assert all(row.env["MALLOC_TRIM_THRESHOLD_"] == MALLOC_DEFAULTS["MALLOC_TRIM_THRESHOLD_"] for row in launch.ranks)
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "65536")  # exported in the user's shell: theirs
+    assert plan(_spec(nodes=2)).payload["env"]["MALLOC_TRIM_THRESHOLD_"] == "65536"
+    spec_env = plan(_spec(nodes=2, env={"MALLOC_MMAP_THRESHOLD_": "262144"})).payload["env"]
+    assert spec_env["MALLOC_MMAP_THRESHOLD_"] == "262144"  # the spec's env wins over both

@@ -19,10 +19,14 @@ in one launch through the orchestrator: one DDP model per candidate, stepped in 
 other load on the machine slows every candidate alike (separate launches of each option differed
 by more than the options do).
 
+Each line also shows the ranks' page faults per timed step and peak RSS: the runtime's ranks get
+the C heap defaults (``orchestrator.malloc``), so freed activations are kept for the next step
+instead of being handed back to the kernel and faulted in again.
+
 Every variant runs the same model (torchvision resnet18, num_classes=10), the same in-memory
 batches (64 x 3x32x32 per rank, generated, nothing downloaded), SGD with momentum. Nothing here
 sets an environment variable a user would not set: the orchestrator gives each rank its default
-thread count (cores / local ranks), torchrun sets OMP_NUM_THREADS=1 itself.
+thread count (cores / local ranks) and heap settings, torchrun sets OMP_NUM_THREADS=1 itself.
 """
 
 from __future__ import annotations

@@ -49,37 +49,10 @@ def load_spec(*sources: Any, overrides: Iterable[str] = (), executor: str | None
     """Spec files (YAML or JSON paths), mappings and JobSpecs, deep-merged in order (later ones
     win key by key), then each ``"key.path=value"`` override in order (the value is read as
     YAML, as with ``--set``), then ``executor``. Raises SpecError naming the source, the field
-    and the fix."""
-    from orchestrator.loading import apply_override, deep_merge, parse_override, read_spec_file, spec_from_dict
-    from orchestrator.spec import JobSpec
+    and the fix. (Defined in ``orchestrator.loading``, which brings pydantic in.)"""
+    from orchestrator.loading import load_spec as load
 
-    if isinstance(overrides, (str, bytes)):
-        raise UsageError("overrides is a list of 'key.path=value' strings, e.g. overrides=['nodes=2']")
-    data: dict[str, Any] = {}
-    names: list[str] = []
-    for source in sources:
-        if isinstance(source, JobSpec):
-            data, name = deep_merge(data, source.model_dump(mode="json", exclude_defaults=True)), "<JobSpec>"
-        elif isinstance(source, Mapping):
-            data, name = deep_merge(data, json.loads(json.dumps(source, default=_refuse))), "<mapping>"
-        elif isinstance(source, (str, Path)):
-            data, name = deep_merge(data, read_spec_file(source)), str(source)
-        else:
-            raise UsageError(f"load_spec takes spec files, mappings or JobSpecs, not {type(source).__name__}")
-        names.append(name)
-    for item in overrides:
-        data = apply_override(data, *parse_override(item))
-    if executor is not None:
-        data["executor"] = executor
-    return spec_from_dict(data, source=", ".join(names) or None)
-
-
-def _refuse(value: Any) -> Any:
-    """Paths become text; any other object is refused (a spec is plain data)."""
-    if isinstance(value, Path):
-        return str(value)
-    raise UsageError(f"a spec mapping holds a {type(value).__name__}; give text, numbers, true/false, "
-                     "paths, lists and mappings only")
+    return load(*sources, overrides=overrides, executor=executor)
 
 
 def as_spec(spec: SpecLike) -> JobSpec:

@@ -104,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # ---- subcommands: each one a call into the Python API (api.py) ------------------------------
 def _load(args: argparse.Namespace) -> Any:
-    from orchestrator.api import load_spec
+    from orchestrator.loading import load_spec  # not through api: validate needs nothing else of it
 
     return load_spec(*args.spec, overrides=args.overrides, executor=getattr(args, "executor", None))
 

@@ -64,14 +64,9 @@ def print_plan(launch: LaunchPlan, console: Console | None = None, node: int | N
 def print_ranks(launch: LaunchPlan, console: Console, node: int | None = None, rank: int | None = None) -> None:
     """Every rank's environment at any scale: what all ranks share once, then the per-rank table
     of the first and the last node, with the rule that gives every node between (checked against
-    every row, so a row that breaks it is shown, not hidden). ``node`` / ``rank`` show one in full."""
+    every row's whole environment, so a row that breaks it is shown, with the variables it
+    differs in, not hidden). ``node`` / ``rank`` show one in full."""
     rows, rpn = launch.ranks, launch.ranks_per_node
-    common = set(rows[0].env.items())
-    for r in rows[1:]:
-        common &= r.env.items()  # a set operation in C per row: linear in the world size
-    shared = {k: val for k, val in rows[0].env.items() if (k, val) in common}
-    varying = [k for k in ("RANK", "LOCAL_RANK", "NODE_RANK") if k not in shared]
-    varying += sorted({k for r in rows[: 2 * rpn] for k in r.env} - set(shared) - set(varying))
     if rank is not None:
         if not 0 <= rank < len(rows):
             raise PlanQueryError(f"--rank {rank}: the job has ranks 0-{len(rows) - 1}")
@@ -79,6 +74,15 @@ def print_ranks(launch: LaunchPlan, console: Console, node: int | None = None, r
         for key, value in sorted(rows[rank].env.items()):
             console.print(Text(f"  {key}={value}"))
         return
+    rule = _NodeRule(rows[:rpn], rpn)
+    odd = [r for r in rows[rpn:] if not rule.holds(r)]  # one C-level dict comparison per row
+    node_keys = set(_NodeRule.RANK_KEYS) if launch.nodes > 1 else set()
+    differing = {k for r in odd for k in rule.differences(r)}
+    shared = {k: v for k, v in rows[0].env.items()
+              if k not in node_keys and k not in differing and all(r.env.get(k) == v for r in rows[:rpn])}
+    varying = [k for k in ("RANK", "LOCAL_RANK", "NODE_RANK") if k not in shared]
+    varying += sorted({k for r in rows[:rpn] for k in r.env} - set(shared) - set(varying))
+    varying += sorted(differing - set(varying))
     console.print(f"\n[bold]environment of every rank[/bold] ({launch.world_size} ranks)")
     for key, value in shared.items():
         console.print(Text(f"  {key}={value}"))
@@ -89,35 +93,48 @@ def print_ranks(launch: LaunchPlan, console: Console, node: int | None = None, r
         return
     console.print(_rank_table("node 0" if launch.nodes > 1 else "per rank", rows[:rpn], varying))
     if launch.nodes > 2:
-        rule = _NodeRule(rows[:rpn], rpn, varying)
-        odd = [r for r in rows[rpn:-rpn] if not rule.holds(r)]
         console.print(Text(f"nodes 1-{launch.nodes - 2}: as node 0, with NODE_RANK = the node's index and "
                            f"RANK = NODE_RANK x {rpn} + LOCAL_RANK ('plan --node N' or '--rank N' shows any one; "
                            "'plan --json' lists every rank)"))
-        if odd:
-            console.print(_rank_table("ranks that differ from that rule", odd[:SWEEP_ROWS], varying))
+        middle = [r for r in odd if r.rank < len(rows) - rpn]
+        if middle:
+            console.print(_rank_table("ranks that differ from that rule", middle[:SWEEP_ROWS], varying))
     if launch.nodes > 1:
         console.print(_rank_table(f"node {launch.nodes - 1}", rows[-rpn:], varying))
 
 
 class _NodeRule:
-    """Every node is node 0 with NODE_RANK = its index and RANK = NODE_RANK x rpn + LOCAL_RANK: the
-    other varying variables of a row equal those of node 0's row with the same LOCAL_RANK."""
+    """Every node is node 0 with NODE_RANK (and GROUP_RANK) = its index and RANK = NODE_RANK x rpn
+    + LOCAL_RANK: a row's whole environment equals that of node 0's row with the same LOCAL_RANK,
+    but for those three."""
 
     RANK_KEYS = ("RANK", "NODE_RANK", "GROUP_RANK")
 
-    def __init__(self, first_node: list[RankRow], rpn: int, varying: list[str]) -> None:
+    def __init__(self, first_node: list[RankRow], rpn: int) -> None:
         self.rpn = rpn
-        self.keys = [k for k in varying if k not in self.RANK_KEYS]
-        self.expected = [tuple(row.env.get(k) for k in self.keys) for row in first_node]
+        self.first = [row.env for row in first_node]
+
+    def expected(self, row: RankRow) -> dict[str, str] | None:
+        """The environment the rule gives ``row``'s place, or None when the place itself is wrong."""
+        if not 0 <= row.local_rank < min(self.rpn, len(self.first)) or \
+                row.rank != row.node_rank * self.rpn + row.local_rank:
+            return None
+        env = self.first[row.local_rank].copy()
+        node = str(row.node_rank)
+        for key, value in (("RANK", str(row.rank)), ("NODE_RANK", node), ("GROUP_RANK", node)):
+            if key in env:
+                env[key] = value
+        return env
 
     def holds(self, row: RankRow) -> bool:
-        env, node = row.env, str(row.node_rank)
-        if row.rank != row.node_rank * self.rpn + row.local_rank or env.get("RANK", str(row.rank)) != str(row.rank):
-            return False
-        if env.get("NODE_RANK", node) != node or env.get("GROUP_RANK", node) != node:
-            return False
-        return 0 <= row.local_rank < self.rpn and tuple(env.get(k) for k in self.keys) == self.expected[row.local_rank]
+        return row.env == self.expected(row)
+
+    def differences(self, row: RankRow) -> list[str]:
+        """The variables in which ``row`` breaks the rule (all of its rank keys if its place does)."""
+        expected = self.expected(row)
+        if expected is None:
+            return [k for k in ("RANK", "LOCAL_RANK", "NODE_RANK") if k in row.env]
+        return sorted(k for k in expected.keys() | row.env.keys() if expected.get(k) != row.env.get(k))
 
 
 def _rank_table(title: str, rows: list[RankRow], varying: list[str]) -> Table:

@@ -120,7 +120,6 @@ def run_rank(payload: Mapping[str, Any], rank: int) -> Any:
     from orchestrator.failures import FAILED_MARK, user_traceback
 
     name_process(payload, rank)
-    malloc.apply()  # the job's heap settings, which this already running process did not start with
     os.environ.update(config_environ(payload))
     run_dir = Path(payload["run_dir"])
     install_watch_hooks(run_dir, rank)
@@ -224,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     payload = json.loads(Path(args[0]).read_text(encoding="utf-8"))
     rank = int(os.environ.get("RANK", "0"))
     apply_thread_count()
+    malloc.apply()  # the job's heap settings: a forked rank did not start with them
     try:
         run_rank(payload, rank)
     except SystemExit as exc:

@@ -16,12 +16,12 @@ from __future__ import annotations
 import difflib
 import json
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from orchestrator.errors import SpecError
+from orchestrator.errors import SpecError, UsageError
 from orchestrator.spec import JobSpec
 from orchestrator.validators import shown
 
@@ -166,25 +166,39 @@ def apply_override(data: dict[str, Any], path: list[str], value: Any) -> dict[st
     return deep_merge(data, nested)
 
 
-def merge_sources(
-    files: Iterable[str | Path], overrides: Iterable[str] = (), executor: str | None = None
-) -> dict[str, Any]:
+def load_spec(*sources: Any, overrides: Iterable[str] = (), executor: str | None = None) -> JobSpec:
+    """Spec files (YAML or JSON paths), mappings and JobSpecs, deep-merged in order (later ones
+    win key by key), then each ``"key.path=value"`` override in order (the value is read as
+    YAML, as with ``--set``), then ``executor``. Raises SpecError naming the source, the field
+    and the fix. (``orchestrator.load_spec``; the CLI calls it without importing the rest of the
+    API.)"""
+    if isinstance(overrides, (str, bytes)):
+        raise UsageError("overrides is a list of 'key.path=value' strings, e.g. overrides=['nodes=2']")
     data: dict[str, Any] = {}
-    for f in files:
-        data = deep_merge(data, read_spec_file(f))
+    names: list[str] = []
+    for source in sources:
+        if isinstance(source, JobSpec):
+            data, name = deep_merge(data, source.model_dump(mode="json", exclude_defaults=True)), "<JobSpec>"
+        elif isinstance(source, Mapping):
+            data, name = deep_merge(data, json.loads(json.dumps(source, default=_refuse))), "<mapping>"
+        elif isinstance(source, (str, Path)):
+            data, name = deep_merge(data, read_spec_file(source)), str(source)
+        else:
+            raise UsageError(f"load_spec takes spec files, mappings or JobSpecs, not {type(source).__name__}")
+        names.append(name)
     for item in overrides:
         data = apply_override(data, *parse_override(item))
     if executor is not None:
         data["executor"] = executor
-    return data
+    return spec_from_dict(data, source=", ".join(names) or None)
 
 
-def load_spec(
-    files: Iterable[str | Path], overrides: Iterable[str] = (), executor: str | None = None
-) -> JobSpec:
-    files = list(files)
-    data = merge_sources(files, overrides, executor)
-    return spec_from_dict(data, source=", ".join(str(f) for f in files) or None)
+def _refuse(value: Any) -> Any:
+    """Paths become text; any other object is refused (a spec is plain data)."""
+    if isinstance(value, Path):
+        return str(value)
+    raise UsageError(f"a spec mapping holds a {type(value).__name__}; give text, numbers, true/false, "
+                     "paths, lists and mappings only")
 
 
 def spec_from_dict(data: dict[str, Any], source: str | None = None) -> JobSpec:

@@ -184,8 +184,9 @@ def job_environment(spec: JobSpec, run_dir: str, backend: str, threads: int,
                     environ: Mapping[str, str]) -> dict[str, str]:
     """The variables every rank gets on top of the rank contract, computed once (the payload carries
     them, the plan's rows show them): the CPU thread default, the C heap settings
-    (``orchestrator.malloc``), the NCCL aids for nccl jobs, then the spec's ``env``, which wins. A default the user already exported in their own environment
-    (which reaches the ranks on either executor) is left to theirs."""
+    (``orchestrator.malloc``), the NCCL aids for nccl jobs, then the spec's ``env``, which wins.
+    A default the user already exported in their own environment (which reaches the ranks on
+    either executor) is left to theirs."""
     defaults = {"OMP_NUM_THREADS": str(threads), **MALLOC_DEFAULTS}
     if backend == "nccl":
         d = spec.distributed

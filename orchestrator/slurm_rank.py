@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from orchestrator import malloc
 from orchestrator.rank_env import OrchVar, rank_env_from_slurm, slurm_job_id
 from orchestrator.run_folder import RunFolder
 
@@ -44,6 +45,7 @@ def main(args: list[str], run_rank: Callable[[Mapping[str, Any], int], Any]) -> 
     os.environ.update(payload.get("env", {}))  # the job's variables, computed once by the plan
     os.environ[OrchVar.REQUEUE_MARKER] = requeue_marker(str(payload["run_dir"]), job_id, restart)
     os.environ[OrchVar.ATTEMPT] = str(restart)
+    malloc.apply()  # the job's heap settings, which srun started this process without
     import socket
 
     print(f"[launcher] rank {env.rank}/{env.world_size} (local {env.local_rank}) on {socket.gethostname()}, job "

@@ -20,6 +20,23 @@ from pathlib import Path
 EXAMPLES = Path(__file__).resolve().parents[2] / "orchestrator" / "examples"
 
 
+def bytecode_state() -> str:
+    """Whether the orchestrator's modules have .pyc files. Without them every process (each CLI
+    command, a SLURM job's agent, each rank) compiles the modules it imports: ~20-40 ms per
+    command here. A regular pip install writes them; an editable install gets them on first
+    import unless PYTHONDONTWRITEBYTECODE is set (it is, in this project's sandbox and CI)."""
+    import importlib.util
+    import os
+
+    sys.path.insert(0, str(EXAMPLES.parents[1]))
+    import orchestrator.launcher
+
+    cached = importlib.util.cache_from_source(orchestrator.launcher.__file__)
+    flag = os.environ.get("PYTHONDONTWRITEBYTECODE")
+    return (f"{'present' if os.path.exists(cached) else 'absent'} "
+            f"(PYTHONDONTWRITEBYTECODE {'set' if flag else 'unset'})")
+
+
 def wall(cmd: list[str]) -> float:
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
@@ -49,6 +66,7 @@ def main() -> None:
         for name, cmd in cases.items():
             times[name].append(wall(cmd))
     base = statistics.median(times["python -c pass"])
+    print(f"orchestrator bytecode: {bytecode_state()}")
     print(f"{'command':32} {'median s':>9} {'min s':>7} {'x bare python':>14}")
     for name, ts in times.items():
         med = statistics.median(ts)

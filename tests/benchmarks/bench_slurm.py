@@ -72,28 +72,15 @@ def latency(repeat: int, tmp: Path, script: Path) -> None:
         plain_cli.append(time.time() - t0)
         plain.append(wait_files(out, 4) - t0)
     o, p = statistics.median(ours), statistics.median(plain)
-    print(f"orchestrator bytecode: {_bytecode_state()}")
+    from bench_cli import bytecode_state  # this folder is on sys.path: the benchmarks run as scripts
+
+    print(f"orchestrator bytecode: {bytecode_state()}")
     print(f"submit -> 4 ranks running: sbatch --wrap {p:.2f} s, orchestrator submit {o:.2f} s -> {o / p:.2f}x "
           f"(+{o - p:.2f} s)")
     print(f"  of which the command itself (until it returns): sbatch {statistics.median(plain_cli):.2f} s, "
           f"orchestrator submit {statistics.median(cli):.2f} s; from its return to 4 ranks running: "
           f"{statistics.median([a - b for a, b in zip(plain, plain_cli)]):.2f} s vs "
           f"{statistics.median([a - b for a, b in zip(ours, cli)]):.2f} s")
-
-
-def _bytecode_state() -> str:
-    """Whether the orchestrator's modules have .pyc files: without them every process (the
-    submit command, the job's agent, each rank) compiles the modules it imports. A regular pip
-    install writes them; an editable install gets them on first import unless
-    PYTHONDONTWRITEBYTECODE is set (it is, in this project's sandbox)."""
-    import importlib.util
-
-    import orchestrator.launcher
-
-    cached = importlib.util.cache_from_source(orchestrator.launcher.__file__)
-    flag = os.environ.get("PYTHONDONTWRITEBYTECODE")
-    return (f"{'present' if os.path.exists(cached) else 'absent'} "
-            f"(PYTHONDONTWRITEBYTECODE={'set' if flag else 'unset'})")
 
 
 def sweep_submission(tmp: Path, script: Path) -> list[str]:

@@ -167,7 +167,7 @@ def run_script(script: str, tmp: Path) -> tuple[list[str], str]:
 def assert_script_runs_only_the_agent(path: Path, tmp: Path) -> None:
     """The script runs ``export`` and the job's agent, with exactly the intended argv; the ranks'
     srun command is an argv in the payload, never a shell line."""
-    spec = load_spec([path])
+    spec = load_spec(path)
     if spec.executor != "slurm":
         return
     record = tmp / "python-calls"

@@ -75,3 +75,16 @@ def test_heap_defaults_are_planned_and_the_users_own_win(monkeypatch) -> None:
     assert plan(_spec(nodes=2)).payload["env"]["MALLOC_TRIM_THRESHOLD_"] == "65536"
     spec_env = plan(_spec(nodes=2, env={"MALLOC_MMAP_THRESHOLD_": "262144"})).payload["env"]
     assert spec_env["MALLOC_MMAP_THRESHOLD_"] == "262144"  # the spec's env wins over both
+
+
+def test_a_row_that_differs_in_a_shared_variable_is_shown_with_that_variable() -> None:
+    launch = plan(_spec(nodes=16))
+    assert "MASTER_ADDR=" in _view(launch)  # shared: printed once above the tables
+    rows = list(launch.ranks)
+    for index in (8 * 5 + 2, len(rows) - 1):  # one in the middle, one on the last node
+        rows[index] = replace(rows[index], env={**rows[index].env, "MASTER_ADDR": "elsewhere"})
+    view = _view(launch.model_copy(update={"ranks": rows}))
+    assert "MASTER_ADDR=" not in view  # no longer shared: a column of the tables instead
+    odd_table = view.split("differ from that rule")[1].split("node 15")[0]
+    assert "elsewhere" in odd_table and str(8 * 5 + 2) in odd_table
+    assert "elsewhere" in view.split("node 15")[-1]  # the last node's table shows its odd row too

@@ -111,7 +111,7 @@ def test_override_precedence(tmp_path) -> None:
     a.write_text("name: a\nentrypoint: jobs.train:main\nnodes: 2\ndistributed: {port: 29500, backend: gloo}\n")
     b = tmp_path / "b.json"
     b.write_text('{"distributed": {"port": 29501}}')
-    spec = load_spec([a, b], ["distributed.port=29502", "distributed.interface=[eth0,ib0]"], "slurm")
+    spec = load_spec(a, b, overrides=["distributed.port=29502", "distributed.interface=[eth0,ib0]"], executor="slurm")
     assert spec.distributed.port == 29502 and spec.distributed.backend == "gloo"
     assert spec.distributed.interface == ["eth0", "ib0"] and spec.executor == "slurm" and spec.nodes == 2
 
@@ -122,7 +122,7 @@ def test_examples_validate() -> None:
     examples = sorted((Path(__file__).resolve().parents[2] / "orchestrator" / "examples").glob("*.yaml"))
     assert len(examples) >= 5
     for path in examples:
-        spec = load_spec([path])
+        spec = load_spec(path)
         plan(spec)
 
 

@@ -1,5 +1,3 @@
-import sys
+from orchestrator.cli import console_main
 
-from orchestrator.cli import main
-
-sys.exit(main())
+console_main()

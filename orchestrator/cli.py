@@ -298,5 +298,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
 
+def console_main() -> None:
+    """The ``orchestrator`` command (and ``python -m orchestrator``): ``main``, then exit.
+
+    Before the interpreter shuts down, every object left is moved out of the cycle collector's
+    reach (``gc.freeze``): its collections at shutdown would otherwise walk every object the
+    process holds (pydantic's schemas, a 32,768-rank plan) only to free memory the process is
+    about to give back anyway; ~85 ms of a 4096-node ``plan``. Files are closed by then, and
+    Python flushes stdout and stderr itself. Not done by ``main``, which tests and scripts call
+    in a process that goes on."""
+    code = main()
+    import gc
+
+    gc.freeze()
+    sys.exit(code)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    console_main()

@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.errors import OrchestratorError
-from orchestrator.plan import LaunchPlan, RankRow
+from orchestrator.plan import LaunchPlan, RankRow, paused_gc
 
 #: Sweep points shown at each end of the sweep table.
 SWEEP_ROWS = 20
@@ -75,7 +75,8 @@ def print_ranks(launch: LaunchPlan, console: Console, node: int | None = None, r
             console.print(Text(f"  {key}={value}"))
         return
     rule = _NodeRule(rows[:rpn], rpn)
-    odd = [r for r in rows[rpn:] if not rule.holds(r)]  # one C-level dict comparison per row
+    with paused_gc():  # one dict built and compared (in C) per row, no cycles
+        odd = [r for r in rows[rpn:] if not rule.holds(r)]
     node_keys = set(_NodeRule.RANK_KEYS) if launch.nodes > 1 else set()
     differing = {k for r in odd for k in rule.differences(r)}
     shared = {k: v for k, v in rows[0].env.items()

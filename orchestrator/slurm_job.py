@@ -31,14 +31,17 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from orchestrator.rank_env import slurm_job_id
 from orchestrator.run_folder import RunFolder
 from orchestrator.slurm_rank import payload_path, point_base, requeue_marker
 
-# The watchdog's modules (forensics, join_hook, stacks, watchdog) are imported once srun has
-# started the ranks: the time to the ranks' first line is the job's start-up cost.
+# The watchdog's modules (forensics, join_hook, stacks, watchdog) are imported at its first look,
+# a second after srun started the ranks: the time to the ranks' first line is the job's start-up
+# cost, and on a busy node these imports would compete with the ranks' own.
+if TYPE_CHECKING:
+    from orchestrator.watchdog import Watch
 
 POLL_S = 0.2
 LOOK_S = 1.0  # the watchdog reads the shared run folder: once a second
@@ -63,6 +66,8 @@ class JobAgent:
         self.environ = dict(environ)
         self.init_timeout_s = None if payload.get("init_timeout_s") is None else float(payload["init_timeout_s"])
         self.usr2_pending = False  # stacks first, then USR2 (its default action ends a rank)
+        self.started = time.time()
+        self.watch: Watch | None = None
 
     def _on_signal(self, signum: int, frame: object) -> None:
         name = signal.Signals(signum).name
@@ -84,11 +89,8 @@ class JobAgent:
             signal.signal(sig, self._on_signal)
         RunFolder.of(self.run_dir).forget_attempt()
         self.logs = rank_logs(srun_argv, self.environ, self.world)
-        started = time.time()
+        self.started = time.time()
         self.srun = subprocess.Popen(srun_argv)
-        from orchestrator.watchdog import Watch
-
-        self.watch = Watch(self.world, started, self.stall_s, self.init_timeout_s)
         # Requeue while the job is still running, as soon as the evidence is there (SLURM then
         # ends the ranks that are still exiting); checked once more after srun, since every rank
         # may have ended before the loop looked.
@@ -162,10 +164,13 @@ class JobAgent:
     # -- the watchdog: init deadline and stall, decided as locally (orchestrator.watchdog) --------
     def _watchdog(self) -> str | None:
         from orchestrator import forensics, join_hook, stacks
-        from orchestrator.watchdog import init_culprits, never_joined_message, stall_message, straggler
+        from orchestrator.watchdog import (Watch, init_culprits, never_joined_message, stall_message,
+                                           straggler)
 
         if self.world <= 0:
             return None
+        if self.watch is None:  # made at the first look, a second after srun: off the ranks' start-up
+            self.watch = Watch(self.world, self.started, self.stall_s, self.init_timeout_s)
         forensics.look(self.watch, self.run_dir, self.logs)
         now = time.time()
         missing = self.watch.never_joined(now)

@@ -78,3 +78,39 @@ def test_a_failing_validate_is_seen_as_failing(tmp_path: Path) -> None:
     bad.write_text("name: x\nentrypoint: jobs.train:main\nnodes: 0\n")
     rc, mods, _ = _run_cli(["validate", str(bad)])
     assert rc == 2 and "torch" not in mods
+
+
+def test_validate_loads_the_spec_without_the_rest_of_the_api() -> None:
+    rc, mods, _ = _run_cli(["validate", str(ROOT / "orchestrator" / "examples" / "tcp-2x8.yaml")])
+    assert rc == 0
+    extra = {"orchestrator.api", "orchestrator.records", "orchestrator.plan", "rich", "submitit"} & mods
+    assert not extra, f"validate imported {sorted(extra)}"
+
+
+def test_a_slurm_rank_runs_only_light_standard_library_code_before_the_entrypoint(tmp_path: Path) -> None:
+    """What a srun task imports before the user's script runs (every rank of every job pays it):
+    no pydantic, submitit, yaml, rich or torch, and no subprocess (the interface is asked of the
+    kernel, no ``ip`` process) or tempfile."""
+    import json
+    import os
+
+    from orchestrator.plan import plan
+    from orchestrator.spec import JobSpec
+
+    script = tmp_path / "modules.py"
+    script.write_text("import json, sys\njson.dump(sorted(sys.modules), open(sys.argv[1], 'w'))\n")
+    seen = tmp_path / "modules.json"
+    launch = plan(JobSpec(name="light", entrypoint=str(script), executor="slurm", extra_args=[str(seen)],
+                          runs_dir=str(tmp_path / "runs")))
+    payload = tmp_path / "payload.json"
+    payload.write_text(json.dumps(launch.payload))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update(SLURM_JOB_ID="4242", SLURM_JOB_NODELIST="localhost", SLURM_NTASKS="1", SLURM_JOB_NUM_NODES="1",
+               SLURM_LOCALID="0", SLURM_PROCID="0", SLURM_NODEID="0")
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.launcher", "--slurm", str(payload)], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    mods = set(json.loads(seen.read_text()))
+    heavy = {"pydantic", "submitit", "yaml", "rich", "torch", "subprocess", "tempfile", "importlib.abc"} & mods
+    assert not heavy, f"a rank imported {sorted(heavy)} before its entrypoint"
+    assert "orchestrator.launcher" in mods or "__main__" in mods  # it did run through the launcher

@@ -1,7 +1,12 @@
 """A user's script that joins through the file:// URL it is given and ends without tearing the
-process group down, as many scripts do."""
+process group down, as many scripts do. With an argument OUT, it writes at interpreter exit
+(atexit) whether its group was still initialized then: OUT/left-<rank> holds True or False.
+
+argv: [OUT]"""
+import atexit
 import datetime
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -11,3 +16,6 @@ dist.init_process_group("gloo", init_method=os.environ["ORCH_INIT_METHOD"], rank
 t = torch.ones(1)
 dist.all_reduce(t)
 assert t.item() == float(os.environ["WORLD_SIZE"])
+if len(sys.argv) > 1:
+    left = os.path.join(sys.argv[1], f"left-{os.environ['RANK']}")
+    atexit.register(lambda: open(left, "w").write(str(dist.is_initialized())))

@@ -9,6 +9,8 @@ path after that point. Standard library only until the entrypoint imports torch.
 
 from __future__ import annotations
 
+import atexit
+import builtins
 import importlib
 import json
 import os
@@ -16,6 +18,7 @@ import runpy
 import sys
 import time
 import traceback
+import types
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -43,14 +46,18 @@ def config_environ(payload: Mapping[str, Any]) -> dict[str, str]:
     }
 
 
-def call_entrypoint(entrypoint: str, argv: list[str], source_dir: str | None = None) -> Any:
-    """``pkg.module:function`` is called with the argument list; a script runs as __main__."""
+def call_entrypoint(entrypoint: str, argv: list[str], source_dir: str | None = None, as_main: bool = True) -> Any:
+    """``pkg.module:function`` is called with the argument list; a script runs as __main__
+    (``as_main=False``: through ``runpy``, which gives the caller's ``__main__`` back after)."""
     if entrypoint.endswith(".py") or ":" not in entrypoint:
         saved = sys.argv
         sys.argv = [entrypoint, *argv]
         sys.path.insert(0, str(Path(entrypoint).parent))
         try:
-            runpy.run_path(entrypoint, run_name="__main__")
+            if as_main:
+                run_script(entrypoint)
+            else:
+                runpy.run_path(entrypoint, run_name="__main__")
         except SystemExit as exc:
             if exc.code not in (None, 0):
                 raise
@@ -64,6 +71,22 @@ def call_entrypoint(entrypoint: str, argv: list[str], source_dir: str | None = N
         sys.path.insert(1, source_dir)
     func = getattr(importlib.import_module(module_name), func_name)
     return func(argv)
+
+
+def run_script(path: str) -> None:
+    """Run a script as ``python path`` does: as the real ``__main__`` module, which stays in
+    ``sys.modules`` after it ends, so the interpreter's exit finalizes it as it finalizes any
+    script. (``runpy.run_path`` drops the script's namespace when it returns: a file the
+    script wrote and never closed lost its buffered tail.) Its own ``from __future__`` flags
+    only: nothing leaks in from this module."""
+    from importlib.machinery import SourceFileLoader
+
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=path, __cached__=None, __builtins__=builtins, __spec__=None,
+                         __loader__=SourceFileLoader("__main__", path))
+    code = compile(Path(path).read_bytes(), path, "exec", dont_inherit=True)
+    sys.modules["__main__"] = main
+    exec(code, main.__dict__)
 
 
 _FIRST_TITLE: list[str] = []  # the process's own title, before any rank renamed it
@@ -113,22 +136,30 @@ def _installed_torch_version() -> str | None:
         return None
 
 
-def run_rank(payload: Mapping[str, Any], rank: int) -> Any:
+def run_rank(payload: Mapping[str, Any], rank: int, own_process: bool = True) -> Any:
     """Run the entrypoint on this rank; record the result (rank 0) or the traceback (any rank).
     A failure is printed once, trimmed of our frames (``failures.user_traceback``), and recorded
-    in full in ``<run>/errors/rank-N.json``; the exception then propagates."""
+    in full in ``<run>/errors/rank-N.json``; the exception then propagates.
+
+    ``own_process``: the process is the rank's and ends with it (not the debug executor's
+    caller): a script stays its ``__main__``, and a process group the entrypoint returned
+    without destroying is destroyed at exit, after the script's own exit hooks."""
     from orchestrator.failures import FAILED_MARK, user_traceback
 
     name_process(payload, rank)
     os.environ.update(config_environ(payload))
     run_dir = Path(payload["run_dir"])
     install_watch_hooks(run_dir, rank)
+    returned: list[bool] = []  # set once the entrypoint has returned normally
+    if own_process:
+        atexit.register(release_if_returned, returned)  # registered first, so it runs last
     try:
         enter_workdir(payload)
-        result = call_entrypoint(payload["entrypoint"], list(payload["argv"]), payload.get("source_dir"))
+        result = call_entrypoint(payload["entrypoint"], list(payload["argv"]), payload.get("source_dir"),
+                                 as_main=own_process)
     except BaseException as exc:
         if isinstance(exc, SystemExit) and exc.code in (None, 0):
-            release_process_group()  # sys.exit(0) is a normal return
+            returned.append(True)  # sys.exit(0) is a normal return
             raise
         trimmed = user_traceback(exc)
         write_json_atomic(RunFolder(run_dir).error(rank), {
@@ -142,31 +173,57 @@ def run_rank(payload: Mapping[str, Any], rank: int) -> Any:
         raise
     finally:
         remove_rendezvous_file(os.environ.get(OrchVar.INIT_METHOD, ""))
-    release_process_group()
     if rank == 0:
         write_json_atomic(RunFolder(run_dir).result, {"finished": time.time(), "result": _jsonable(result)})
+    returned.append(True)
     return result
 
 
-def release_process_group() -> None:
+def release_if_returned(returned: list[bool]) -> None:
+    """The exit hook ``run_rank`` registers: release the group only after a normal return."""
+    if returned:
+        release_process_group()
+
+
+RELEASE_TIMEOUT_S = 60.0  # the most a rank's exit waits on the teardown of a group left to it
+
+
+def release_process_group(timeout_s: float = RELEASE_TIMEOUT_S) -> None:
     """Destroy the default process group an entrypoint returned without destroying.
 
     Many scripts never call ``destroy_process_group()``. torch then leaves its gloo threads to
     the interpreter's exit, and there it aborts now and then: "terminate called without an active
     exception", SIGABRT, a finished rank reported as killed (7 of 60 ranks of a 2-rank gloo
-    script under plain ``python`` on torch 2.14). Only after a normal return: every collective the
-    script waited on is over, and teardown is local to the rank. After an exception the group is
-    left alone, as a gloo worker may still wait on a peer that is gone.
+    script under plain ``python`` on torch 2.14); for nccl it warns that the group leaks. Runs
+    as the last exit hook (after the script's threads ended and its own hooks ran, which may
+    still use the group), and only after a normal return: every collective the script waited
+    on is over, and teardown is local to the rank. After an exception the group is left alone,
+    as a gloo worker may still wait on a peer that is gone. Bounded: should teardown still wait
+    after ``timeout_s`` (work the script never waited for), the rank says so and ends with its
+    entrypoint's success, as it would have without this.
     """
     dist = sys.modules.get("torch.distributed")
     if dist is None:
         return
+    import threading
+
+    def give_up() -> None:
+        print(f"[launcher] destroying the process group the entrypoint left took over {timeout_s:.0f}s; "
+              "exiting without it", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(0)
+
+    timer = threading.Timer(timeout_s, give_up)
+    timer.daemon = True
     try:
         if dist.is_available() and dist.is_initialized():
+            timer.start()
             dist.destroy_process_group()
     except Exception as exc:  # the entrypoint's result stands; say why teardown failed
         print(f"[launcher] could not destroy the process group the entrypoint left: "
               f"{type(exc).__name__}: {exc}", file=sys.stderr)
+    finally:
+        timer.cancel()
 
 
 def install_watch_hooks(run_dir: Path, rank: int) -> None:

@@ -29,7 +29,7 @@ class DebugExecutor:
         # Every way out records an end state: an exception, sys.exit() in the entrypoint, Ctrl-C.
         state, changes = "FAILED", {"failed_rank": 0, "error": "the debug run ended without a result"}
         try:
-            result = run_rank(payload, 0)
+            result = run_rank(payload, 0, own_process=False)
             state, changes = "COMPLETED", {}
         except KeyboardInterrupt:
             state, changes = "CANCELLED", {"error": "interrupted (Ctrl-C)"}

@@ -286,8 +286,11 @@ class Supervisor:
 
     def _first_failure(self, failed: list[int], codes: list[int | None], run_dir: Path) -> int:
         """Prefer a rank killed by a signal (peers then fail because it vanished), then the
-        earliest traceback."""
-        by_signal = [r for r in failed if (codes[r] or 0) < 0]
+        earliest traceback. A rank that recorded a traceback before a signal ended it raised
+        first: the signal came at its exit (torch can abort there while a group is still up),
+        as on SLURM, where the traceback is the report too."""
+        folder = RunFolder(run_dir)
+        by_signal = [r for r in failed if (codes[r] or 0) < 0 and not folder.error(r).is_file()]
         err = first_error(run_dir)
         if by_signal:
             rank = by_signal[0]

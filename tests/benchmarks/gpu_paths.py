@@ -7,7 +7,7 @@ not set): one-GPU nccl DDP training (jobs.train), device selection (local.device
 (strategy dp), inference on cuda (jobs.infer), the spec's ``env`` (NCCL_DEBUG=INFO reaches the
 rank), and PyTorch's NCCL flight recorder that the orchestrator turns on by default: a normal run
 records entries, and a collective stuck behind a long kernel times out and dumps the trace into
-``<run>/nccl-trace/``. Prints one line per check and writes ``DIR/gpu_paths.json``.
+``<run>/nccl-trace/``; a script that never destroys its nccl group ends without torch's warning. Prints one line per check and writes ``DIR/gpu_paths.json``.
 """
 
 from __future__ import annotations
@@ -60,6 +60,16 @@ ENV_PROBE = textwrap.dedent('''
     dist.destroy_process_group()
 ''')
 
+NO_TEARDOWN = textwrap.dedent('''
+    """A one-GPU nccl script that ends without destroy_process_group(), as many do."""
+    import torch, torch.distributed as dist
+    dist.init_process_group("nccl")
+    torch.cuda.set_device(0)
+    t = torch.ones(4, device="cuda")
+    dist.all_reduce(t)
+    print("sum", t.sum().item(), flush=True)
+''')
+
 
 def check(name: str, results: dict[str, Any], fn: Any) -> None:
     t0 = time.perf_counter()
@@ -83,6 +93,7 @@ def main() -> int:
     scripts.mkdir(parents=True, exist_ok=True)
     (scripts / "stuck.py").write_text(STUCK_COLLECTIVE)
     (scripts / "env_probe.py").write_text(ENV_PROBE)
+    (scripts / "no_teardown.py").write_text(NO_TEARDOWN)
     base = dict(runs_dir=a.runs_dir, nodes=1, gpus_per_node=1, local={"devices": [0]})
     results: dict[str, Any] = {}
     wanted = (lambda n: a.only is None or n in a.only)
@@ -156,9 +167,19 @@ def main() -> int:
         return {"state": r.state, "seconds_to_end": round(took, 1), "error": (r.error or "")[:400],
                 "stack_head": stacks[0].read_text()[:600]}
 
+    def no_teardown() -> dict[str, Any]:
+        """The launcher destroys the group a script left (torch warns at exit otherwise)."""
+        spec = JobSpec(name="gpu-left", entrypoint=str(scripts / "no_teardown.py"), **base)
+        r = run(spec)
+        log = r.logs(rank=0)
+        said = [ln for ln in log.splitlines() if "destroy" in ln.lower()]
+        assert r.state == "COMPLETED", r.error
+        assert "sum 4.0" in log and not said, said or log[-2000:]
+        return {"state": r.state, "destroy_lines": said}
+
     for name, fn in (("ddp_nccl_1gpu", ddp), ("env_and_device_selection", env_and_selection), ("dataparallel", dp),
                      ("inference_cuda", infer), ("nccl_flight_recorder", flight_recorder),
-                     ("stall_watchdog_nccl", stall_watchdog)):
+                     ("stall_watchdog_nccl", stall_watchdog), ("nccl_no_teardown", no_teardown)):
         if wanted(name):
             check(name, results, fn)
     (out / "gpu_paths.json").write_text(json.dumps(results, indent=2, default=str))

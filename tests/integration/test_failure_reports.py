@@ -10,15 +10,20 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).parent / "scripts" / "user_crash.py"
 
 
-def test_run_shows_the_first_failure_once_without_our_frames(tmp_path: Path) -> None:
+@pytest.mark.parametrize("abort_at_exit", [False, True])
+def test_run_shows_the_first_failure_once_without_our_frames(tmp_path: Path, abort_at_exit: bool) -> None:
+    """abort_at_exit: the failing rank dies of SIGABRT after raising; its traceback is still the
+    report (not "killed by signal SIGABRT")."""
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump({"name": "crash", "entrypoint": str(SCRIPT), "nodes": 2, "cpu_ranks_per_node": 2,
+                                    "extra_args": ["--abort-at-exit"] if abort_at_exit else [],
                                     "runs_dir": str(tmp_path / "runs")}))
     proc = subprocess.run([sys.executable, "-m", "orchestrator", "run", str(spec)], capture_output=True, text=True,
                           timeout=180, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})

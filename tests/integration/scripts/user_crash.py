@@ -1,5 +1,12 @@
 """A plain torchrun-style script (no orchestrator import): every rank joins; rank 1 raises inside
-a function of its own, the others then wait in all_reduce for it and fail when it is gone."""
+a function of its own, the others then wait in all_reduce for it and fail when it is gone.
+With --abort-at-exit the failing rank then dies of SIGABRT at interpreter exit, as torch does now
+and then when a gloo group is still up there.
+
+argv: [--abort-at-exit]"""
+import atexit
+import os
+import sys
 import time
 
 import torch
@@ -8,6 +15,8 @@ import torch.distributed as dist
 
 def load_shard(rank: int) -> None:
     if rank == 1:
+        if "--abort-at-exit" in sys.argv:
+            atexit.register(os.abort)
         raise ValueError("shard 1 is corrupt")
 
 

@@ -5,7 +5,9 @@ Run: .venv/bin/python tests/benchmarks/bench_runtime.py [--repeat 3] [--only lau
 1. launch: wall time from starting the launcher to the first all_reduce done on every rank, for
    N = 2 and 4, interleaved: the floor (N parallel processes importing torch, timed to the end
    of the import), `torchrun --standalone`, and `orchestrator run` (local executor). The rank
-   code is the same torchrun-style script for both launchers.
+   code is the same torchrun-style script for both launchers. Also reported: start to the
+   launcher and every rank exited (the floor: its interpreters exited), which includes what
+   each rank spends ending.
    Targets: <= 1.1x the floor, <= 0.6x torchrun.
 2. throughput: jobs.train (2 ranks via `orchestrator run`) against a hand-written DDP loop with
    the same model, data, batch and optimizer, launched by torchrun. Target >= 0.98x.
@@ -64,7 +66,8 @@ def _rank_times(out: Path, n: int) -> tuple[float, float]:
     return max(r[0] for r in rows), max(r[1] for r in rows)
 
 
-def launch_once(kind: str, n: int, tmp: Path) -> float:
+def launch_once(kind: str, n: int, tmp: Path) -> tuple[float, float]:
+    """(start -> first all_reduce done on every rank, start -> the launcher and every rank exited)."""
     out = Path(tempfile.mkdtemp(dir=tmp))
     script = str(HERE / "first_allreduce.py")
     if kind == "floor":
@@ -73,7 +76,7 @@ def launch_once(kind: str, n: int, tmp: Path) -> float:
         procs = [subprocess.Popen([PY, "-c", code, str(out / f"rank-{r}.txt")], env=ENV) for r in range(n)]
         for p in procs:
             p.wait()
-        return _rank_times(out, n)[0] - t0
+        return _rank_times(out, n)[0] - t0, time.time() - t0
     if kind == "torchrun":
         cmd = [*TORCHRUN, f"--nproc-per-node={n}", script, "--out", str(out)]
     else:
@@ -81,20 +84,27 @@ def launch_once(kind: str, n: int, tmp: Path) -> float:
         cmd = [*ORCH, "run", str(spec)]
     t0 = time.time()
     run_quiet(cmd, attempts=1)
-    return _rank_times(out, n)[1] - t0
+    return _rank_times(out, n)[1] - t0, time.time() - t0
 
 
 def bench_launch(repeat: int, tmp: Path) -> None:
-    print("\n== launch to first all_reduce (s, median) ==")
+    print("\n== launch to first all_reduce, and to every process exited (s, median) ==")
+    kinds = ("floor", "torchrun", "orchestrator")
     for n in (2, 4):
-        times: dict[str, list[float]] = {k: [] for k in ("floor", "torchrun", "orchestrator")}
+        first: dict[str, list[float]] = {k: [] for k in kinds}
+        ended: dict[str, list[float]] = {k: [] for k in kinds}
         for _ in range(repeat):
-            for kind in times:
-                times[kind].append(launch_once(kind, n, tmp))
-        med = {k: statistics.median(v) for k, v in times.items()}
+            for kind in kinds:
+                a, b = launch_once(kind, n, tmp)
+                first[kind].append(a)
+                ended[kind].append(b)
+        med = {k: statistics.median(v) for k, v in first.items()}
+        end = {k: statistics.median(v) for k, v in ended.items()}
         print(f"N={n}: floor {med['floor']:.2f}  torchrun {med['torchrun']:.2f}  orchestrator {med['orchestrator']:.2f}"
               f"  -> {med['orchestrator'] / med['floor']:.2f}x floor (target <= 1.1), "
               f"{med['orchestrator'] / med['torchrun']:.2f}x torchrun (target <= 0.6)")
+        print(f"N={n} to exit: floor {end['floor']:.2f}  torchrun {end['torchrun']:.2f}  "
+              f"orchestrator {end['orchestrator']:.2f}  -> {end['orchestrator'] / end['torchrun']:.2f}x torchrun")
 
 
 def bench_throughput(repeat: int, tmp: Path) -> None:

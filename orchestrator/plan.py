@@ -28,6 +28,7 @@ from orchestrator.rank_env import (
     rendezvous_file,
     thread_count_local,
 )
+from orchestrator.interpreter import module_argv
 from orchestrator.run_folder import RunFolder
 from orchestrator.spec import ExecutorName, JobSpec, render_value
 
@@ -379,8 +380,9 @@ def python_command(python: str | None) -> str:
 def job_command(run_dir: str, python: str | None, point_base: int = 0) -> str:
     """The batch script's one command: the job's agent (stdlib only; no submitit, no pickle). It
     replaces the batch shell (exec), so the time-limit signal (B:USR2) reaches it and nothing else."""
-    words = ["exec", python_command(python), "-u -m orchestrator.slurm_job",
-             shlex.quote(str(RunFolder.of(run_dir).payload))]
+    argv = module_argv(python if python is not None else sys.executable, "orchestrator.slurm_job",
+                       str(RunFolder.of(run_dir).payload))
+    words = ["exec", python_command(python), *map(shlex.quote, argv[1:])]
     return " ".join(words + ([f"--point-base {point_base}"] if point_base else []))
 
 
@@ -389,8 +391,8 @@ def srun_argv(folder: str, run_dir: str, python: str | None, array: bool) -> lis
     never a shell line. Logs are named as submitit names them (<job>_<task>_log.out)."""
     job = "%A_%a" if array else "%j"
     return ["srun", "--unbuffered", "--output", os.path.join(folder, f"{job}_%t_log.out"), "--kill-on-bad-exit=1",
-            python if python is not None else sys.executable, "-u", "-m", "orchestrator.launcher", "--slurm",
-            str(RunFolder.of(run_dir).payload)]
+            *module_argv(python if python is not None else sys.executable, "orchestrator.launcher", "--slurm",
+                         str(RunFolder.of(run_dir).payload))]
 
 
 def render_sbatch(params: dict[str, Any], folder: str, command: str, n_points: int = 0) -> str:

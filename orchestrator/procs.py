@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 _PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,51 @@ def stat(pid: int) -> ProcStat | None:
                         start=int(rest[19]))
     except (IndexError, ValueError):
         return None
+
+
+def cmdline(pid: int) -> list[str]:
+    """A process's argv ([] if it is gone or unreadable)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return [w.decode(errors="replace") for w in fh.read().split(b"\0")[:-1]]
+    except OSError:
+        return []
+
+
+def catches(pid: int, sig: int) -> bool:
+    """True if the process has a handler installed for ``sig`` (SigCgt in /proc/PID/status).
+    A process that exec'd another program lost our handlers: a signal whose default action is
+    to terminate must then not be sent to it."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (int(sig) - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def set_parent_death_signal(sig: int) -> bool:
+    """Ask the kernel to send ``sig`` to this process when its parent (the thread that forked
+    it) ends, however it ends. Linux only; False elsewhere."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def signal_name(number: int) -> str:
+    """SIGTERM, SIGRTMIN+4..., or the number itself for one Python has no name for."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        if signal.SIGRTMIN <= number <= signal.SIGRTMAX:
+            return f"SIGRTMIN+{number - signal.SIGRTMIN}"
+        return f"signal {number}"
 
 
 def start_time(pid: int) -> int | None:

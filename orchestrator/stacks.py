@@ -126,10 +126,17 @@ def signal_ranks(run_dir: str | Path, ranks: Iterable[int] | None = None, host: 
     wanted = None if ranks is None else set(ranks)
     sent = []
     for rank, rp in sorted(rank_procs(run_dir).items()):
-        if (wanted is None or rank in wanted) and rp.host == host and \
+        if (wanted is None or rank in wanted) and rp.host == host and answers(rp) and \
                 procs.signal_if_same(rp.pid, rp.start_ticks, STACK_SIGNAL):
             sent.append(rank)
     return sent
+
+
+def answers(rp: RankProc) -> bool:
+    """True while the rank's process still has the launcher's stack handler. A rank that exec'd
+    another program (``exec numactl ...``) lost it, and the signal's default action would end
+    it: it is never sent the signal."""
+    return procs.same_process(rp.pid, rp.start_ticks) and procs.catches(rp.pid, STACK_SIGNAL)
 
 
 def wait_written(run_dir: str | Path, before: Mapping[int, int], timeout_s: float = REQUEST_TIMEOUT_S) -> dict[int, int]:

@@ -23,17 +23,18 @@ SRUN_TIMEOUT_S = 20.0
 
 def python_of(payload: Mapping[str, Any]) -> str:
     """The interpreter the ranks run (the one in the srun line the plan made)."""
-    argv = list(payload.get("srun") or [])
-    if "orchestrator.launcher" in argv and argv.index("orchestrator.launcher") >= 3:
-        return argv[argv.index("orchestrator.launcher") - 3]
-    return sys.executable
+    from orchestrator.interpreter import python_of as python_in
+
+    return python_in(list(payload.get("srun") or [])) or sys.executable
 
 
 def probe_argv(run_dir: str | Path, job_id: str, nodes: int, python: str, ranks: list[int] | None = None) -> list[str]:
     """One task on each node of the job, sharing its CPUs (--overlap) so a busy job still lets it in."""
+    from orchestrator.interpreter import module_argv
+
     argv = ["srun", "--overlap", f"--jobid={job_id}", f"--nodes={nodes}", "--ntasks-per-node=1",
-            f"--ntasks={nodes}", "--quiet", "--kill-on-bad-exit=0", python, "-m", "orchestrator.stacks_probe",
-            str(run_dir)]
+            f"--ntasks={nodes}", "--quiet", "--kill-on-bad-exit=0",
+            *module_argv(python, "orchestrator.stacks_probe", str(run_dir), unbuffered=False)]
     for rank in ranks or []:
         argv += ["--rank", str(rank)]
     return argv

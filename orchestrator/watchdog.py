@@ -50,8 +50,10 @@ class Watch:
         return max(t for t in (seen, self.joined.get(rank), self.started) if t is not None)
 
     def never_joined(self, now: float) -> list[int]:
-        """The ranks past the init deadline without having joined ([] before it, or when all did)."""
-        if self.init_timeout_s is None or now - self.started <= self.init_timeout_s:
+        """The ranks past the init deadline without having joined ([] before it, or when all did).
+        A world of one rank waits for no peer: a single-process script that never joins a process
+        group is just a script."""
+        if self.init_timeout_s is None or self.world_size <= 1 or now - self.started <= self.init_timeout_s:
             return []
         return [r for r in range(self.world_size) if r not in self.joined]
 

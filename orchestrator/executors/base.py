@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import json
+import signal
 import time
 from pathlib import Path
 from typing import Iterator, Protocol
 
-from orchestrator import procs
+from orchestrator import ownership, procs
 from orchestrator.errors import SubmissionError
 from orchestrator.plan import LaunchPlan
 from orchestrator.run_folder import RunFolder
 from orchestrator.records import TERMINAL, RunRecord, register, write_json_atomic, write_text_atomic
 
-#: A run recorded PENDING with no supervisor this long after it was created never started.
-NEVER_STARTED_S = 60.0
 
 
 class Executor(Protocol):
@@ -27,23 +26,51 @@ class Executor(Protocol):
 
 
 def refresh_by_supervisor(rec: RunRecord) -> RunRecord:
-    """For runs supervised on this machine (local, debug): one whose supervisor is gone without
-    writing an end state is FAILED, and one that never got a supervisor is FAILED after a while."""
+    """For runs supervised by a process of ours (local, debug): is the attempt still alive?
+
+    Liveness comes from the run's lock (held by its supervisor for the whole attempt, dropped
+    by the kernel however it dies) and, across hosts, from the lease it renews, never from a
+    PID alone. A run whose lock is free and whose lease has run out has no supervisor: what is
+    left of its ranks on this host is stopped, and the attempt is recorded FAILED. A copy of a
+    run folder, or a run on another host whose lease is still fresh, is only read."""
     if rec.state in TERMINAL:
         return rec
-    if rec.supervisor_pid:
-        if procs.same_process(rec.supervisor_pid, rec.supervisor_start) or (
-                rec.supervisor_start is None and procs.alive(rec.supervisor_pid)):
-            return rec
-        why = f"the supervisor (pid {rec.supervisor_pid}) ended without recording an end state"
-    elif time.time() - rec.created > NEVER_STARTED_S:
-        why = "the run never started (no supervisor was recorded)"
-    else:
+    folder = rec.run_dir
+    if ownership.is_held(folder):
         return rec
-    latest = RunRecord.load(rec.run_dir)  # the supervisor may have recorded its end meanwhile
-    if latest.state in TERMINAL or latest.supervisor_pid != rec.supervisor_pid:
+    if ownership.copy_reason(rec.folder_id, folder):
+        return rec  # a copy: never rewritten, and never a reason to act on the original
+    if alive_elsewhere(folder):
+        return rec  # its host says it is alive; only the lock is not shared with us
+    if rec.host in (None, ownership.this_host()) and procs.same_process(rec.supervisor_pid, rec.supervisor_start):
+        return rec  # alive without the lock: only a run started by an older version
+    latest = RunRecord.load(folder)  # the supervisor may have recorded its end meanwhile
+    if latest.state in TERMINAL or ownership.is_held(folder):
         return latest
-    return latest.update(state="FAILED", ended=time.time(), error=latest.error or why)
+    return end_orphaned(latest)
+
+
+def alive_elsewhere(run_dir: str | Path) -> bool:
+    """A fresh lease from another host: its supervisor lives, whatever our view of the lock."""
+    held = ownership.lease(run_dir)
+    return held is not None and held.fresh() and held.host != ownership.this_host()
+
+
+def end_orphaned(rec: RunRecord, state: str = "FAILED") -> RunRecord:
+    """Record the end of an attempt whose supervisor is gone, after stopping what is left of its
+    ranks (on this host only: a rank elsewhere stops with its own supervisor's processes)."""
+    stopped = 0
+    if ownership.foreign_reason(rec.host, rec.folder_id, rec.run_dir) is None:
+        for pid, start in zip(rec.rank_pids, rec.rank_starts):
+            stopped += procs.signal_session(pid, start, signal.SIGKILL)
+    if rec.supervisor_pid:
+        why = (f"its supervisor (pid {rec.supervisor_pid} on {ownership.host_name(rec.host)}) ended without "
+               "recording an end state (killed?)")
+    else:
+        why = "the run never started (its starter ended before a supervisor took over)"
+    if stopped:
+        why += f"; {stopped} process(es) it left were stopped"
+    return rec.update(state=state, ended=time.time(), error=rec.error or why)
 
 
 def _point_dirs(run_dir: Path) -> Iterator[RunFolder]:
@@ -66,26 +93,50 @@ def rank_log_path(record: RunRecord, rank: int, point: int | None = None) -> Pat
     return (run.point(point) if record.sweep_size and point is not None else run).log(rank)
 
 
-def prepare_run_dir(launch: LaunchPlan) -> RunRecord:
-    """Create (or reuse, to resume) the run folder and write what it will run.
+def prepare_run_dir(launch: LaunchPlan) -> tuple[RunRecord, ownership.RunLock]:
+    """Take the run folder's lock, then create (or reuse, to resume) the folder and write what
+    it will run. Returns the new record and the lock, which the caller holds for the attempt
+    (a local supervisor) or releases once the scheduler has the job (SLURM).
 
-    A run folder whose record is still active is refused: two launches of the same spec
-    would write the same checkpoints.
+    Two starts of one spec never both get here: the second finds the lock taken and is refused,
+    naming the live attempt. A folder whose previous attempt lost its supervisor (the lock is
+    free but the record never ended) is taken over: the old attempt is recorded FAILED first.
+    A SLURM run still queued or running is refused: its job, not a lock, is the live attempt.
     """
     run_dir = Path(launch.run_dir)
-    attempts = 1
     run = RunFolder(run_dir)
-    if run.record.is_file():
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock = ownership.take(run_dir)
+    try:
+        record = _start_attempt(launch, run_dir, run)
+    except BaseException:
+        lock.release()
+        raise
+    lock.renew()
+    return record, lock
+
+
+def _start_attempt(launch: LaunchPlan, run_dir: Path, run: RunFolder) -> RunRecord:
+    attempts = 1
+    if run.record.exists() or run.record.is_symlink():
         old = RunRecord.load(run_dir)
-        if old.state not in TERMINAL:
+        if old.state not in TERMINAL and old.executor == "slurm":
             raise SubmissionError(
                 f"run {launch.run_id} is still {old.state} in {run_dir}; follow it with "
                 f"'orchestrator status {launch.run_id}' or stop it with 'orchestrator cancel {launch.run_id}'"
             )
+        if old.state not in TERMINAL:
+            held = ownership.lease(run_dir)
+            if old.host not in (None, ownership.this_host()) and held is not None and held.fresh():
+                raise SubmissionError(
+                    f"run {launch.run_id} was last supervised on host {ownership.host_name(old.host)} and its "
+                    f"lease is {time.time() - held.time:.0f}s old; try again in "
+                    f"{ownership.LEASE_TTL_S:.0f}s, or see 'orchestrator status {launch.run_id}' there")
+            end_orphaned(old)
         attempts = old.attempts + 1
-    run_dir.mkdir(parents=True, exist_ok=True)
     import yaml
 
+    ownership.forget_requests(run_dir)
     write_text_atomic(run_dir / "spec.yaml", yaml.safe_dump(launch.spec, sort_keys=False))
     write_json_atomic(run.plan, json.loads(launch.model_dump_json()))
     write_json_atomic(run.payload, launch.payload)
@@ -94,9 +145,15 @@ def prepare_run_dir(launch: LaunchPlan) -> RunRecord:
         for err in folder.errors.glob("rank-*.json") if folder.errors.is_dir() else []:
             err.unlink()
     record = RunRecord(run_id=launch.run_id, run_dir=str(run_dir), executor=launch.executor,
-                       world_size=launch.world_size, attempts=attempts, sweep_size=len(launch.sweep))
+                       world_size=launch.world_size, attempts=attempts, sweep_size=len(launch.sweep),
+                       host=ownership.this_host(), folder_id=ownership.folder_id(run_dir))
     record.save()
-    register(record)
+    try:
+        register(record)
+    except OSError as exc:
+        record.update(state="FAILED", ended=time.time(), error=f"could not register the run: {exc}")
+        raise SubmissionError(f"could not add the run to the registry {exc.filename or ''} ({exc.strerror}); "
+                              "set ORCHESTRATOR_HOME to a writable folder and start again") from None
     return record
 
 
@@ -120,7 +177,7 @@ def move_aside(run_dir: str | Path) -> Path | None:
     src = Path(run_dir)
     if not src.exists():
         return None
-    if (src / "record.json").is_file() and RunRecord.load(src).state not in TERMINAL:
+    if ownership.is_held(src) or ((src / "record.json").is_file() and RunRecord.load(src).state not in TERMINAL):
         raise SubmissionError(f"{src} belongs to a run that is still active; cancel it first")
     n = 1
     while (dst := src.with_name(f"{src.name}.{n}")).exists():

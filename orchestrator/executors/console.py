@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 import time
 from pathlib import Path
 from typing import Callable
@@ -41,7 +42,10 @@ class LogTails:
         self._next_progress = now + PROGRESS_EVERY_S
         summary = summarize(read_progress(self.run_dir, len(self.paths)), self._since)
         if summary is not None:
-            show(summary)
+            try:
+                show(summary)
+            except OSError as exc:
+                self._lost(exc)
 
     def pump(self) -> None:
         self.progress()
@@ -62,7 +66,26 @@ class LogTails:
                 if text.startswith(self.marks[rank]):
                     self.silenced[rank] = True
                     text += f"  (traceback in {path})"
-                self.echo(rank, text)
+                try:
+                    self.echo(rank, text)
+                except OSError as exc:
+                    self._lost(exc)
+                    return
+
+    def _lost(self, exc: OSError) -> None:
+        """The echo's reader is gone (``| head``, a closed terminal, a full disk under a redirected
+        stdout): stop echoing, never the training. The logs keep everything."""
+        self.echo = _silent
+        self.silenced = [True] * len(self.paths)
+        try:
+            print(f"[orchestrator] stopped echoing the ranks' output ({exc.strerror or exc}); they go on, and "
+                  f"their logs are in {self.run_dir / 'logs'}", file=sys.stderr, flush=True)
+        except OSError:
+            pass
+
+
+def _silent(rank: int, line: str) -> None:
+    return None
 
 
 _STEP = re.compile(r"step (\d+)/(\d+)")

@@ -16,7 +16,8 @@ import time
 from typing import Any
 
 from orchestrator.errors import SubmissionError
-from orchestrator.procs import alive
+from orchestrator.interpreter import module_argv
+from orchestrator.procs import alive, signal_name
 
 __all__ = ["ForkedRank", "ZygoteGroup", "start_zygote"]
 
@@ -25,7 +26,7 @@ def start_zygote(preload: bool = True) -> subprocess.Popen:
     """Start the ranks' parent now. With ``preload`` it imports torch while the CLI validates and
     plans, and forks the ranks; without, it execs each rank as a fresh interpreter."""
     mode = "torch" if preload else "--exec"
-    return subprocess.Popen([sys.executable, "-u", "-m", "orchestrator.executors.zygote", mode],
+    return subprocess.Popen(module_argv(sys.executable, "orchestrator.executors.zygote", mode, f"--parent={os.getpid()}"),
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
 
 
@@ -35,6 +36,8 @@ class ZygoteGroup:
         self.pids: dict[int, int] = {}
         self.codes: dict[int, int] = {}
         self.leftovers: list[int] | None = None  # what the zygote had to stop after the ranks ended
+        self.lost: str | None = None  # why the zygote ended before reporting every rank's end
+        self._closing = False
         self._buffer = b""
 
     def start(self, ranks: list[dict[str, Any]], timeout_s: float = 300) -> list[ForkedRank]:
@@ -77,16 +80,29 @@ class ZygoteGroup:
         return True
 
     def _orphans(self) -> None:
-        """The zygote is gone: a rank it never reported on is dead once its process is."""
+        """The zygote is gone. If it ended before reporting every rank, nobody knows how those
+        ranks ended (they die with it: their parent-death signal), so no rank is blamed: the run
+        fails for the zygote's loss, said as such."""
+        if self.proc.poll() is None:
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        unreported = [r for r in self.pids if r not in self.codes]
+        if unreported and not self._closing and self.lost is None:
+            code = self.proc.returncode
+            how = (f"killed by {signal_name(-code)}" if code is not None and code < 0
+                   else f"exit code {code}")
+            self.lost = (f"the local launcher process (the ranks' parent, pid {self.proc.pid}) ended ({how}) while "
+                         f"rank(s) {', '.join(map(str, unreported))} ran; they were stopped with it")
         for rank, pid in self.pids.items():
             if rank not in self.codes and not alive(pid):
-                self.codes[rank] = 1
-        if self.proc.poll() is None:
-            self.proc.wait(timeout=5)
+                self.codes[rank] = -9  # stopped with the zygote (SIGKILL, its parent-death signal)
 
     def close(self, timeout_s: float = 15.0) -> None:
         """Wait for the zygote to stop the ranks' leftovers and exit; ask it (SIGTERM: it still
         cleans up), and only then force it."""
+        self._closing = True
         deadline = time.monotonic() + timeout_s
         while self.proc.poll() is None and time.monotonic() < deadline:
             self.pump(block_s=0.1)

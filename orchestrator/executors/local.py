@@ -20,13 +20,16 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
-from orchestrator import forensics, join_hook, procs, stacks
-from orchestrator.errors import SubmissionError
+from orchestrator import forensics, join_hook, ownership, procs, stacks
+from orchestrator.errors import SubmissionError, UsageError
 from orchestrator.executors.base import (
+    alive_elsewhere,
+    end_orphaned,
     first_error,
     prepare_run_dir,
     rank_log_path,
@@ -34,6 +37,7 @@ from orchestrator.executors.base import (
 )
 from orchestrator.executors.console import ConsoleEcho, LogTails, PlainEcho
 from orchestrator.executors.forked import ForkedRank, ZygoteGroup, start_zygote
+from orchestrator.interpreter import module_argv
 from orchestrator.plan import LaunchPlan
 from orchestrator.rank_env import (
     PORT_BASE,
@@ -106,11 +110,14 @@ def rank_environments(launch: LaunchPlan, port: int, payload: dict) -> list[dict
 class Supervisor:
     """Starts the ranks of one run (each sweep point in turn) and watches them."""
 
-    def __init__(self, launch: LaunchPlan, record: RunRecord,
+    def __init__(self, launch: LaunchPlan, record: RunRecord, lock: ownership.RunLock | None = None,
                  echo_factory: Callable[[], Callable[[int, str], None]] | None = None,
                  zygote: subprocess.Popen | None = None) -> None:
         # The echo (rich) is built after the ranks start, so its imports overlap theirs.
         self.launch, self.record, self.echo_factory = launch, record, echo_factory
+        self.lock = lock  # the run folder's lock: held until the end state is recorded
+        self._next_lease = 0.0
+        self.group: ZygoteGroup | None = None
         self.preload = bool(launch.spec["local"].get("preload_torch", True))
         self._zygote = zygote if self.preload else None
         if zygote is not None and not self.preload:
@@ -131,8 +138,10 @@ class Supervisor:
         caller that sees a terminal state never finds a rank still running."""
         me = os.getpid()
         self.record.update(state="RUNNING", supervisor_pid=me, supervisor_start=procs.start_time(me),
-                           job_ids=self.record.job_ids or [f"local-{me}"])
-        prev = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+                           host=ownership.this_host(), job_ids=self.record.job_ids or [f"local-{me}"])
+        if self.lock is not None:
+            self.lock.renew()  # the lease names this process from now on
+        prev = self._handle_signals()
         state, error = "FAILED", None
         try:
             points = range(len(self.launch.sweep)) if self.launch.sweep else [None]
@@ -150,8 +159,30 @@ class Supervisor:
             if self._zygote is not None:  # never used (e.g. a point failed to start)
                 self._zygote.kill()
                 self._zygote.wait()
-            self.record.update(state=state, ended=time.time(), **({"error": error} if error else {}))
+            self._record_end(state, error)
         return self.record
+
+    def _handle_signals(self) -> dict[int, Any]:
+        """SIGTERM, SIGINT and SIGHUP (the terminal or the ssh session closed) all stop the run in
+        order, as a cancel does: never ranks left running without a supervisor. Only the main
+        thread can install handlers; a run started from another thread is stopped through its
+        cancel request (ownership.request_cancel), which needs no signal."""
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        return {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+
+    def _record_end(self, state: str, error: str | None) -> None:
+        """Record the end state, then give up the lock. A full disk must not turn into a traceback:
+        the state stays unwritten, which the free lock makes plain to the next look."""
+        try:
+            self.record.update(state=state, ended=time.time(), **({"error": error} if error else {}))
+        except OSError as exc:
+            self.record.state = state
+            print(f"[orchestrator] could not record the end state {state} in {self.record.path}: {exc.strerror}",
+                  file=sys.stderr)
+        finally:
+            if self.lock is not None:
+                self.lock.release()
 
     def _on_signal(self, signum: int, frame: object) -> None:
         self._cancelled = True
@@ -177,7 +208,7 @@ class Supervisor:
                 offsets.append(log.tell())  # echo from here: this attempt's output only
             full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1", OrchVar.ATTEMPT: str(self.record.attempts - 1)}
             forks.append({"rank": rank, "env": full_env, "payload": str(payload_path), "log": str(log_path)})
-        group = ZygoteGroup(self._zygote or start_zygote(self.preload))
+        group = self.group = ZygoteGroup(self._zygote or start_zygote(self.preload))
         self._zygote = None  # a zygote serves one set of ranks
         try:
             self.procs = group.start(forks)
@@ -210,6 +241,10 @@ class Supervisor:
                 tails.pump()
             codes = [p.poll() for p in self.procs]
             failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
+            if self.group is not None and self.group.lost:
+                self._kill_all(grace=GRACE_S)
+                self.record.update(failed_rank=None, error=self.group.lost)
+                return "CANCELLED" if self._cancelled else "FAILED"
             if failed:
                 if not self._cancelled:
                     self._capture(run_dir, f"rank {failed[0]} ended with exit code {codes[failed[0]]}")
@@ -234,6 +269,7 @@ class Supervisor:
                 return "TIMEOUT"
             if time.monotonic() >= next_look:  # the watchdog reads files: once a second is plenty
                 next_look = time.monotonic() + LOOK_S
+                self._look_at_requests()
                 verdict = self._watchdog(run_dir)
                 if verdict:
                     self._kill_all(grace=GRACE_S)
@@ -241,6 +277,14 @@ class Supervisor:
                         tails.pump()
                     return verdict
             time.sleep(POLL_S)
+
+    def _look_at_requests(self) -> None:
+        """Renew the lease other hosts judge liveness by, and take a cancel request from anyone."""
+        if self.lock is not None and time.monotonic() >= self._next_lease:
+            self._next_lease = time.monotonic() + ownership.LEASE_RENEW_S
+            self.lock.renew()
+        if ownership.cancel_requested(self.record.run_dir):
+            self._cancelled = True
 
     # -- the watchdog ---------------------------------------------------------------------------
     def _watchdog(self, run_dir: Path) -> str | None:
@@ -294,7 +338,7 @@ class Supervisor:
         err = first_error(run_dir)
         if by_signal:
             rank = by_signal[0]
-            message = f"rank {rank} was killed by signal {signal.Signals(-(codes[rank] or 0)).name}"
+            message = f"rank {rank} was killed by signal {procs.signal_name(-(codes[rank] or 0))}"
         elif err is not None and err["rank"] in failed:
             rank = err["rank"]
             message = f"rank {rank} raised {err['type']}: {err['message']}\n{err.get('user_traceback') or err['traceback']}"
@@ -335,8 +379,9 @@ class LocalExecutor:
         self.zygote = zygote  # started early by the CLI, so torch imports while it validates
 
     def run(self, launch: LaunchPlan) -> RunRecord:
-        record = prepare_run_dir(launch)
-        supervisor = Supervisor(launch, record, ConsoleEcho if sys.stdout.isatty() else PlainEcho, zygote=self.zygote)
+        record, lock = prepare_run_dir(launch)
+        supervisor = Supervisor(launch, record, lock, ConsoleEcho if sys.stdout.isatty() else PlainEcho,
+                                zygote=self.zygote)
         try:
             record = supervisor.run()
         finally:
@@ -346,32 +391,39 @@ class LocalExecutor:
         return record
 
     def submit(self, launch: LaunchPlan, detach: bool = True) -> RunRecord:
-        record = prepare_run_dir(launch)
-        log = open(RunFolder.of(launch.run_dir).supervisor_log, "ab")
-        proc = subprocess.Popen([sys.executable, "-m", "orchestrator.executors.local", launch.run_dir],
-                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-        log.close()
-        # The supervisor records itself (pid, start time, job id); writing here too would race
-        # with it. Return once it has, so the caller's record is current.
+        record, lock = prepare_run_dir(launch)
+        try:
+            return self._start_detached(launch, lock)
+        finally:
+            lock.handed_over()  # the supervisor holds it now (or it has ended)
+
+    def _start_detached(self, launch: LaunchPlan, lock: ownership.RunLock) -> RunRecord:
+        """Start the supervisor in a session of its own, handing it the run's lock, and return once
+        it has recorded itself. It writes the record from then on: writing here too would race."""
+        with open(RunFolder.of(launch.run_dir).supervisor_log, "ab") as log:
+            proc = subprocess.Popen(
+                module_argv(sys.executable, "orchestrator.executors.local", launch.run_dir, "--lock-fd", str(lock.fd),
+                            unbuffered=False),
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                pass_fds=(lock.fd,))
         deadline = time.monotonic() + SUPERVISOR_START_S
         while time.monotonic() < deadline and proc.poll() is None:
             record = RunRecord.load(launch.run_dir)
             if record.supervisor_pid == proc.pid:
                 return record
             time.sleep(0.05)
-        if proc.poll() is not None:
-            record = RunRecord.load(launch.run_dir)
-            if record.state not in TERMINAL:
-                record.update(state="FAILED", ended=time.time(),
-                              error=f"the supervisor exited with code {proc.returncode} before starting the ranks; "
-                                    f"see {Path(launch.run_dir) / 'supervisor.log'}")
-            raise SubmissionError(record.error or "the supervisor exited before starting the ranks")
-        return RunRecord.load(launch.run_dir)
+        if proc.poll() is None:  # alive but silent: it keeps the lock and the run
+            return RunRecord.load(launch.run_dir)
+        record = RunRecord.load(launch.run_dir)
+        if record.state not in TERMINAL:
+            record.update(state="FAILED", ended=time.time(),
+                          error=f"the supervisor exited with code {proc.returncode} before starting the ranks; "
+                                f"see {RunFolder.of(launch.run_dir).supervisor_log}")
+        raise SubmissionError(record.error or "the supervisor exited before starting the ranks")
 
     def wait(self, record: RunRecord, follow: bool = False) -> RunRecord:
         while True:
-            record = RunRecord.load(record.run_dir)
+            record = refresh_by_supervisor(RunRecord.load(record.run_dir))
             if record.state in TERMINAL:
                 return record
             time.sleep(0.2)
@@ -380,29 +432,60 @@ class LocalExecutor:
         return [refresh_by_supervisor(rec) for rec in records]
 
     def cancel(self, record: RunRecord, timeout_s: float = 30.0) -> RunRecord:
-        """SIGTERM the supervisor (it stops the ranks, which checkpoint together) and wait for its
-        end state. Every signal goes only to a process verified to be the recorded one."""
-        record = RunRecord.load(record.run_dir)  # the caller's copy may be stale
+        """Ask the supervisor to stop (a request file it watches: it stops the ranks, which
+        checkpoint together) and wait for its end state. From any host that shares the run
+        folder; no signal is sent to any process. A supervisor that is gone is not waited for: what
+        it left on this host is stopped and the run is recorded FAILED (see refresh_by_supervisor);
+        a dedicated supervisor of ours on this host that does not answer is killed (its launcher
+        then stops the ranks)."""
+        record = refresh_by_supervisor(RunRecord.load(record.run_dir))  # the caller's copy may be stale
         if record.state in TERMINAL:
             return record
-        if procs.signal_if_same(record.supervisor_pid, record.supervisor_start, signal.SIGTERM):
-            deadline = time.monotonic() + timeout_s
-            while time.monotonic() < deadline:
-                record = RunRecord.load(record.run_dir)
-                if record.state in TERMINAL and not procs.same_process(record.supervisor_pid, record.supervisor_start):
-                    return record
+        copy = ownership.copy_reason(record.folder_id, record.run_dir)
+        if copy:
+            raise UsageError(copy)
+        if not ownership.is_held(record.run_dir) and not alive_elsewhere(record.run_dir):
+            return end_orphaned(record, "CANCELLED")  # nobody to ask: stop what it left here
+        ownership.request_cancel(record.run_dir, "orchestrator cancel")
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            record = refresh_by_supervisor(RunRecord.load(record.run_dir))
+            if record.state in TERMINAL and not ownership.is_held(record.run_dir):
+                return record
+            time.sleep(0.1)
+        if ownership.foreign_reason(record.host, record.folder_id, record.run_dir) is None and \
+                _is_detached_supervisor(record.supervisor_pid) and \
+                procs.signal_if_same(record.supervisor_pid, record.supervisor_start, signal.SIGKILL):
+            for _ in range(100):
+                if not ownership.is_held(record.run_dir):
+                    return refresh_by_supervisor(RunRecord.load(record.run_dir))
                 time.sleep(0.1)
-            procs.signal_if_same(record.supervisor_pid, record.supervisor_start, signal.SIGKILL)
-        # No supervisor (it died, or ignored us): stop what is left of the ranks' own sessions.
-        for pid, start in zip(record.rank_pids, record.rank_starts):
-            procs.signal_session(pid, start, signal.SIGKILL)
-        return record.update(state="CANCELLED", ended=time.time())
+        raise SubmissionError(
+            f"{record.run_id} was asked to stop but its supervisor ({ownership.holder_text(record.run_dir)}) has not "
+            f"ended it within {timeout_s:.0f}s; it will see the request at its next look. Check with "
+            f"'orchestrator status {record.run_id}'")
 
     def log_path(self, record: RunRecord, rank: int, point: int | None = None) -> Path:
         return rank_log_path(record, rank, point)
 
 
+def _is_detached_supervisor(pid: int | None) -> bool:
+    """True for a supervisor this module started on its own (never a caller's process, such as
+    a notebook kernel that ran the job in the foreground)."""
+    argv = procs.cmdline(pid) if pid else []
+    return "orchestrator.executors.local" in argv and "--lock-fd" in argv
+
+
 def _print_outcome(record: RunRecord) -> None:
+    """The run's end, as the foreground run shows it. A reader that went away (``| head``) loses
+    it; the record has it, and the exit code still tells the outcome."""
+    try:
+        _show_outcome(record)
+    except OSError:
+        pass
+
+
+def _show_outcome(record: RunRecord) -> None:
     print(f"{record.run_id}: {record.state}  (run folder {record.run_dir})")
     if record.state != "COMPLETED" and record.error:
         print(record.error, file=sys.stderr)
@@ -417,11 +500,14 @@ def _print_outcome(record: RunRecord) -> None:
         print(f"result: {json.loads(result.read_text()).get('result')}")
 
 
-def _detached_main(run_dir: str) -> int:
+def _detached_main(argv: list[str]) -> int:
+    run_dir = argv[0]
+    fd = int(argv[argv.index("--lock-fd") + 1]) if "--lock-fd" in argv else -1
+    lock = ownership.RunLock(fd, Path(run_dir)) if fd >= 0 else None
     launch = LaunchPlan.model_validate_json(RunFolder.of(run_dir).plan.read_text())
-    record = Supervisor(launch, RunRecord.load(run_dir)).run()
+    record = Supervisor(launch, RunRecord.load(run_dir), lock).run()
     return 0 if record.state == "COMPLETED" else 1
 
 
 if __name__ == "__main__":
-    sys.exit(_detached_main(sys.argv[1]))
+    sys.exit(_detached_main(sys.argv[1:]))

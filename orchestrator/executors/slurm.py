@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from orchestrator.errors import SubmissionError
 from orchestrator.executors.base import first_error, prepare_run_dir
@@ -193,7 +193,11 @@ class SlurmExecutor:
         if launch.submitit is None:
             raise SubmissionError("this plan was not made for the slurm executor; plan it with --executor slurm")
         check_slurm_conf()
-        record = prepare_run_dir(launch)
+        record, lock = prepare_run_dir(launch)
+        with lock:  # until the scheduler has the job: then the job is the live attempt
+            return self._submit_locked(launch, record, submitit)
+
+    def _submit_locked(self, launch: LaunchPlan, record: RunRecord, submitit: Any) -> RunRecord:
         folder = Path(launch.run_dir) / "slurm"
         rotate_folder(folder)
         folder.mkdir(parents=True, exist_ok=True)

@@ -32,11 +32,17 @@ import sys
 from typing import Any, NoReturn
 
 from orchestrator import procs
+from orchestrator.interpreter import module_argv
 
 
 def emit(message: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(message) + "\n")
-    sys.stdout.flush()
+    """Report to the supervisor. If it is gone (a broken pipe), stop every rank and leave: ranks
+    never run on without a supervisor."""
+    try:
+        sys.stdout.write(json.dumps(message) + "\n")
+        sys.stdout.flush()
+    except (BrokenPipeError, OSError):
+        _stop_and_exit(signal.SIGPIPE, None)
 
 
 def child(msg: dict[str, Any], fresh: bool) -> NoReturn:
@@ -45,6 +51,11 @@ def child(msg: dict[str, Any], fresh: bool) -> NoReturn:
     ran = False
     try:
         os.setsid()
+        # The zygote never ends before its ranks unless it is killed (SIGKILL, the OOM killer):
+        # then the ranks go too, at once, rather than train on with nothing watching them.
+        procs.set_parent_death_signal(signal.SIGKILL)
+        if os.getppid() != msg["zygote"]:
+            os._exit(1)  # it died before the line above took effect
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2):
             signal.signal(sig, signal.SIG_DFL)
         log = os.open(msg["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -55,7 +66,7 @@ def child(msg: dict[str, Any], fresh: bool) -> NoReturn:
         os.close(log)
         os.close(null)
         if fresh:
-            os.execve(sys.executable, [sys.executable, "-u", "-m", "orchestrator.launcher", msg["payload"]],
+            os.execve(sys.executable, module_argv(sys.executable, "orchestrator.launcher", msg["payload"]),
                       msg["env"])
         os.environ.clear()
         os.environ.update(msg["env"])
@@ -104,14 +115,26 @@ def leave(code: int, ran: bool) -> NoReturn:
 
 
 def _stop_and_exit(signum: int, frame: object) -> None:
-    procs.stop_descendants()
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    procs.stop_descendants(grace_s=STOP_GRACE_S)
     os._exit(128 + signum)
+
+
+#: How long the ranks have to end on SIGTERM when the zygote is told to stop, or its supervisor is
+#: gone, before SIGKILL.
+STOP_GRACE_S = 5.0
 
 
 def main(argv: list[str]) -> int:
     fresh = "--exec" in argv
+    parent = next((int(a.split("=", 1)[1]) for a in argv if a.startswith("--parent=")), None)
     procs.become_subreaper()
     signal.signal(signal.SIGTERM, _stop_and_exit)
+    # The supervisor's death, however it dies (SIGKILL, the OOM killer, a closed terminal), reaches
+    # the zygote as SIGTERM: it stops every rank and whatever they started, then leaves.
+    procs.set_parent_death_signal(signal.SIGTERM)
+    if parent is not None and os.getppid() != parent:
+        return 1  # the supervisor was already gone: start nothing
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides; the ranks get signals directly
     for module in [] if fresh else [m for m in argv if not m.startswith("-")] or ["torch"]:
         try:
@@ -132,6 +155,7 @@ def main(argv: list[str]) -> int:
             break
         sys.stdout.flush()
         sys.stderr.flush()
+        msg["zygote"] = os.getpid()
         pid = os.fork()
         if pid == 0:
             child(msg, fresh)

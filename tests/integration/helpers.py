@@ -21,7 +21,7 @@ def make_plan(tmp_path: Path, **fields: Any) -> LaunchPlan:
 
 
 def run_local(launch: LaunchPlan) -> RunRecord:
-    return Supervisor(launch, prepare_run_dir(launch)).run()
+    return Supervisor(launch, *prepare_run_dir(launch)).run()
 
 
 def final_weights(launch: LaunchPlan) -> dict[str, torch.Tensor]:

@@ -121,7 +121,7 @@ def test_killed_rank_ends_the_run_within_10s(tmp_path: Path) -> None:
     from orchestrator.executors.base import prepare_run_dir
     from orchestrator.executors.local import Supervisor
 
-    record = prepare_run_dir(launch)
+    record, lock = prepare_run_dir(launch)
     killed: dict[str, float] = {}
 
     def killer() -> None:
@@ -137,7 +137,7 @@ def test_killed_rank_ends_the_run_within_10s(tmp_path: Path) -> None:
 
     thread = threading.Thread(target=killer)
     thread.start()
-    record = Supervisor(launch, record).run()
+    record = Supervisor(launch, record, lock).run()
     ended = time.monotonic()
     thread.join()
     assert "at" in killed, "training never started"

@@ -1,0 +1,30 @@
+"""How the orchestrator starts its own Python processes: never importing from where they start.
+
+``python -m pkg.module`` puts the current directory first on ``sys.path``, so a ``json.py`` or
+``typing.py`` in the user's directory would run inside our zygote, supervisor, launcher, SLURM
+agent or stack probe before any of our code. ``-P`` (Python 3.11+) stops that, but
+``slurm.python`` may name an older interpreter, so every process we start uses one form that
+works on every version: a ``-c`` bootstrap that drops the ``''`` entry ``-c`` puts first (the
+``site`` module has already run by then, without it), then runs the module as ``__main__``
+exactly as ``-m`` would. The user's own entrypoint still gets its directory on ``sys.path``: the
+launcher adds it just before importing it, as plain ``python`` would.
+"""
+
+from __future__ import annotations
+
+#: Double quotes only, so ``shlex.quote`` renders it as one plain single-quoted word.
+BOOTSTRAP = ('import sys; sys.path[:1] == [""] and sys.path.pop(0); '
+             'import runpy; runpy.run_module(sys.argv.pop(1), run_name="__main__", alter_sys=True)')
+
+
+def module_argv(python: str, module: str, *args: str, unbuffered: bool = True) -> list[str]:
+    """``python [-u] -m module args...``, without the current directory on ``sys.path``."""
+    return [python, *(["-u"] if unbuffered else []), "-c", BOOTSTRAP, module, *args]
+
+
+def python_of(argv: list[str]) -> str | None:
+    """The interpreter of an argv that contains a ``module_argv`` (e.g. the srun line), or None."""
+    if BOOTSTRAP not in argv:
+        return None
+    i = argv.index(BOOTSTRAP) - 2  # the word before "-c"
+    return argv[i - 1] if i > 0 and argv[i] == "-u" else argv[i] if i >= 0 else None

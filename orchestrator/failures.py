@@ -42,3 +42,18 @@ def _chain(te: traceback.TracebackException) -> list[traceback.TracebackExceptio
         out.append(current)
         current = current.__cause__ or (None if current.__suppress_context__ else current.__context__)
     return out
+
+
+def message_of(exc: BaseException) -> str:
+    """``str(exc)``, plus the operating system's reason when it is buried in the exception's
+    chain: torch reports a full disk while saving as "enforce fail at inline_container.cc:...",
+    and "No space left on device" is only in the error that caused it."""
+    text = str(exc)
+    seen, cause = {id(exc)}, exc.__cause__ or exc.__context__
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, OSError) and cause.strerror and cause.strerror not in text:
+            where = f": {cause.filename}" if cause.filename else ""
+            return f"{text} (caused by {type(cause).__name__}: {cause.strerror}{where})"
+        cause = cause.__cause__ or cause.__context__
+    return text

@@ -144,7 +144,7 @@ def run_rank(payload: Mapping[str, Any], rank: int, own_process: bool = True) ->
     ``own_process``: the process is the rank's and ends with it (not the debug executor's
     caller): a script stays its ``__main__``, and a process group the entrypoint returned
     without destroying is destroyed at exit, after the script's own exit hooks."""
-    from orchestrator.failures import FAILED_MARK, user_traceback
+    from orchestrator.failures import FAILED_MARK, message_of, user_traceback
 
     name_process(payload, rank)
     os.environ.update(config_environ(payload))
@@ -164,11 +164,11 @@ def run_rank(payload: Mapping[str, Any], rank: int, own_process: bool = True) ->
         trimmed = user_traceback(exc)
         write_json_atomic(RunFolder(run_dir).error(rank), {
             "rank": rank, "time": time.time(), "attempt": int(os.environ.get(OrchVar.ATTEMPT, "0")),
-            "type": type(exc).__name__, "message": str(exc),
+            "type": type(exc).__name__, "message": message_of(exc),
             "traceback": traceback.format_exc(), "user_traceback": trimmed,
         })
         if not isinstance(exc, (SystemExit, KeyboardInterrupt)):
-            sys.stderr.write(f"{FAILED_MARK.format(rank=rank)}{type(exc).__name__}: {exc}\n{trimmed}")
+            sys.stderr.write(f"{FAILED_MARK.format(rank=rank)}{type(exc).__name__}: {message_of(exc)}\n{trimmed}")
             sys.stderr.flush()
         raise
     finally:

@@ -277,12 +277,23 @@ def is_framework(filename: str) -> bool:
 
 
 def in_collective(frames: list[Frame]) -> str | None:
-    """The torch.distributed function a thread waits in (e.g. 'all_reduce'), or None."""
+    """The torch.distributed function a thread waits in (e.g. 'all_reduce'), or None.
+
+    Collectives that C++ starts have no torch.distributed frame: DDP's gradient all-reduce is
+    waited for inside autograd's engine, at the end of ``loss.backward()``, and its forward
+    syncs buffers from torch/nn/parallel. A thread whose innermost frame is there (no user code
+    inside it, such as a custom autograd Function) counts as waiting in that collective."""
     found = None
     for f in frames:  # innermost first: keep the outermost torch/distributed frame, the API call
         norm = f.filename.replace("\\", "/")
         if "/torch/distributed/" in norm and f.function not in ("wrapper", "_fn", "inner"):
             found = f.function
+    if found is None and frames:
+        innermost = frames[0].filename.replace("\\", "/")
+        if "/torch/autograd/" in innermost and _TORCH.search(innermost):
+            return "backward (DDP's gradient all-reduce)"
+        if innermost.endswith("/torch/nn/parallel/distributed.py") and _TORCH.search(innermost):
+            return f"DistributedDataParallel.{frames[0].function}"
     return found
 
 

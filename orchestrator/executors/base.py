@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Iterator, Protocol
 
 from orchestrator import ownership, procs
-from orchestrator.errors import SubmissionError
+from orchestrator.errors import OrchestratorError, SubmissionError
 from orchestrator.plan import LaunchPlan
 from orchestrator.run_folder import RunFolder
 from orchestrator.records import TERMINAL, RunRecord, register, write_json_atomic, write_text_atomic
@@ -80,17 +80,25 @@ def _point_dirs(run_dir: Path) -> Iterator[RunFolder]:
         yield from (RunFolder(p) for p in sorted(points.iterdir()) if p.is_dir())
 
 
-def rank_log_path(record: RunRecord, rank: int, point: int | None = None) -> Path:
-    """``<run>/logs/rank-N.log``; in a sweep, that of the point asked for, else of the latest point
-    that has one (points run in order)."""
+def current_point(record: RunRecord) -> int:
+    """The sweep point the current attempt reached: the latest one whose ranks have recorded
+    themselves in this attempt (an attempt forgets every point's rank records before it starts),
+    else the latest one with a log, else 0."""
     run = RunFolder.of(record.run_dir)
-    if record.sweep_size and point is None:
+    for marker in (lambda i: run.point(i).root / "ranks", lambda i: run.point(i).log(0)):
         for index in reversed(range(record.sweep_size)):
-            path = run.point(index).log(rank)
-            if path.exists():
-                return path
-        point = 0
-    return (run.point(point) if record.sweep_size and point is not None else run).log(rank)
+            if marker(index).exists():
+                return index
+    return 0
+
+
+def rank_log_path(record: RunRecord, rank: int, point: int | None = None) -> Path:
+    """``<run>/logs/rank-N.log``; in a sweep, that of the point asked for, else of the point the
+    current attempt reached (``current_point``)."""
+    run = RunFolder.of(record.run_dir)
+    if not record.sweep_size:
+        return run.log(rank)
+    return run.point(current_point(record) if point is None else point).log(rank)
 
 
 def prepare_run_dir(launch: LaunchPlan) -> tuple[RunRecord, ownership.RunLock]:
@@ -141,6 +149,7 @@ def _start_attempt(launch: LaunchPlan, run_dir: Path, run: RunFolder) -> RunReco
     write_json_atomic(run.plan, json.loads(launch.model_dump_json()))
     write_json_atomic(run.payload, launch.payload)
     for folder in _point_dirs(run_dir):  # a rerun must never report an earlier attempt's outcome
+        folder.forget_attempt()  # nor look at an earlier attempt's ranks (stacks, logs, joins)
         folder.result.unlink(missing_ok=True)
         for err in folder.errors.glob("rank-*.json") if folder.errors.is_dir() else []:
             err.unlink()
@@ -150,6 +159,9 @@ def _start_attempt(launch: LaunchPlan, run_dir: Path, run: RunFolder) -> RunReco
     record.save()
     try:
         register(record)
+    except OrchestratorError as exc:  # the registry's own one-line error (fs_checks)
+        record.update(state="FAILED", ended=time.time(), error=f"could not register the run: {exc}")
+        raise
     except OSError as exc:
         record.update(state="FAILED", ended=time.time(), error=f"could not register the run: {exc}")
         raise SubmissionError(f"could not add the run to the registry {exc.filename or ''} ({exc.strerror}); "

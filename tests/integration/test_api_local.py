@@ -56,7 +56,7 @@ def test_ranks_are_named_in_ps(tmp_path: Path, preload: bool) -> None:
     handle = run(_spec(tmp_path, name="titled", local={"preload_torch": preload}))
     assert handle.state == "COMPLETED", handle.error
     titles = [json.loads((tmp_path / "out" / f"rank-{r}.json").read_text())["title"] for r in range(4)]
-    started_as = "orchestrator.executors.zygote" if preload else "-m orchestrator.launcher"
+    started_as = "orchestrator.executors.zygote" if preload else " orchestrator.launcher "
     for rank, title in enumerate(titles):
         assert title.startswith(f"orchestrator: titled rank {rank}/4 ("), title
         assert started_as in title  # the command line it replaced stays readable

@@ -306,12 +306,13 @@ def test_fresh_interpreters_when_preload_is_off(tmp_path: Path, monkeypatch: pyt
     assert record.state == "COMPLETED", record.error
     rows = [json.loads((out / f"byo-{r}.json").read_text()) for r in range(2)]
     assert all(r["sum"] == 3.0 for r in rows)
-    # Fresh interpreters: each exec'd as 'python -m orchestrator.launcher PAYLOAD' by the run's
+    # Fresh interpreters: each exec'd as 'python -c BOOTSTRAP orchestrator.launcher PAYLOAD' by the run's
     # zygote (one parent for all ranks, which stops their leftovers), never a fork that kept
     # the pre-imported launcher's command line.
     assert len({r["ppid"] for r in rows}) == 1 and rows[0]["ppid"] != os.getpid()
     for r in rows:
-        assert "-m orchestrator.launcher" in r["cmdline"] and "zygote" not in r["cmdline"], r
+        assert "sys.path.pop(0)" in r["cmdline"] and " orchestrator.launcher " in r["cmdline"], r
+        assert "zygote" not in r["cmdline"], r
     assert sorted(r["pid"] for r in rows) == sorted(record.rank_pids)
     monkeypatch.setenv("CRASH_RANK", "1")
     crash = make_plan(tmp_path, name="crash", entrypoint="tests.integration.scripts.crash:main", nodes=1,

@@ -90,6 +90,33 @@ def test_straggler_is_the_rank_outside_a_collective() -> None:
     assert straggler({2: where(STRAGGLER)}, {2: 1.0}) == (2, "its stack is not inside a collective")
 
 
+IN_BACKWARD = f"""Current thread 0x00007f0000000001 (most recent call first):
+  File "{SITE}/torch/autograd/graph.py", line 829 in _engine_run_backward
+  File "{SITE}/torch/autograd/__init__.py", line 353 in backward
+  File "{SITE}/torch/_tensor.py", line 626 in backward
+  File "/home/u/proj/train.py", line 90 in step
+  File "{OURS}/launcher.py", line 50 in call_entrypoint
+"""
+
+IN_CUSTOM_BACKWARD = f"""Current thread 0x00007f0000000001 (most recent call first):
+  File "/home/u/proj/ops.py", line 20 in backward
+  File "{SITE}/torch/autograd/function.py", line 307 in apply
+  File "{SITE}/torch/autograd/graph.py", line 829 in _engine_run_backward
+  File "{SITE}/torch/_tensor.py", line 626 in backward
+  File "/home/u/proj/train.py", line 90 in step
+"""
+
+
+def test_a_rank_waiting_in_ddps_backward_all_reduce_is_not_the_straggler() -> None:
+    """A healthy DDP rank waits for its peers' gradients inside autograd's engine, where no
+    torch.distributed frame is; the frozen rank is the one in user code (3 of 3 freezes were
+    blamed on the healthy rank before)."""
+    assert where(IN_BACKWARD).collective
+    assert not where(IN_CUSTOM_BACKWARD).collective  # user code inside backward: not a wait
+    rank, why = straggler({0: where(IN_BACKWARD), 1: where(STRAGGLER)}, {0: 5.0, 1: 10.0})
+    assert rank == 1, why
+
+
 def test_straggler_falls_back_to_no_answer_then_oldest_progress() -> None:
     w = where(WAITING)
     assert straggler({0: w, 1: None, 2: w}, {0: 1.0, 1: 9.0, 2: 2.0})[0] == 1

@@ -1,0 +1,169 @@
+"""The pieces of run ownership on their own: the lock, the lease, folder identity, the record's
+checks, signals only to processes with our handler, and messages that keep the OS's reason."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orchestrator import ownership, procs
+from orchestrator.errors import OrchestratorError, RunNotFoundError, SubmissionError
+from orchestrator.executors.base import prepare_run_dir, refresh_by_supervisor
+from orchestrator.failures import message_of
+from orchestrator.interpreter import BOOTSTRAP, module_argv, python_of
+from orchestrator.loading import spec_from_dict
+from orchestrator.plan import plan
+from orchestrator.records import RunRecord
+
+
+def _launch(tmp: Path, name: str = "own"):
+    return plan(spec_from_dict({"name": name, "entrypoint": "jobs.train:main", "runs_dir": str(tmp / "runs")}), "local")
+
+
+def test_one_lock_per_run_folder_and_a_dead_holders_attempt_is_taken_over(tmp_path: Path) -> None:
+    launch = _launch(tmp_path)
+    record, lock = prepare_run_dir(launch)
+    assert record.host == ownership.this_host() and record.folder_id == ownership.folder_id(launch.run_dir)
+    assert ownership.is_held(launch.run_dir)
+    with pytest.raises(SubmissionError, match="live attempt"):
+        prepare_run_dir(launch)
+    record.update(state="RUNNING", supervisor_pid=os.getpid(), supervisor_start=procs.start_time(os.getpid()))
+    lock.release()  # the holder "dies": the kernel drops its lock
+    again, lock2 = prepare_run_dir(launch)
+    try:
+        assert again.attempts == 2 and again.state == "PENDING"
+    finally:
+        lock2.release()
+
+
+def test_a_lock_held_by_another_process_is_seen_and_dropped_when_it_dies(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; sys.path.insert(0, sys.argv[2]); from orchestrator import ownership; "
+        "l = ownership.take(sys.argv[1]); print('held', flush=True); time.sleep(60)"), str(run_dir),
+        str(Path(ownership.__file__).parents[1])], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert ownership.is_held(run_dir)
+        with pytest.raises(SubmissionError, match="live attempt"):
+            ownership.take(run_dir)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert not ownership.is_held(run_dir)
+    ownership.take(run_dir).release()
+
+
+def test_a_copied_folder_and_a_symlinked_record_never_act_on_the_original(tmp_path: Path) -> None:
+    launch = _launch(tmp_path)
+    record, lock = prepare_run_dir(launch)
+    record.update(state="RUNNING", supervisor_pid=os.getpid(), supervisor_start=procs.start_time(os.getpid()))
+    copy = tmp_path / "copy"
+    shutil.copytree(launch.run_dir, copy)
+    copied = RunRecord.load(copy)
+    assert ownership.copy_reason(copied.folder_id, copy)
+    lock.release()  # even with no live holder, a copy is never rewritten
+    assert refresh_by_supervisor(copied).state == "RUNNING"
+    assert RunRecord.load(copy).state == "RUNNING"
+    link = tmp_path / "link"
+    link.mkdir()
+    (link / "record.json").symlink_to(Path(launch.run_dir) / "record.json")
+    with pytest.raises(RunNotFoundError, match="symbolic link"):
+        RunRecord.load(link)
+    fifo = tmp_path / "fifo"
+    fifo.mkdir()
+    os.mkfifo(fifo / "record.json")
+    with pytest.raises(RunNotFoundError, match="not a regular file"):
+        RunRecord.load(fifo)  # and it does not block
+
+
+def test_a_moved_folder_keeps_its_identity(tmp_path: Path) -> None:
+    launch = _launch(tmp_path)
+    record, lock = prepare_run_dir(launch)
+    lock.release()
+    moved = tmp_path / "moved"
+    os.rename(launch.run_dir, moved)
+    assert ownership.copy_reason(RunRecord.load(moved).folder_id, moved) is None
+
+
+def test_another_host_is_never_ours_to_signal(tmp_path: Path) -> None:
+    assert ownership.foreign_reason(ownership.this_host(), None, tmp_path) is None
+    other = "node7|" + ownership.this_host().split("|", 1)[1]
+    assert "node7" in (ownership.foreign_reason(other, None, tmp_path) or "")
+    assert ownership.foreign_reason(None, None, tmp_path)  # an unknown host is not ours either
+
+
+def test_a_failed_registration_leaves_no_stuck_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "registry.jsonl").mkdir()  # cannot be appended to
+    monkeypatch.setenv("ORCHESTRATOR_HOME", str(home))
+    launch = _launch(tmp_path)
+    with pytest.raises(OrchestratorError, match="ORCHESTRATOR_HOME"):
+        prepare_run_dir(launch)
+    assert not ownership.is_held(launch.run_dir)
+    assert RunRecord.load(launch.run_dir).state == "FAILED"
+    (home / "registry.jsonl").rmdir()
+    record, lock = prepare_run_dir(launch)  # the rerun is not blocked
+    lock.release()
+    assert record.attempts == 2
+
+
+def test_signals_go_only_to_processes_with_our_handler() -> None:
+    plain = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    handled = subprocess.Popen([sys.executable, "-c", (
+        "import faulthandler, signal, sys, time; "
+        "faulthandler.register(signal.SIGRTMIN + 4, file=sys.stderr); print('ok', flush=True); time.sleep(30)")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert handled.stdout.readline().strip() == "ok"
+        time.sleep(0.2)
+        assert procs.catches(handled.pid, signal.SIGRTMIN + 4)
+        assert not procs.catches(plain.pid, signal.SIGRTMIN + 4)
+        assert not procs.catches(2**22, signal.SIGTERM)  # no such process
+    finally:
+        plain.kill()
+        handled.kill()
+
+
+@settings(max_examples=30, deadline=None)
+@given(number=st.integers(min_value=1, max_value=64))
+def test_every_signal_number_has_a_name(number: int) -> None:
+    name = procs.signal_name(number)
+    assert name and "\n" not in name
+    if signal.SIGRTMIN <= number <= signal.SIGRTMAX:
+        assert name.startswith("SIGRT")
+
+
+def test_the_os_reason_of_a_chained_failure_is_kept() -> None:
+    try:
+        try:
+            raise OSError(28, "No space left on device", "/ckpt/step-10.pt")
+        except OSError:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . PytorchStreamWriter failed writing file")
+    except RuntimeError as exc:
+        text = message_of(exc)
+    assert "No space left on device" in text and "/ckpt/step-10.pt" in text and "inline_container" in text
+    assert message_of(ValueError("plain")) == "plain"
+
+
+def test_our_interpreters_never_import_from_their_directory(tmp_path: Path) -> None:
+    (tmp_path / "json.py").write_text("raise SystemExit('hijacked')\n")
+    (tmp_path / "runpy.py").write_text("raise SystemExit('hijacked')\n")
+    out = subprocess.run(module_argv(sys.executable, "json.tool", "--help"), cwd=tmp_path, capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 0 and "usage" in out.stdout, out.stderr
+    argv = ["srun", "--x", *module_argv("/opt/py", "orchestrator.launcher", "--slurm", "p.json")]
+    assert python_of(argv) == "/opt/py" and BOOTSTRAP in argv
+    assert json.loads(json.dumps(BOOTSTRAP)) == BOOTSTRAP and "'" not in BOOTSTRAP  # one plain shell word

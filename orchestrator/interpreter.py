@@ -5,8 +5,10 @@
 agent or stack probe before any of our code. ``-P`` (Python 3.11+) stops that, but
 ``slurm.python`` may name an older interpreter, so every process we start uses one form that
 works on every version: a ``-c`` bootstrap that drops the ``''`` entry ``-c`` puts first (the
-``site`` module has already run by then, without it), then runs the module as ``__main__``
-exactly as ``-m`` would. The user's own entrypoint still gets its directory on ``sys.path``: the
+``site`` module has already run by then, without it), then runs the module under the name
+``__main__``. ``alter_sys`` stays off: with it, runpy puts the previous ``sys.modules["__main__"]``
+back while a ``SystemExit`` unwinds, which would drop the user's script module that the launcher
+installed there (and with it the tail of a file the script left open). The user's own entrypoint still gets its directory on ``sys.path``: the
 launcher adds it just before importing it, as plain ``python`` would.
 """
 
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 #: Double quotes only, so ``shlex.quote`` renders it as one plain single-quoted word.
 BOOTSTRAP = ('import sys; sys.path[:1] == [""] and sys.path.pop(0); '
-             'import runpy; runpy.run_module(sys.argv.pop(1), run_name="__main__", alter_sys=True)')
+             'import runpy; runpy.run_module(sys.argv.pop(1), run_name="__main__")')
 
 
 def module_argv(python: str, module: str, *args: str, unbuffered: bool = True) -> list[str]:

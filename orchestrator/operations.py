@@ -7,6 +7,8 @@ status over N jobs costs one scheduler query, not N.
 from __future__ import annotations
 
 import json
+import os
+import stat
 import sys
 import time
 from collections import defaultdict
@@ -14,8 +16,10 @@ from dataclasses import asdict
 from pathlib import Path
 
 from orchestrator import api
-from orchestrator.api import Run, registered
-from orchestrator.records import TERMINAL, RunRecord
+from orchestrator.api import Run
+from orchestrator.errors import OrchestratorError, RunNotFoundError
+from orchestrator.fs_checks import errno_text, kind, read_file, shown
+from orchestrator.records import TERMINAL, RunRecord, registered_runs
 from orchestrator.stacks import wait_lines
 from orchestrator.run_folder import RunFolder
 
@@ -28,7 +32,31 @@ def _runs(refs: list[str]) -> list[Run]:
     skipped so the others are still listed."""
     if refs:
         return [Run.get(r) for r in refs]
-    return registered(on_damaged=lambda run_id, exc: print(f"warning: skipping {run_id!r}: {exc}", file=sys.stderr))
+    found = []
+    for entry in registered_runs():
+        folder = Path(entry["run_dir"])
+        record = folder / "record.json"
+        try:
+            os.lstat(record)
+        except OSError:
+            continue  # the folder was removed (or moved): nothing left to list
+        try:
+            mode = os.stat(record).st_mode  # a dangling link or a loop raises: reported below
+            if not stat.S_ISREG(mode):  # a FIFO or a device is never opened; a folder is no record
+                raise RunNotFoundError(f"{shown(record)} is {kind(mode)}, not a regular file: inspect the run's "
+                                       f"other files, then remove or rename {shown(folder)}")
+            found.append(Run(RunRecord.load(folder)))
+        except OrchestratorError as exc:
+            print(f"warning: skipping {entry['run_id'][:200]!r}: {_one_line(exc)}", file=sys.stderr)
+        except OSError as exc:
+            print(f"warning: skipping {entry['run_id'][:200]!r}: {shown(record)} cannot be read ({errno_text(exc)}): "
+                  f"inspect the run's other files, then remove or rename {shown(folder)}", file=sys.stderr)
+    return found
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text if text.isprintable() else ascii(text)[1:-1]
 
 
 def refresh(records: list[RunRecord]) -> list[RunRecord]:
@@ -47,7 +75,7 @@ def status(refs: list[str], as_json: bool = False) -> int:
     for rec in records:
         ids = ",".join(rec.job_ids) if len(rec.job_ids) <= 3 else f"{rec.job_ids[0]}..{rec.job_ids[-1]} ({len(rec.job_ids)})"
         print(f"{rec.run_id:40} {rec.state:14} {rec.executor:6} jobs={ids or '-'} ranks={rec.world_size}")
-        if rec.state not in ("COMPLETED", "RUNNING", "PENDING") and rec.error:
+        if rec.state not in ("COMPLETED", "RUNNING", "PENDING") and rec.error and rec.error.strip():
             print("    " + rec.error.strip().splitlines()[0])
         if rec.state not in ("COMPLETED", "RUNNING", "PENDING") and rec.waits:
             for line in wait_lines(rec.waits):
@@ -66,11 +94,18 @@ def print_grid(rec: RunRecord, points: dict[str, str]) -> None:
         counts[state] += 1
     print("    sweep: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
     plan_path = RunFolder.of(rec.run_dir).plan
-    sweep = json.loads(plan_path.read_text()).get("sweep", []) if plan_path.exists() else []
-    for point in sweep:
-        state = points.get(str(point["index"]), "UNKNOWN")
-        args = " ".join(f"{k}={v}" for k, v in point["args"].items())
-        print(f"    {point['index']:4d} {state:12} {args}")
+    try:
+        data = read_file(plan_path, "the plan", "the sweep's points are not shown", RunNotFoundError)
+        sweep = json.loads(data).get("sweep", []) if data is not None else []
+        rows = [(int(p["index"]), " ".join(f"{k}={v}" for k, v in p["args"].items())) for p in sweep]
+    except RunNotFoundError as exc:
+        print(f"    ({exc})")
+        return
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError, OverflowError):
+        print(f"    ({shown(plan_path)} is damaged: the sweep's points are not shown)")
+        return
+    for index, args in rows:
+        print(f"    {index:4d} {points.get(str(index), 'UNKNOWN'):12} {args}")
 
 
 def list_runs(as_json: bool = False) -> int:
@@ -82,34 +117,62 @@ def logs(ref: str, rank: int, follow: bool, point: int | None = None,
     run = Run.get(ref)
     path = run.log_path(rank, point)
     if not follow:
-        if not path.exists():
-            print(f"no log for rank {rank} yet at {path}", file=sys.stderr)
+        data = _read_log(path, rank)
+        if data is None:
+            print(f"no log for rank {rank} yet at {shown(path)}", file=sys.stderr)
             return 1
-        sys.stdout.write(run.logs(rank, point))
+        sys.stdout.write(data.decode(errors="replace"))
         sys.stdout.flush()
         return 0
     return _follow(run, path, rank, start_timeout_s)
 
 
+def _read_log(path: Path, rank: int, offset: int = 0) -> bytes | None:
+    """A rank's log from ``offset`` on; None while it does not exist. A log that is a folder, a
+    FIFO or a device (never opened blocking), or a ``logs`` that is a file, is one error."""
+    return read_file(path, f"rank {rank}'s log", "remove or rename it (the run's other files are untouched)",
+                     RunNotFoundError, offset=offset)
+
+
+def _reader_gone() -> bool:
+    """Whoever read our stdout has gone (``logs -f RUN | head``): the CLI's stdout saw a broken
+    pipe, or the pipe has no reader left (POLLERR), which shows before anything is written."""
+    if getattr(sys.stdout, "reader_gone", False):
+        return True
+    try:
+        import select
+
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), 0)  # only POLLERR / POLLHUP / POLLNVAL are reported
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (AttributeError, ValueError, OSError):  # not a real file (tests), or no poll
+        return False
+
+
 def _follow(run: Run, path: Path, rank: int, start_timeout_s: float) -> int:
-    """Print the log as it grows until the run ends; give up if it never starts."""
+    """Print the log as it grows until the run ends; give up if it never starts, and stop when
+    nobody reads any more."""
     offset = 0
     started = time.monotonic()
     while True:
-        if path.exists():
-            with open(path, "rb") as fh:
-                fh.seek(offset)
-                chunk = fh.read()
+        chunk = _read_log(path, rank, offset)
+        if chunk:
             offset += len(chunk)
             sys.stdout.write(chunk.decode(errors="replace"))
             sys.stdout.flush()
+        if _reader_gone():
+            return 0
         state = run.status()
-        if state in TERMINAL and (not path.exists() or path.stat().st_size == offset):
-            if not path.exists():
-                print(f"{run.id} ended {state} without a log for rank {rank} at {path}", file=sys.stderr)
+        if state in TERMINAL:
+            rest = _read_log(path, rank, offset)  # what was written before the end was recorded
+            if rest:
+                sys.stdout.write(rest.decode(errors="replace"))
+                sys.stdout.flush()
+            if chunk is None and rest is None:
+                print(f"{run.id} ended {state} without a log for rank {rank} at {shown(path)}", file=sys.stderr)
                 return 1
             return 0
-        if not path.exists() and time.monotonic() - started > start_timeout_s:
+        if chunk is None and time.monotonic() - started > start_timeout_s:
             print(f"{run.id} is {state} and rank {rank} has written nothing in {start_timeout_s:.0f}s; "
                   f"try again later, or check 'orchestrator status {run.id}'", file=sys.stderr)
             return 1

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -90,6 +91,10 @@ class RunRecord:
     #: Shown with any end state, COMPLETED included: e.g. ranks that all exited 0 without ever
     #: joining a process group.
     warning: str | None = None
+    #: Where the PIDs above mean something (ownership.this_host()), and the inode of the folder
+    #: the record was created in: no other host, and no copy of the folder, signals them.
+    host: str | None = None
+    folder_id: int | None = None
 
     @property
     def path(self) -> Path:
@@ -103,9 +108,11 @@ class RunRecord:
         """Read a record; a damaged one raises RunNotFoundError naming the file and the way out."""
         path = RunFolder.of(run_dir).record
         try:
-            data = json.loads(path.read_bytes()[:_MAX_RECORD_BYTES].decode("utf-8"))
+            data = json.loads(_read_regular(path).decode("utf-8"))
         except FileNotFoundError:
             raise RunNotFoundError(f"{run_dir} has no record.json: it is not a run folder") from None
+        except _NotRegular as exc:
+            raise _damaged(path, str(exc)) from None
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
             raise _damaged(path, f"unreadable ({type(exc).__name__})") from None
         problem = _record_problem(data)
@@ -126,13 +133,34 @@ class RunRecord:
 
 
 _MAX_RECORD_BYTES = 16 * 1024 * 1024
+
+
+class _NotRegular(Exception):
+    pass
+
+
+def _read_regular(path: Path) -> bytes:
+    """A record's bytes, only from a regular file of its own: a symbolic link (another run's
+    record), a FIFO or a device is refused without blocking on it."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == 40 or os.path.islink(path):  # ELOOP: O_NOFOLLOW met a symbolic link
+            raise _NotRegular("it is a symbolic link; a run's record must be its own file") from None
+        raise
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise _NotRegular("it is a directory" if stat.S_ISDIR(mode) else "it is not a regular file")
+    with os.fdopen(fd, "rb") as fh:
+        return fh.read(_MAX_RECORD_BYTES)
 _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "run_id": (str,), "run_dir": (str,), "executor": (str,), "state": (str,), "created": (int, float),
     "ended": (int, float, type(None)), "job_ids": (list,), "supervisor_pid": (int, type(None)),
     "supervisor_start": (int, type(None)), "rank_pids": (list,), "rank_starts": (list,),
     "master_port": (int, type(None)), "failed_rank": (int, type(None)), "error": (str, type(None)),
     "world_size": (int,), "attempts": (int,), "sweep_size": (int,), "point_states": (dict,),
-    "waits": (dict,), "warning": (str, type(None)),
+    "waits": (dict,), "warning": (str, type(None)), "host": (str, type(None)), "folder_id": (int, type(None)),
 }
 
 
@@ -170,24 +198,49 @@ def point_dir(run_dir: str | Path, index: int) -> Path:
 
 
 def home() -> Path:
-    return Path(os.environ.get("ORCHESTRATOR_HOME", Path.home() / ".local" / "share" / "orchestrator"))
+    """The registry's folder: ``$ORCHESTRATOR_HOME``, else ``$HOME/.local/share/orchestrator``.
+    It need not exist yet; one that can never be absolute raises UsageError naming the fix (what
+    it is on disk is checked where it is used: registered_runs, register)."""
+    from orchestrator.errors import UsageError
+
+    env = os.environ.get("ORCHESTRATOR_HOME")
+    if env:
+        if not os.path.isabs(env):
+            raise UsageError(f"ORCHESTRATOR_HOME={env!r} is not an absolute path (each folder would have its own "
+                             "registry of runs): set ORCHESTRATOR_HOME to an absolute folder")
+        return Path(env)
+    user_home = os.environ.get("HOME")
+    if user_home is not None and not os.path.isabs(user_home):
+        raise UsageError(f"$HOME={user_home!r} is not an absolute path, and the registry of runs defaults to "
+                         "$HOME/.local/share/orchestrator: set HOME, or set ORCHESTRATOR_HOME to an absolute folder")
+    try:
+        return Path.home() / ".local" / "share" / "orchestrator"
+    except (RuntimeError, KeyError, OSError):
+        raise UsageError("no home folder: $HOME is not set and this user has none in the password database; set "
+                         "ORCHESTRATOR_HOME to a folder for the registry of runs") from None
 
 
 def register(record: RunRecord) -> None:
-    reg = home() / "registry.jsonl"
-    reg.parent.mkdir(parents=True, exist_ok=True)
-    with open(reg, "a", encoding="utf-8") as fh:
-        fh.write(json.dumps({"run_id": record.run_id, "run_dir": record.run_dir,
-                             "executor": record.executor, "created": record.created}) + "\n")
+    """Append the run to the registry. A registry or folder that cannot be written (read-only,
+    full, a file or a FIFO in the way...) raises UsageError naming the path and the fix."""
+    from orchestrator.fs_checks import REGISTRY_FIX, append
+
+    line = json.dumps({"run_id": record.run_id, "run_dir": record.run_dir,
+                       "executor": record.executor, "created": record.created}) + "\n"
+    append(home() / "registry.jsonl", line.encode("utf-8"), "the run registry", REGISTRY_FIX)
 
 
 def registered_runs() -> list[dict[str, Any]]:
-    """Latest entry per run folder, oldest first."""
-    reg = home() / "registry.jsonl"
-    if not reg.exists():
+    """Latest entry per run folder, oldest first. No registry yet: none. A registry that is not
+    a regular file (a FIFO, a device, a folder, under /proc), or that cannot be read, raises
+    UsageError naming the path and the fix; it is never read blocking."""
+    from orchestrator.fs_checks import REGISTRY_FIX, read_file
+
+    data = read_file(home() / "registry.jsonl", "the run registry", REGISTRY_FIX)
+    if data is None:
         return []
     latest: dict[str, dict[str, Any]] = {}
-    for line in reg.read_bytes().decode("utf-8", errors="replace").splitlines():
+    for line in data.decode("utf-8", errors="replace").splitlines():
         try:
             entry = json.loads(line)
         except (json.JSONDecodeError, RecursionError):
@@ -206,11 +259,28 @@ def resolve_run(ref: str) -> Path:
         raise RunNotFoundError("no run given: pass a run id from 'orchestrator list' or a run folder")
     if len(ref) > 4096 or "\0" in ref:
         raise RunNotFoundError("that is not a run id or a run folder")
+    import stat
+
+    from orchestrator.fs_checks import kind, shown
+
+    def usable(folder: Path) -> Path:
+        """The folder, unless its record is a FIFO, a device or a socket: RunRecord.load says
+        what else is wrong with a record; these it must never open."""
+        try:
+            mode = os.lstat(folder / "record.json").st_mode
+        except OSError:
+            return folder
+        if stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode):
+            return folder
+        raise RunNotFoundError(
+            f"{shown(folder / 'record.json')} is damaged (it is {kind(mode)}, not a regular file); the run's other "
+            f"files are untouched: inspect them, then remove or rename {shown(folder)}")
+
     p = Path(ref)
     try:
-        if (p / "record.json").is_file():
-            return p.resolve()
-    except OSError:
+        if os.path.lexists(p / "record.json"):  # a run folder, even a damaged one: say what is wrong with it
+            return usable(p.resolve())
+    except (OSError, RuntimeError):
         pass
     runs = registered_runs()
     exact = [r for r in runs if r["run_id"] == ref]
@@ -220,4 +290,4 @@ def resolve_run(ref: str) -> Path:
     ids = {r["run_id"] for r in matches}
     if len(ids) > 1:
         raise RunNotFoundError(f"{ref!r} matches several runs ({', '.join(sorted(ids))}); give more of the id")
-    return Path(matches[-1]["run_dir"])
+    return usable(Path(matches[-1]["run_dir"]))

@@ -146,7 +146,7 @@ def _start_attempt(launch: LaunchPlan, run_dir: Path, run: RunFolder) -> RunReco
 
     ownership.forget_requests(run_dir)
     write_text_atomic(run_dir / "spec.yaml", yaml.safe_dump(launch.spec, sort_keys=False))
-    write_json_atomic(run.plan, json.loads(launch.model_dump_json()))
+    write_json_atomic(run.plan, launch.model_dump(mode="json"))
     write_json_atomic(run.payload, launch.payload)
     for folder in _point_dirs(run_dir):  # a rerun must never report an earlier attempt's outcome
         folder.forget_attempt()  # nor look at an earlier attempt's ranks (stacks, logs, joins)

@@ -451,6 +451,7 @@ class LocalExecutor:
         while time.monotonic() < deadline:
             record = refresh_by_supervisor(RunRecord.load(record.run_dir))
             if record.state in TERMINAL and not ownership.is_held(record.run_dir):
+                _wait_gone(record, deadline)
                 return record
             time.sleep(0.1)
         if ownership.foreign_reason(record.host, record.folder_id, record.run_dir) is None and \
@@ -467,6 +468,16 @@ class LocalExecutor:
 
     def log_path(self, record: RunRecord, rank: int, point: int | None = None) -> Path:
         return rank_log_path(record, rank, point)
+
+
+def _wait_gone(record: RunRecord, deadline: float) -> None:
+    """The supervisor records the end and releases the lock as its last acts; on this host, return
+    only once its process is gone too, so a caller never finds it still exiting."""
+    if ownership.foreign_reason(record.host, record.folder_id, record.run_dir) is None:
+        while procs.same_process(record.supervisor_pid, record.supervisor_start) and time.monotonic() < deadline:
+            if record.supervisor_pid == os.getpid():
+                return  # the caller's own process supervises it (a run() in another thread)
+            time.sleep(0.05)
 
 
 def _is_detached_supervisor(pid: int | None) -> bool:

@@ -5,6 +5,7 @@ by epoch) from rank 0, ``throughput`` (samples/s by epoch) from every rank."""
 from __future__ import annotations
 
 import json
+import numbers
 import os
 import time
 from pathlib import Path
@@ -28,7 +29,7 @@ class MetricsWriter:
     def log(self, kind: str, **values: Any) -> None:
         """Any record; ``report`` reads the kinds written by the methods below."""
         record = {"time": time.time(), "rank": self.rank, "kind": kind, **values}
-        self._fh.write(json.dumps(record) + "\n")
+        self._fh.write(json.dumps(record, default=_plain_number) + "\n")
 
     def train(self, step: int, loss: float, **values: Any) -> None:
         """The training loss at ``step`` (rank 0 only: ``report`` plots one curve; elsewhere a no-op)."""
@@ -57,3 +58,16 @@ class MetricsWriter:
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.close()
+
+
+def _plain_number(value: Any) -> Any:
+    """numpy's (and any other) integer and real scalars, and one-element tensors, as JSON numbers."""
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if callable(getattr(value, "item", None)):
+        item = value.item()
+        if isinstance(item, (int, float)):
+            return item
+    raise TypeError(f"a metric value is a {type(value).__name__}; give numbers or text")

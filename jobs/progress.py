@@ -8,7 +8,10 @@ call costs a clock read. Outside the orchestrator (no ORCH_RUN_DIR) it does noth
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
+from typing import Any
 
 from orchestrator.progress import ProgressWriter
 from orchestrator.rank_env import OrchVar
@@ -16,13 +19,52 @@ from orchestrator.rank_env import OrchVar
 _writers: dict[tuple[str, int, int], ProgressWriter] = {}
 
 
-def heartbeat(step: int, total: int | None = None, samples: int | None = None) -> bool:
+def heartbeat(step: int, total: int | None = None, samples: float | None = None) -> bool:
     """Report that this rank finished ``step`` (of ``total``); ``samples``: how many samples one step
-    trains on, for the samples/s shown. Returns whether a report was written."""
+    trains on, for the samples/s shown. Returns whether a report was written. Any number type
+    works (numpy's and torch's scalars too): ``step`` and ``total`` any whole number (an integral
+    float such as 3.0 included), ``samples`` any finite real."""
+    step = _whole(step, "step")
+    total = None if total is None else _whole(total, "total")
+    samples = None if samples is None else _real(samples, "samples")
     writer = _writer()
     if writer is None:
         return False
     return writer.report(step, total, samples, force=total is not None and step >= total)  # the last one always
+
+
+def _whole(value: Any, name: str) -> int:
+    """A plain int from any numbers.Integral, or any numbers.Real with a whole value (numpy
+    registers its scalar types with the numbers ABCs; nothing here imports numpy)."""
+    value = _scalar(value)
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        real = float(value)
+        if math.isfinite(real) and real.is_integer():
+            return int(real)
+        raise ValueError(f"heartbeat: {name}={value!r} is not a whole number of steps")
+    raise TypeError(f"heartbeat: {name} is a step count (an integer), not {type(value).__name__}")
+
+
+def _real(value: Any, name: str) -> float:
+    value = _scalar(value)
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        real = float(value)
+        if math.isfinite(real) and real >= 0:
+            return real
+        raise ValueError(f"heartbeat: {name}={value!r} must be a finite number >= 0")
+    raise TypeError(f"heartbeat: {name} is a number of samples, not {type(value).__name__}")
+
+
+def _scalar(value: Any) -> Any:
+    """A one-element tensor or array (``loss.item()`` forgotten) as its Python number."""
+    if not isinstance(value, numbers.Number) and callable(getattr(value, "item", None)):
+        try:
+            return value.item()
+        except (ValueError, RuntimeError, TypeError):
+            return value
+    return value
 
 
 def _writer() -> ProgressWriter | None:

@@ -56,18 +56,16 @@ def load_spec(*sources: Any, overrides: Iterable[str] = (), executor: str | None
 
 
 def as_spec(spec: SpecLike) -> JobSpec:
-    """A JobSpec as is; anything else through ``load_spec``."""
-    from orchestrator.spec import JobSpec
-
-    if isinstance(spec, JobSpec):
-        return spec
+    """Anything ``load_spec`` takes, through ``load_spec``: a JobSpec too, which is validated again
+    (one changed with ``model_copy(update=...)`` was never checked), with the same errors."""
     if isinstance(spec, (list, tuple)):
         return load_spec(*spec)
     return load_spec(spec)
 
 
 def plan_for(spec: SpecLike, executor: str | None = None) -> LaunchPlan:
-    """The LaunchPlan (what ``orchestrator plan`` prints): pure, nothing is started or written."""
+    """The LaunchPlan (what ``orchestrator plan`` prints): pure, nothing is started or written.
+    Every spec is validated here, whatever made it, so run/submit/plan never act on an unchecked one."""
     from orchestrator.plan import plan
 
     return plan(as_spec(spec), executor)  # type: ignore[arg-type]
@@ -181,9 +179,23 @@ class Run:
     def wait(self, timeout: float | None = None, *, follow: bool = False) -> str:
         """Block until the run ends and return its state (COMPLETED, FAILED, CANCELLED...).
 
-        With ``timeout`` (seconds), raise WaitTimeoutError (a TimeoutError) when it runs out;
-        the run goes on. ``follow=True`` prints rank 0's log as it grows, under the live progress line.
+        With ``timeout`` (seconds, >= 0; None or ``math.inf``: no limit), raise WaitTimeoutError (a
+        TimeoutError) when it runs out; the run goes on. ``follow=True`` prints rank 0's log as it
+        grows, under the live progress line.
         """
+        import math
+        import numbers
+
+        if timeout is not None:
+            if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+                raise UsageError(f"timeout is seconds (a number) or None for no limit, not {type(timeout).__name__}: "
+                                 "e.g. .wait(timeout=600)")
+            timeout = float(timeout)
+            if math.isnan(timeout) or timeout < 0:
+                raise UsageError(f"timeout is {timeout}; give seconds >= 0 (e.g. .wait(timeout=600)), or None or "
+                                 "math.inf to wait without a limit")
+            if math.isinf(timeout):
+                timeout = None
         deadline = None if timeout is None else time.monotonic() + timeout
         poll = POLL_S.get(self.executor, 1.0)
         follower = None
@@ -254,11 +266,13 @@ class Run:
     def logs(self, rank: int = 0, point: int | None = None) -> str:
         """The text of a rank's log so far (every attempt). Raises RunNotFoundError if that rank
         has written nothing yet."""
+        from orchestrator.fs_checks import read_file
+
         path = self.log_path(rank, point)
-        try:
-            return path.read_bytes().decode(errors="replace")
-        except FileNotFoundError:
-            raise RunNotFoundError(f"no log for rank {rank} yet at {path} ({self.id} is {self._record.state})") from None
+        data = read_file(path, f"rank {rank}'s log", "remove or rename it", RunNotFoundError)
+        if data is None:
+            raise RunNotFoundError(f"no log for rank {rank} yet at {path} ({self.id} is {self._record.state})")
+        return data.decode(errors="replace")
 
     def stacks(self, rank: int | None = None, timeout: float = 5.0, native: bool = False) -> str:
         """The Python stack of every thread of every live rank (or of ``rank``), as the ranks are
@@ -267,7 +281,7 @@ class Run:
         request reaches every node through ``srun --overlap``. A run that has ended shows the
         stacks saved at its end, if any. ``native=True`` (local runs) asks py-spy instead, for the
         C/C++ frames too; it needs ptrace permission."""
-        from orchestrator import stacks
+        from orchestrator import procs, stacks
 
         if native:
             return self._native_stacks(rank)
@@ -300,7 +314,11 @@ class Run:
             rp = known.get(r)
             who = f"rank {r}" + (f" (host {rp.host}, pid {rp.pid})" if rp else "")
             if not text:
-                parts.append(f"=== {who}: no answer (not started, ended, or not reachable) ===\n")
+                deaf = self.executor != "slurm" and rp is not None and procs.same_process(rp.pid, rp.start_ticks) \
+                    and not stacks.answers(rp)
+                why = ("its process no longer has the launcher's stack handler (it exec'd another program?): not "
+                       "signalled; try --native") if deaf else "not started, ended, or not reachable"
+                parts.append(f"=== {who}: no answer ({why}) ===\n")
                 continue
             parts.append(f"=== {who}: {stacks.where(text).text()} ===\n{text.rstrip()}\n")
         if problem:
@@ -359,17 +377,12 @@ class Run:
 
 
 def _live_folder(rec: RunRecord) -> Path:
-    """Where the running ranks record themselves: the run folder, or in a sweep the latest point
-    whose ranks have (points run in order locally; on SLURM the newest array task)."""
+    """Where the running ranks record themselves: the run folder, or in a sweep the folder of the
+    point the current attempt reached (points run in order locally; on SLURM the newest task)."""
+    from orchestrator.executors.base import current_point
     from orchestrator.records import point_dir
 
-    run_dir = Path(rec.run_dir)
-    if not rec.sweep_size:
-        return run_dir
-    for index in reversed(range(rec.sweep_size)):
-        if (point_dir(run_dir, index) / "ranks").is_dir():
-            return point_dir(run_dir, index)
-    return point_dir(run_dir, 0)
+    return point_dir(rec.run_dir, current_point(rec)) if rec.sweep_size else Path(rec.run_dir)
 
 
 def _running_job(rec: RunRecord, folder: Path) -> str:
@@ -392,11 +405,10 @@ def _read_result(folder: Path) -> Any:
 
 def _print_from(path: Path, offset: int, write: Callable[[str], None] | None = None) -> int:
     """Print what was appended to ``path`` since ``offset``; return the new offset."""
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(offset)
-            chunk = fh.read()
-    except FileNotFoundError:
+    from orchestrator.fs_checks import read_file
+
+    chunk = read_file(path, "the log", "remove or rename it", RunNotFoundError, offset=offset)
+    if chunk is None:
         return offset
     if write is not None:
         write(chunk.decode(errors="replace"))
@@ -432,7 +444,7 @@ def registered(on_damaged: Callable[[str, OrchestratorError | OSError], None] | 
     for entry in registered_runs():
         folder = Path(entry["run_dir"])
         try:
-            if (folder / "record.json").is_file():
+            if (folder / "record.json").exists() or (folder / "record.json").is_symlink():
                 found.append(Run(RunRecord.load(folder)))
         except (OrchestratorError, OSError) as exc:
             if on_damaged is not None:

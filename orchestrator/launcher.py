@@ -286,7 +286,7 @@ def apply_thread_count() -> None:
     OMP_NUM_THREADS its environment now says (a fresh interpreter reads it by itself)."""
     torch = sys.modules.get("torch")
     threads = os.environ.get("OMP_NUM_THREADS", "")
-    if torch is not None and threads.isdigit() and int(threads) > 0:
+    if torch is not None and threads.isascii() and threads.isdigit() and int(threads) > 0:
         torch.set_num_threads(int(threads))
 
 

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import difflib
 import json
-from pathlib import Path
-from typing import Any, Iterable, Mapping
+import numbers
+import re
+from pathlib import Path, PurePath
+from typing import Any, Iterable, Mapping, Sequence
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -28,7 +30,8 @@ from orchestrator.validators import shown
 
 #: Spec files larger than this are refused before they are read (a spec is a few KB).
 MAX_FILE_BYTES = 1024 * 1024
-#: A parsed spec may hold at most this many values (counting each use of a YAML alias) ...
+#: A parsed spec may hold at most this many values (counting each use of a YAML alias, and
+#: each pair a YAML merge key ``<<`` copies in) ...
 MAX_NODES = 100_000
 #: ... nested at most this deep.
 MAX_DEPTH = 32
@@ -76,13 +79,117 @@ def parse_text(text: str, as_json: bool) -> Any:
         if as_json:
             data = json.loads(text, object_pairs_hook=_json_pairs, parse_constant=_json_constant)
         else:
-            data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
+            data = _load_yaml(text)
     except RecursionError:
         raise ValueError(f"nested too deeply (the limit is {MAX_DEPTH} levels)") from None
     except (yaml.YAMLError, json.JSONDecodeError) as exc:
         raise ValueError(_one_line(exc)) from None
     _check_shape(data)
     return data
+
+
+def _load_yaml(text: str) -> Any:
+    """``yaml.load`` in two steps: compose the node graph (aliases are references in it, merge keys
+    not yet applied), check it (``_check_yaml_graph``), and only then construct the data, which
+    is when aliases and merge keys expand."""
+    loader = _UniqueKeyLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_yaml_graph(node)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+_YAML_STR = "tag:yaml.org,2002:str"
+_YAML_MERGE = "tag:yaml.org,2002:merge"
+
+
+def _check_yaml_graph(root: yaml.Node) -> None:
+    """Bound what the document expands to before anything expands it: each alias counts the size
+    of what it names every time it is used, and a merge key (``<<: *a``, ``<<: [*a, *b]``) the pairs
+    it copies in (PyYAML copies them into the mapping, so a chain of merges multiplies like an alias
+    bomb while the mapping it builds stays small). One pass over the graph, each node sized once.
+    Also refuses a key that YAML did not read as text (``off:`` is the boolean False), naming what
+    was written."""
+    sized: dict[int, tuple[int, int]] = {}  # id(node) -> (expanded size, expanded height)
+    active: set[int] = set()
+
+    def walk(node: yaml.Node, depth: int, path: str) -> tuple[int, int]:
+        key = id(node)
+        if key not in sized:
+            if key in active:
+                raise ValueError(f"{_at(path)}a YAML alias refers to a value that contains it; a spec is a tree")
+            if depth > MAX_DEPTH:
+                raise ValueError(f"nested more than {MAX_DEPTH} levels deep")
+            active.add(key)
+            size, height = 1, 1
+            children: list[tuple[yaml.Node, int, str]] = []
+            if isinstance(node, yaml.SequenceNode):
+                children = [(child, 1, f"{path}[{i}]") for i, child in enumerate(node.value)]
+            elif isinstance(node, yaml.MappingNode):
+                for key_node, value_node in node.value:
+                    if key_node.tag == _YAML_MERGE:  # its pairs land in this mapping, at this depth
+                        children.append((value_node, 0, path))
+                        continue
+                    _check_yaml_key(key_node, path)
+                    name = key_node.value if isinstance(key_node, yaml.ScalarNode) else "?"
+                    children += [(key_node, 1, path), (value_node, 1, _join(path, name))]
+            for child, step, child_path in children:
+                child_size, child_height = walk(child, depth + step, child_path)
+                size += child_size
+                height = max(height, child_height + step)
+                if size > MAX_NODES:
+                    raise ValueError(f"holds more than {MAX_NODES} values (YAML aliases and merge keys count "
+                                     "each time they are used); a spec is a few dozen fields")
+            active.discard(key)
+            sized[key] = (size, height)
+        size, height = sized[key]
+        if depth + height - 1 > MAX_DEPTH:
+            raise ValueError(f"nested more than {MAX_DEPTH} levels deep")
+        return size, height
+
+    walk(root, 1, "")
+
+
+def _at(path: str) -> str:
+    if len(path) > 120:
+        path = f"{path[:100]}... ({path.count('.') + path.count('[')} levels)"
+    return f"{path}: " if path else ""
+
+
+def _join(path: str, key: Any) -> str:
+    """``path.key``, with a key that is long or not printable shown as its (shortened) repr."""
+    key = str(key)
+    key = key if len(key) <= 40 and key.isprintable() and key.strip() == key and key else shown(key, 40)
+    return f"{path}.{key}" if path else key
+
+
+def _check_yaml_key(node: yaml.Node, path: str) -> None:
+    """A mapping key must be text. YAML 1.1 reads some unquoted keys as other things: say what the
+    user wrote and what it became."""
+    if node.tag == _YAML_STR:
+        return
+    if not isinstance(node, yaml.ScalarNode):
+        kind = "a list" if isinstance(node, yaml.SequenceNode) else "a mapping"
+        raise ValueError(f"{_at(path)}a key is {kind}; keys are text (names)")
+    written = node.value
+    kind = node.tag.rsplit(":", 1)[-1]
+    if kind == "bool":
+        became = yaml.SafeLoader.bool_values.get(written.lower())
+        why = (f"became the boolean {became}, because YAML reads yes/no/on/off and true/false unquoted as "
+               "booleans")
+    elif kind in ("int", "float"):
+        why = "became a number, not text"
+    elif kind == "null":
+        why = "became null (nothing), not text"
+    elif kind == "timestamp":
+        why = "became a date, not text"
+    else:
+        why = f"is tagged {shown(node.tag)}, not text"
+    raise ValueError(f"{_at(path)}the key {shown(written)} {why}; quote it to give the name: {shown(written)}: ...")
 
 
 def _check_shape(data: Any) -> None:
@@ -138,10 +245,18 @@ def read_spec_file(path: str | Path) -> dict[str, Any]:
 
 def parse_override(item: str) -> tuple[list[str], Any]:
     """``a.b.c=value`` -> (["a", "b", "c"], parsed value)."""
+    if not isinstance(item, str):
+        raise UsageError(f"an override is a 'key.path=value' string, not {type(item).__name__}: "
+                         "e.g. overrides=['nodes=2']")
     key, sep, raw = item.partition("=")
     key = key.strip()
     if not sep or not key or any(not part.strip() for part in key.split(".")):
         raise SpecError([f"--set {shown(item)}: expected key.path=value, e.g. --set distributed.port=29500"])
+    if "[" in key or "]" in key:
+        field = key.split("[")[0].strip()
+        field = field if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.\-]{0,60}", field) else "extra_args"
+        raise SpecError([f"--set {shown(item)}: a key path names fields (a.b.c), not list items; set the whole "
+                         f"list instead: --set '{field}=[a, b]'"])
     try:
         value = parse_text(raw, as_json=False) if raw.strip() else ""
     except ValueError as exc:
@@ -172,49 +287,152 @@ def load_spec(*sources: Any, overrides: Iterable[str] = (), executor: str | None
     YAML, as with ``--set``), then ``executor``. Raises SpecError naming the source, the field
     and the fix. (``orchestrator.load_spec``; the CLI calls it without importing the rest of the
     API.)"""
-    if isinstance(overrides, (str, bytes)):
-        raise UsageError("overrides is a list of 'key.path=value' strings, e.g. overrides=['nodes=2']")
+    if overrides is None or isinstance(overrides, (str, bytes, Mapping)) or not isinstance(overrides, Iterable):
+        raise UsageError("overrides is a list of 'key.path=value' strings, e.g. overrides=['nodes=2'] "
+                         f"(or [] for none), not {type(overrides).__name__}")
     data: dict[str, Any] = {}
     names: list[str] = []
     for source in sources:
         if isinstance(source, JobSpec):
-            data, name = deep_merge(data, source.model_dump(mode="json", exclude_defaults=True)), "<JobSpec>"
+            # Dumped and validated again: a JobSpec changed with model_copy(update=...) was never checked.
+            name = "<JobSpec>"
+            data = deep_merge(data, plain_data(source, name))
         elif isinstance(source, Mapping):
-            data, name = deep_merge(data, json.loads(json.dumps(source, default=_refuse))), "<mapping>"
+            name = "<mapping>"
+            data = deep_merge(data, plain_data(source, name))
         elif isinstance(source, (str, Path)):
             data, name = deep_merge(data, read_spec_file(source)), str(source)
         else:
             raise UsageError(f"load_spec takes spec files, mappings or JobSpecs, not {type(source).__name__}")
         names.append(name)
-    for item in overrides:
-        data = apply_override(data, *parse_override(item))
+    applied: list[tuple[str, str]] = []  # (the dotted path it sets, the override as given)
+    for item in list(overrides):
+        path, value = parse_override(item)
+        data = apply_override(data, path, value)
+        applied.append((".".join(path), item))
     if executor is not None:
         data["executor"] = executor
-    return spec_from_dict(data, source=", ".join(names) or None)
+    return spec_from_dict(data, source=", ".join(names) or None, overrides=applied)
 
 
-def _refuse(value: Any) -> Any:
-    """Paths become text; any other object is refused (a spec is plain data)."""
-    if isinstance(value, Path):
+def plain_data(value: Any, source: str, path: str = "", depth: int = 1, budget: list[int] | None = None) -> Any:
+    """A Python mapping (or a JobSpec's dump) as the plain data a spec file holds, checked as a
+    file's data is: keys are text (an int key is refused, not turned into text), at most
+    MAX_DEPTH levels and MAX_NODES values. Paths become text, any integer or real number (numpy's
+    too) a Python int or float, tuples lists, models their fields; any other object is refused."""
+    budget = [0] if budget is None else budget
+    budget[0] += 1
+    if depth > MAX_DEPTH:
+        raise SpecError([f"{_at(path)}nested more than {MAX_DEPTH} levels deep"], source=source)
+    if budget[0] > MAX_NODES:
+        raise SpecError([f"holds more than {MAX_NODES} values; a spec is a few dozen fields"], source=source)
+    if isinstance(value, BaseModel):
+        value = _explicit(value)
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise SpecError([f"{_at(path)}the key {shown(key)} is {_kind(key)}, not text; spec keys are names: "
+                                 f"write {shown(str(key))}"], source=source)
+            out[str(key)] = plain_data(item, source, _join(path, key), depth + 1, budget)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [plain_data(x, source, f"{path}[{i}]", depth + 1, budget) for i, x in enumerate(value)]
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, str):
         return str(value)
-    raise UsageError(f"a spec mapping holds a {type(value).__name__}; give text, numbers, true/false, "
-                     "paths, lists and mappings only")
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if isinstance(value, PurePath):
+        return str(value)
+    raise UsageError(f"{source}: {_at(path)}a spec mapping holds a {type(value).__name__} object; give text, "
+                     "numbers, true/false, paths, lists and mappings only")
 
 
-def spec_from_dict(data: dict[str, Any], source: str | None = None) -> JobSpec:
+def _explicit(model: BaseModel) -> dict[str, Any]:
+    """A model's fields that differ from their defaults (so a JobSpec merged after a file changes
+    only what it sets), by value or by type: ``model_copy(update={"nodes": True})`` is not the
+    default 1 (True == 1), and a key pydantic does not know is kept, so validation refuses both."""
+    out: dict[str, Any] = {}
+    fields = type(model).model_fields
+    for name, field in fields.items():
+        value = getattr(model, name, None)
+        default = field.get_default(call_default_factory=True)
+        if isinstance(value, BaseModel) and type(value) is type(default):
+            nested = _explicit(value)
+            if nested:
+                out[name] = nested
+        elif not (type(value) is type(default) and value == default):
+            out[name] = value
+    for name, value in vars(model).items():  # set by model_copy(update=...) under a name no field has
+        if name not in fields:
+            out[name] = value
+    return out
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "the boolean " + str(value)
+    if isinstance(value, numbers.Number):
+        return "a number"
+    return "a " + type(value).__name__
+
+
+def spec_from_dict(data: dict[str, Any], source: str | None = None,
+                   overrides: Sequence[tuple[str, str]] = ()) -> JobSpec:
+    """Validate; each problem names where it came from: the override that set its field, if one
+    did (``--set 'nodes=0'``), else the sources."""
     try:
         return JobSpec.model_validate(data)
     except ValidationError as exc:
-        raise SpecError(format_validation_error(exc), source=source) from None
+        problems = _located_problems(exc, data)
+    blamed = [_override_for(path, overrides) for path, _ in problems]
+    if not any(blamed):
+        raise SpecError([line for _, line in problems], source=source)
+    prefix = f"{source}: " if source else ""
+    raise SpecError([f"--set {shown(item)}: {line}" if item else f"{prefix}{line}"
+                     for (_, line), item in zip(problems, blamed)])
 
 
-def format_validation_error(exc: ValidationError) -> list[str]:
-    problems: list[str] = []
+def _override_for(path: str, overrides: Sequence[tuple[str, str]]) -> str | None:
+    """The last override that set ``path`` or a field around or inside it."""
+    for set_path, item in reversed(overrides):
+        if path and (path == set_path or path.startswith((set_path + ".", set_path + "["))
+                     or set_path.startswith(path + ".")):
+            return item
+    return None
+
+
+def spec_error(exc: ValidationError, data: Mapping[str, Any], model: type[BaseModel] = JobSpec) -> SpecError:
+    """The SpecError for a model constructed directly (``JobSpec(nodes='2')``): the same lines as
+    load_spec's, from the same formatter."""
+    try:
+        plain = plain_data(data, "")
+    except (SpecError, UsageError) as problem:
+        return problem if isinstance(problem, SpecError) else SpecError([str(problem).removeprefix(": ")])
+    return SpecError(format_validation_error(exc, plain, model))
+
+
+def format_validation_error(exc: ValidationError, data: Any = None, model: type[BaseModel] = JobSpec) -> list[str]:
+    """One line per problem, ``field.path: what is wrong and the fix``. ``data`` (what was
+    validated) tells the keys the user wrote from the names pydantic adds to locations."""
+    return list(dict.fromkeys(line for _, line in _located_problems(exc, data, model)))
+
+
+_LEADING_FIELD = re.compile(r"([A-Za-z_][A-Za-z0-9_.]*):")
+
+
+def _located_problems(exc: ValidationError, data: Any = None,
+                      model: type[BaseModel] = JobSpec) -> list[tuple[str, str]]:
+    problems: list[tuple[str, str]] = []
     for err in exc.errors(include_url=False):
         loc = [str(p) for p in err["loc"]]
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            msg = "unknown key" + _suggestion(loc)
+            msg = "unknown key" + _suggestion(loc, model)
         elif err["type"] == "missing":
             msg = "required field is missing"
         elif err["type"] == "literal_error":
@@ -224,11 +442,13 @@ def format_validation_error(exc: ValidationError) -> list[str]:
                    f"short flags in extra_args, a list, got {_described(err['input'], False)}")
         elif err["type"] not in ("value_error", "assertion_error") and "input" in err:
             msg = f"{msg}, got {_described(err['input'], err['type'] == 'string_type')}"
-        path = _dotted(loc)
+        path = _dotted(err["loc"], data)
         for line in msg.split("\n"):
             # Cross-field messages already start with the field they concern.
             line = line if len(line) <= 400 else line[:380] + "... (shortened)"
-            problems.append(line if not path else f"{path}: {line}")
+            leading = _LEADING_FIELD.match(line)
+            where = path or (leading.group(1) if leading else "")
+            problems.append((where, line if not path else f"{path}: {line}"))
     return list(dict.fromkeys(problems))
 
 
@@ -245,19 +465,34 @@ def _described(value: Any, wants_text: bool) -> str:
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "literal", "union"}
 
 
-def _dotted(loc: list[str]) -> str:
-    # pydantic inserts union branch names ("list[...]", "literal[...]") into locations; drop them.
-    parts = [p for p in loc if "[" not in p and not p.startswith("function-") and p not in _TYPE_TAGS]
-    out = ""
-    for p in parts:
+_UNKNOWN = object()
+
+
+def _dotted(loc: Iterable[Any], data: Any = _UNKNOWN) -> str:
+    """``distributed.interface[1]`` from pydantic's location. The validated data tells a key the
+    user wrote (kept, whatever it looks like: 'extra_args[0]', 'str') from the names pydantic
+    inserts (union branches such as 'list[str]', '[key]'), which are dropped."""
+    out, node = "", data
+    for p in loc:
+        if isinstance(node, dict) and isinstance(p, str) and p in node:
+            node = node[p]
+        elif isinstance(node, list) and isinstance(p, int) and 0 <= p < len(node):
+            node = node[p]
+        elif isinstance(p, str) and ("[" in p or p.startswith("function-") or p in _TYPE_TAGS):
+            continue  # a name pydantic inserted
+        else:
+            node = _UNKNOWN  # past the data: a missing field, say
+        if isinstance(p, int):
+            out += f"[{p}]"
+            continue
         # A key is echoed no more than a value is: long or unprintable keys are shown as repr.
-        p = p if len(p) <= 40 and p.isprintable() and p.strip() == p and p else shown(p, 40)
-        out += f"[{p}]" if p.isdigit() else (f".{p}" if out else p)
+        shown_key = p if len(p) <= 40 and p.isprintable() and p.strip() == p and p else shown(p, 40)
+        out += f".{shown_key}" if out else shown_key
     return out
 
 
-def _suggestion(loc: list[str]) -> str:
-    model: type[BaseModel] | None = JobSpec
+def _suggestion(loc: list[str], root: type[BaseModel] = JobSpec) -> str:
+    model: type[BaseModel] | None = root
     for part in loc[:-1]:
         field = model.model_fields.get(part) if model else None
         ann = getattr(field, "annotation", None)

@@ -29,11 +29,16 @@ _SETTINGS = {"MALLOC_MMAP_THRESHOLD_": (str(32 << 20), -3), "MALLOC_TRIM_THRESHO
 MALLOC_DEFAULTS = {name: default for name, (default, _) in _SETTINGS.items()}
 
 
+def _whole(text: str) -> bool:
+    """ASCII digits only: '²' is a digit to str.isdigit, not to int."""
+    return text.isascii() and text.isdigit()
+
+
 def apply(environ: Mapping[str, str] = os.environ) -> dict[str, int]:
     """Give this already running process the settings its environment names (what glibc would have
     read had the process started with them). Returns what was applied; a value that is not a
     whole number, or a C library without ``mallopt``, changes nothing."""
-    wanted = {name: int(environ[name]) for name in _SETTINGS if environ.get(name, "").isdigit()}
+    wanted = {name: int(environ[name]) for name in _SETTINGS if _whole(environ.get(name, ""))}
     if not wanted:
         return {}
     try:

@@ -3,22 +3,57 @@
 from __future__ import annotations
 
 import json
+import math
+import stat
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 from orchestrator.errors import OrchestratorError
 from orchestrator.records import RunRecord, resolve_run
 
 
+#: What each kind of record must hold to be plotted (jobs.MetricsWriter writes them so).
+FIELDS = {"train": ("step", "loss"), "eval": ("epoch", "step", "accuracy", "loss"),
+          "throughput": ("rank", "epoch", "samples", "seconds", "samples_per_s")}
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
+    """Every plottable record of ``<run>/metrics/rank-*.jsonl``. A line cut short by a crash, or a
+    record without its numbers, is skipped; a file that cannot be read at all (not a file, not
+    UTF-8 text, no permission) raises OrchestratorError naming it."""
     out = []
     for path in sorted((run_dir / "metrics").glob("rank-*.jsonl")):
-        for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            mode = path.stat().st_mode
+            if not stat.S_ISREG(mode):  # a FIFO would block the read below forever
+                what = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+                raise OrchestratorError(f"{path} is {what}, not a metrics file; move it out of {path.parent} and "
+                                        "run the report again")
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise OrchestratorError(f"{path} is not a metrics file (not UTF-8 text: byte 0x{exc.object[exc.start]:02x} "
+                                    f"at offset {exc.start}); move it out of {path.parent} and run the report "
+                                    "again") from None
+        except OSError as exc:
+            what = "is a directory, not a metrics file" if path.is_dir() else f"cannot be read ({exc.strerror})"
+            raise OrchestratorError(f"{path} {what}; fix or move it out of {path.parent} and run the report "
+                                    "again") from None
+        for line in text.splitlines():
             try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
+                record = json.loads(line)
+            except (json.JSONDecodeError, RecursionError):
                 continue  # a line cut short by a crash
+            if _plottable(record):
+                out.append(record)
     return out
+
+
+def _plottable(record: Any) -> bool:
+    if not isinstance(record, dict) or not isinstance(record.get("kind"), str) or record["kind"] not in FIELDS:
+        return False
+    values = [record.get(name) for name in FIELDS[record["kind"]]]
+    return all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values)
 
 
 def write_report(ref: str) -> str:
@@ -26,10 +61,15 @@ def write_report(ref: str) -> str:
     metrics = read_metrics(run_dir)
     if not metrics:
         raise OrchestratorError(f"no metrics in {run_dir / 'metrics'}: has the run trained yet?")
-    import matplotlib
+    try:
+        import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        why = " ".join(str(exc).split())[:200]
+        raise OrchestratorError(f"the report needs matplotlib, which cannot be imported here ({why}): "
+                                "pip install matplotlib") from None
 
     train = [m for m in metrics if m["kind"] == "train"]
     evals = [m for m in metrics if m["kind"] == "eval"]
@@ -38,7 +78,11 @@ def write_report(ref: str) -> str:
         if m["kind"] == "throughput":
             thr[m["rank"]].append(m)
     out_dir = run_dir / "report"
-    out_dir.mkdir(exist_ok=True)
+    try:
+        out_dir.mkdir(exist_ok=True)
+    except OSError as exc:
+        raise OrchestratorError(f"cannot create {out_dir} ({exc.strerror}): the report is written there; "
+                                "make the run folder writable, or move what is in the way") from None
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     axes[0].plot([m["step"] for m in train], [m["loss"] for m in train], label="train (rank 0)")
     axes[0].plot([m["step"] for m in evals], [m["loss"] for m in evals], "o-", label="test")
@@ -51,8 +95,12 @@ def write_report(ref: str) -> str:
     axes[2].set(title="throughput (samples/s)", xlabel="epoch")
     axes[2].legend(fontsize="small")
     fig.tight_layout()
-    fig.savefig(out_dir / "metrics.png", dpi=90)
-    plt.close(fig)
+    try:
+        fig.savefig(out_dir / "metrics.png", dpi=90)
+    except OSError as exc:
+        raise OrchestratorError(f"cannot write {out_dir / 'metrics.png'} ({exc.strerror}); make it writable") from None
+    finally:
+        plt.close(fig)
     lines = [f"run {run_dir.name}"]
     if (run_dir / "record.json").exists():
         rec = RunRecord.load(run_dir)
@@ -68,5 +116,8 @@ def write_report(ref: str) -> str:
         lines.append(f"rank {rank}: {total / secs if secs else 0:.0f} samples/s over {len(rows)} epoch(s)")
     lines.append(f"plots: {out_dir / 'metrics.png'}")
     summary = "\n".join(lines)
-    (out_dir / "summary.txt").write_text(summary + "\n")
+    try:
+        (out_dir / "summary.txt").write_text(summary + "\n")
+    except OSError as exc:
+        raise OrchestratorError(f"cannot write {out_dir / 'summary.txt'} ({exc.strerror}); make it writable") from None
     return summary

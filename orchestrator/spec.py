@@ -12,7 +12,8 @@ import re
 from itertools import product
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
 from orchestrator import validators as v
 
@@ -59,6 +60,20 @@ class _Model(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True, strict=True,
                               allow_inf_nan=False)
+
+    def __init__(self, /, **data: Any) -> None:
+        """``JobSpec(nodes='2')`` raises SpecError (an OrchestratorError), formatted as load_spec
+        formats it, not pydantic's ValidationError."""
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            from orchestrator.loading import spec_error
+
+            raise spec_error(exc, data, type(self)) from None
+
+    # Only a direct call runs the wrapper: pydantic validates nested models and model_validate()
+    # as for its own __init__ (so spec_from_dict still sees every error with its full location).
+    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
 
     @field_validator("*", mode="after")
     @classmethod
@@ -193,7 +208,7 @@ class CheckpointSpec(_Model):
     def _dir(cls, value: str | None) -> str | None:
         if value is not None and not value.strip():
             raise ValueError("checkpoint.dir is empty: give a directory, or leave it unset for <run folder>/checkpoints")
-        return value
+        return None if value is None else v.local_path(value, "checkpoint.dir")
 
 
 class SlurmSpec(_Model):
@@ -299,6 +314,10 @@ class SlurmSpec(_Model):
                              "'/opt/venv/bin/python', or leave it unset to use the submitting interpreter")
         if value.startswith("~"):
             raise ValueError(f"{v.shown(value)}: '~' is not expanded (the path is quoted); write the absolute path")
+        if value.startswith("-"):
+            raise ValueError(f"{v.shown(value)} starts with '-', so srun would read it as an option of its own, not "
+                             "as the interpreter; give the interpreter's absolute path ('/opt/venv/bin/python') or "
+                             "its name ('python3')")
         if not value.startswith("/") and not re.fullmatch(r"[A-Za-z0-9_.+\-]+", value):
             raise ValueError(f"{v.shown(value)} is neither an absolute path nor a command name such as 'python3'; "
                              "it is one executable, quoted in the script (put wrappers and modules in slurm.setup)")
@@ -446,8 +465,9 @@ class JobSpec(_Model):
     @field_validator("env")
     @classmethod
     def _env(cls, value: dict[str, str]) -> dict[str, str]:
-        for name in value:
+        for name, item in value.items():
             v.env_name(name)
+            v.env_value(name, item)
         return value
 
     @field_validator("env", mode="before")
@@ -468,7 +488,8 @@ class JobSpec(_Model):
     @field_validator("runs_dir")
     @classmethod
     def _runs_dir(cls, value: str) -> str:
-        return v.run_path(value, "runs_dir")
+        # '~' stays as written (plan expands it): the text names the run id, so existing runs keep theirs.
+        return v.run_path(value, "runs_dir", expand=False)
 
     @field_validator("sweep")
     @classmethod

@@ -241,7 +241,7 @@ def parse(text: str) -> list[Thread]:
             continue
         m = _FRAME.match(line)
         if m and threads:
-            threads[-1].frames.append(Frame(m.group(1), int(m.group(2)) if m.group(2).isdigit() else 0, m.group(3)))
+            threads[-1].frames.append(Frame(m.group(1), int(m.group(2)) if m.group(2).isascii() and m.group(2).isdigit() else 0, m.group(3)))
     return threads
 
 

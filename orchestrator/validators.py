@@ -11,7 +11,9 @@ spec must not reach the terminal.
 
 from __future__ import annotations
 
+import os
 import re
+import unicodedata
 from typing import Any
 
 # ---- limits (documented in the README; every one names itself in its error) ---------------
@@ -30,6 +32,10 @@ MAX_TIME_MINUTES = 365 * 24 * 60
 MAX_MEMORY_MB = 64 * 1024 * 1024
 #: Timeouts: one week.
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
+#: The longest file name (one path component) Linux filesystems take, in bytes (NAME_MAX).
+NAME_MAX = 255
+#: The longest path the kernel takes, in bytes (PATH_MAX, the terminating NUL included).
+PATH_MAX = 4096
 
 # Linux caps interface names at IFNAMSIZ - 1 = 15 bytes; '/', whitespace and ':' are refused
 # by the kernel ("dev_valid_name"), and '.' / '..' are reserved.
@@ -49,9 +55,13 @@ _SLURM_TIME = re.compile(
 )
 _SLURM_MEM = re.compile(r"(\d{1,12})([KMGT]?)B?", re.IGNORECASE)
 _SBATCH_OPTION = re.compile(r"[a-z][a-z0-9\-_]{0,63}")
-# Characters that no spec string may hold: C0/C1 controls (newline, NUL, ESC...), lone
-# surrogates, Unicode line/paragraph separators, zero-width and bidirectional controls.
-_FORBIDDEN_CHARS = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069\ufeff\ud800-\udfff]")
+# Characters that no spec string may hold, by Unicode general category (not by a list of code
+# points, which always misses one): Cc, the C0/C1 controls (newline, NUL, ESC...); Cf, the
+# invisible format characters, which include every bidirectional control (U+061C, U+200E/F,
+# U+202A-E, U+2066-9), the zero-width characters and U+FEFF; Cs, lone surrogates; Zl/Zp, the
+# line and paragraph separators. ``str.isprintable()`` is False for all of these, so printable
+# text (nearly every value) is accepted without a scan.
+_FORBIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 _CHAR_NAMES = {"\n": "a newline", "\r": "a carriage return", "\x00": "a NUL byte", "\t": "a tab",
                "\x1b": "an escape character (terminal escape sequence)"}
 
@@ -78,15 +88,31 @@ def text(value: str, what: str) -> str:
     """The rule for every string in a spec: bounded, and no control characters."""
     if len(value) > MAX_TEXT:
         raise ValueError(f"{what} is {len(value)} characters long; the limit is {MAX_TEXT}")
-    bad = _FORBIDDEN_CHARS.search(value)
-    if bad:
-        ch = bad.group()
-        name = _CHAR_NAMES.get(ch, f"the control character U+{ord(ch):04X}")
-        raise ValueError(
-            f"{what} {shown(value)} contains {name} at position {bad.start()}; spec values are "
-            "single-line printable text (give one command or argument per list item)"
-        )
+    if value.isprintable():
+        return value
+    for position, ch in enumerate(value):
+        if unicodedata.category(ch) in _FORBIDDEN_CATEGORIES:
+            raise ValueError(
+                f"{what} {shown(value)} contains {_char_name(ch)} at position {position}; spec values are "
+                "single-line printable text (give one command or argument per list item)"
+            )
     return value
+
+
+def _char_name(ch: str) -> str:
+    if ch in _CHAR_NAMES:
+        return _CHAR_NAMES[ch]
+    code = f"U+{ord(ch):04X}"
+    if unicodedata.category(ch) == "Cf":
+        bidi = unicodedata.bidirectional(ch) in _BIDI_CLASSES or ch in "\u061c\u200e\u200f"
+        kind = "the bidirectional control" if bidi else "the invisible format character"
+        return f"{kind} {code} ({unicodedata.name(ch, 'unnamed')})"
+    return f"the control character {code}"
+
+
+#: The bidirectional classes of the explicit embedding, override and isolate controls (the
+#: marks U+061C, U+200E and U+200F have the classes of letters; they are named above).
+_BIDI_CLASSES = frozenset({"LRE", "RLE", "LRO", "RLO", "PDF", "LRI", "RLI", "FSI", "PDI"})
 
 
 def safe_name(value: str, what: str) -> str:
@@ -118,16 +144,29 @@ def constraint(value: str) -> str:
 
 
 def entrypoint_syntax(value: str) -> str:
-    """`module.path:function`, or a path to an existing ``.py`` script."""
+    """`module.path:function`, or a path to an existing ``.py`` script. Every name that becomes a
+    file name (each module of the path, with '.py'; each folder and file of a script path) must
+    fit the filesystem, or the import fails later with a traceback instead of here."""
+    text(value, "entrypoint")
     if _ENTRY_FUNCTION.fullmatch(value):
+        for module in value.split(":")[0].split("."):
+            if len(module) + len(".py") > NAME_MAX:
+                raise ValueError(
+                    f"the module name {shown(module)} is {len(module)} characters long; its file name "
+                    f"({len(module) + 3} bytes with '.py') exceeds the {NAME_MAX}-byte limit on file names, so it "
+                    "cannot be imported: shorten it")
         return value
     from pathlib import Path
 
     if value.endswith(".py"):
+        path_lengths(value, "script")
         path = Path(value)
-        if path.is_file():
-            return value
-        what = "is a directory" if path.is_dir() else "does not exist"
+        try:
+            if path.is_file():
+                return value
+            what = "is a directory" if path.is_dir() else "does not exist"
+        except OSError as exc:
+            what = f"cannot be read ({exc.strerror})"
         raise ValueError(f"script {shown(value)} {what} (relative paths are from the current directory)")
     if "/" in value:
         raise ValueError(
@@ -234,13 +273,47 @@ def sbatch_option(key: str, reserved: frozenset[str]) -> str:
     return norm
 
 
-def run_path(value: str, what: str) -> str:
-    if not value.strip():
-        raise ValueError(f"{what} is empty: give a directory path")
+def run_path(value: str, what: str, expand: bool = True) -> str:
+    """A folder the job writes in (runs_dir, workdir, the rendezvous folder): see ``local_path``;
+    and no '%', which SLURM expands in the log file names made from it."""
+    value = local_path(value, what, expand)
     if "%" in value:
         raise ValueError(
             f"{what} {shown(value)} contains '%', which SLURM expands in log file names (%j, %t); rename it"
         )
+    return value
+
+
+def local_path(value: str, what: str, expand: bool = True) -> str:
+    """A path the ranks use: not empty, '~' expanded as a shell would (the path is never read by
+    a shell, so '~/x' would otherwise make a folder named '~'), and every name in it short enough
+    for the filesystem. ``expand=False`` checks that '~' can be expanded but keeps the text (for
+    runs_dir, which names the run id and is expanded when planned)."""
+    if not value.strip():
+        raise ValueError(f"{what} is empty: give a directory path")
+    text(value, what)
+    if value.startswith("~"):
+        expanded = os.path.expanduser(value)
+        if expanded.startswith("~"):
+            user = value[1:].split("/")[0]
+            raise ValueError(f"{what} {shown(value)}: '~{user}' names no user on this machine, so '~' cannot "
+                             "be expanded; write the absolute path")
+        value = expanded if expand else value
+    return path_lengths(value, what)
+
+
+def path_lengths(value: str, what: str) -> str:
+    """Every name in a path fits a file name (NAME_MAX bytes) and the whole path fits PATH_MAX:
+    the kernel refuses longer ones only when the job is already starting."""
+    raw = os.fsencode(value)
+    if len(raw) >= PATH_MAX:
+        raise ValueError(f"{what} {shown(value)} is {len(raw)} bytes long; a path holds at most "
+                         f"{PATH_MAX - 1} bytes")
+    for part in raw.split(b"/"):
+        if len(part) > NAME_MAX:
+            raise ValueError(f"{what} {shown(value)} holds a name of {len(part)} bytes "
+                             f"({shown(os.fsdecode(part), 40)}); a file or folder name holds at most "
+                             f"{NAME_MAX} bytes: shorten it")
     return value
 
 
@@ -258,6 +331,24 @@ OWNED_ENV = frozenset({
 })
 #: Prefixes of variables that belong to the orchestrator or to SLURM.
 OWNED_ENV_PREFIXES = ("ORCH_", "SLURM_", "SBATCH_", "SRUN_")
+
+
+#: Variables the orchestrator itself reads back as whole numbers (the launcher and
+#: ``orchestrator.malloc``): ``env:`` may set them, to ASCII digits only. ('²' is a digit to
+#: ``str.isdigit`` but not to ``int``.) OMP_NUM_THREADS may also be OpenMP's list form, '8,2'.
+NUMERIC_ENV = {"OMP_NUM_THREADS": re.compile(r"[0-9]{1,9}(,[0-9]{1,9})*"),
+               "MALLOC_MMAP_THRESHOLD_": re.compile(r"[0-9]{1,19}"),
+               "MALLOC_TRIM_THRESHOLD_": re.compile(r"[0-9]{1,19}")}
+
+
+def env_value(name: str, value: str) -> str:
+    """A value ``env:`` gives a variable that the orchestrator reads as a number."""
+    pattern = NUMERIC_ENV.get(name)
+    if pattern is not None and not pattern.fullmatch(value):
+        example = "'8' (or OpenMP's list form '8,2')" if name == "OMP_NUM_THREADS" else "'1073741824'"
+        raise ValueError(f"{name} is {shown(value)}; it is read as a whole number, so give ASCII digits such as "
+                         f"{example}")
+    return value
 
 
 def env_name(name: str) -> str:

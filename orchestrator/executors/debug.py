@@ -17,14 +17,29 @@ from orchestrator.records import TERMINAL, RunRecord
 
 
 class DebugExecutor:
+    """The rank runs in the caller's process (a notebook, pdb) and leaves it as it found it:
+    the working directory, os.environ (the rank variables, the ORCH_* ones the launcher sets and
+    anything the entrypoint set) and sys.path are restored however the run ends."""
+
     def run(self, launch: LaunchPlan) -> RunRecord:
+        saved_env, saved_path = dict(os.environ), list(sys.path)
+        saved_cwd = os.getcwd()
+        try:
+            return self._run(launch)
+        finally:
+            _restore(saved_env, saved_path, saved_cwd)
+
+    def _run(self, launch: LaunchPlan) -> RunRecord:
         me = os.getpid()
-        record = prepare_run_dir(launch).update(state="RUNNING", supervisor_pid=me,
-                                                supervisor_start=procs.start_time(me))
+        record, lock = prepare_run_dir(launch)  # this process is the attempt's supervisor: it holds the lock
+        with lock:
+            record = record.update(state="RUNNING", supervisor_pid=me, supervisor_start=procs.start_time(me))
+            return self._run_rank(launch, record)
+
+    def _run_rank(self, launch: LaunchPlan, record: RunRecord) -> RunRecord:
         payload = launch.payload
         port = pick_port(int(launch.ranks[0].env["MASTER_PORT"]))
         env = rank_environments(launch, port, payload)[0]
-        saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
         # Every way out records an end state: an exception, sys.exit() in the entrypoint, Ctrl-C.
         state, changes = "FAILED", {"failed_rank": 0, "error": "the debug run ended without a result"}
@@ -45,11 +60,6 @@ class DebugExecutor:
             print(f"{record.run_id}: FAILED  {changes['error']}", file=sys.stderr)
             return record
         finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
             record.update(state=state, ended=time.time(), **changes)
         print(f"{record.run_id}: COMPLETED  result: {result}")
         return record
@@ -72,3 +82,18 @@ class DebugExecutor:
 
     def log_path(self, record: RunRecord, rank: int, point: int | None = None) -> Path:
         return rank_log_path(record, rank, point)
+
+
+def _restore(env: dict[str, str], path: list[str], cwd: str) -> None:
+    """os.environ exactly as ``env`` (only the variables that differ are touched), sys.path as
+    ``path``, and the working directory ``cwd``."""
+    for key in [k for k in os.environ if k not in env]:
+        del os.environ[key]
+    for key, value in env.items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value
+    sys.path[:] = path
+    try:
+        os.chdir(cwd)
+    except OSError as exc:  # removed while the rank ran: say so, and stay where the rank left us
+        print(f"could not return to {cwd} after the debug run: {exc.strerror}", file=sys.stderr)

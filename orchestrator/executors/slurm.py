@@ -147,7 +147,7 @@ def max_array_size() -> int:
         raise SubmissionError(problem)
     for line in out.stdout.splitlines():
         key, _, value = line.partition("=")
-        if key.strip() == "MaxArraySize" and value.strip().isdigit():
+        if key.strip() == "MaxArraySize" and value.strip().isascii() and value.strip().isdigit():
             return int(value.strip())
     return DEFAULT_MAX_ARRAY_SIZE
 

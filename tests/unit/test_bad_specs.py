@@ -107,6 +107,15 @@ CATALOGUE: list[tuple[str, dict, str]] = [
     ("local-devices-nccl-short", {"gpus_per_node": 2, "nodes": 2, "local": {"devices": [0], "ranks_per_node": 2}},
      "local.devices: 1 GPU(s) for 4 local rank(s) with nccl"),
     ("extra-args-newline", {"extra_args": ["--x\nid"]}, "extra_args: "),
+    # The red team's report (one example per class; test_hostile_input_api.py generates the classes).
+    ("env-superscript-digit", {"env": {"OMP_NUM_THREADS": "\u00b2"}}, "env: OMP_NUM_THREADS is '²'"),
+    ("arg-arabic-letter-mark", {"args": {"x": "a\u061cb"}}, "bidirectional control U+061C (ARABIC LETTER MARK)"),
+    ("python-srun-option", {"slurm": {"python": "--overlap"}}, "slurm.python: '--overlap' starts with '-'"),
+    ("workdir-unknown-user", {"workdir": "~no-such-user-orch/x"}, "names no user on this machine"),
+    ("entry-module-too-long", {"entrypoint": "pkg." + "m" * 300 + ":main"}, "exceeds the 255-byte limit"),
+    ("entry-script-too-long", {"entrypoint": "./" + "s" * 300 + ".py"}, "a file or folder name holds at most 255"),
+    ("checkpoint-dir-too-long", {"checkpoint": {"dir": "/c/" + "d" * 256}}, "checkpoint.dir: "),
+    ("args-yaml-boolean-key", {"args": {False: True}}, "the key 'false' became the boolean False"),
 ]
 
 

@@ -29,6 +29,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.cli import main
+from orchestrator.interpreter import BOOTSTRAP
 from orchestrator.loading import load_spec
 from orchestrator.plan import plan
 
@@ -189,11 +190,11 @@ def assert_script_runs_only_the_agent(path: Path, tmp: Path) -> None:
     raw = record.read_bytes().split(b"\n") if record.exists() else []
     argvs = [[a.decode() for a in chunk.split(b"\0")[:-1]] for chunk in raw if chunk]
     payload = os.path.join(launch.run_dir, "payload.json")
-    assert argvs == [["-u", "-m", "orchestrator.slurm_job", payload]], argvs
+    assert argvs == [["-u", "-c", BOOTSTRAP, "orchestrator.slurm_job", payload]], argvs
     job = "%A_%a" if launch.sweep else "%j"
     assert launch.payload["srun"] == ["srun", "--unbuffered", "--output",
                                       os.path.join(launch.run_dir, "slurm", f"{job}_%t_log.out"), "--kill-on-bad-exit=1",
-                                      python, "-u", "-m", "orchestrator.launcher", "--slurm", payload]
+                                      python, "-u", "-c", BOOTSTRAP, "orchestrator.launcher", "--slurm", payload]
 
 
 @SETTINGS

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Iterable, Mapping
 
 from orchestrator import procs
+from orchestrator.ownership import this_host
 from orchestrator.run_folder import RunFolder
 
 #: The signal a rank dumps its stacks on. A real-time signal: no library or user script uses it
@@ -79,7 +80,8 @@ def install(run_dir: str | Path, rank: int) -> None:
         from orchestrator.records import write_json_atomic
 
         write_json_atomic(rank_record_path(run_dir, rank), {
-            "rank": rank, "host": socket.gethostname(), "pid": me, "start_ticks": procs.start_time(me),
+            "rank": rank, "host": socket.gethostname(), "host_key": this_host(), "pid": me,
+            "start_ticks": procs.start_time(me),
             "time": time.time()})
     except (OSError, RuntimeError, ValueError) as exc:
         print(f"[launcher] rank {rank}: live stacks are not available ({exc})", flush=True)
@@ -92,6 +94,12 @@ class RankProc:
     host: str
     pid: int
     start_ticks: int | None
+    host_key: str | None = None  # ownership.this_host() of the rank: where its PID means something
+
+    def here(self) -> bool:
+        """True only where this rank's PID names it: same host, boot and PID namespace (a rank
+        recorded by an older version: same hostname)."""
+        return self.host_key == this_host() if self.host_key else self.host == socket.gethostname()
 
 
 def rank_procs(run_dir: str | Path) -> dict[int, RankProc]:
@@ -102,7 +110,8 @@ def rank_procs(run_dir: str | Path) -> dict[int, RankProc]:
         try:
             d = json.loads(path.read_text(encoding="utf-8"))
             out[int(d["rank"])] = RankProc(int(d["rank"]), str(d["host"]), int(d["pid"]),
-                                           None if d.get("start_ticks") is None else int(d["start_ticks"]))
+                                           None if d.get("start_ticks") is None else int(d["start_ticks"]),
+                                           str(d["host_key"]) if d.get("host_key") else None)
         except (OSError, ValueError, KeyError, TypeError):
             continue
     return out
@@ -119,14 +128,13 @@ def sizes(run_dir: str | Path, ranks: Iterable[int]) -> dict[int, int]:
     return out
 
 
-def signal_ranks(run_dir: str | Path, ranks: Iterable[int] | None = None, host: str | None = None) -> list[int]:
-    """Send STACK_SIGNAL to each rank (all, or those given) whose record names ``host`` (default:
-    this machine) and whose process is still that rank. Returns the ranks signalled."""
-    host = host or socket.gethostname()
+def signal_ranks(run_dir: str | Path, ranks: Iterable[int] | None = None) -> list[int]:
+    """Send STACK_SIGNAL to each rank (all, or those given) that runs here (``RankProc.here``),
+    is still that rank and still has the handler. Returns the ranks signalled."""
     wanted = None if ranks is None else set(ranks)
     sent = []
     for rank, rp in sorted(rank_procs(run_dir).items()):
-        if (wanted is None or rank in wanted) and rp.host == host and answers(rp) and \
+        if (wanted is None or rank in wanted) and rp.here() and answers(rp) and \
                 procs.signal_if_same(rp.pid, rp.start_ticks, STACK_SIGNAL):
             sent.append(rank)
     return sent

@@ -9,7 +9,6 @@ the shared run folder, where the caller reads them. Standard library only.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -68,10 +67,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     run_dir = args[0]
     ranks = [int(args[i + 1]) for i, a in enumerate(args) if a == "--rank" and i + 1 < len(args)] or None
-    here = socket.gethostname()
-    mine = [r for r, rp in stacks.rank_procs(run_dir).items() if rp.host == here and (ranks is None or r in ranks)]
+    mine = [r for r, rp in stacks.rank_procs(run_dir).items() if rp.here() and (ranks is None or r in ranks)]
     before = stacks.sizes(run_dir, mine)
-    sent = stacks.signal_ranks(run_dir, mine, host=here)
+    sent = stacks.signal_ranks(run_dir, mine)
     if sent:
         stacks.wait_written(run_dir, {r: before[r] for r in sent})
     return 0

@@ -243,6 +243,10 @@ class Supervisor:
             failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
             if self.group is not None and self.group.lost:
                 self._kill_all(grace=GRACE_S)
+                # The subreaper that would have stopped what the ranks started is gone: stop what
+                # is left in their sessions (their DataLoader workers, their children).
+                for pid, start in zip(self.record.rank_pids, self.record.rank_starts):
+                    procs.signal_session(pid, start, signal.SIGKILL)
                 self.record.update(failed_rank=None, error=self.group.lost)
                 return "CANCELLED" if self._cancelled else "FAILED"
             if failed:

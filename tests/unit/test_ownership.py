@@ -137,6 +137,30 @@ def test_signals_go_only_to_processes_with_our_handler() -> None:
         handled.kill()
 
 
+def test_stacks_signal_a_rank_only_where_its_pid_means_it(tmp_path: Path) -> None:
+    """A rank recorded on another host key (another node, boot or PID namespace, even with the
+    same hostname) is never signalled from here; the same record with this host's key is."""
+    from orchestrator import stacks
+
+    handled = subprocess.Popen([sys.executable, "-c", (
+        "import faulthandler, signal, sys, time; "
+        "faulthandler.register(signal.SIGRTMIN + 4, file=sys.stderr); print('ok', flush=True); time.sleep(30)")],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert handled.stdout.readline().strip() == "ok"
+        time.sleep(0.2)
+        record = stacks.rank_record_path(tmp_path, 0)
+        record.parent.mkdir(parents=True)
+        other = "same-name|other-boot|pid:[1]"
+        for key, expected in ((other, []), (ownership.this_host(), [0])):
+            record.write_text(json.dumps({"rank": 0, "host": os.uname().nodename, "host_key": key,
+                                          "pid": handled.pid, "start_ticks": procs.start_time(handled.pid)}))
+            assert stacks.signal_ranks(tmp_path) == expected
+        assert handled.poll() is None  # it had the handler: the signal only dumped its stacks
+    finally:
+        handled.kill()
+
+
 @settings(max_examples=30, deadline=None)
 @given(number=st.integers(min_value=1, max_value=64))
 def test_every_signal_number_has_a_name(number: int) -> None:

@@ -115,8 +115,12 @@ def enter_workdir(payload: Mapping[str, Any]) -> None:
     if missing, as ``sbatch --chdir`` would need it to be; and the NCCL flight recorder's folder."""
     workdir = payload.get("workdir")
     if workdir:
-        os.makedirs(workdir, exist_ok=True)
-        os.chdir(workdir)
+        try:
+            os.makedirs(workdir, exist_ok=True)
+            os.chdir(workdir)
+        except OSError as exc:  # a file there, no permission, a read-only filesystem: say which
+            raise OSError(exc.errno, f"the spec's workdir {workdir} cannot be entered on this node "
+                                     f"({exc.strerror}); set workdir to a folder the ranks can create or use") from None
     os.environ.update(flight_recorder_aliases(os.environ, _installed_torch_version()))
     trace = os.environ.get("TORCH_FR_DUMP_TEMP_FILE") or os.environ.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
     if trace:

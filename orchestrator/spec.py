@@ -483,7 +483,7 @@ class JobSpec(_Model):
     @field_validator("workdir")
     @classmethod
     def _workdir(cls, value: str | None) -> str | None:
-        return None if value is None else v.run_path(value, "workdir")
+        return None if value is None else v.folder_or_absent(v.run_path(value, "workdir"), "workdir")
 
     @field_validator("runs_dir")
     @classmethod

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import unicodedata
 from typing import Any
 
@@ -300,6 +301,18 @@ def local_path(value: str, what: str, expand: bool = True) -> str:
                              "be expanded; write the absolute path")
         value = expanded if expand else value
     return path_lengths(value, what)
+
+
+def folder_or_absent(value: str, what: str) -> str:
+    """A folder the ranks will enter (or create): refused when something else is already there.
+    (On a cluster the path may not exist where the spec is written; that is left to the rank.)"""
+    try:
+        st = os.stat(value)
+    except OSError:
+        return value
+    if not stat.S_ISDIR(st.st_mode):
+        raise ValueError(f"{what} {shown(value)} exists and is not a folder: name a folder (it is created if missing)")
+    return value
 
 
 def path_lengths(value: str, what: str) -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Iterator, Protocol
 
 from orchestrator import ownership, procs
-from orchestrator.errors import OrchestratorError, SubmissionError
+from orchestrator.errors import SubmissionError
 from orchestrator.plan import LaunchPlan
 from orchestrator.run_folder import RunFolder
 from orchestrator.records import TERMINAL, RunRecord, register, write_json_atomic, write_text_atomic
@@ -111,12 +111,20 @@ def prepare_run_dir(launch: LaunchPlan) -> tuple[RunRecord, ownership.RunLock]:
     free but the record never ended) is taken over: the old attempt is recorded FAILED first.
     A SLURM run still queued or running is refused: its job, not a lock, is the live attempt.
     """
+    from orchestrator.fs_checks import checked_dir
+
     run_dir = Path(launch.run_dir)
     run = RunFolder(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    record = RunRecord(run_id=launch.run_id, run_dir=str(run_dir), executor=launch.executor,
+                       world_size=launch.world_size, sweep_size=len(launch.sweep), host=ownership.this_host())
+    # Nothing is created before both the runs folder and the registry are known to be usable: a
+    # bad one is one line, and leaves no half-made run behind.
+    checked_dir(run_dir.parent, "runs_dir", "set runs_dir to a folder you can write", SubmissionError, create=True)
+    register(record)
+    checked_dir(run_dir, "the run folder", "remove or rename whatever is there", SubmissionError, create=True)
     lock = ownership.take(run_dir)
     try:
-        record = _start_attempt(launch, run_dir, run)
+        _start_attempt(launch, run_dir, run, record)
     except BaseException:
         lock.release()
         raise
@@ -124,7 +132,7 @@ def prepare_run_dir(launch: LaunchPlan) -> tuple[RunRecord, ownership.RunLock]:
     return record, lock
 
 
-def _start_attempt(launch: LaunchPlan, run_dir: Path, run: RunFolder) -> RunRecord:
+def _start_attempt(launch: LaunchPlan, run_dir: Path, run: RunFolder, record: RunRecord) -> None:
     attempts = 1
     if run.record.exists() or run.record.is_symlink():
         old = RunRecord.load(run_dir)
@@ -153,20 +161,8 @@ def _start_attempt(launch: LaunchPlan, run_dir: Path, run: RunFolder) -> RunReco
         folder.result.unlink(missing_ok=True)
         for err in folder.errors.glob("rank-*.json") if folder.errors.is_dir() else []:
             err.unlink()
-    record = RunRecord(run_id=launch.run_id, run_dir=str(run_dir), executor=launch.executor,
-                       world_size=launch.world_size, attempts=attempts, sweep_size=len(launch.sweep),
-                       host=ownership.this_host(), folder_id=ownership.folder_id(run_dir))
+    record.attempts, record.folder_id = attempts, ownership.folder_id(run_dir)
     record.save()
-    try:
-        register(record)
-    except OrchestratorError as exc:  # the registry's own one-line error (fs_checks)
-        record.update(state="FAILED", ended=time.time(), error=f"could not register the run: {exc}")
-        raise
-    except OSError as exc:
-        record.update(state="FAILED", ended=time.time(), error=f"could not register the run: {exc}")
-        raise SubmissionError(f"could not add the run to the registry {exc.filename or ''} ({exc.strerror}); "
-                              "set ORCHESTRATOR_HOME to a writable folder and start again") from None
-    return record
 
 
 def first_error(run_dir: str | Path) -> dict | None:

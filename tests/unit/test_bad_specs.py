@@ -112,6 +112,8 @@ CATALOGUE: list[tuple[str, dict, str]] = [
     ("arg-arabic-letter-mark", {"args": {"x": "a\u061cb"}}, "bidirectional control U+061C (ARABIC LETTER MARK)"),
     ("python-srun-option", {"slurm": {"python": "--overlap"}}, "slurm.python: '--overlap' starts with '-'"),
     ("workdir-unknown-user", {"workdir": "~no-such-user-orch/x"}, "names no user on this machine"),
+    ("workdir-a-file", {"workdir": "/etc/hostname"}, "exists and is not a folder"),
+    ("workdir-a-device", {"workdir": "/dev/null"}, "exists and is not a folder"),
     ("entry-module-too-long", {"entrypoint": "pkg." + "m" * 300 + ":main"}, "exceeds the 255-byte limit"),
     ("entry-script-too-long", {"entrypoint": "./" + "s" * 300 + ".py"}, "a file or folder name holds at most 255"),
     ("checkpoint-dir-too-long", {"checkpoint": {"dir": "/c/" + "d" * 256}}, "checkpoint.dir: "),

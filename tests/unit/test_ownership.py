@@ -112,12 +112,21 @@ def test_a_failed_registration_leaves_no_stuck_run(tmp_path: Path, monkeypatch: 
     launch = _launch(tmp_path)
     with pytest.raises(OrchestratorError, match="ORCHESTRATOR_HOME"):
         prepare_run_dir(launch)
-    assert not ownership.is_held(launch.run_dir)
-    assert RunRecord.load(launch.run_dir).state == "FAILED"
+    assert not Path(launch.run_dir).exists()  # nothing half-made is left behind
     (home / "registry.jsonl").rmdir()
     record, lock = prepare_run_dir(launch)  # the rerun is not blocked
     lock.release()
-    assert record.attempts == 2
+    assert record.attempts == 1
+
+
+def test_a_runs_dir_that_cannot_hold_runs_is_one_line_and_creates_nothing(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    for runs_dir in (tmp_path / "file", tmp_path / "file" / "below", Path("/proc/self")):
+        launch = plan(spec_from_dict({"name": "own", "entrypoint": "jobs.train:main", "runs_dir": str(runs_dir)}),
+                      "local")
+        with pytest.raises(SubmissionError, match="runs_dir|run folder"):
+            prepare_run_dir(launch)
+    assert (tmp_path / "file").read_text() == "x"
 
 
 def test_signals_go_only_to_processes_with_our_handler() -> None:

@@ -304,6 +304,10 @@ class Run:
         else:
             dumps = stacks.request_local(folder, wanted, timeout_s=timeout)
         known = stacks.rank_procs(folder)
+        elsewhere = sorted({rp.host for rp in known.values() if not rp.here()})
+        if not dumps and self.executor != "slurm" and known and elsewhere:
+            problem = (f"its ranks run on {', '.join(elsewhere)} (another host, boot or PID namespace), where only "
+                       f"'orchestrator stacks {self.id}' can reach them")
         if not dumps:
             raise RunNotFinishedError(
                 f"no rank of {self.id} ({state}) answered: " + (problem or "none has started yet, or all have ended")

@@ -151,7 +151,9 @@ def _read_regular(path: Path) -> bytes:
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)
-        raise _NotRegular("it is a directory" if stat.S_ISDIR(mode) else "it is not a regular file")
+        from orchestrator.fs_checks import kind
+
+        raise _NotRegular(f"it is {kind(mode)}, not a regular file")
     with os.fdopen(fd, "rb") as fh:
         return fh.read(_MAX_RECORD_BYTES)
 _FIELD_TYPES: dict[str, tuple[type, ...]] = {

@@ -56,7 +56,7 @@ def alive_elsewhere(run_dir: str | Path) -> bool:
     return held is not None and held.fresh() and held.host != ownership.this_host()
 
 
-def end_orphaned(rec: RunRecord, state: str = "FAILED") -> RunRecord:
+def end_orphaned(rec: RunRecord) -> RunRecord:
     """Record the end of an attempt whose supervisor is gone, after stopping what is left of its
     ranks (on this host only: a rank elsewhere stops with its own supervisor's processes)."""
     stopped = 0
@@ -70,7 +70,7 @@ def end_orphaned(rec: RunRecord, state: str = "FAILED") -> RunRecord:
         why = "the run never started (its starter ended before a supervisor took over)"
     if stopped:
         why += f"; {stopped} process(es) it left were stopped"
-    return rec.update(state=state, ended=time.time(), error=rec.error or why)
+    return rec.update(state="FAILED", ended=time.time(), error=rec.error or why)
 
 
 def _point_dirs(run_dir: Path) -> Iterator[RunFolder]:

@@ -28,8 +28,6 @@ from typing import Any, Callable
 from orchestrator import forensics, join_hook, ownership, procs, stacks
 from orchestrator.errors import SubmissionError, UsageError
 from orchestrator.executors.base import (
-    alive_elsewhere,
-    end_orphaned,
     first_error,
     prepare_run_dir,
     rank_log_path,
@@ -448,8 +446,6 @@ class LocalExecutor:
         copy = ownership.copy_reason(record.folder_id, record.run_dir)
         if copy:
             raise UsageError(copy)
-        if not ownership.is_held(record.run_dir) and not alive_elsewhere(record.run_dir):
-            return end_orphaned(record, "CANCELLED")  # nobody to ask: stop what it left here
         ownership.request_cancel(record.run_dir, "orchestrator cancel")
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

@@ -141,6 +141,10 @@ def _start_attempt(launch: LaunchPlan, run_dir: Path, run: RunFolder, record: Ru
                 f"run {launch.run_id} is still {old.state} in {run_dir}; follow it with "
                 f"'orchestrator status {launch.run_id}' or stop it with 'orchestrator cancel {launch.run_id}'"
             )
+        if old.state not in TERMINAL and old.host in (None, ownership.this_host()) and \
+                procs.same_process(old.supervisor_pid, old.supervisor_start):
+            raise SubmissionError(f"run {launch.run_id} is still {old.state} under supervisor pid {old.supervisor_pid} "
+                                  f"(started by an older version); stop it with 'orchestrator cancel {launch.run_id}'")
         if old.state not in TERMINAL:
             held = ownership.lease(run_dir)
             if old.host not in (None, ownership.this_host()) and held is not None and held.fresh():

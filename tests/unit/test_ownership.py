@@ -37,8 +37,11 @@ def test_one_lock_per_run_folder_and_a_dead_holders_attempt_is_taken_over(tmp_pa
     assert ownership.is_held(launch.run_dir)
     with pytest.raises(SubmissionError, match="live attempt"):
         prepare_run_dir(launch)
-    record.update(state="RUNNING", supervisor_pid=os.getpid(), supervisor_start=procs.start_time(os.getpid()))
-    lock.release()  # the holder "dies": the kernel drops its lock
+    gone = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
+    record.update(state="RUNNING", supervisor_pid=gone.pid, supervisor_start=procs.start_time(gone.pid))
+    gone.kill()
+    gone.wait()
+    lock.release()  # the holder died: the kernel drops its lock
     again, lock2 = prepare_run_dir(launch)
     try:
         assert again.attempts == 2 and again.state == "PENDING"

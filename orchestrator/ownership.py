@@ -234,13 +234,30 @@ def foreign_reason(host: str | None, created_in: int | None, run_dir: str | Path
 def request_cancel(run_dir: str | Path, why: str) -> None:
     from orchestrator.records import write_json_atomic
 
-    write_json_atomic(_paths(run_dir)[2], {"host": this_host(), "pid": os.getpid(), "time": time.time(),
-                                           "why": why})
+    path = _paths(run_dir)[2]
+    try:
+        write_json_atomic(path, {"host": this_host(), "pid": os.getpid(), "time": time.time(), "why": why})
+    except OSError as exc:
+        raise SubmissionError(f"cannot write the cancel request {path} ({exc.strerror}); remove whatever is in "
+                              f"the way at {path.parent} and try again") from None
 
 
 def cancel_requested(run_dir: str | Path) -> bool:
-    return _paths(run_dir)[2].exists()
+    """Anything at the request's path asks for a stop (whoever can write the run folder may)."""
+    return os.path.lexists(_paths(run_dir)[2])
 
 
 def forget_requests(run_dir: str | Path) -> None:
-    _paths(run_dir)[2].unlink(missing_ok=True)
+    """Before an attempt starts: an earlier attempt's request is not for it. Whatever is in the
+    way (a folder, a file where the requests folder goes) is removed, being the run's own."""
+    import shutil
+
+    requests = _paths(run_dir)[2].parent
+    if os.path.isdir(requests) and not os.path.islink(requests):
+        target = _paths(run_dir)[2]
+        if os.path.isdir(target) and not os.path.islink(target):
+            shutil.rmtree(target, ignore_errors=True)
+        else:
+            target.unlink(missing_ok=True)
+    elif os.path.lexists(requests):
+        requests.unlink()

@@ -203,3 +203,21 @@ def test_our_interpreters_never_import_from_their_directory(tmp_path: Path) -> N
     argv = ["srun", "--x", *module_argv("/opt/py", "orchestrator.launcher", "--slurm", "p.json")]
     assert python_of(argv) == "/opt/py" and BOOTSTRAP in argv
     assert json.loads(json.dumps(BOOTSTRAP)) == BOOTSTRAP and "'" not in BOOTSTRAP  # one plain shell word
+
+
+def test_whatever_is_in_the_way_of_a_cancel_request_is_handled(tmp_path: Path) -> None:
+    for make in (lambda r: (r / "requests" / "cancel").mkdir(parents=True),
+                 lambda r: (r / "requests").write_text("x"),
+                 lambda r: (r / "requests").mkdir() or (r / "requests" / "cancel").symlink_to("/nonexistent")):
+        run_dir = tmp_path / f"run-{time.monotonic_ns()}"
+        run_dir.mkdir()
+        make(run_dir)
+        ownership.forget_requests(run_dir)
+        assert not ownership.cancel_requested(run_dir)
+        ownership.request_cancel(run_dir, "test")
+        assert ownership.cancel_requested(run_dir)
+    blocked = tmp_path / "blocked"
+    blocked.mkdir()
+    (blocked / "requests").write_text("x")
+    with pytest.raises(SubmissionError, match="cancel request"):
+        ownership.request_cancel(blocked, "test")

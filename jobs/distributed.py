@@ -51,8 +51,8 @@ def choose_device(local_rank: int, strategy: str = "ddp") -> torch.device:
     if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
         return torch.device("cpu")
     count = torch.cuda.device_count()
-    # The launcher usually narrows CUDA_VISIBLE_DEVICES to this rank's device(s), so index 0;
-    # a torchrun-style launch that shows every GPU to every rank picks by position.
+    # The torchrun contract: every rank sees the node's GPUs and LOCAL_RANK picks one. A binding
+    # SLURM made (--gpu-bind, --gpus-per-task) leaves one visible device: index 0.
     index = 0 if strategy == "dp" or count == 1 else local_rank % count
     torch.cuda.set_device(index)
     return torch.device("cuda", index)

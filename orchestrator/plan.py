@@ -24,7 +24,7 @@ from orchestrator.rank_env import (
     RankEnv,
     derive_port,
     init_url,
-    local_devices_for_rank,
+    node_devices,
     rendezvous_file,
     thread_count_local,
 )
@@ -281,7 +281,7 @@ def _local_rows(spec: JobSpec, run_id: str, run_dir: str, layout: _Layout, paylo
             node_rank=node, nnodes=layout.nodes, master_addr="127.0.0.1", master_port=port,
             init_method=init_url(spec.distributed.init_method, "127.0.0.1", port, rfile),
             interface=layout.interface,
-            visible_devices=local_devices_for_rank(layout.devices, rank, world) if spec.strategy == "ddp"
+            visible_devices=node_devices(layout.devices, node, layout.nodes) if spec.strategy == "ddp"
             else (",".join(map(str, layout.devices)) if layout.devices else None),
             source="local",
         ).to_environ()
@@ -317,7 +317,7 @@ def _slurm_rows(spec: JobSpec, run_dir: str, job_env: dict[str, str]) -> list[Ra
         if not iface.startswith("^"):
             env["GLOO_SOCKET_IFNAME"] = iface
         if spec.gpus_per_node:
-            env["CUDA_VISIBLE_DEVICES"] = f"<SLURM's binding, else item {local} of the node's list>"
+            env["CUDA_VISIBLE_DEVICES"] = "<the node's GPUs as SLURM sets them; LOCAL_RANK indexes them>"
         env.update(job_env)
         templates.append(env)
     rows = []

@@ -191,7 +191,7 @@ def rank_env_from_slurm(environ: Mapping[str, str], payload: Mapping[str, object
         rank=int(e["SLURM_PROCID"]), local_rank=local_rank, world_size=world, local_world_size=local_world,
         node_rank=int(e["SLURM_NODEID"]), nnodes=nnodes, master_addr=master, master_port=port,
         init_method=init_url(str(p["init_method"]), master, port, rfile), interface=str(iface),
-        visible_devices=slurm_visible_devices(e, local_rank, local_world), source="slurm",
+        visible_devices=slurm_visible_devices(e), source="slurm",
     )
 
 
@@ -202,30 +202,29 @@ def thread_count_local(cpus: int, ranks: int) -> int:
     return max(1, cpus // max(1, ranks))
 
 
-def local_devices_for_rank(devices: list[int] | None, local_rank: int, local_world_size: int) -> str | None:
-    """Split the spec's local device list among the local ranks; None when there are no GPUs."""
+def node_devices(devices: list[int] | None, node: int, nodes: int) -> str | None:
+    """The GPUs of one emulated local node: its equal share of ``local.devices``. Every rank of
+    that node sees all of them and LOCAL_RANK indexes them, as under torchrun; None without GPUs."""
     if not devices:
         return None
-    per_rank = max(1, len(devices) // local_world_size)
-    mine = devices[local_rank * per_rank : (local_rank + 1) * per_rank]
-    return ",".join(str(d) for d in mine)
+    share = max(1, len(devices) // max(1, nodes))
+    return ",".join(str(d) for d in devices[node * share:(node + 1) * share])
 
 
-def slurm_visible_devices(environ: Mapping[str, str], local_rank: int, local_world_size: int) -> str | None:
-    """Keep a binding SLURM already made; otherwise pick the local rank's entry of the list.
+def slurm_visible_devices(environ: Mapping[str, str]) -> str | None:
+    """The GPUs SLURM gave the task, unchanged (None without any).
 
-    With --gpus-per-task (or --gpu-bind) each task sees exactly its own device, so we keep it.
-    With --gpus-per-node every task sees the node's list; we pick by position in that list,
-    never by raw index, because the list may be "2,3" on a shared node.
+    The torchrun contract: with ``--gpus-per-node`` every task of a node sees the node's GPUs and
+    a script picks its own with ``torch.cuda.set_device(LOCAL_RANK)``, as PyTorch's DDP
+    tutorials, Accelerate and Lightning do. Narrowing the list to one device per rank while
+    LOCAL_RANK keeps its value breaks every such script ("invalid device ordinal" on every rank
+    but 0). A binding the site or the job asked SLURM for (``--gpu-bind``, ``--gpus-per-task``)
+    is SLURM's to make, and is kept as it made it.
     """
     visible = environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None or visible in ("", "NoDevFiles"):
         return None
-    ids = [d for d in visible.split(",") if d]
-    if len(ids) <= 1 or len(ids) < local_world_size:
-        return visible
-    per_rank = len(ids) // local_world_size
-    return ",".join(ids[local_rank * per_rank : (local_rank + 1) * per_rank])
+    return visible
 
 
 #: The flight recorder's variables were renamed in torch 2.8 (TORCH_NCCL_* -> TORCH_FR_*); newer

@@ -69,8 +69,9 @@ def test_typed_gpus_on_a_bracketed_nodelist(cluster: dict[str, str]) -> None:
     assert [r["sum"] for r in ranks] == [10.0] * 4  # the four ranks formed one gloo group
     for node, pair in (("node1", ranks[:2]), ("node2", ranks[2:])):
         assert {r["SLURMD_NODENAME"] for r in pair} == {r["hostname"] for r in pair} == {node}, pair
-        # Each rank sees one of its node's two bound GPUs, a different one per rank...
-        assert sorted(r["CUDA_VISIBLE_DEVICES"] for r in pair) == ["0", "1"], pair
+        # The torchrun contract: each rank sees its node's two GPUs and LOCAL_RANK picks its own...
+        assert all(r["CUDA_VISIBLE_DEVICES"] == "0,1" for r in pair), pair
+        assert sorted(r["LOCAL_RANK"] for r in pair) == ["0", "1"], pair
         # ...out of what SLURM bound to the step, for the typed request.
         assert all(r["SLURM_STEP_GPUS"] == "0,1" and r["SLURM_JOB_GPUS"] == "0,1" for r in pair), pair
         assert all(r["SLURM_GPUS_PER_NODE"] == "a100:2" for r in pair), pair
@@ -104,7 +105,8 @@ def test_exclude_keeps_the_job_off_a_node_and_untyped_gpus_still_bind(cluster: d
     assert record.state == "COMPLETED", record.error
     ranks = _ranks(out, 2)
     assert {r["SLURMD_NODENAME"] for r in ranks} == {r["hostname"] for r in ranks} == {"node2"}, ranks
-    assert sorted(r["CUDA_VISIBLE_DEVICES"] for r in ranks) == ["0", "1"], ranks
+    assert all(r["CUDA_VISIBLE_DEVICES"] == "0,1" for r in ranks), ranks
+    assert sorted(r["LOCAL_RANK"] for r in ranks) == ["0", "1"], ranks
     assert all(r["SLURM_GPUS_PER_NODE"] == "2" for r in ranks), ranks
 
 

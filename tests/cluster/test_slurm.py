@@ -113,15 +113,19 @@ def test_torchrun_style_script_on_two_nodes(cluster: dict[str, str], tmp_path: P
     assert [r["node_rank"] for r in rows] == [0, 0, 1, 1]
 
 
-def test_fake_gpus_bind_one_device_per_rank(cluster: dict[str, str]) -> None:
+def test_fake_gpus_follow_the_torchrun_contract(cluster: dict[str, str]) -> None:
+    """Every rank sees the node's GPUs and LOCAL_RANK indexes them, as under torchrun: a script
+    that calls torch.cuda.set_device(LOCAL_RANK) finds a valid, distinct device on every rank."""
     out = Path(cluster["runs_dir"]) / "gpu-out"
     out.mkdir(exist_ok=True)
     launch = slurm_plan(cluster, entrypoint=str(SCRIPTS / "show_devices.py"), extra_args=["--out", str(out)],
                         gpus_per_node=2, nodes=1, distributed={"backend": "gloo"})
     record = run(launch)
     assert record.state == "COMPLETED", record.error
-    seen = [json.loads((out / f"dev-{r}.json").read_text())["CUDA_VISIBLE_DEVICES"] for r in range(2)]
-    assert seen == ["0", "1"]
+    seen = [json.loads((out / f"dev-{r}.json").read_text()) for r in range(2)]
+    assert [r["CUDA_VISIBLE_DEVICES"] for r in seen] == ["0,1", "0,1"], seen
+    picked = [r["CUDA_VISIBLE_DEVICES"].split(",")[int(r["LOCAL_RANK"])] for r in seen]
+    assert sorted(picked) == ["0", "1"], seen
 
 
 def start_long_training(cluster: dict[str, str], name: str, **slurm: Any) -> tuple[LaunchPlan, RunRecord]:

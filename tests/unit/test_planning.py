@@ -7,7 +7,7 @@ import pytest
 from orchestrator.loading import load_spec, spec_from_dict
 from orchestrator.plan import array_chunks, plan, render_argv, run_id_for
 from orchestrator.rank_env import (PORT_BASE, PORT_SPAN, RankEnv, derive_port, expand_nodelist,
-                                   local_devices_for_rank, slurm_visible_devices)
+                                   node_devices, slurm_visible_devices)
 from orchestrator.validators import EPHEMERAL_PORTS, slurm_time_minutes
 
 CLUSTER = {"name": "c", "entrypoint": "jobs.train:main", "nodes": 2, "gpus_per_node": 8,
@@ -50,11 +50,12 @@ def test_dp_is_one_process_with_all_devices() -> None:
     assert launch.ranks[0].env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
 
 
-def test_local_devices_split_among_ranks() -> None:
+def test_local_devices_are_the_nodes_and_local_rank_indexes_them() -> None:
     spec = spec_from_dict({"name": "g", "entrypoint": "jobs.train:main", "gpus_per_node": 2,
                            "local": {"devices": [2, 3]}})
     launch = plan(spec, "local")
-    assert [r.env["CUDA_VISIBLE_DEVICES"] for r in launch.ranks] == ["2", "3"]
+    assert [r.env["CUDA_VISIBLE_DEVICES"] for r in launch.ranks] == ["2,3", "2,3"]
+    assert [r.env["LOCAL_RANK"] for r in launch.ranks] == ["0", "1"]
     assert launch.backend == "nccl"
 
 
@@ -74,11 +75,23 @@ def test_expand_nodelist(nodelist: str, hosts: list[str]) -> None:
     assert expand_nodelist(nodelist) == hosts
 
 
-def test_gpu_binding_rules() -> None:
-    assert slurm_visible_devices({"CUDA_VISIBLE_DEVICES": "3"}, 1, 2) == "3"  # SLURM bound one: keep
-    assert slurm_visible_devices({"CUDA_VISIBLE_DEVICES": "2,3"}, 1, 2) == "3"  # by position, not index
-    assert slurm_visible_devices({}, 0, 2) is None
-    assert local_devices_for_rank([4, 5, 6, 7], 1, 2) == "6,7"
+def test_gpu_rules_are_the_torchrun_contract() -> None:
+    """Every rank of a node sees the node's GPUs; LOCAL_RANK indexes them. Nothing is narrowed."""
+    assert slurm_visible_devices({"CUDA_VISIBLE_DEVICES": "2,3"}) == "2,3"  # --gpus-per-node: the node's list
+    assert slurm_visible_devices({"CUDA_VISIBLE_DEVICES": "3"}) == "3"  # a binding SLURM made: kept
+    assert slurm_visible_devices({}) is None and slurm_visible_devices({"CUDA_VISIBLE_DEVICES": "NoDevFiles"}) is None
+    assert node_devices([4, 5, 6, 7], 1, 2) == "6,7" and node_devices([4, 5, 6, 7], 0, 1) == "4,5,6,7"
+    assert node_devices(None, 0, 1) is None
+
+
+def test_local_gpu_ranks_see_their_nodes_gpus_and_index_them_by_local_rank() -> None:
+    launch = plan(spec_from_dict({"name": "g", "entrypoint": "jobs.train:main", "nodes": 2, "gpus_per_node": 2,
+                                  "distributed": {"backend": "nccl"}, "local": {"devices": [0, 1, 2, 3]}}), "local")
+    for row in launch.ranks:
+        visible = row.env["CUDA_VISIBLE_DEVICES"].split(",")
+        assert visible == [str(2 * row.node_rank), str(2 * row.node_rank + 1)], row.env
+        assert int(row.env["LOCAL_RANK"]) < len(visible)  # torch.cuda.set_device(LOCAL_RANK) is valid
+    assert len({(r.env["CUDA_VISIBLE_DEVICES"], r.env["LOCAL_RANK"]) for r in launch.ranks}) == 4  # no GPU shared
 
 
 def test_rank_env_roundtrip() -> None:
@@ -139,6 +152,6 @@ def test_slurm_rank_env_from_slurm_variables(tmp_path) -> None:
     assert (rank.rank, rank.local_rank, rank.node_rank, rank.world_size) == (3, 1, 1, 4)
     assert rank.master_addr == "gpu07" and rank.master_port == derive_port("4242", 1)
     assert rank.init_method == f"file://{tmp_path}/rendezvous-4242-1"
-    assert rank.visible_devices == "1" and rank.source == "slurm"
+    assert rank.visible_devices == "0,1" and rank.source == "slurm"  # the node's GPUs; LOCAL_RANK=1 picks
     with pytest.raises(RuntimeError, match="interface ib9 does not exist"):
         rank_env_from_slurm(env, {**launch.payload, "interface": "ib9"})

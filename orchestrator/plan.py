@@ -117,7 +117,7 @@ def plan(spec: JobSpec, executor: ExecutorName | None = None, max_array_size: in
     run_dir = os.path.abspath(os.path.join(os.path.expanduser(spec.runs_dir), run_id))
     layout = _layout(spec, executor)
     threads = spec.slurm.cpus_per_task if executor == "slurm" else \
-        thread_count_local(os.cpu_count() or 1, layout.nodes * layout.ranks_per_node)
+        thread_count_local(usable_cpus(), layout.nodes * layout.ranks_per_node)
     payload = _payload(spec, run_dir, layout, job_environment(spec, run_dir, layout.backend, threads, os.environ))
     sweep = _sweep(spec, run_dir)
     common: dict[str, Any] = dict(
@@ -130,7 +130,8 @@ def plan(spec: JobSpec, executor: ExecutorName | None = None, max_array_size: in
         params = submitit_parameters(spec, n_points=len(sweep))
         folder = os.path.join(run_dir, "slurm")
         chunks = array_chunks(len(sweep), max_array_size)
-        common["payload"] = {**payload, "srun": srun_argv(folder, run_dir, spec.slurm.python, bool(sweep))}
+        common["payload"] = {**payload, "srun": srun_argv(folder, run_dir, spec.slurm.python, bool(sweep),
+                                                          params["cpus_per_task"])}
         with paused_gc():
             rows = _slurm_rows(spec, run_dir, payload["env"])
         return LaunchPlan(
@@ -371,6 +372,15 @@ def submitit_parameters(spec: JobSpec, n_points: int = 0) -> dict[str, Any]:
     return params
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask: taskset, an salloc on a big node, a
+    cgroup cpuset), not the machine's core count."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def python_command(python: str | None) -> str:
     """The interpreter as the shell must see it: one quoted word (submitit pastes its ``python``
     argument into the srun line as written, so it always gets this, never the raw field)."""
@@ -386,11 +396,16 @@ def job_command(run_dir: str, python: str | None, point_base: int = 0) -> str:
     return " ".join(words + ([f"--point-base {point_base}"] if point_base else []))
 
 
-def srun_argv(folder: str, run_dir: str, python: str | None, array: bool) -> list[str]:
+def srun_argv(folder: str, run_dir: str, python: str | None, array: bool, cpus_per_task: int = 1) -> list[str]:
     """What the agent runs: one srun task per rank, each the stdlib-only launcher. An argv,
-    never a shell line. Logs are named as submitit names them (<job>_<task>_log.out)."""
+    never a shell line. Logs are named as submitit names them (<job>_<task>_log.out).
+
+    ``--cpus-per-task`` again: since SLURM 22.05 srun no longer inherits it from the batch job,
+    so under task/affinity every rank would be bound to one CPU while OMP_NUM_THREADS says more
+    (and its DataLoader workers would inherit that one-CPU mask)."""
     job = "%A_%a" if array else "%j"
     return ["srun", "--unbuffered", "--output", os.path.join(folder, f"{job}_%t_log.out"), "--kill-on-bad-exit=1",
+            f"--cpus-per-task={cpus_per_task}",
             *module_argv(python if python is not None else sys.executable, "orchestrator.launcher", "--slurm",
                          str(RunFolder.of(run_dir).payload))]
 

@@ -342,7 +342,9 @@ def test_slurm_python_never_starts_with_a_dash(python: str) -> None:
         return
     assert not python.startswith("-")
     srun = plan(spec).payload["srun"]
-    assert srun[srun.index("--kill-on-bad-exit=1") + 1] == python
+    from orchestrator.interpreter import python_of
+
+    assert python_of(srun) == python
 
 
 # ---- 7. '~' in paths is expanded, or refused ----------------------------------------------------

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -32,6 +33,8 @@ def test_slurm_plan_rank_table() -> None:
     assert launch.world_size == 16 and len(launch.ranks) == 16
     assert launch.submitit["ntasks_per_node"] == 8 and launch.submitit["gpus_per_node"] == 8
     assert "--kill-on-bad-exit=1" in launch.payload["srun"]
+    # srun no longer inherits --cpus-per-task from sbatch (SLURM 22.05): it is passed again, the same
+    assert f"--cpus-per-task={launch.submitit['cpus_per_task']}" in launch.payload["srun"]
     assert launch.ranks[9].env["NODE_RANK"] == "1" and launch.ranks[9].env["LOCAL_RANK"] == "1"
     assert launch.ranks[0].env["NCCL_SOCKET_IFNAME"] == "ib0"
 
@@ -155,3 +158,19 @@ def test_slurm_rank_env_from_slurm_variables(tmp_path) -> None:
     assert rank.visible_devices == "0,1" and rank.source == "slurm"  # the node's GPUs; LOCAL_RANK=1 picks
     with pytest.raises(RuntimeError, match="interface ib9 does not exist"):
         rank_env_from_slurm(env, {**launch.payload, "interface": "ib9"})
+
+
+def test_local_thread_default_counts_the_cpus_the_process_may_use() -> None:
+    """Under taskset (or an salloc on a big node) the default counts the affinity mask, not the
+    machine's cores: one rank on one allowed CPU gets OMP_NUM_THREADS=1."""
+    import subprocess
+    import sys
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs at least 2 CPUs to restrict")
+    code = ("import os, sys; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+            "from orchestrator.loading import spec_from_dict; from orchestrator.plan import plan; "
+            "p = plan(spec_from_dict({'name': 't', 'entrypoint': 'jobs.train:main'}), 'local'); "
+            "print(p.ranks[0].env['OMP_NUM_THREADS'])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "1", out

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -36,6 +37,23 @@ def requeue_marker(run_dir: str, job_id: str, restart: int) -> str:
     return str(RunFolder(Path(run_dir)).requeue_marker(job_id, restart))
 
 
+def keep_running_on_time_limit_notice(rank: int) -> None:
+    """USR2 is the time limit's advance notice (``--signal=B:USR2@margin``), which the job's agent
+    forwards so scripts that listen for it can checkpoint (the rank API does). Under plain sbatch a
+    script never sees it: a script with no handler runs on to its time limit. Its default action,
+    though, ends the process, so each rank starts with a handler that only says it came: a script
+    (or the rank API) that installs its own replaces it, and unlike SIG_IGN it is not inherited by
+    a program the rank execs."""
+    def notice(signum: int, frame: object) -> None:
+        try:
+            os.write(2, f"[launcher] rank {rank}: the time limit's notice (SIGUSR2) came; this script has no "
+                        "handler for it, so it runs on until the time limit\n".encode())
+        except OSError:
+            pass
+
+    signal.signal(signal.SIGUSR2, notice)
+
+
 def main(args: list[str], run_rank: Callable[[Mapping[str, Any], int], Any]) -> int:
     """Build this task's rank environment from SLURM's variables, then run the rank."""
     payload = json.loads(payload_path(args[0], point_base(args), os.environ).read_text(encoding="utf-8"))
@@ -58,6 +76,7 @@ def main(args: list[str], run_rank: Callable[[Mapping[str, Any], int], Any]) -> 
             for path in remove_stale_rendezvous_files(str(payload["rendezvous_dir"]), job_id, restart):
                 print(f"[launcher] removed the previous attempt's rendezvous file {path}", flush=True)
         os.makedirs(str(payload["rendezvous_dir"]), exist_ok=True)
+    keep_running_on_time_limit_notice(env.rank)
     try:
         run_rank(payload, env.rank)
     except SystemExit as exc:

@@ -88,3 +88,19 @@ def test_snapshotting_script_outlives_its_time_limit_with_requeue_always(cluster
     log = "".join(p.read_text() for p in (Path(launch.run_dir) / "slurm").glob("*_0_log.out"))
     assert "requeueing" in log
     assert no_job_processes()
+
+
+def test_a_script_without_a_usr2_handler_runs_to_its_time_limit(cluster: dict[str, str]) -> None:
+    """Under the default requeue: auto the time limit's notice (USR2, signal_margin_s before the
+    limit) reaches the ranks, but a script with no handler for it is not killed by it: it runs on
+    to its real time limit and ends TIMEOUT, as under plain sbatch (it used to die at the notice,
+    FAILED with exit 140, a minute of a 2-minute job lost)."""
+    launch = slurm_plan(cluster, name="nohandler", entrypoint=str(SCRIPTS / "until_killed.py"), nodes=1,
+                        cpu_ranks_per_node=2, slurm={"time": "2", "signal_margin_s": 60})
+    record = run(launch, timeout=330)
+    log = "".join(p.read_text() for p in sorted((Path(launch.run_dir) / "slurm").glob("*_0_log.out")))
+    assert record.state == "TIMEOUT", (record, log[-2000:])
+    notice = log.find("the time limit's notice (SIGUSR2) came")
+    assert notice >= 0, log[-2000:]
+    after = [int(s.split()[1][:-1]) for s in log[notice:].splitlines() if s.startswith("alive ")]
+    assert after and max(after) >= 100, log[-2000:]  # it kept working to its 2-minute limit

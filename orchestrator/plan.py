@@ -364,6 +364,8 @@ def submitit_parameters(spec: JobSpec, n_points: int = 0) -> dict[str, Any]:
                                        "signal": f"B:USR2@{s.signal_margin_s}"}
     if s.max_requeues == 0:  # SLURM requeues batch jobs on node failure by default (JobRequeue=1)
         params["additional_parameters"] = {**params.get("additional_parameters", {}), "no-requeue": True}
+    elif s.requeue != "never":  # sites with JobRequeue=0 refuse scontrol requeue unless the job asked
+        params["additional_parameters"] = {**params.get("additional_parameters", {}), "requeue": True}
     for option in ("nodelist", "exclude"):
         if getattr(s, option):
             params["additional_parameters"] = {**params.get("additional_parameters", {}), option: getattr(s, option)}

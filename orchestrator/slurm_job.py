@@ -10,7 +10,10 @@ user's handlers or the rank API see it, and decides about requeue by ``slurm.req
   through the rank API (it writes ``ORCH_REQUEUE_MARKER``), unless the job was cancelled.
 - ``never``: let the job end.
 
-Requeues are bounded by ``slurm.max_requeues``. scancel (``orchestrator cancel``) signals the
+Requeues are bounded by ``slurm.max_requeues``; ``scontrol requeue`` is retried within a bound. A
+stop that no requeue follows (``never``, no requeues left, scontrol refused) is not a completed
+job: when the ranks ended because they were told to stop, the agent exits non-zero (FAILED, never
+COMPLETED) and records why in end.json. scancel (``orchestrator cancel``) signals the
 ranks directly, as under plain srun, and never leads to a requeue. Being outside the job step,
 the agent is not killed by ``--kill-on-bad-exit`` and decides once per attempt, in one place;
 the decision never depends on what the entrypoint returns.
@@ -46,6 +49,11 @@ if TYPE_CHECKING:
 POLL_S = 0.2
 LOOK_S = 1.0  # the watchdog reads the shared run folder: once a second
 END_GRACE_S = 30.0  # srun ends its tasks (SIGKILL) on SIGTERM; this bounds the wait for it
+#: scontrol requeue is retried on failure (a controller restarting, a socket timeout), within a bound.
+SCONTROL_BACKOFF_S = (1.0, 2.0, 4.0, 8.0)
+SCONTROL_RETRY_S = 30.0
+#: The agent's exit code for a job that stopped early and was not requeued (SLURM: FAILED).
+UNFINISHED_EXIT = 3
 
 
 class JobAgent:
@@ -66,6 +74,7 @@ class JobAgent:
         self.environ = dict(environ)
         self.init_timeout_s = None if payload.get("init_timeout_s") is None else float(payload["init_timeout_s"])
         self.usr2_pending = False  # stacks first, then USR2 (its default action ends a rank)
+        self.not_requeued = ""  # why a requeue that was due did not happen
         self.started = time.time()
         self.watch: Watch | None = None
 
@@ -126,7 +135,27 @@ class JobAgent:
                       "wants slurm.requeue: always")
         if self.requeue_done:
             return 0  # the ranks' ends were the requeue's doing; SLURM runs the next attempt
+        if code == 0 and self._stopped_early():
+            return self._unfinished()
         return code if code >= 0 else 128 - code
+
+    def _stopped_early(self) -> bool:
+        """The ranks ended because they were told to stop, not because the work was done: the rank
+        API checkpointed after a stop signal (its marker), or, under ``always``, a script that
+        snapshots itself left on the time limit's notice."""
+        return os.path.exists(self.marker) or (self.policy == "always" and "SIGUSR2" in self.received)
+
+    def _unfinished(self) -> int:
+        """A stop that no requeue follows is not a completed job: end non-zero (SLURM records
+        FAILED, not COMPLETED) with the reason in end.json, which status shows."""
+        from orchestrator import forensics
+
+        why = self.not_requeued or f"slurm.requeue: {self.policy}"
+        message = (f"the ranks stopped before their work was done (a stop signal, then a checkpoint) and the job "
+                   f"was not requeued: {why}; submit the spec again to resume from the checkpoint")
+        self._say(message)
+        forensics.write_end(self.run_dir, reason="not_requeued", error=message)
+        return UNFINISHED_EXIT
 
     def _requeue_if_due(self) -> None:
         if self.requeued or "SIGTERM" in self.received:  # scancel / orchestrator cancel: never
@@ -148,18 +177,28 @@ class JobAgent:
         self.requeued = True
         limit = int(self.payload.get("max_requeues", 0))
         if self.restart >= limit:
-            self._say(f"{why}; no requeues left ({self.restart} of {limit} used)")
+            self.not_requeued = f"no requeues left ({self.restart} of {limit} used; slurm.max_requeues)"
+            self._say(f"{why}; {self.not_requeued}")
             return
         self._say(f"{why}: requeueing {self.job_id} (restart {self.restart + 1} of {limit})")
-        try:
-            out = subprocess.run(["scontrol", "requeue", self.job_id], capture_output=True, text=True, timeout=60)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            self._say(f"scontrol requeue failed: {exc}")
-            return
-        if out.returncode != 0:
-            self._say(f"scontrol requeue {self.job_id} failed: {out.stderr.strip()}")
-            return
-        self.requeue_done = True
+        problem = ""
+        deadline = time.monotonic() + SCONTROL_RETRY_S
+        for delay in SCONTROL_BACKOFF_S:  # a busy or restarting controller answers a moment later
+            try:
+                out = subprocess.run(["scontrol", "requeue", self.job_id], capture_output=True, text=True,
+                                     timeout=max(1.0, deadline - time.monotonic()))
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                problem = str(exc)
+            else:
+                if out.returncode == 0:
+                    self.requeue_done = True
+                    return
+                problem = out.stderr.strip() or f"exit code {out.returncode}"
+            self._say(f"scontrol requeue {self.job_id} failed: {problem}")
+            if time.monotonic() + delay >= deadline:
+                break
+            time.sleep(delay)
+        self.not_requeued = f"scontrol requeue failed: {problem}"
 
     # -- the watchdog: init deadline and stall, decided as locally (orchestrator.watchdog) --------
     def _watchdog(self) -> str | None:

@@ -253,6 +253,18 @@ def slurm_memory(value: str) -> str:
     return f"{number}{unit}"
 
 
+#: The spec fields behind some reserved sbatch options, for the error's hint.
+_SBATCH_FIELDS = {
+    "requeue": "set slurm.max_requeues above 0 (the job then asks for --requeue) and slurm.requeue (auto, always)",
+    "no-requeue": "set slurm.max_requeues: 0",
+    "signal": "set slurm.signal_margin_s",
+    "time": "set slurm.time",
+    "cpus-per-task": "set slurm.cpus_per_task",
+    "gpus-per-node": "set gpus_per_node (and slurm.gpu_type)",
+    "gres": "set gpus_per_node (and slurm.gpu_type)",
+}
+
+
 def sbatch_option(key: str, reserved: frozenset[str]) -> str:
     """A long option name for ``slurm.extra_sbatch``. sbatch accepts any unique prefix of a long
     option (``--part`` is ``--partition``), so a prefix of a reserved option is reserved too."""
@@ -263,7 +275,7 @@ def sbatch_option(key: str, reserved: frozenset[str]) -> str:
     norm = key.replace("_", "-")
     if norm in reserved:
         raise ValueError(
-            f"sbatch option {norm!r} is set by the orchestrator; use the spec field for it instead"
+            f"sbatch option {norm!r} is set by the orchestrator; {_SBATCH_FIELDS.get(norm, 'use the spec field for it instead')}"
         )
     covered = sorted(r for r in reserved if r.startswith(norm))
     if covered:

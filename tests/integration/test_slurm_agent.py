@@ -31,10 +31,13 @@ time.sleep(60)
 """
 
 
-def _agent(tmp: Path, policy: str, checkpoint: bool, restart: int = 0, max_requeues: int = 2):
+def _agent(tmp: Path, policy: str, checkpoint: bool, restart: int = 0, max_requeues: int = 2,
+           scontrol_exit: int = 0):
     bin_dir = tmp / "bin"
     bin_dir.mkdir()
-    (bin_dir / "scontrol").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp / 'scontrol-calls'}\n")
+    (bin_dir / "scontrol").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp / 'scontrol-calls'}\n"
+                                      + (f"echo 'slurm_requeue error: Requested operation is presently disabled' >&2\n"
+                                         f"exit {scontrol_exit}\n" if scontrol_exit else ""))
     (bin_dir / "scontrol").chmod(0o755)
     marker = tmp / "run" / "requeue" / f"checkpointed-77-{restart}"
     payload = {"run_dir": str(tmp / "run"), "requeue": policy, "max_requeues": max_requeues,
@@ -86,4 +89,27 @@ def test_sigterm_never_requeues_and_the_limit_holds(tmp_path: Path) -> None:
     proc = _agent(done, "always", False, restart=2, max_requeues=2)
     proc.send_signal(signal.SIGUSR2)
     _, err = proc.communicate(timeout=30)
-    assert _calls(done) == [] and "no requeues left (2 of 2 used)" in err
+    assert _calls(done) == [] and "no requeues left (2 of 2 used;" in err
+
+
+@pytest.mark.parametrize("case,why", [
+    ("never", "slurm.requeue: never"),
+    ("limit", "no requeues left (2 of 2 used; slurm.max_requeues)"),
+    ("refused", "scontrol requeue failed: slurm_requeue error: Requested operation is presently disabled"),
+])
+def test_a_stop_that_no_requeue_follows_never_ends_completed(tmp_path: Path, case: str, why: str) -> None:
+    """The ranks checkpointed on the notice and exited 0, but no requeue followed: the agent ends
+    non-zero (SLURM: FAILED, never COMPLETED) and end.json says why, for status. A refused
+    scontrol is retried first, within a bound."""
+    from orchestrator.forensics import read_end
+
+    proc = _agent(tmp_path, "never" if case == "never" else "auto", True, restart=2 if case == "limit" else 0,
+                  scontrol_exit=1 if case == "refused" else 0)
+    proc.send_signal(signal.SIGUSR2)
+    _, err = proc.communicate(timeout=90)
+    assert proc.returncode == 3, err
+    end = read_end(tmp_path / "run")
+    assert end and end["reason"] == "not_requeued" and why in end["error"], (end, err)
+    assert "submit the spec again to resume" in end["error"]
+    if case == "refused":
+        assert len(_calls(tmp_path)) >= 3, _calls(tmp_path)  # retried

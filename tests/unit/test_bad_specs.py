@@ -113,6 +113,7 @@ CATALOGUE: list[tuple[str, dict, str]] = [
     ("python-srun-option", {"slurm": {"python": "--overlap"}}, "slurm.python: '--overlap' starts with '-'"),
     ("workdir-unknown-user", {"workdir": "~no-such-user-orch/x"}, "names no user on this machine"),
     ("workdir-a-file", {"workdir": "/etc/hostname"}, "exists and is not a folder"),
+    ("extra-sbatch-requeue", {"slurm": {"extra_sbatch": {"requeue": True}}}, "set slurm.max_requeues above 0"),
     ("workdir-a-device", {"workdir": "/dev/null"}, "exists and is not a folder"),
     ("entry-module-too-long", {"entrypoint": "pkg." + "m" * 300 + ":main"}, "exceeds the 255-byte limit"),
     ("entry-script-too-long", {"entrypoint": "./" + "s" * 300 + ".py"}, "a file or folder name holds at most 255"),

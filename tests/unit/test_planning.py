@@ -174,3 +174,15 @@ def test_local_thread_default_counts_the_cpus_the_process_may_use() -> None:
             "print(p.ranks[0].env['OMP_NUM_THREADS'])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "1", out
+
+
+def test_the_job_asks_for_requeue_whenever_requeues_are_allowed() -> None:
+    """Sites with JobRequeue=0 refuse `scontrol requeue` for a job that did not ask for --requeue."""
+    def lines(**slurm: object) -> list[str]:
+        spec = spec_from_dict({"name": "r", "entrypoint": "jobs.train:main", "executor": "slurm", "slurm": slurm})
+        return (plan(spec, "slurm").sbatch_script or "").splitlines()
+
+    assert "#SBATCH --requeue" in lines() and "#SBATCH --no-requeue" not in lines()
+    assert "#SBATCH --requeue" in lines(requeue="always")
+    assert "#SBATCH --no-requeue" in lines(max_requeues=0) and "#SBATCH --requeue" not in lines(max_requeues=0)
+    assert "#SBATCH --requeue" not in lines(requeue="never")

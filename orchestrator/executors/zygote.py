@@ -99,6 +99,8 @@ def leave(code: int, ran: bool) -> NoReturn:
 
             threading._shutdown()  # type: ignore[attr-defined]  # what Py_FinalizeEx does first
             atexit._run_exitfuncs()  # prints what a hook raised, as at a normal exit
+            drop_user_namespaces()
+            gc.collect()
             writers = (io.TextIOWrapper, io.BufferedWriter, io.BufferedRandom)
             for obj in gc.get_objects():
                 if type(obj) in writers:
@@ -112,6 +114,24 @@ def leave(code: int, ran: bool) -> NoReturn:
             sys.stderr.flush()
         finally:
             os._exit(code)
+
+
+def drop_user_namespaces() -> None:
+    """What the interpreter's exit does to the script's own objects, without tearing down the
+    modules torch and the orchestrator live in: clear the namespace of ``__main__`` and of every
+    module of the user's own (not the standard library's, not an installed package's, not ours),
+    newest first, as module teardown would. Whatever only they held is finalized then, whatever it
+    is: a gzip file gets its trailer, a zip archive its central directory, an object its
+    ``__del__``. A finalizer that fails prints "Exception ignored", as at a normal exit."""
+    from orchestrator.stacks import is_framework
+
+    for name, module in reversed(list(sys.modules.items())):
+        path = getattr(module, "__file__", None)
+        if name == "__main__" or (isinstance(path, str) and not is_framework(path)):
+            namespace = getattr(module, "__dict__", None)
+            if isinstance(namespace, dict):
+                for key in [k for k in namespace if not (k.startswith("__") and k.endswith("__"))]:
+                    namespace.pop(key, None)
 
 
 def _stop_and_exit(signum: int, frame: object) -> None:

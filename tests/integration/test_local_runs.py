@@ -410,6 +410,25 @@ def test_work_a_script_does_as_it_exits_is_kept(tmp_path: Path, preload: bool) -
         {f"{what}-{r}": "done" for what in ("thread", "atexit", "unclosed") for r in range(2)}
 
 
+@pytest.mark.parametrize("preload", [True, False])
+def test_objects_a_script_leaves_are_finalized_as_under_python(tmp_path: Path, preload: bool) -> None:
+    """A gzip file and a zip archive left open, and an object with a finalizer: python's exit
+    finalizes them (a valid trailer, a central directory, the finalizer's file). So does a forked
+    rank, by dropping the script's own namespace before it leaves, whatever the objects are."""
+    import gzip
+    import zipfile
+
+    out = tmp_path / "out"
+    out.mkdir()
+    record = run_local(make_plan(tmp_path, name="archives", entrypoint=str(SCRIPTS / "exit_archives.py"),
+                                 extra_args=[str(out)], cpu_ranks_per_node=2, local={"preload_torch": preload}))
+    assert record.state == "COMPLETED", record.error
+    for r in range(2):
+        assert gzip.open(out / f"log-{r}.gz", "rt").read() == "done"
+        assert zipfile.ZipFile(out / f"bundle-{r}.zip").read("inside.txt") == b"done"
+        assert (out / f"finalized-{r}").read_text() == "done"
+
+
 def test_the_group_is_released_only_after_a_normal_return(tmp_path: Path) -> None:
     import torch.distributed as dist
 

@@ -363,16 +363,21 @@ def test_home_in_paths_is_expanded_and_the_plan_shows_it(rest: str) -> None:
     assert payload["rendezvous_dir"] == os.path.abspath(real)
 
 
-@pytest.mark.parametrize("field", ["workdir", "runs_dir", "checkpoint.dir", "distributed.rendezvous_dir"])
-def test_home_of_an_unknown_user_is_refused(field: str) -> None:
+def _base_with(field: str, value: object) -> dict:
+    """A copy of BASE with the dotted ``field`` set to ``value``."""
     data = json.loads(json.dumps(BASE))
     *parents, last = field.split(".")
     node = data
     for part in parents:
         node = node.setdefault(part, {})
-    node[last] = "~no-such-user-orch-test/x"
+    node[last] = value
+    return data
+
+
+@pytest.mark.parametrize("field", ["workdir", "runs_dir", "checkpoint.dir", "distributed.rendezvous_dir"])
+def test_home_of_an_unknown_user_is_refused(field: str) -> None:
     with pytest.raises(SpecError, match=f"{field}: .*names no user on this machine"):
-        load_spec(data)
+        load_spec(_base_with(field, "~no-such-user-orch-test/x"))
 
 
 # ---- 8. YAML keys that are not text say what was written -----------------------------------------
@@ -660,14 +665,8 @@ def test_entrypoint_names_must_fit_the_filesystem(tmp_path_factory: pytest.TempP
 
 @pytest.mark.parametrize("field", ["workdir", "runs_dir", "checkpoint.dir", "distributed.rendezvous_dir"])
 def test_path_fields_must_fit_the_filesystem(field: str) -> None:
-    data = json.loads(json.dumps(BASE))
-    *parents, last = field.split(".")
-    node = data
-    for part in parents:
-        node = node.setdefault(part, {})
-    node[last] = "/tmp/" + "x" * (NAME_MAX + 1) + "/y"
     with pytest.raises(SpecError, match=f"{field}: .*at most {NAME_MAX} bytes"):
-        load_spec(data)
+        load_spec(_base_with(field, "/tmp/" + "x" * (NAME_MAX + 1) + "/y"))
 
 
 # ---- 14. the debug executor leaves its caller as it found it ---------------------------------------

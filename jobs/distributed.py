@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from jobs.runtime import RuntimeConfig
+from orchestrator.rendezvous import rendezvous_path
 
 
 @dataclass(frozen=True)
@@ -74,8 +75,9 @@ def resolve_backend(requested: str, device: torch.device) -> str:
 def _make_store(cfg: RuntimeConfig, rank: int, world: int) -> dist.Store:
     timeout = dt.timedelta(seconds=cfg.init_timeout_s)
     url = urlparse(cfg.init_method)
-    if url.scheme == "file":
-        store = dist.FileStore(url.path, world)
+    path = rendezvous_path(cfg.init_method)
+    if path is not None:  # the same file the launcher removes
+        store = dist.FileStore(path, world)
         store.set_timeout(timeout)
         return store
     if url.scheme == "tcp":
@@ -121,11 +123,6 @@ def distributed(config: RuntimeConfig | None = None) -> Iterator[DistContext]:
             if clean:
                 remove_rendezvous_file(cfg)
             dist.destroy_process_group()
-
-
-def rendezvous_path(init_method: str) -> str | None:
-    url = urlparse(init_method)
-    return url.path if url.scheme == "file" and url.path else None
 
 
 def remove_rendezvous_file(cfg: RuntimeConfig) -> None:

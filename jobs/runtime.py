@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass
 from typing import Mapping
 
+from orchestrator.payload import Defaults
 from orchestrator.rank_env import OrchVar
 
 
@@ -34,7 +35,10 @@ class RuntimeConfig:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> RuntimeConfig:
+        """From the variables ``rank_env.rank_environment`` sets; under torchrun (no ORCH_*), the
+        spec's defaults."""
         e = os.environ if environ is None else environ
+        d = Defaults
         run_dir = e.get(OrchVar.RUN_DIR, os.getcwd())
         world = int(e.get("WORLD_SIZE", "1"))
         return cls(
@@ -42,17 +46,17 @@ class RuntimeConfig:
             local_rank=int(e.get("LOCAL_RANK", "0")),
             world_size=world,
             local_world_size=int(e.get("LOCAL_WORLD_SIZE", str(world))),
-            backend=e.get(OrchVar.BACKEND, "auto"),
+            backend=e.get(OrchVar.BACKEND, d.BACKEND),
             init_method=e.get(OrchVar.INIT_METHOD, "env://"),
-            init_timeout_s=float(e.get(OrchVar.INIT_TIMEOUT_S, "300")),
-            collective_timeout_s=float(e.get(OrchVar.COLLECTIVE_TIMEOUT_S, "1800")),
+            init_timeout_s=float(e.get(OrchVar.INIT_TIMEOUT_S, d.INIT_TIMEOUT_S)),
+            collective_timeout_s=float(e.get(OrchVar.COLLECTIVE_TIMEOUT_S, d.COLLECTIVE_TIMEOUT_S)),
             run_dir=run_dir,
             checkpoint_dir=e.get(OrchVar.CHECKPOINT_DIR, os.path.join(run_dir, "checkpoints")),
-            checkpoint_interval=int(e.get(OrchVar.CHECKPOINT_INTERVAL, "0")),
-            checkpoint_keep=int(e.get(OrchVar.CHECKPOINT_KEEP, "3")),
-            resume=e.get(OrchVar.RESUME, "1") == "1",
-            strategy=e.get(OrchVar.STRATEGY, "ddp"),
-            grad_compression=_choice(e, OrchVar.GRAD_COMPRESSION, "none", GRAD_COMPRESSIONS),
+            checkpoint_interval=int(e.get(OrchVar.CHECKPOINT_INTERVAL, d.CHECKPOINT_INTERVAL)),
+            checkpoint_keep=int(e.get(OrchVar.CHECKPOINT_KEEP, d.CHECKPOINT_KEEP)),
+            resume=e.get(OrchVar.RESUME, "1" if d.RESUME else "0") == "1",
+            strategy=e.get(OrchVar.STRATEGY, d.STRATEGY),
+            grad_compression=_choice(e, OrchVar.GRAD_COMPRESSION, d.GRAD_COMPRESSION, GRAD_COMPRESSIONS),
             attempt=int(e.get(OrchVar.ATTEMPT, "0")),
         )
 

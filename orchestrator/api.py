@@ -21,17 +21,18 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence, Union, cast
 
 from orchestrator.errors import (JobFailedError, OrchestratorError, RunNotFinishedError, RunNotFoundError,
                                  UsageError, WaitTimeoutError)
-from orchestrator.records import TERMINAL, RunRecord, registered_runs, resolve_run
+from orchestrator.records import RunRecord, registered_runs, resolve_run
 from orchestrator.run_folder import RunFolder
+from orchestrator.states import State
 
 if TYPE_CHECKING:
     import subprocess
 
-    from orchestrator.executors.base import Executor
+    from orchestrator.executors.base import Executor, ForegroundExecutor
     from orchestrator.plan import LaunchPlan
     from orchestrator.spec import JobSpec
 
@@ -73,7 +74,7 @@ def plan_for(spec: SpecLike, executor: str | None = None) -> LaunchPlan:
 
 # ---- starting runs -------------------------------------------------------------------------
 def run(spec: SpecLike, wait: bool = True, *, executor: str | None = None, fresh: bool = False,
-        zygote: subprocess.Popen | None = None) -> Run:
+        zygote: subprocess.Popen | None = None, on_moved: Callable[[Path], None] | None = None) -> Run:
     """Run on this machine: ``nodes x ranks`` processes (``executor="local"``), or rank 0 alone
     in this process (``executor="debug"``, for pdb). Default: the spec's executor.
 
@@ -81,7 +82,8 @@ def run(spec: SpecLike, wait: bool = True, *, executor: str | None = None, fresh
     (its state may be FAILED: check ``.state``, or let ``.result()`` raise). ``wait=False``
     starts a detached supervisor and returns once it has recorded itself. The same spec always
     maps to the same run folder, so running it again resumes from its checkpoints;
-    ``fresh=True`` moves that folder aside first (nothing is deleted).
+    ``fresh=True`` moves that folder aside first (nothing is deleted), and calls
+    ``on_moved(new_place)`` if there was one to move (the CLI prints it).
 
     ``zygote``: a launcher started early with ``executors.forked.start_zygote()``, so torch
     imports while the spec is still being loaded (the CLI does this); optional.
@@ -95,10 +97,13 @@ def run(spec: SpecLike, wait: bool = True, *, executor: str | None = None, fresh
         from orchestrator.executors.base import move_aside
 
         moved = move_aside(launch.run_dir)
-        if moved:
-            print(f"moved the previous run folder to {moved}")
+        if moved and on_moved is not None:
+            on_moved(moved)
     chosen = _executor(launch.executor, zygote)
-    record = chosen.run(launch) if wait else chosen.submit(launch, detach=True)
+    if wait:  # local and debug (slurm was refused above) run in the foreground
+        record = cast("ForegroundExecutor", chosen).run(launch)
+    else:
+        record = chosen.submit(launch)
     return Run(record)
 
 
@@ -134,7 +139,7 @@ class Run:
         return cls(RunRecord.load(resolve_run(str(ref))))
 
     def __repr__(self) -> str:
-        return f"Run({self.id!r}, state={self._record.state!r}, executor={self.executor!r}, run_dir='{self.run_dir}')"
+        return f"Run({self.id!r}, state={self._record.state.value!r}, executor={self.executor!r}, run_dir='{self.run_dir}')"
 
     # -- what it is ----------------------------------------------------------------------------
     @property
@@ -160,7 +165,7 @@ class Run:
         return self._record
 
     @property
-    def state(self) -> str:
+    def state(self) -> State:
         """The state last recorded in the run folder. A local run's supervisor keeps it
         current; a SLURM run's is refreshed by ``.status()`` and ``.wait()``."""
         return self.record.state
@@ -171,12 +176,12 @@ class Run:
         return self.record.error
 
     # -- the scheduler ---------------------------------------------------------------------------
-    def status(self) -> str:
+    def status(self) -> State:
         """Refresh from the scheduler (one query; none once the run has ended) and return the state."""
         self._record = refresh([self])[0]._record
         return self._record.state
 
-    def wait(self, timeout: float | None = None, *, follow: bool = False) -> str:
+    def wait(self, timeout: float | None = None, *, follow: bool = False) -> State:
         """Block until the run ends and return its state (COMPLETED, FAILED, CANCELLED...).
 
         With ``timeout`` (seconds, >= 0; None or ``math.inf``: no limit), raise WaitTimeoutError (a
@@ -209,14 +214,14 @@ class Run:
             if follower is not None:
                 follower.close()
 
-    def _wait(self, deadline: float | None, timeout: float | None, poll: float, follower: Any) -> str:
+    def _wait(self, deadline: float | None, timeout: float | None, poll: float, follower: Any) -> State:
         offset = 0
         while True:
             state = self.status()
             if follower is not None:
                 offset = _print_from(self.log_path(0), offset, follower.write)
                 follower.progress(_live_folder(self._record))
-            if state in TERMINAL:
+            if state.terminal:
                 return state
             if deadline is not None:
                 left = deadline - time.monotonic()
@@ -228,7 +233,7 @@ class Run:
             else:
                 time.sleep(poll)
 
-    def cancel(self) -> str:
+    def cancel(self) -> State:
         """Stop the run (local ranks checkpoint together first) and return the state it ended in."""
         return _executor(self.executor).cancel(self.record).state
 
@@ -238,9 +243,9 @@ class Run:
         result per point. Raises RunNotFinishedError while the run is going, JobFailedError if it
         ended any other way than COMPLETED."""
         state = self.status()
-        if state not in TERMINAL:
+        if not state.terminal:
             raise RunNotFinishedError(f"{self.id} is still {state}: call .wait() first")
-        if state != "COMPLETED":
+        if state != State.COMPLETED:
             rec = self._record
             why = (rec.error or "no error was recorded").strip().splitlines()[0]
             rank = rec.failed_rank if rec.failed_rank is not None else 0
@@ -289,17 +294,18 @@ class Run:
         world = max(1, self._record.world_size)
         if rank is not None and not 0 <= rank < world:
             raise RunNotFoundError(f"rank {rank} is not in {self.id} (ranks 0-{world - 1})")
-        if self._record.state in TERMINAL:
+        if self._record.state.terminal:
             return self._saved_stacks(rank)
         folder = _live_folder(self._record)
         wanted = None if rank is None else [rank]
         problem = ""
         if self.executor == "slurm":
-            from orchestrator.stacks_probe import python_of, request_slurm
+            from orchestrator.payload import Payload
+            from orchestrator.stacks_probe import request_slurm
 
-            payload = json.loads(RunFolder.of(folder).payload.read_text(encoding="utf-8"))
+            payload = Payload.load(RunFolder.of(folder).payload)
             job = _running_job(self._record, folder)
-            dumps, problem = request_slurm(folder, job, int(payload.get("nodes", 1)), python_of(payload), wanted,
+            dumps, problem = request_slurm(folder, job, payload.nodes, payload.python, wanted,
                                            timeout_s=max(timeout * 3, 10.0))
         else:
             dumps = stacks.request_local(folder, wanted, timeout_s=timeout)
@@ -407,18 +413,14 @@ def _read_result(folder: Path) -> Any:
         raise OrchestratorError(f"{path} is unreadable ({type(exc).__name__}); the rank logs have the output") from None
 
 
-def _print_from(path: Path, offset: int, write: Callable[[str], None] | None = None) -> int:
-    """Print what was appended to ``path`` since ``offset``; return the new offset."""
+def _print_from(path: Path, offset: int, write: Callable[[str], None]) -> int:
+    """Hand what was appended to ``path`` since ``offset`` to ``write``; return the new offset."""
     from orchestrator.fs_checks import read_file
 
     chunk = read_file(path, "the log", "remove or rename it", RunNotFoundError, offset=offset)
     if chunk is None:
         return offset
-    if write is not None:
-        write(chunk.decode(errors="replace"))
-    else:
-        sys.stdout.write(chunk.decode(errors="replace"))
-        sys.stdout.flush()
+    write(chunk.decode(errors="replace"))
     return offset + len(chunk)
 
 

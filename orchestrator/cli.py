@@ -17,6 +17,7 @@ import sys
 from typing import Any, Callable, Iterator, Sequence
 
 from orchestrator.errors import OrchestratorError
+from orchestrator.states import State
 
 EXECUTORS = ("local", "slurm", "debug")
 
@@ -172,11 +173,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     with _early_zygote(args.executor in (None, "local") and not args.detach) as zygote:
         from orchestrator.api import run
 
-        handle = run(_load(args), wait=not args.detach, executor=args.executor, fresh=args.fresh, zygote=zygote)
+        handle = run(_load(args), wait=not args.detach, executor=args.executor, fresh=args.fresh, zygote=zygote,
+                     on_moved=_print_moved)
     if args.detach:
         print(f"started {handle.id} in the background; follow it with: orchestrator logs -f {handle.id}")
         return 0
-    return 0 if handle.state == "COMPLETED" else 1
+    return 0 if handle.state == State.COMPLETED else 1
+
+
+def _print_moved(moved: Any) -> None:
+    print(f"moved the previous run folder to {moved}")
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -186,8 +192,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     with _early_zygote(True) as zygote:
         from orchestrator.api import load_spec, run
 
-        handle = run(load_spec(demo, overrides=args.overrides, executor="local"), fresh=True, zygote=zygote)
-    if handle.state != "COMPLETED":
+        handle = run(load_spec(demo, overrides=args.overrides, executor="local"), fresh=True, zygote=zygote,
+                     on_moved=_print_moved)
+    if handle.state != State.COMPLETED:
         return 1
     print(handle.report())
     return 0
@@ -202,7 +209,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         state = handle.wait(follow=args.follow)
         print(f"{handle.id}: {state}")
         record = handle.record
-        if state != "COMPLETED":
+        if state != State.COMPLETED:
             error, rank = record.error, record.failed_rank
             if error:
                 print(error, file=sys.stderr)
@@ -210,7 +217,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
             print(f"see: orchestrator logs {handle.id} --rank {rank if rank is not None else 0}", file=sys.stderr)
         if record.warning:
             print(f"warning: {record.warning}", file=sys.stderr)
-        return 0 if state == "COMPLETED" else 1
+        return 0 if state == State.COMPLETED else 1
     return 0
 
 
@@ -239,7 +246,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     else:
         handle = run(data)
     report = handle.run_dir / "allreduce.json"
-    if handle.state != "COMPLETED" or not report.exists():
+    if handle.state != State.COMPLETED or not report.exists():
         print(f"preflight {handle.state}: {handle.error or 'no report written'}", file=sys.stderr)
         return 1
     result = json.loads(report.read_text())

@@ -18,6 +18,15 @@ SWEEP_ROWS = 20
 class PlanQueryError(OrchestratorError):
     exit_code = 2
 
+#: How ``plan`` describes each way a rank's process starts (LaunchPlan.rank_start).
+RANK_START = {
+    "fork": "forked from a parent that imported torch (variables read at interpreter start-up come from "
+            "this shell's environment)",
+    "fresh": "a fresh interpreter each, started with the environment below",
+    "in-process": "this process (the debug executor)",
+}
+
+
 def print_plan(launch: LaunchPlan, console: Console | None = None, node: int | None = None,
                rank: int | None = None) -> None:
     if rank is not None and not 0 <= rank < launch.world_size:
@@ -31,18 +40,20 @@ def print_plan(launch: LaunchPlan, console: Console | None = None, node: int | N
                                 f"  executor={launch.executor}  {launch.nodes} node(s) x {launch.ranks_per_node} "
                                 f"rank(s) = {launch.world_size}  backend={launch.backend}"))
     console.print(f"run folder: {launch.run_dir}", markup=False)
-    console.print(f"entrypoint: {launch.payload['entrypoint']} {' '.join(launch.payload['argv'])}", markup=False)
-    console.print(f"working directory of the ranks: {launch.payload['workdir']}", markup=False)
-    stall = launch.payload["watchdog"]["stall_s"]
+    console.print(f"entrypoint: {launch.payload.entrypoint} {' '.join(launch.payload.argv)}", markup=False)
+    console.print(f"working directory of the ranks: {launch.payload.workdir}", markup=False)
+    console.print(f"rank processes: {RANK_START[launch.rank_start]}", markup=False)
+    stall = launch.payload.watchdog.stall_s
     if stall:
         console.print(f"stall watchdog: ends the job when no rank progresses for {stall:g}s", markup=False)
     for note in launch.notes:
         console.print(Text.assemble(("note:", "yellow"), " ", note))
-    if launch.sbatch_script is not None:
-        console.print("\n[bold]sbatch script[/bold] (rendered by submitit, as it will be submitted):")
-        console.print(launch.sbatch_script, markup=False)
-        console.print(Text("its agent (orchestrator.slurm_job) starts the ranks with: "
-                           + shlex.join(launch.payload["srun"])))
+    for index, script in enumerate(launch.sbatch_scripts):
+        which = f" of array {index + 1} of {len(launch.sbatch_scripts)}" if len(launch.sbatch_scripts) > 1 else ""
+        console.print(f"\n[bold]sbatch script{which}[/bold] (rendered by submitit, as it will be submitted):")
+        console.print(script, markup=False)
+    if launch.payload.srun:
+        console.print(Text("its agent (orchestrator.slurm_job) starts the ranks with: " + shlex.join(launch.payload.srun)))
         if len(launch.array_chunks) > 1:
             console.print(f"split into {len(launch.array_chunks)} arrays to fit MaxArraySize")
     print_ranks(launch, console, node=node, rank=rank)

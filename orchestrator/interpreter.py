@@ -23,10 +23,3 @@ def module_argv(python: str, module: str, *args: str, unbuffered: bool = True) -
     """``python [-u] -m module args...``, without the current directory on ``sys.path``."""
     return [python, *(["-u"] if unbuffered else []), "-c", BOOTSTRAP, module, *args]
 
-
-def python_of(argv: list[str]) -> str | None:
-    """The interpreter of an argv that contains a ``module_argv`` (e.g. the srun line), or None."""
-    if BOOTSTRAP not in argv:
-        return None
-    i = argv.index(BOOTSTRAP) - 2  # the word before "-c"
-    return argv[i - 1] if i > 0 and argv[i] == "-u" else argv[i] if i >= 0 else None

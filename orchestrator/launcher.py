@@ -1,10 +1,11 @@
-"""What starts on every rank: export the environment, import the entrypoint, call it.
+"""What runs on every rank once its environment is in place: enter the workdir, import the
+entrypoint, call it, and record the outcome.
 
-Locally each rank is ``python -m orchestrator.launcher <payload.json>`` (or a fork of the zygote
-running ``main``) with its RankEnv already in the environment. On SLURM each srun task is
-``python -m orchestrator.launcher --slurm <payload.json>``: ``slurm_rank`` builds the RankEnv
-from SLURM's variables and runs ``run_rank`` under a small signal-recording agent; the same code
-path after that point. Standard library only until the entrypoint imports torch.
+Locally each rank is a fork of the zygote running ``main``, or a fresh ``python -m
+orchestrator.launcher <payload.json>``, started with the environment ``rank_env.rank_environment``
+built for it. On SLURM each srun task is ``python -m orchestrator.slurm_rank <payload.json>``,
+which builds that environment from SLURM's variables and calls ``run_rank``: the same code path
+from there on. Standard library only until the entrypoint imports torch.
 """
 
 from __future__ import annotations
@@ -20,30 +21,14 @@ import time
 import traceback
 import types
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from orchestrator import malloc
-from orchestrator.rank_env import OrchVar, flight_recorder_aliases
+from orchestrator.payload import Payload
+from orchestrator.rank_env import OrchVar
 from orchestrator.records import write_json_atomic
+from orchestrator.rendezvous import remove_rendezvous_file
 from orchestrator.run_folder import RunFolder
-
-
-def config_environ(payload: Mapping[str, Any]) -> dict[str, str]:
-    """The ORCH_* settings that jobs/runtime.py reads."""
-    c = payload["checkpoint"]
-    return {
-        OrchVar.JOB_NAME: payload["job_name"],
-        OrchVar.BACKEND: payload["backend"],
-        OrchVar.STRATEGY: payload["strategy"],
-        OrchVar.INIT_TIMEOUT_S: str(payload["init_timeout_s"]),
-        OrchVar.COLLECTIVE_TIMEOUT_S: str(payload["collective_timeout_s"]),
-        OrchVar.RUN_DIR: payload["run_dir"],
-        OrchVar.CHECKPOINT_DIR: c["dir"],
-        OrchVar.CHECKPOINT_INTERVAL: str(c["interval_steps"]),
-        OrchVar.CHECKPOINT_KEEP: str(c["keep_last"]),
-        OrchVar.RESUME: "1" if c["resume"] else "0",
-        OrchVar.GRAD_COMPRESSION: str(payload.get("grad_compression", "none")),
-    }
 
 
 def call_entrypoint(entrypoint: str, argv: list[str], source_dir: str | None = None, as_main: bool = True) -> Any:
@@ -92,7 +77,7 @@ def run_script(path: str) -> None:
 _FIRST_TITLE: list[str] = []  # the process's own title, before any rank renamed it
 
 
-def name_process(payload: Mapping[str, Any], rank: int) -> None:
+def name_process(payload: Payload, rank: int) -> None:
     """``ps`` and ``top`` show the job and the rank ("orchestrator: digits rank 3/4 (python3 -u -m
     ...)"). The original command line stays in the title, so what matches on it still does.
     Optional: without the setproctitle package, nothing changes."""
@@ -106,14 +91,14 @@ def name_process(payload: Mapping[str, Any], rank: int) -> None:
         if not _FIRST_TITLE:
             _FIRST_TITLE.append(setproctitle.getproctitle())
         world = os.environ.get("WORLD_SIZE", "")
-        setproctitle.setproctitle(f"orchestrator: {payload['job_name']} rank {rank}{'/' + world if world else ''} "
+        setproctitle.setproctitle(f"orchestrator: {payload.job_name} rank {rank}{'/' + world if world else ''} "
                                   f"({_FIRST_TITLE[0]})")
 
 
-def enter_workdir(payload: Mapping[str, Any]) -> None:
+def enter_workdir(payload: Payload) -> None:
     """The rank's working directory (spec ``workdir``; default: where the CLI was called), created
     if missing, as ``sbatch --chdir`` would need it to be; and the NCCL flight recorder's folder."""
-    workdir = payload.get("workdir")
+    workdir = payload.workdir
     if workdir:
         try:
             os.makedirs(workdir, exist_ok=True)
@@ -121,26 +106,12 @@ def enter_workdir(payload: Mapping[str, Any]) -> None:
         except OSError as exc:  # a file there, no permission, a read-only filesystem: say which
             raise OSError(exc.errno, f"the spec's workdir {workdir} cannot be entered on this node "
                                      f"({exc.strerror}); set workdir to a folder the ranks can create or use") from None
-    os.environ.update(flight_recorder_aliases(os.environ, _installed_torch_version()))
     trace = os.environ.get("TORCH_FR_DUMP_TEMP_FILE") or os.environ.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
     if trace:
         os.makedirs(os.path.dirname(trace) or ".", exist_ok=True)
 
 
-def _installed_torch_version() -> str | None:
-    """torch's version from its metadata (only for a job that asked for the flight recorder; torch
-    itself is not imported here)."""
-    if "TORCH_FR_BUFFER_SIZE" not in os.environ:
-        return None
-    try:
-        from importlib.metadata import version
-
-        return version("torch")
-    except Exception:  # not installed the usual way: the names stay as the plan shows them
-        return None
-
-
-def run_rank(payload: Mapping[str, Any], rank: int, own_process: bool = True) -> Any:
+def run_rank(payload: Payload, rank: int, own_process: bool = True) -> Any:
     """Run the entrypoint on this rank; record the result (rank 0) or the traceback (any rank).
     A failure is printed once, trimmed of our frames (``failures.user_traceback``), and recorded
     in full in ``<run>/errors/rank-N.json``; the exception then propagates.
@@ -151,16 +122,14 @@ def run_rank(payload: Mapping[str, Any], rank: int, own_process: bool = True) ->
     from orchestrator.failures import FAILED_MARK, message_of, user_traceback
 
     name_process(payload, rank)
-    os.environ.update(config_environ(payload))
-    run_dir = Path(payload["run_dir"])
+    run_dir = Path(payload.run_dir)
     install_watch_hooks(run_dir, rank)
     returned: list[bool] = []  # set once the entrypoint has returned normally
     if own_process:
         atexit.register(release_if_returned, returned)  # registered first, so it runs last
     try:
         enter_workdir(payload)
-        result = call_entrypoint(payload["entrypoint"], list(payload["argv"]), payload.get("source_dir"),
-                                 as_main=own_process)
+        result = call_entrypoint(payload.entrypoint, list(payload.argv), payload.source_dir, as_main=own_process)
     except BaseException as exc:
         if isinstance(exc, SystemExit) and exc.code in (None, 0):
             returned.append(True)  # sys.exit(0) is a normal return
@@ -240,43 +209,6 @@ def install_watch_hooks(run_dir: Path, rank: int) -> None:
     join_hook.install(run_dir, rank)
 
 
-def rendezvous_path(init_method: str) -> str | None:
-    """The file behind a file:// init URL, or None for env:// and tcp://."""
-    return init_method[len("file://"):] or None if init_method.startswith("file://") else None
-
-
-def remove_rendezvous_file(init_method: str) -> None:
-    """Every rank removes the job's file:// rendezvous file once its entrypoint is over.
-
-    By then every rank has passed the rendezvous (a rank that never joins makes its peers fail
-    anyway), and each rank's own store is torn down inside the entrypoint, so the last rank out
-    leaves nothing behind even for a script that never tears its process group down.
-    """
-    path = rendezvous_path(init_method)
-    if path:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            print(f"[launcher] could not remove the rendezvous file {path}: {exc}", file=sys.stderr)
-
-
-def remove_stale_rendezvous_files(rendezvous_dir: str, job_id: str, restart: int) -> list[str]:
-    """Before a restart: the earlier attempts' files of this job (never another job's)."""
-    from orchestrator.rank_env import rendezvous_file
-
-    removed = []
-    for earlier in range(restart):
-        path = rendezvous_file(rendezvous_dir, job_id, earlier)
-        try:
-            os.unlink(path)
-            removed.append(path)
-        except FileNotFoundError:
-            pass
-    return removed
-
-
 def _jsonable(value: Any) -> Any:
     try:
         json.dumps(value)
@@ -295,27 +227,29 @@ def apply_thread_count() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """A local rank: its environment is already in place (the supervisor built it)."""
     args = sys.argv[1:] if argv is None else argv
-    if args[:1] == ["--slurm"] and len(args) >= 2:
-        from orchestrator import slurm_rank
-
-        return slurm_rank.main(args[1:], run_rank)
     if len(args) != 1:
-        print("usage: python -m orchestrator.launcher PAYLOAD.json (local ranks) or --slurm PAYLOAD.json "
-              "[--point-base N] (srun tasks)", file=sys.stderr)
+        print("usage: python -m orchestrator.launcher PAYLOAD.json (a local rank; SLURM ranks run "
+              "orchestrator.slurm_rank)", file=sys.stderr)
         return 2
-    payload = json.loads(Path(args[0]).read_text(encoding="utf-8"))
+    payload = Payload.load(args[0])
     rank = int(os.environ.get("RANK", "0"))
     apply_thread_count()
     malloc.apply()  # the job's heap settings: a forked rank did not start with them
+    return exit_code_of(run_rank, payload, rank)
+
+
+def exit_code_of(run: Any, payload: Payload, rank: int) -> int:
+    """The process's exit code for ``run(payload, rank)``: sys.exit's, 1 for anything raised
+    (``run_rank`` printed and recorded it), 0 for a return."""
     try:
-        run_rank(payload, rank)
+        run(payload, rank)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 1
     except BaseException:
-        return 1  # run_rank printed and recorded it
+        return 1
     return 0
-
 
 
 if __name__ == "__main__":

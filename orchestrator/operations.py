@@ -19,12 +19,15 @@ from orchestrator import api
 from orchestrator.api import Run
 from orchestrator.errors import OrchestratorError, RunNotFoundError
 from orchestrator.fs_checks import errno_text, kind, read_file, shown
-from orchestrator.records import TERMINAL, RunRecord, registered_runs
-from orchestrator.stacks import wait_lines
+from orchestrator.records import RunRecord, registered_runs
 from orchestrator.run_folder import RunFolder
+from orchestrator.stacks import wait_lines
+from orchestrator.states import State
 
 #: `logs -f` on a run that has not started yet waits this long for its first line, then says so.
 FOLLOW_START_TIMEOUT_S = 600.0
+#: States whose recorded error and rank positions `status` does not show (none yet, or none that matters).
+_QUIET = frozenset({State.COMPLETED, State.RUNNING, State.PENDING})
 
 
 def _runs(refs: list[str]) -> list[Run]:
@@ -75,9 +78,9 @@ def status(refs: list[str], as_json: bool = False) -> int:
     for rec in records:
         ids = ",".join(rec.job_ids) if len(rec.job_ids) <= 3 else f"{rec.job_ids[0]}..{rec.job_ids[-1]} ({len(rec.job_ids)})"
         print(f"{rec.run_id:40} {rec.state:14} {rec.executor:6} jobs={ids or '-'} ranks={rec.world_size}")
-        if rec.state not in ("COMPLETED", "RUNNING", "PENDING") and rec.error and rec.error.strip():
+        if rec.state not in _QUIET and rec.error and rec.error.strip():
             print("    " + rec.error.strip().splitlines()[0])
-        if rec.state not in ("COMPLETED", "RUNNING", "PENDING") and rec.waits:
+        if rec.state not in _QUIET and rec.waits:
             for line in wait_lines(rec.waits):
                 print(f"    {line}")
         if rec.warning:
@@ -87,9 +90,9 @@ def status(refs: list[str], as_json: bool = False) -> int:
     return 0
 
 
-def print_grid(rec: RunRecord, points: dict[str, str]) -> None:
+def print_grid(rec: RunRecord, points: dict[str, State]) -> None:
     """The sweep grid: counts by state, then each point's arguments and state."""
-    counts: dict[str, int] = defaultdict(int)
+    counts: dict[State, int] = defaultdict(int)
     for state in points.values():
         counts[state] += 1
     print("    sweep: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
@@ -105,7 +108,7 @@ def print_grid(rec: RunRecord, points: dict[str, str]) -> None:
         print(f"    ({shown(plan_path)} is damaged: the sweep's points are not shown)")
         return
     for index, args in rows:
-        print(f"    {index:4d} {points.get(str(index), 'UNKNOWN'):12} {args}")
+        print(f"    {index:4d} {points.get(str(index), State.UNKNOWN):12} {args}")
 
 
 def list_runs(as_json: bool = False) -> int:
@@ -163,7 +166,7 @@ def _follow(run: Run, path: Path, rank: int, start_timeout_s: float) -> int:
         if _reader_gone():
             return 0
         state = run.status()
-        if state in TERMINAL:
+        if state.terminal:
             rest = _read_log(path, rank, offset)  # what was written before the end was recorded
             if rest:
                 sys.stdout.write(rest.decode(errors="replace"))

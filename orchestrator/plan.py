@@ -8,6 +8,7 @@ runs), the table of every rank's environment, the run folder, and the payload ea
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import hashlib
 import os
@@ -18,17 +19,18 @@ from typing import Any, Iterator, Mapping, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from orchestrator.interpreter import module_argv
 from orchestrator.malloc import MALLOC_DEFAULTS
+from orchestrator.payload import PAYLOAD_VERSION, CheckpointSettings, Payload, WatchdogSettings
 from orchestrator.rank_env import (
-    OrchVar,
     RankEnv,
-    derive_port,
-    init_url,
-    node_devices,
-    rendezvous_file,
+    installed_torch_version,
+    local_rank_env,
+    rank_environment,
+    startup_variables,
     thread_count_local,
 )
-from orchestrator.interpreter import module_argv
+from orchestrator.rendezvous import derive_port, init_url, rendezvous_file
 from orchestrator.run_folder import RunFolder
 from orchestrator.spec import ExecutorName, JobSpec, render_value
 
@@ -71,21 +73,23 @@ class LaunchPlan(BaseModel):
     world_size: int
     backend: str
     notes: list[str] = Field(default_factory=list)
-    payload: dict[str, Any]
+    payload: Payload
+    #: How each rank's process starts: "fork" (from the local zygote that imported torch),
+    #: "fresh" (a new interpreter, locally or by srun), or "in-process" (the debug executor).
+    rank_start: str = "fresh"
     ranks: list[RankRow]
     sweep: list[SweepPoint] = Field(default_factory=list)
     submitit: Optional[dict[str, Any]] = None
-    sbatch_script: Optional[str] = None
+    sbatch_script: Optional[str] = None  # the first array chunk's (the only one without a sweep)
+    sbatch_scripts: list[str] = Field(default_factory=list)  # every array chunk's script, as submitted
     array_chunks: list[list[int]] = Field(default_factory=list)
 
-    def payload_for_point(self, index: int | None) -> dict[str, Any]:
+    def payload_for_point(self, index: int | None) -> Payload:
         """The rank payload for one sweep point (or the single run)."""
         if index is None or not self.sweep:
-            return dict(self.payload)
+            return self.payload
         point = self.sweep[index]
-        ckpt_dir = os.path.join(self.payload["checkpoint"]["dir"], f"point-{index:04d}")
-        return {**self.payload, "argv": point.argv, "run_dir": point.run_dir,
-                "checkpoint": {**self.payload["checkpoint"], "dir": ckpt_dir}}
+        return self.payload.for_point(index, point.argv, point.run_dir)
 
 
 def run_id_for(spec: JobSpec) -> str:
@@ -118,31 +122,65 @@ def plan(spec: JobSpec, executor: ExecutorName | None = None, max_array_size: in
     layout = _layout(spec, executor)
     threads = spec.slurm.cpus_per_task if executor == "slurm" else \
         thread_count_local(usable_cpus(), layout.nodes * layout.ranks_per_node)
-    payload = _payload(spec, run_dir, layout, job_environment(spec, run_dir, layout.backend, threads, os.environ))
+    env = job_environment(spec, run_dir, layout.backend, threads, os.environ)
     sweep = _sweep(spec, run_dir)
+    python = spec.slurm.python if executor == "slurm" and spec.slurm.python is not None else sys.executable
+    params = submitit_parameters(spec, n_points=len(sweep)) if executor == "slurm" else None
+    srun = rank_log = None
+    if params is not None:
+        rank_log = os.path.join(run_dir, "slurm", f"{'%A_%a' if sweep else '%j'}_%t_log.out")
+        srun = srun_argv(rank_log, run_dir, python, params["cpus_per_task"])
+    payload = _payload(spec, run_dir, layout, env, python, srun, rank_log)
+    start, start_note = _rank_start(spec, executor, env)
     common: dict[str, Any] = dict(
         run_id=run_id, run_dir=run_dir, executor=executor, spec=spec.model_dump(mode="json"),
         nodes=layout.nodes, ranks_per_node=layout.ranks_per_node,
         world_size=layout.nodes * layout.ranks_per_node, backend=layout.backend,
-        notes=layout.notes, payload=payload, sweep=sweep,
+        notes=layout.notes + ([start_note] if start_note else []), payload=payload, sweep=sweep, rank_start=start,
     )
-    if executor == "slurm":
-        params = submitit_parameters(spec, n_points=len(sweep))
+    shown = _shown_payload(payload, bool(sweep))
+    if params is not None:
         folder = os.path.join(run_dir, "slurm")
         chunks = array_chunks(len(sweep), max_array_size)
-        common["payload"] = {**payload, "srun": srun_argv(folder, run_dir, spec.slurm.python, bool(sweep),
-                                                          params["cpus_per_task"])}
+        scripts = [render_sbatch(params, folder, job_command(run_dir, spec.slurm.python, chunk[0]), n_points=len(chunk))
+                   for chunk in chunks] or [render_sbatch(params, folder, job_command(run_dir, spec.slurm.python))]
         with paused_gc():
-            rows = _slurm_rows(spec, run_dir, payload["env"])
-        return LaunchPlan(
-            **common, ranks=rows, submitit=params,
-            sbatch_script=render_sbatch(params, folder, job_command(run_dir, spec.slurm.python),
-                                        n_points=len(chunks[0]) if chunks else 0),
-            array_chunks=chunks,
-        )
+            rows = _slurm_rows(spec, shown)
+        return LaunchPlan(**common, ranks=rows, submitit=params, sbatch_script=scripts[0], sbatch_scripts=scripts,
+                          array_chunks=chunks)
     with paused_gc():
-        rows = _local_rows(spec, run_id, run_dir, layout, payload)
+        rows = _local_rows(run_id, shown)
     return LaunchPlan(**common, ranks=rows)
+
+
+def _rank_start(spec: JobSpec, executor: ExecutorName, env: Mapping[str, str]) -> tuple[str, str | None]:
+    """How the ranks' processes start, and the plan's note when that is not the default. A forked
+    rank cannot honour a variable read at interpreter start-up (PYTHONPATH, PYTHONHASHSEED,
+    LD_PRELOAD...), so a job whose ``env`` sets one starts fresh interpreters instead."""
+    if executor == "slurm":
+        return "fresh", None
+    if executor == "debug":
+        late = startup_variables(env, os.environ)
+        return "in-process", (f"debug executor: the rank runs in this process, which started without "
+                              f"{', '.join(late)}; they are set but cannot take effect" if late else None)
+    if not spec.local.preload_torch:
+        return "fresh", None
+    late = startup_variables(env, os.environ)
+    if late:
+        return "fresh", (f"local: each rank starts a fresh interpreter, since env sets {', '.join(late[:5])}"
+                         f"{' and more' if len(late) > 5 else ''}, read only when an interpreter starts")
+    return "fork", None
+
+
+def _shown_payload(payload: Payload, sweep: bool) -> Payload:
+    """The payload the rank table is built from: in a sweep every point has its own folder and
+    checkpoints, shown as the rule that names them."""
+    if not sweep:
+        return payload
+    index = "<point index, 4 digits>"
+    return dataclasses.replace(payload, run_dir=str(RunFolder.of(payload.run_dir).root / "points" / index),
+                               checkpoint=dataclasses.replace(payload.checkpoint,
+                                                              dir=os.path.join(payload.checkpoint.dir, f"point-{index}")))
 
 
 @contextlib.contextmanager
@@ -222,40 +260,42 @@ def job_environment(spec: JobSpec, run_dir: str, backend: str, threads: int,
     return env
 
 
-def _payload(spec: JobSpec, run_dir: str, layout: _Layout, env: dict[str, str]) -> dict[str, Any]:
+def _payload(spec: JobSpec, run_dir: str, layout: _Layout, env: dict[str, str], python: str,
+             srun: list[str] | None, rank_log: str | None) -> Payload:
     d, c = spec.distributed, spec.checkpoint
     entry = spec.entrypoint if ":" in spec.entrypoint and not spec.entrypoint.endswith(".py") else os.path.abspath(spec.entrypoint)
-    return {
-        "job_name": spec.name,
-        "entrypoint": entry,
-        "argv": render_argv(dict(spec.args), spec.extra_args),
-        "strategy": spec.strategy,
-        "nodes": layout.nodes,
-        "ranks_per_node": layout.ranks_per_node,
-        "backend": layout.backend,
-        "init_method": d.init_method,
-        "port": d.port,
-        "interface": layout.interface,
-        "rendezvous_dir": os.path.abspath(d.rendezvous_dir) if d.rendezvous_dir else str(RunFolder.of(run_dir).rendezvous),
-        "init_timeout_s": d.init_timeout_s,
-        "collective_timeout_s": d.collective_timeout_s,
-        "devices": layout.devices,
-        "run_dir": run_dir,
-        "checkpoint": {
-            "dir": os.path.abspath(c.dir) if c.dir else str(RunFolder.of(run_dir).checkpoints),
-            "interval_steps": c.interval_steps,
-            "keep_last": c.keep_last,
-            "resume": c.resume,
-        },
-        "max_requeues": spec.slurm.max_requeues,
-        "requeue": spec.slurm.requeue,
-        "grad_compression": d.grad_compression,
-        "env": env,
+    folder = RunFolder.of(run_dir)
+    return Payload(
+        version=PAYLOAD_VERSION,
+        job_name=spec.name,
+        entrypoint=entry,
+        argv=tuple(render_argv(dict(spec.args), spec.extra_args)),
+        strategy=spec.strategy,
+        nodes=layout.nodes,
+        ranks_per_node=layout.ranks_per_node,
+        backend=layout.backend,
+        init_method=d.init_method,
+        port=d.port,
+        interface=layout.interface,
+        rendezvous_dir=os.path.abspath(d.rendezvous_dir) if d.rendezvous_dir else str(folder.rendezvous),
+        init_timeout_s=d.init_timeout_s,
+        collective_timeout_s=d.collective_timeout_s,
+        devices=tuple(layout.devices) if layout.devices else None,
+        run_dir=run_dir,
+        checkpoint=CheckpointSettings(dir=os.path.abspath(c.dir) if c.dir else str(folder.checkpoints),
+                                      interval_steps=c.interval_steps, keep_last=c.keep_last, resume=c.resume),
+        max_requeues=spec.slurm.max_requeues,
+        requeue=spec.slurm.requeue,
+        grad_compression=d.grad_compression,
+        env=env,
         # Relative paths the user wrote are relative to where they ran the CLI.
-        "workdir": os.path.abspath(spec.workdir) if spec.workdir else os.getcwd(),
-        "source_dir": os.getcwd(),
-        "watchdog": {"stall_s": spec.watchdog.stall_s, "stacks_on_failure": spec.watchdog.stacks_on_failure},
-    }
+        workdir=os.path.abspath(spec.workdir) if spec.workdir else os.getcwd(),
+        source_dir=os.getcwd(),
+        watchdog=WatchdogSettings(stall_s=spec.watchdog.stall_s, stacks_on_failure=spec.watchdog.stacks_on_failure),
+        python=python,
+        srun=tuple(srun) if srun else None,
+        rank_log=rank_log,
+    )
 
 
 def _sweep(spec: JobSpec, run_dir: str) -> list[SweepPoint]:
@@ -270,57 +310,51 @@ def _sweep(spec: JobSpec, run_dir: str) -> list[SweepPoint]:
 
 
 # ---- rank tables ---------------------------------------------------------------------------
-def _local_rows(spec: JobSpec, run_id: str, run_dir: str, layout: _Layout, payload: dict[str, Any]) -> list[RankRow]:
-    port = payload["port"] if payload["port"] != "auto" else derive_port(run_id, 0)
-    world = layout.nodes * layout.ranks_per_node
-    rfile = rendezvous_file(payload["rendezvous_dir"], run_id, 0)
+def _local_rows(run_id: str, payload: Payload) -> list[RankRow]:
+    """Every local rank's environment as the supervisor will build it for the first attempt: the
+    planned port (the supervisor takes the next free one should it be taken by then)."""
+    port = int(payload.port) if payload.port != "auto" else derive_port(run_id, 0)
+    rfile = rendezvous_file(payload.rendezvous_dir, run_id, 0)
+    torch_version = installed_torch_version(payload.env)
     rows = []
-    for rank in range(world):
-        node, local = divmod(rank, layout.ranks_per_node)
-        env = RankEnv(
-            rank=rank, local_rank=local, world_size=world, local_world_size=layout.ranks_per_node,
-            node_rank=node, nnodes=layout.nodes, master_addr="127.0.0.1", master_port=port,
-            init_method=init_url(spec.distributed.init_method, "127.0.0.1", port, rfile),
-            interface=layout.interface,
-            visible_devices=node_devices(layout.devices, node, layout.nodes) if spec.strategy == "ddp"
-            else (",".join(map(str, layout.devices)) if layout.devices else None),
-            source="local",
-        ).to_environ()
-        if layout.devices is None:  # CPU dry run: hide any local GPU, as the plan says gloo on CPU
-            env["CUDA_VISIBLE_DEVICES"] = ""
-        env.update(payload["env"])
+    for rank in range(payload.world_size):
+        contract = local_rank_env(payload, rank, port, rfile)
+        env = rank_environment(contract, payload, attempt=0, torch_version=torch_version)
+        node, local = divmod(rank, payload.ranks_per_node)
         rows.append(RankRow(rank=rank, local_rank=local, node_rank=node, host=f"local-node{node}", env=env))
     return rows
 
 
-def _slurm_rows(spec: JobSpec, run_dir: str, job_env: dict[str, str]) -> list[RankRow]:
-    rpn, d = spec.ranks_per_node, spec.distributed
-    addr = "<first host of SLURM_JOB_NODELIST>"
-    port = str(d.port) if d.port != "auto" else "<derive_port(SLURM_JOB_ID, restart): 20000-31999>"
-    iface = ",".join(d.interface_names()) or "<interface that routes to MASTER_ADDR>"
-    if d.init_method == "tcp":
-        url = f"tcp://{addr}:{port}"
-    elif d.init_method == "file":
-        rdir = os.path.abspath(d.rendezvous_dir) if d.rendezvous_dir else str(RunFolder.of(run_dir).rendezvous)
-        url = f"file://{rdir}/rendezvous-<SLURM_JOB_ID>-<restart>"
-    else:
-        url = "env://"
+#: What a SLURM rank's values are made of, where only the job knows them.
+SLURM_RULES = {
+    "master_addr": "<first host of SLURM_JOB_NODELIST>",
+    "port": "<derive_port(SLURM_JOB_ID, restart): 20000-31999>",
+    "interface": "<interface that routes to MASTER_ADDR>",
+    "job": "<SLURM_JOB_ID>",
+    "restart": "<restart>",
+    "attempt": "<SLURM_RESTART_COUNT: 0, then one more per requeue>",
+    "visible": "<the node's GPUs as SLURM sets them; LOCAL_RANK indexes them>",
+}
+
+
+def _slurm_rows(spec: JobSpec, payload: Payload) -> list[RankRow]:
+    """Every SLURM rank's environment, with the values only the job knows shown as their rules
+    (``SLURM_RULES``); built by the same ``rank_environment`` each rank calls."""
+    rpn, d = payload.ranks_per_node, spec.distributed
+    addr, iface = SLURM_RULES["master_addr"], ",".join(d.interface_names()) or SLURM_RULES["interface"]
+    port = d.port if d.port != "auto" else SLURM_RULES["port"]
+    rfile = rendezvous_file(payload.rendezvous_dir, SLURM_RULES["job"], SLURM_RULES["restart"])
+    marker = str(RunFolder.of(payload.run_dir).requeue_marker(SLURM_RULES["job"], SLURM_RULES["restart"]))  # type: ignore[arg-type]
+    torch_version = installed_torch_version(payload.env)
     # One template per local rank, copied per node (a C-level dict copy): linear, and ~5x faster
     # than building each row's dict at 32k ranks.
     templates = []
     for local in range(rpn):
-        env = {
-            "RANK": "", "LOCAL_RANK": str(local), "WORLD_SIZE": str(spec.world_size),
-            "LOCAL_WORLD_SIZE": str(rpn), "NODE_RANK": "", "GROUP_RANK": "",
-            "NNODES": str(spec.nodes), "MASTER_ADDR": addr, "MASTER_PORT": port,
-            OrchVar.INIT_METHOD: url, OrchVar.RANK_ENV_SOURCE: "slurm", "NCCL_SOCKET_IFNAME": iface,
-        }
-        if not iface.startswith("^"):
-            env["GLOO_SOCKET_IFNAME"] = iface
-        if spec.gpus_per_node:
-            env["CUDA_VISIBLE_DEVICES"] = "<the node's GPUs as SLURM sets them; LOCAL_RANK indexes them>"
-        env.update(job_env)
-        templates.append(env)
+        contract = RankEnv(rank="", local_rank=local, world_size=spec.world_size, local_world_size=rpn, node_rank="",
+                           nnodes=spec.nodes, master_addr=addr, master_port=port,
+                           init_method=init_url(d.init_method, addr, port, rfile), interface=iface,
+                           visible_devices=SLURM_RULES["visible"] if spec.gpus_per_node else None, source="plan")
+        templates.append(rank_environment(contract, payload, SLURM_RULES["attempt"], marker, torch_version))
     rows = []
     for node in range(spec.nodes):
         node_text, host = str(node), f"<node {node} of the allocation>"
@@ -398,26 +432,22 @@ def job_command(run_dir: str, python: str | None, point_base: int = 0) -> str:
     return " ".join(words + ([f"--point-base {point_base}"] if point_base else []))
 
 
-def srun_argv(folder: str, run_dir: str, python: str | None, array: bool, cpus_per_task: int = 1) -> list[str]:
-    """What the agent runs: one srun task per rank, each the stdlib-only launcher. An argv,
+def srun_argv(rank_log: str, run_dir: str, python: str, cpus_per_task: int = 1) -> list[str]:
+    """What the agent runs: one srun task per rank, each the stdlib-only SLURM rank entry. An argv,
     never a shell line. Logs are named as submitit names them (<job>_<task>_log.out).
 
     ``--cpus-per-task`` again: since SLURM 22.05 srun no longer inherits it from the batch job,
     so under task/affinity every rank would be bound to one CPU while OMP_NUM_THREADS says more
     (and its DataLoader workers would inherit that one-CPU mask)."""
-    job = "%A_%a" if array else "%j"
-    return ["srun", "--unbuffered", "--output", os.path.join(folder, f"{job}_%t_log.out"), "--kill-on-bad-exit=1",
-            f"--cpus-per-task={cpus_per_task}",
-            *module_argv(python if python is not None else sys.executable, "orchestrator.launcher", "--slurm",
-                         str(RunFolder.of(run_dir).payload))]
+    return ["srun", "--unbuffered", "--output", rank_log, "--kill-on-bad-exit=1", f"--cpus-per-task={cpus_per_task}",
+            *module_argv(python, "orchestrator.slurm_rank", str(RunFolder.of(run_dir).payload))]
 
 
 def render_sbatch(params: dict[str, Any], folder: str, command: str, n_points: int = 0) -> str:
-    """Render with submitit's own template, as SlurmExecutor does at submission."""
-    from submitit.slurm.slurm import _make_sbatch_string  # the code that will submit it
+    """Render with submitit's own template, exactly as the SLURM executor submits it."""
+    from orchestrator import submitit_adapter  # the module that will submit it
 
-    extra = {"map_count": n_points} if n_points else {}
-    return _make_sbatch_string(command=command, folder=folder, **params, **extra)
+    return submitit_adapter.render_sbatch(params, folder, command, n_points)
 
 
 def array_chunks(n_points: int, max_array_size: int) -> list[list[int]]:

@@ -1,24 +1,33 @@
-"""RankEnv: what one rank needs to join the job, and where it came from.
+"""A rank's environment, built in one place.
 
-Standard library only: this module is imported on every rank before torch, and by ``plan``.
-The same contract is produced from SLURM's variables (``from_slurm``), by the local executor
-(``for_local_rank``), or read back from the standard env:// variables (``from_environ``).
+``rank_environment`` is the one function that makes everything a rank gets: the torchrun contract
+(``RankEnv.to_environ``), the job's settings (``ORCH_*``), the attempt, and the job's variables
+(defaults, then the spec's ``env:``). ``plan`` calls it for its table, the local supervisor and
+the debug executor for their ranks, and every SLURM rank for itself, so what ``plan`` shows is
+what a rank gets. Standard library only: imported on every rank before torch.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import zlib
-from dataclasses import asdict, dataclass
-from typing import Literal, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, Mapping, Union
 
-Source = Literal["slurm", "local", "env"]
+from orchestrator.rendezvous import derive_port, init_url, rendezvous_file
+
+if TYPE_CHECKING:
+    from orchestrator.payload import Payload
+    from orchestrator.slurm_task import SlurmTask
+
+Source = Literal["slurm", "local", "env", "plan"]
+#: A value known when the rank starts, or (in ``plan``'s SLURM table) the rule that produces it.
+Value = Union[int, str]
 
 
 class OrchVar:
-    """The ORCH_* variables of the rank contract, named once: the launcher and the executors set
-    them, ``jobs/`` (the rank API) reads them by these names."""
+    """The ORCH_* variables of the rank contract, named once: ``rank_environment`` sets them,
+    ``jobs/`` (the rank API) reads them by these names."""
 
     JOB_NAME = "ORCH_JOB_NAME"
     BACKEND = "ORCH_BACKEND"
@@ -34,74 +43,27 @@ class OrchVar:
     GRAD_COMPRESSION = "ORCH_GRAD_COMPRESSION"
     ATTEMPT = "ORCH_ATTEMPT"
     REQUEUE_MARKER = "ORCH_REQUEUE_MARKER"
-    RANK_ENV_SOURCE = "ORCH_RANK_ENV_SOURCE"
-
-#: Auto ports live in [PORT_BASE, PORT_BASE + PORT_SPAN): below Linux's ephemeral range (32768+)
-#: and above the usual service ports.
-PORT_BASE = 20000
-PORT_SPAN = 12000
-
-
-def derive_port(job_id: str, restart: int = 0) -> int:
-    """The same port on every rank, from the job id and restart count, with no communication.
-
-    A restart gets a different port, so a port left in TIME_WAIT by the previous attempt is
-    never reused by the next one.
-    """
-    return PORT_BASE + zlib.crc32(f"{job_id}:{restart}".encode()) % PORT_SPAN
-
-
-def expand_nodelist(nodelist: str) -> list[str]:
-    """Expand SLURM's compressed host list ("gpu[01-03,7],cpu1") without calling scontrol."""
-    hosts: list[str] = []
-    for item in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,]*", nodelist):
-        m = re.match(r"^(.*?)\[([^\]]*)\](.*)$", item)
-        if not m:
-            hosts.append(item)
-            continue
-        prefix, ranges, suffix = m.groups()
-        for part in ranges.split(","):
-            lo, _, hi = part.partition("-")
-            if not hi:
-                hosts.append(f"{prefix}{lo}{suffix}")
-                continue
-            for i in range(int(lo), int(hi) + 1):
-                hosts.append(f"{prefix}{str(i).zfill(len(lo))}{suffix}")
-    return hosts
-
-
-def init_url(method: str, master_addr: str, master_port: int, rendezvous_file: str | None) -> str:
-    if method == "tcp":
-        return f"tcp://{master_addr}:{master_port}"
-    if method == "file":
-        if not rendezvous_file:
-            raise ValueError("file:// init needs a rendezvous file path")
-        return f"file://{rendezvous_file}"
-    return "env://"
-
-
-def rendezvous_file(rendezvous_dir: str, job_id: str, restart: int) -> str:
-    """A unique file per job and restart: a stale file from an earlier attempt is never reused."""
-    return os.path.join(rendezvous_dir, f"rendezvous-{job_id}-{restart}")
 
 
 @dataclass(frozen=True)
 class RankEnv:
-    rank: int
+    """The torchrun contract of one rank: its place in the job and how it finds its peers."""
+
+    rank: Value
     local_rank: int
     world_size: int
     local_world_size: int
-    node_rank: int
+    node_rank: Value
     nnodes: int
     master_addr: str
-    master_port: int
+    master_port: Value
     init_method: str
     interface: str | None
     visible_devices: str | None
     source: Source
 
     def to_environ(self) -> dict[str, str]:
-        """The variables every rank sees: torchrun's names, plus our own for the rest."""
+        """The variables every rank sees: torchrun's names, plus the init URL."""
         env = {
             "RANK": str(self.rank),
             "LOCAL_RANK": str(self.local_rank),
@@ -113,7 +75,6 @@ class RankEnv:
             "MASTER_ADDR": self.master_addr,
             "MASTER_PORT": str(self.master_port),
             OrchVar.INIT_METHOD: self.init_method,
-            OrchVar.RANK_ENV_SOURCE: self.source,
         }
         if self.interface:
             env["NCCL_SOCKET_IFNAME"] = self.interface
@@ -122,9 +83,6 @@ class RankEnv:
         if self.visible_devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = self.visible_devices
         return env
-
-    def as_dict(self) -> dict[str, object]:
-        return asdict(self)
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> RankEnv:
@@ -155,44 +113,105 @@ class RankEnv:
         )
 
 
-def slurm_job_id(environ: Mapping[str, str]) -> str:
-    """The id scontrol and sacct use for this job: '<array job>_<task>' inside an array."""
-    if environ.get("SLURM_ARRAY_JOB_ID"):
-        return f"{environ['SLURM_ARRAY_JOB_ID']}_{environ['SLURM_ARRAY_TASK_ID']}"
-    return environ["SLURM_JOB_ID"]
+def job_settings(payload: Payload) -> dict[str, str]:
+    """The job's settings every rank reads (``jobs/runtime.py``), by their ORCH_* names."""
+    c = payload.checkpoint
+    return {
+        OrchVar.JOB_NAME: payload.job_name,
+        OrchVar.BACKEND: payload.backend,
+        OrchVar.STRATEGY: payload.strategy,
+        OrchVar.INIT_TIMEOUT_S: str(payload.init_timeout_s),
+        OrchVar.COLLECTIVE_TIMEOUT_S: str(payload.collective_timeout_s),
+        OrchVar.RUN_DIR: payload.run_dir,
+        OrchVar.CHECKPOINT_DIR: c.dir,
+        OrchVar.CHECKPOINT_INTERVAL: str(c.interval_steps),
+        OrchVar.CHECKPOINT_KEEP: str(c.keep_last),
+        OrchVar.RESUME: "1" if c.resume else "0",
+        OrchVar.GRAD_COMPRESSION: payload.grad_compression,
+    }
 
 
-def rank_env_from_slurm(environ: Mapping[str, str], payload: Mapping[str, object]) -> RankEnv:
+def rank_environment(rank: RankEnv, payload: Payload, attempt: Value, requeue_marker: str | None = None,
+                     torch_version: str | None = None) -> dict[str, str]:
+    """Everything one rank gets on top of the environment it inherits, in one dict: the torchrun
+    contract, the job's ORCH_* settings, the attempt (and on SLURM the requeue marker's path),
+    then the job's variables (the defaults and the spec's ``env:``, which ``env:`` may not use to
+    override the contract), and, for a torch older than 2.8, the old names of the flight
+    recorder's variables."""
+    env = rank.to_environ()
+    env.update(job_settings(payload))
+    env[OrchVar.ATTEMPT] = str(attempt)
+    if requeue_marker is not None:
+        env[OrchVar.REQUEUE_MARKER] = requeue_marker
+    env.update(payload.env)
+    env.update(flight_recorder_aliases(env, torch_version))
+    return env
+
+
+def local_rank_env(payload: Payload, rank: int, port: int, rendezvous: str | None) -> RankEnv:
+    """The contract of one local rank: emulated node ``rank // ranks_per_node``, master on this
+    machine, the node's share of ``local.devices`` (none: every GPU hidden, a CPU dry run)."""
+    node, local = divmod(rank, payload.ranks_per_node)
+    devices = list(payload.devices) if payload.devices else None
+    if devices is None:
+        visible: str | None = ""
+    elif payload.strategy == "ddp":
+        visible = node_devices(devices, node, payload.nodes)
+    else:
+        visible = ",".join(map(str, devices))
+    return RankEnv(rank=rank, local_rank=local, world_size=payload.world_size,
+                   local_world_size=payload.ranks_per_node, node_rank=node, nnodes=payload.nodes,
+                   master_addr="127.0.0.1", master_port=port,
+                   init_method=init_url(payload.init_method, "127.0.0.1", port, rendezvous),
+                   interface=payload.interface, visible_devices=visible, source="local")
+
+
+def rank_env_from_slurm(task: SlurmTask, payload: Payload) -> RankEnv:
     """The RankEnv of this srun task, from SLURM's variables and the job's payload: master = first
     host of the node list, port derived from the job id and restart count, interface 'auto' =
     the one carrying (or routing to) the master's address, a named one checked on this node,
     a GPU binding SLURM made kept, and a file:// rendezvous file unique per job and restart."""
     from orchestrator.netif import check_interfaces, interface_for
 
-    e, p = environ, payload
-    hosts = expand_nodelist(e["SLURM_JOB_NODELIST"])
-    job_id = slurm_job_id(e)
-    restart = int(e.get("SLURM_RESTART_COUNT", "0"))
-    port = derive_port(job_id, restart) if p["port"] == "auto" else int(str(p["port"]))
-    world = int(e["SLURM_NTASKS"])
-    nnodes = int(e.get("SLURM_JOB_NUM_NODES", e.get("SLURM_NNODES", "1")))
-    local_world = world // max(1, nnodes)
-    local_rank = int(e["SLURM_LOCALID"])
-    master = hosts[0]
-    iface = p["interface"]
+    job = task.job
+    port = derive_port(job.job_id, job.restart) if payload.port == "auto" else int(payload.port)
+    master = job.hosts[0]
+    iface = payload.interface
     if iface in (None, "auto"):
         iface = interface_for(master)
     else:
         import socket
 
         check_interfaces(str(iface).split(","), socket.gethostname())
-    rfile = rendezvous_file(str(p["rendezvous_dir"]), job_id, restart)
+    rfile = rendezvous_file(payload.rendezvous_dir, job.job_id, job.restart)
     return RankEnv(
-        rank=int(e["SLURM_PROCID"]), local_rank=local_rank, world_size=world, local_world_size=local_world,
-        node_rank=int(e["SLURM_NODEID"]), nnodes=nnodes, master_addr=master, master_port=port,
-        init_method=init_url(str(p["init_method"]), master, port, rfile), interface=str(iface),
-        visible_devices=slurm_visible_devices(e), source="slurm",
+        rank=task.procid, local_rank=task.localid, world_size=task.ntasks,
+        local_world_size=task.ntasks // max(1, task.nnodes), node_rank=task.nodeid, nnodes=task.nnodes,
+        master_addr=master, master_port=port, init_method=init_url(payload.init_method, master, port, rfile),
+        interface=str(iface), source="slurm",
+        visible_devices=slurm_visible_devices({"CUDA_VISIBLE_DEVICES": task.cuda_visible_devices}
+                                              if task.cuda_visible_devices is not None else {}),
     )
+
+
+#: Variables a process reads when its interpreter (or a library it loads at start) starts: setting
+#: them in an already running rank does nothing. A forked local rank whose job sets any of them to
+#: a value other than the zygote's starts a fresh interpreter instead (``startup_variables``).
+STARTUP_PREFIXES = ("PYTHON", "LD_", "MALLOC_", "GLIBC_TUNABLES", "TORCH_", "OMP_", "KMP_", "GOMP_", "MKL_",
+                    "OPENBLAS_")
+#: ... except these, which torch reads when it builds a process group (after the fork), or which
+#: the launcher applies to a forked rank itself (OMP_NUM_THREADS: torch.set_num_threads; the heap
+#: settings: mallopt).
+NOT_STARTUP_PREFIXES = ("TORCH_NCCL_", "TORCH_FR_")
+APPLIED_AFTER_START = frozenset({"OMP_NUM_THREADS", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"})
+
+
+def startup_variables(env: Mapping[str, str], inherited: Mapping[str, str]) -> list[str]:
+    """The variables of ``env`` that only a new interpreter would honour, because the process that
+    would fork the rank started with another value (``inherited``)."""
+    return sorted(name for name, value in env.items()
+                  if name.startswith(STARTUP_PREFIXES) and not name.startswith(NOT_STARTUP_PREFIXES)
+                  and name not in APPLIED_AFTER_START and inherited.get(name) != value)
 
 
 def thread_count_local(cpus: int, ranks: int) -> int:
@@ -240,3 +259,16 @@ def flight_recorder_aliases(environ: Mapping[str, str], torch_version: str | Non
     if not m or (int(m.group(1)), int(m.group(2))) >= (2, 8):
         return {}
     return {old: environ[new] for new, old in FLIGHT_RECORDER_RENAMES.items() if new in environ and old not in environ}
+
+
+def installed_torch_version(env: Mapping[str, str]) -> str | None:
+    """torch's version from its metadata, only for a job that asked for the flight recorder (the
+    one thing that depends on it); torch itself is not imported."""
+    if "TORCH_FR_BUFFER_SIZE" not in env:
+        return None
+    try:
+        from importlib.metadata import version
+
+        return version("torch")
+    except Exception:  # not installed the usual way: the names stay as the plan shows them
+        return None

@@ -25,9 +25,8 @@ from typing import Any
 
 from orchestrator.errors import RunNotFoundError
 from orchestrator.run_folder import RunFolder
+from orchestrator.states import State
 
-TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY"}
-STATES = TERMINAL | {"PENDING", "RUNNING", "REQUEUED", "UNKNOWN"}
 EXECUTORS = ("local", "slurm", "debug")
 
 
@@ -70,7 +69,7 @@ class RunRecord:
     run_id: str
     run_dir: str
     executor: str
-    state: str = "PENDING"
+    state: State = State.PENDING
     created: float = field(default_factory=time.time)
     ended: float | None = None
     job_ids: list[str] = field(default_factory=list)
@@ -84,7 +83,7 @@ class RunRecord:
     world_size: int = 1
     attempts: int = 1
     sweep_size: int = 0
-    point_states: dict[str, str] = field(default_factory=dict)
+    point_states: dict[str, State] = field(default_factory=dict)
     #: Where each rank was when the run ended abnormally (its user-code line and the collective
     #: it waited in), from the stacks saved in <run>/stacks/; rank (as text) -> description.
     waits: dict[str, str] = field(default_factory=dict)
@@ -95,6 +94,15 @@ class RunRecord:
     #: the record was created in: no other host, and no copy of the folder, signals them.
     host: str | None = None
     folder_id: int | None = None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """``state`` and ``point_states`` are always States, however they are set (the fields, a
+        plain string given to ``update`` or assigned): ValueError for a name that is no state."""
+        if name == "state":
+            value = State.parse(value)
+        elif name == "point_states":
+            value = {str(k): State.parse(v) for k, v in value.items()}
+        object.__setattr__(self, name, value)
 
     @property
     def path(self) -> Path:
@@ -178,8 +186,15 @@ def _record_problem(data: Any) -> str | None:
             return f"has a {type(data[key]).__name__} for {key!r}"
     if data["executor"] not in EXECUTORS:
         return f"names an unknown executor {data['executor'][:40]!r} (known: {', '.join(EXECUTORS)})"
-    if data.get("state", "PENDING") not in STATES:
+    try:
+        State.parse(data.get("state", State.PENDING))
+    except ValueError:
         return f"has an unknown state {str(data['state'])[:40]!r}"
+    try:
+        for value in data.get("point_states", {}).values():
+            State.parse(value)
+    except ValueError:
+        return "has a malformed 'point_states'"
     lists = [("job_ids", str), ("rank_pids", int), ("rank_starts", int)]
     for key, item_type in lists:
         if any(not isinstance(x, item_type) or isinstance(x, bool) for x in data.get(key, [])):

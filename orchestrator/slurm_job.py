@@ -27,18 +27,16 @@ requeue will follow, before it is forwarded. The verdict goes to ``<run>/end.jso
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Mapping
 
-from orchestrator.rank_env import slurm_job_id
+from orchestrator.payload import Payload
 from orchestrator.run_folder import RunFolder
-from orchestrator.slurm_rank import payload_path, point_base, requeue_marker
+from orchestrator.slurm_task import SlurmJob, point_base
 
 # The watchdog's modules (forensics, join_hook, stacks, watchdog) are imported at its first look,
 # a second after srun started the ranks: the time to the ranks' first line is the job's start-up
@@ -57,22 +55,22 @@ UNFINISHED_EXIT = 3
 
 
 class JobAgent:
-    def __init__(self, payload: Mapping[str, Any], environ: Mapping[str, str]) -> None:
+    def __init__(self, payload: Payload, environ: Mapping[str, str]) -> None:
         self.payload = payload
-        self.job_id = slurm_job_id(environ)
-        self.restart = int(environ.get("SLURM_RESTART_COUNT", "0"))
+        self.slurm = SlurmJob.from_environ(environ)
+        self.job_id = self.slurm.job_id
+        self.restart = self.slurm.restart
         self.received: list[str] = []
-        self.marker = requeue_marker(str(payload["run_dir"]), self.job_id, self.restart)
+        self.marker = self.slurm.requeue_marker(payload.run_dir)
         self.requeued = False  # decided (once per attempt)
         self.requeue_done = False  # scontrol accepted it
         self.srun: subprocess.Popen | None = None
-        self.run_dir = str(payload["run_dir"])
-        watchdog = payload.get("watchdog") or {}
-        self.stall_s = watchdog.get("stall_s")
-        self.stacks_on_failure = bool(watchdog.get("stacks_on_failure", True))
-        self.world = int(payload.get("nodes", 1)) * int(payload.get("ranks_per_node", 1))
+        self.run_dir = payload.run_dir
+        self.stall_s = payload.watchdog.stall_s
+        self.stacks_on_failure = payload.watchdog.stacks_on_failure
+        self.world = payload.world_size
         self.environ = dict(environ)
-        self.init_timeout_s = None if payload.get("init_timeout_s") is None else float(payload["init_timeout_s"])
+        self.init_timeout_s = payload.init_timeout_s
         self.usr2_pending = False  # stacks first, then USR2 (its default action ends a rank)
         self.not_requeued = ""  # why a requeue that was due did not happen
         self.started = time.time()
@@ -90,16 +88,20 @@ class JobAgent:
     def _stacks_before_usr2(self) -> bool:
         """USR2 with no requeue to follow (slurm.requeue: never, or no requeues left) is the time
         limit ending the job: save where the ranks are first. ``auto`` may still requeue."""
-        limit = int(self.payload.get("max_requeues", 0))
+        limit = self.payload.max_requeues
         return self.stacks_on_failure and (self.policy == "never" or self.restart >= limit)
 
     def run(self, srun_argv: list[str]) -> int:
         for sig in (signal.SIGUSR2, signal.SIGTERM):
             signal.signal(sig, self._on_signal)
         RunFolder.of(self.run_dir).forget_attempt()
-        self.logs = rank_logs(srun_argv, self.environ, self.world)
+        self.logs = ({r: self.slurm.rank_log(self.payload.rank_log, r) for r in range(self.world)}
+                     if self.payload.rank_log else {})
         self.started = time.time()
-        self.srun = subprocess.Popen(srun_argv)
+        # The job's variables reach srun, which starts every rank with them: those read when an
+        # interpreter starts (PYTHONPATH, PYTHONHASHSEED, LD_PRELOAD...) take effect, as they would
+        # exported in a hand-written batch script. The agent itself keeps its own environment.
+        self.srun = subprocess.Popen(srun_argv, env={**self.environ, **self.payload.env})
         # Requeue while the job is still running, as soon as the evidence is there (SLURM then
         # ends the ranks that are still exiting); checked once more after srun, since every rank
         # may have ended before the loop looked.
@@ -169,13 +171,13 @@ class JobAgent:
 
     @property
     def policy(self) -> str:
-        return str(self.payload.get("requeue", "auto"))
+        return self.payload.requeue
 
     def _requeue(self, why: str) -> None:
         if self.requeued:
             return
         self.requeued = True
-        limit = int(self.payload.get("max_requeues", 0))
+        limit = self.payload.max_requeues
         if self.restart >= limit:
             self.not_requeued = f"no requeues left ({self.restart} of {limit} used; slurm.max_requeues)"
             self._say(f"{why}; {self.not_requeued}")
@@ -235,11 +237,10 @@ class JobAgent:
         if not (self.stacks_on_failure or always):
             return {}
         from orchestrator import forensics, stacks
-        from orchestrator.stacks_probe import python_of, request_slurm
+        from orchestrator.stacks_probe import request_slurm
 
         self._say(f"{reason}: saving every rank's stacks in {self.run_dir}/stacks")
-        dumps, problem = request_slurm(self.run_dir, self.job_id, int(self.payload.get("nodes", 1)),
-                                       python_of(self.payload))
+        dumps, problem = request_slurm(self.run_dir, self.job_id, self.payload.nodes, self.payload.python)
         if problem:
             self._say(f"stacks: {problem.splitlines()[-1] if problem.splitlines() else problem}")
         if any(dumps.values()):
@@ -270,26 +271,18 @@ class JobAgent:
         print(f"[launcher] {text}", file=sys.stderr, flush=True)
 
 
-def rank_logs(srun_argv: list[str], environ: dict[str, str], world: int) -> dict[int, Path]:
-    """Each rank's log, from srun's --output pattern (%j, %A, %a, %t): the progress of a rank
-    that sends no heartbeat is new output there."""
-    if "--output" not in srun_argv or world <= 0:
-        return {}
-    pattern = srun_argv[srun_argv.index("--output") + 1]
-    job = environ.get("SLURM_JOB_ID", "")
-    pattern = pattern.replace("%A", environ.get("SLURM_ARRAY_JOB_ID", job)).replace(
-        "%a", environ.get("SLURM_ARRAY_TASK_ID", "")).replace("%j", job)
-    return {r: Path(pattern.replace("%t", str(r))) for r in range(world)}
-
-
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if not args:
         print("usage: python -m orchestrator.slurm_job PAYLOAD.json [--point-base N] (the batch script's command)",
               file=sys.stderr)
         return 2
-    payload = json.loads(payload_path(args[0], point_base(args), os.environ).read_text(encoding="utf-8"))
-    srun = list(payload["srun"]) + (["--point-base", str(point_base(args))] if point_base(args) else [])
+    payload = Payload.load(SlurmJob.from_environ(os.environ).payload_path(args[0], point_base(args)))
+    if not payload.srun:
+        print(f"the payload {args[0]} was not planned for SLURM: plan and submit the job with --executor slurm",
+              file=sys.stderr)
+        return 2
+    srun = list(payload.srun) + (["--point-base", str(point_base(args))] if point_base(args) else [])
     return JobAgent(payload, os.environ).run(srun)
 
 

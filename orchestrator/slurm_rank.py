@@ -1,40 +1,26 @@
-"""One srun task: ``python -m orchestrator.launcher --slurm RUN/payload.json [--point-base N]``.
+"""One srun task: ``python -m orchestrator.slurm_rank RUN/payload.json [--point-base N]``.
 
 Standard library only until the user's entrypoint: no submitit import and no unpickling on the
 ranks (tens of thousands of ranks doing that from a shared filesystem is a metadata storm). The
 task *is* the rank, as under plain ``srun``: SLURM's signals (scancel's SIGTERM, the USR2 that
 the job's agent forwards through srun) reach the user's own handlers and ``finally:`` blocks.
+The job's variables (``env:``, the thread and heap defaults) are already in place when this
+interpreter starts: the job's agent exports them to srun, so the ones read at start-up
+(PYTHONPATH, PYTHONHASHSEED, LD_PRELOAD...) take effect.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
-from pathlib import Path
-from typing import Any, Callable, Mapping
 
 from orchestrator import malloc
-from orchestrator.rank_env import OrchVar, rank_env_from_slurm, slurm_job_id
-from orchestrator.run_folder import RunFolder
-
-
-def payload_path(path: str, point_base: int, environ: Mapping[str, str]) -> Path:
-    """The payload of this job: the run's, or in a job array that of its sweep point."""
-    task = environ.get("SLURM_ARRAY_TASK_ID")
-    if task is None:
-        return Path(path)
-    return RunFolder(Path(path).parent).point(point_base + int(task)).payload
-
-
-def point_base(args: list[str]) -> int:
-    return int(args[args.index("--point-base") + 1]) if "--point-base" in args else 0
-
-
-def requeue_marker(run_dir: str, job_id: str, restart: int) -> str:
-    """Written by the rank API once the ranks checkpointed after a stop signal (policy auto)."""
-    return str(RunFolder(Path(run_dir)).requeue_marker(job_id, restart))
+from orchestrator.launcher import exit_code_of, run_rank
+from orchestrator.payload import Payload
+from orchestrator.rank_env import installed_torch_version, rank_env_from_slurm, rank_environment
+from orchestrator.rendezvous import remove_earlier_files
+from orchestrator.slurm_task import SlurmTask, point_base
 
 
 def keep_running_on_time_limit_notice(rank: int) -> None:
@@ -54,33 +40,31 @@ def keep_running_on_time_limit_notice(rank: int) -> None:
     signal.signal(signal.SIGUSR2, notice)
 
 
-def main(args: list[str], run_rank: Callable[[Mapping[str, Any], int], Any]) -> int:
+def main(args: list[str]) -> int:
     """Build this task's rank environment from SLURM's variables, then run the rank."""
-    payload = json.loads(payload_path(args[0], point_base(args), os.environ).read_text(encoding="utf-8"))
-    env = rank_env_from_slurm(os.environ, payload)
-    job_id, restart = slurm_job_id(os.environ), int(os.environ.get("SLURM_RESTART_COUNT", "0"))
-    os.environ.update(env.to_environ())
-    os.environ.update(payload.get("env", {}))  # the job's variables, computed once by the plan
-    os.environ[OrchVar.REQUEUE_MARKER] = requeue_marker(str(payload["run_dir"]), job_id, restart)
-    os.environ[OrchVar.ATTEMPT] = str(restart)
-    malloc.apply()  # the job's heap settings, which srun started this process without
+    if not args:
+        print("usage: python -m orchestrator.slurm_rank PAYLOAD.json [--point-base N] (an srun task)", file=sys.stderr)
+        return 2
+    task = SlurmTask.from_environ(os.environ)
+    job = task.job
+    payload = Payload.load(job.payload_path(args[0], point_base(args)))
+    rank = rank_env_from_slurm(task, payload)
+    os.environ.update(rank_environment(rank, payload, job.restart, job.requeue_marker(payload.run_dir),
+                                       installed_torch_version(payload.env)))
+    malloc.apply()  # the job's heap settings, for this process too (its children get them at start)
     import socket
 
-    print(f"[launcher] rank {env.rank}/{env.world_size} (local {env.local_rank}) on {socket.gethostname()}, job "
-          f"{job_id} attempt {restart}, master {env.master_addr}:{env.master_port}, {env.init_method}",
+    print(f"[launcher] rank {rank.rank}/{rank.world_size} (local {rank.local_rank}) on {socket.gethostname()}, job "
+          f"{job.job_id} attempt {job.restart}, master {rank.master_addr}:{rank.master_port}, {rank.init_method}",
           file=sys.stderr, flush=True)
-    if payload["init_method"] == "file":
-        if env.rank == 0 and restart > 0:
-            from orchestrator.launcher import remove_stale_rendezvous_files
-
-            for path in remove_stale_rendezvous_files(str(payload["rendezvous_dir"]), job_id, restart):
+    if payload.init_method == "file":
+        if rank.rank == 0 and job.restart > 0:
+            for path in remove_earlier_files(payload.rendezvous_dir, job.job_id, job.restart):
                 print(f"[launcher] removed the previous attempt's rendezvous file {path}", flush=True)
-        os.makedirs(str(payload["rendezvous_dir"]), exist_ok=True)
-    keep_running_on_time_limit_notice(env.rank)
-    try:
-        run_rank(payload, env.rank)
-    except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else 1
-    except BaseException:
-        return 1  # run_rank printed and recorded it
-    return 0
+        os.makedirs(payload.rendezvous_dir, exist_ok=True)
+    keep_running_on_time_limit_notice(int(rank.rank))
+    return exit_code_of(run_rank, payload, int(rank.rank))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -16,6 +16,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationI
                       model_validator)
 
 from orchestrator import validators as v
+from orchestrator.payload import Defaults
 
 Scalar = Union[str, int, float, bool]
 ExecutorName = Literal["local", "slurm", "debug"]
@@ -67,7 +68,7 @@ class _Model(BaseModel):
         try:
             super().__init__(**data)
         except ValidationError as exc:
-            from orchestrator.loading import spec_error
+            from orchestrator.spec_data import spec_error
 
             raise spec_error(exc, data, type(self)) from None
 
@@ -108,7 +109,7 @@ class DistributedSpec(_Model):
     """How the ranks find each other."""
 
     backend: Literal["auto", "nccl", "gloo"] = Field(
-        "auto", description="Process-group backend. 'auto' is nccl when the job has GPUs, else gloo."
+        Defaults.BACKEND, description="Process-group backend. 'auto' is nccl when the job has GPUs, else gloo."
     )
     init_method: Literal["env", "tcp", "file"] = Field(
         "env",
@@ -136,16 +137,16 @@ class DistributedSpec(_Model):
         "interface that routes to the master), a name such as 'eth0', or a list of names.",
     )
     init_timeout_s: float = Field(
-        300, gt=0, le=v.MAX_TIMEOUT_S,
+        Defaults.INIT_TIMEOUT_S, gt=0, le=v.MAX_TIMEOUT_S,
         description="Seconds to wait for every rank to join. The orchestrator enforces it for any script: a rank "
         "whose init_process_group has not returned by then ends the job FAILED, naming the ranks that never "
         "called it, with every rank's stack saved in <run folder>/stacks/.",
     )
     collective_timeout_s: float = Field(
-        1800, gt=0, le=v.MAX_TIMEOUT_S, description="Seconds a single collective may take before the job fails."
+        Defaults.COLLECTIVE_TIMEOUT_S, gt=0, le=v.MAX_TIMEOUT_S, description="Seconds a single collective may take before the job fails."
     )
     grad_compression: Literal["none", "fp16", "bf16"] = Field(
-        "none",
+        Defaults.GRAD_COMPRESSION,
         description="DDP gradient compression for jobs built on the rank API (jobs.wrap_model): 'fp16' or "
         "'bf16' halve the bytes all-reduced, for bandwidth-bound multi-node jobs; 'none' is exact.",
     )
@@ -198,10 +199,10 @@ class CheckpointSpec(_Model):
 
     dir: str | None = Field(None, description="Checkpoint directory. Default: <run folder>/checkpoints.")
     interval_steps: int = Field(
-        0, ge=0, description="Also checkpoint every N optimizer steps; 0 means only at epoch ends."
+        Defaults.CHECKPOINT_INTERVAL, ge=0, description="Also checkpoint every N optimizer steps; 0 means only at epoch ends."
     )
-    keep_last: int = Field(3, ge=1, description="How many checkpoints to keep; older ones are deleted.")
-    resume: bool = Field(True, description="Resume from the latest checkpoint in dir when one exists.")
+    keep_last: int = Field(Defaults.CHECKPOINT_KEEP, ge=1, description="How many checkpoints to keep; older ones are deleted.")
+    resume: bool = Field(Defaults.RESUME, description="Resume from the latest checkpoint in dir when one exists.")
 
     @field_validator("dir")
     @classmethod
@@ -412,7 +413,7 @@ class JobSpec(_Model):
         1, ge=1, le=256, description="Ranks per node when gpus_per_node is 0 (CPU training with gloo)."
     )
     strategy: Literal["ddp", "dp"] = Field(
-        "ddp",
+        Defaults.STRATEGY,
         description="'ddp': one process per device. 'dp': DataParallel, one process per node using all its GPUs.",
     )
     distributed: DistributedSpec = Field(default_factory=DistributedSpec, description="Rendezvous and backend.")

@@ -12,19 +12,11 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Mapping
 
 from orchestrator import stacks
 
 #: srun has to create a step in the allocation (under a second on an idle controller).
 SRUN_TIMEOUT_S = 20.0
-
-
-def python_of(payload: Mapping[str, Any]) -> str:
-    """The interpreter the ranks run (the one in the srun line the plan made)."""
-    from orchestrator.interpreter import python_of as python_in
-
-    return python_in(list(payload.get("srun") or [])) or sys.executable
 
 
 def probe_argv(run_dir: str | Path, job_id: str, nodes: int, python: str, ranks: list[int] | None = None) -> list[str]:

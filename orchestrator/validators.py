@@ -435,6 +435,6 @@ def hostlist_hosts(value: str, limit: int = MAX_WORLD) -> set[str] | None:
             count += int(hi or lo) - int(lo) + 1
     if count > limit:
         return None
-    from orchestrator.rank_env import expand_nodelist
+    from orchestrator.slurm_task import expand_nodelist
 
     return set(expand_nodelist(value))

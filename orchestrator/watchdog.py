@@ -62,9 +62,6 @@ class Watch:
             return False
         return all(now - self.last_progress(r) >= self.stall_s for r in range(self.world_size))
 
-    def idle_for(self, now: float) -> float:
-        return min(now - self.last_progress(r) for r in range(self.world_size))
-
 
 def straggler(wheres: Mapping[int, Optional[Where]], last: Mapping[int, float]) -> tuple[Optional[int], str]:
     """The rank the others wait for, and why it was chosen.

@@ -12,17 +12,39 @@ from orchestrator import ownership, procs
 from orchestrator.errors import SubmissionError
 from orchestrator.plan import LaunchPlan
 from orchestrator.run_folder import RunFolder
-from orchestrator.records import TERMINAL, RunRecord, register, write_json_atomic, write_text_atomic
-
+from orchestrator.records import RunRecord, register, write_json_atomic, write_text_atomic
+from orchestrator.states import State
 
 
 class Executor(Protocol):
-    def submit(self, launch: LaunchPlan, detach: bool = True) -> RunRecord: ...
-    def run(self, launch: LaunchPlan) -> RunRecord: ...
-    def wait(self, record: RunRecord, follow: bool = False) -> RunRecord: ...
-    def refresh(self, records: list[RunRecord]) -> list[RunRecord]: ...
-    def cancel(self, record: RunRecord) -> RunRecord: ...
-    def log_path(self, record: RunRecord, rank: int, point: int | None = None) -> Path: ...
+    """What every executor does. Waiting for a run is no executor's business: ``api.Run.wait``
+    polls ``refresh``, whatever the executor."""
+
+    def submit(self, launch: LaunchPlan) -> RunRecord:
+        """Start the run and return its record once it is under way (queued by the scheduler, or
+        its detached supervisor has recorded itself; the debug executor, which has no supervisor
+        to detach, runs it to its end first)."""
+        ...
+
+    def refresh(self, records: list[RunRecord]) -> list[RunRecord]:
+        """The records brought up to date, all of them in one look (one scheduler query)."""
+        ...
+
+    def cancel(self, record: RunRecord) -> RunRecord:
+        """Stop the run; return its record once it has ended."""
+        ...
+
+    def log_path(self, record: RunRecord, rank: int, point: int | None = None) -> Path:
+        """Where a rank's log is (or will be)."""
+        ...
+
+
+class ForegroundExecutor(Executor, Protocol):
+    """An executor that can also run in this process's foreground (local, debug; not slurm)."""
+
+    def run(self, launch: LaunchPlan) -> RunRecord:
+        """Run to the end, echoing the ranks' output; return the ended record."""
+        ...
 
 
 def refresh_by_supervisor(rec: RunRecord) -> RunRecord:
@@ -33,7 +55,7 @@ def refresh_by_supervisor(rec: RunRecord) -> RunRecord:
     PID alone. A run whose lock is free and whose lease has run out has no supervisor: what is
     left of its ranks on this host is stopped, and the attempt is recorded FAILED. A copy of a
     run folder, or a run on another host whose lease is still fresh, is only read."""
-    if rec.state in TERMINAL:
+    if rec.state.terminal:
         return rec
     folder = rec.run_dir
     if ownership.is_held(folder):
@@ -45,7 +67,7 @@ def refresh_by_supervisor(rec: RunRecord) -> RunRecord:
     if rec.host in (None, ownership.this_host()) and procs.same_process(rec.supervisor_pid, rec.supervisor_start):
         return rec  # alive without the lock: only a run started by an older version
     latest = RunRecord.load(folder)  # the supervisor may have recorded its end meanwhile
-    if latest.state in TERMINAL or ownership.is_held(folder):
+    if latest.state.terminal or ownership.is_held(folder):
         return latest
     return end_orphaned(latest)
 
@@ -70,7 +92,7 @@ def end_orphaned(rec: RunRecord) -> RunRecord:
         why = "the run never started (its starter ended before a supervisor took over)"
     if stopped:
         why += f"; {stopped} process(es) it left were stopped"
-    return rec.update(state="FAILED", ended=time.time(), error=rec.error or why)
+    return rec.update(state=State.FAILED, ended=time.time(), error=rec.error or why)
 
 
 def _point_dirs(run_dir: Path) -> Iterator[RunFolder]:
@@ -136,16 +158,16 @@ def _start_attempt(launch: LaunchPlan, run_dir: Path, run: RunFolder, record: Ru
     attempts = 1
     if run.record.exists() or run.record.is_symlink():
         old = RunRecord.load(run_dir)
-        if old.state not in TERMINAL and old.executor == "slurm":
+        if not old.state.terminal and old.executor == "slurm":
             raise SubmissionError(
                 f"run {launch.run_id} is still {old.state} in {run_dir}; follow it with "
                 f"'orchestrator status {launch.run_id}' or stop it with 'orchestrator cancel {launch.run_id}'"
             )
-        if old.state not in TERMINAL and old.host in (None, ownership.this_host()) and \
+        if not old.state.terminal and old.host in (None, ownership.this_host()) and \
                 procs.same_process(old.supervisor_pid, old.supervisor_start):
             raise SubmissionError(f"run {launch.run_id} is still {old.state} under supervisor pid {old.supervisor_pid} "
                                   f"(started by an older version); stop it with 'orchestrator cancel {launch.run_id}'")
-        if old.state not in TERMINAL:
+        if not old.state.terminal:
             held = ownership.lease(run_dir)
             if old.host not in (None, ownership.this_host()) and held is not None and held.fresh():
                 raise SubmissionError(
@@ -159,7 +181,7 @@ def _start_attempt(launch: LaunchPlan, run_dir: Path, run: RunFolder, record: Ru
     ownership.forget_requests(run_dir)
     write_text_atomic(run_dir / "spec.yaml", yaml.safe_dump(launch.spec, sort_keys=False))
     write_json_atomic(run.plan, launch.model_dump(mode="json"))
-    write_json_atomic(run.payload, launch.payload)
+    write_json_atomic(run.payload, launch.payload.to_dict())
     for folder in _point_dirs(run_dir):  # a rerun must never report an earlier attempt's outcome
         folder.forget_attempt()  # nor look at an earlier attempt's ranks (stacks, logs, joins)
         folder.result.unlink(missing_ok=True)
@@ -189,7 +211,7 @@ def move_aside(run_dir: str | Path) -> Path | None:
     src = Path(run_dir)
     if not src.exists():
         return None
-    if ownership.is_held(src) or ((src / "record.json").is_file() and RunRecord.load(src).state not in TERMINAL):
+    if ownership.is_held(src) or ((src / "record.json").is_file() and not RunRecord.load(src).state.terminal):
         raise SubmissionError(f"{src} belongs to a run that is still active; cancel it first")
     n = 1
     while (dst := src.with_name(f"{src.name}.{n}")).exists():

@@ -10,10 +10,12 @@ from pathlib import Path
 from orchestrator import procs
 from orchestrator.errors import OrchestratorError
 from orchestrator.executors.base import prepare_run_dir, rank_log_path, refresh_by_supervisor
-from orchestrator.executors.local import pick_port, rank_environments
 from orchestrator.launcher import run_rank
+from orchestrator.rank_env import installed_torch_version, local_rank_env, rank_environment
+from orchestrator.rendezvous import derive_port, pick_port, rendezvous_file
 from orchestrator.plan import LaunchPlan
-from orchestrator.records import TERMINAL, RunRecord
+from orchestrator.records import RunRecord
+from orchestrator.states import TERMINAL
 
 
 class DebugExecutor:
@@ -38,9 +40,15 @@ class DebugExecutor:
 
     def _run_rank(self, launch: LaunchPlan, record: RunRecord) -> RunRecord:
         payload = launch.payload
-        port = pick_port(int(launch.ranks[0].env["MASTER_PORT"]))
-        env = rank_environments(launch, port, payload)[0]
-        os.environ.update(env)
+        port = pick_port(int(payload.port) if payload.port != "auto" else derive_port(launch.run_id, 0))
+        if port is None:
+            raise OrchestratorError("no free port in the auto range; set distributed.port to a free port")
+        attempt = record.attempts - 1
+        rfile = rendezvous_file(payload.rendezvous_dir, launch.run_id, attempt)
+        if payload.init_method == "file":
+            Path(payload.rendezvous_dir).mkdir(parents=True, exist_ok=True)
+        os.environ.update(rank_environment(local_rank_env(payload, 0, port, rfile), payload, attempt,
+                                           torch_version=installed_torch_version(payload.env)))
         # Every way out records an end state: an exception, sys.exit() in the entrypoint, Ctrl-C.
         state, changes = "FAILED", {"failed_rank": 0, "error": "the debug run ended without a result"}
         try:
@@ -64,11 +72,8 @@ class DebugExecutor:
         print(f"{record.run_id}: COMPLETED  result: {result}")
         return record
 
-    def submit(self, launch: LaunchPlan, detach: bool = True) -> RunRecord:
+    def submit(self, launch: LaunchPlan) -> RunRecord:
         return self.run(launch)
-
-    def wait(self, record: RunRecord, follow: bool = False) -> RunRecord:
-        return RunRecord.load(record.run_dir)
 
     def refresh(self, records: list[RunRecord]) -> list[RunRecord]:
         return [refresh_by_supervisor(rec) for rec in records]

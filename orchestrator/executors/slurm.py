@@ -1,4 +1,5 @@
-"""SLURM executor: submitit's SlurmExecutor, built fresh for every submission.
+"""SLURM executor: sbatch through submitit (``orchestrator.submitit_adapter``, the one module
+that touches submitit), with a fresh submitit executor for every submission.
 
 The sbatch script submitit writes is the one ``plan`` rendered: same parameters, same folder
 (``<run_dir>/slurm``). A sweep is one job array (split at MaxArraySize). Status for any number
@@ -14,36 +15,43 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
+from orchestrator import submitit_adapter
 from orchestrator.errors import SubmissionError
 from orchestrator.executors.base import first_error, prepare_run_dir
 from orchestrator.plan import DEFAULT_MAX_ARRAY_SIZE, LaunchPlan, array_chunks, job_command
-from orchestrator.records import TERMINAL, RunRecord, point_dir, write_json_atomic
+from orchestrator.records import RunRecord, point_dir, write_json_atomic
 from orchestrator.run_folder import RunFolder
+from orchestrator.states import State
 
 #: sacct/squeue state -> our state. One table, tested; nothing is folded into FAILED.
-STATE_MAP = {
-    "PENDING": "PENDING", "CONFIGURING": "PENDING", "REQUEUE_HOLD": "PENDING", "REQUEUE_FED": "PENDING",
-    "RUNNING": "RUNNING", "COMPLETING": "RUNNING", "STAGE_OUT": "RUNNING", "SUSPENDED": "RUNNING",
-    "RESIZING": "RUNNING", "SIGNALING": "RUNNING",
-    "COMPLETED": "COMPLETED", "FAILED": "FAILED", "BOOT_FAIL": "FAILED", "DEADLINE": "TIMEOUT",
-    "CANCELLED": "CANCELLED", "REVOKED": "CANCELLED", "TIMEOUT": "TIMEOUT", "PREEMPTED": "PREEMPTED",
-    "NODE_FAIL": "NODE_FAIL", "OUT_OF_MEMORY": "OUT_OF_MEMORY", "REQUEUED": "REQUEUED",
+STATE_MAP: dict[str, State] = {
+    "PENDING": State.PENDING, "CONFIGURING": State.PENDING, "REQUEUE_HOLD": State.PENDING,
+    "REQUEUE_FED": State.PENDING,
+    "RUNNING": State.RUNNING, "COMPLETING": State.RUNNING, "STAGE_OUT": State.RUNNING,
+    "SUSPENDED": State.RUNNING, "RESIZING": State.RUNNING, "SIGNALING": State.RUNNING,
+    "COMPLETED": State.COMPLETED,
+    "FAILED": State.FAILED, "BOOT_FAIL": State.FAILED,
+    "TIMEOUT": State.TIMEOUT, "DEADLINE": State.TIMEOUT,
+    "CANCELLED": State.CANCELLED, "REVOKED": State.CANCELLED,
+    "PREEMPTED": State.PREEMPTED, "NODE_FAIL": State.NODE_FAIL, "OUT_OF_MEMORY": State.OUT_OF_MEMORY,
+    "REQUEUED": State.REQUEUED,
 }
-#: When a run has several jobs (array tasks), the most telling state wins.
-_PRIORITY = ["NODE_FAIL", "OUT_OF_MEMORY", "FAILED", "TIMEOUT", "PREEMPTED", "CANCELLED", "REQUEUED",
-             "RUNNING", "PENDING", "UNKNOWN", "COMPLETED"]
+#: When a run has several jobs (array tasks), the most telling state wins. Every State is here.
+_PRIORITY: list[State] = [State.NODE_FAIL, State.OUT_OF_MEMORY, State.FAILED, State.TIMEOUT, State.PREEMPTED,
+                          State.CANCELLED, State.REQUEUED, State.RUNNING, State.PENDING, State.UNKNOWN,
+                          State.COMPLETED]
 
 
-def map_state(raw: str) -> str:
+def map_state(raw: str) -> State:
     """'CANCELLED by 0' -> CANCELLED; unknown words -> UNKNOWN."""
     word = raw.split()[0].rstrip("+") if raw.strip() else ""
-    return STATE_MAP.get(word, "UNKNOWN")
+    return STATE_MAP.get(word, State.UNKNOWN)
 
 
-def combine(states: list[str]) -> str:
-    return min(states, key=_PRIORITY.index) if states else "UNKNOWN"
+def combine(states: list[State]) -> State:
+    return State(min(states, key=_PRIORITY.index)) if states else State.UNKNOWN
 
 
 @contextlib.contextmanager
@@ -164,7 +172,7 @@ def expand_array_id(jid: str) -> list[str]:
     return out
 
 
-def sacct_states(job_ids: list[str]) -> dict[str, str]:
+def sacct_states(job_ids: list[str]) -> dict[str, State]:
     """At most two scheduler queries for any number of jobs: {job id (or array task id): state}.
 
     sacct knows every job, finished ones included, but learns of a new job a moment after
@@ -184,25 +192,24 @@ def sacct_states(job_ids: list[str]) -> dict[str, str]:
 
 
 class SlurmExecutor:
-    def submit(self, launch: LaunchPlan, detach: bool = True) -> RunRecord:
+    def submit(self, launch: LaunchPlan) -> RunRecord:
         """sbatch through submitit, with the script the plan rendered: the batch script runs the
         job's agent, which runs one srun task per rank on a payload file (no pickled callable). A sweep is one array per
         chunk of MaxArraySize; each array task finds its point's payload by its task id."""
-        import submitit
-
         if launch.submitit is None:
             raise SubmissionError("this plan was not made for the slurm executor; plan it with --executor slurm")
+        submitit_adapter.check_version()  # before a run folder is made
         check_slurm_conf()
         record, lock = prepare_run_dir(launch)
         with lock:  # until the scheduler has the job: then the job is the live attempt
-            return self._submit_locked(launch, record, submitit)
+            return self._submit_locked(launch, record)
 
-    def _submit_locked(self, launch: LaunchPlan, record: RunRecord, submitit: Any) -> RunRecord:
+    def _submit_locked(self, launch: LaunchPlan, record: RunRecord) -> RunRecord:
         folder = Path(launch.run_dir) / "slurm"
         rotate_folder(folder)
         folder.mkdir(parents=True, exist_ok=True)
         for index, point in enumerate(launch.sweep):
-            write_json_atomic(RunFolder.of(launch.run_dir).point(index).payload, launch.payload_for_point(index))
+            write_json_atomic(RunFolder.of(launch.run_dir).point(index).payload, launch.payload_for_point(index).to_dict())
         python = launch.spec["slurm"].get("python")
         chunks: list[list[int]] | list[None] = [None]
         if launch.sweep:  # the plan assumed SLURM's default MaxArraySize; this cluster's may be smaller
@@ -211,39 +218,33 @@ class SlurmExecutor:
         sbatch_stderr = io.StringIO()  # submitit prints sbatch's errors as well as raising them: once is enough
         try:
             with clean_submission_env(), contextlib.redirect_stderr(sbatch_stderr):
-                for chunk in chunks:
-                    ex = submitit.SlurmExecutor(folder=folder)
-                    ex.update_parameters(**launch.submitit)
-                    if chunk:  # an array of len(chunk) tasks (submitit's own way of asking for one)
-                        ex.parameters["map_count"] = len(chunk)
-                    job = ex._submit_command(job_command(launch.run_dir, python, chunk[0] if chunk else 0))
-                    job_ids += [f"{job.job_id}_{i}" for i in range(len(chunk))] if chunk else [job.job_id]
+                for chunk in chunks:  # a chunk: an array of len(chunk) tasks
+                    job_id = submitit_adapter.submit(folder, launch.submitit, job_command(
+                        launch.run_dir, python, chunk[0] if chunk else 0), n_points=len(chunk) if chunk else 0)
+                    job_ids += [f"{job_id}_{i}" for i in range(len(chunk))] if chunk else [job_id]
         except Exception as exc:
-            record.update(state="FAILED", error=f"submission failed: {exc}", ended=time.time())
+            record.update(state=State.FAILED, error=f"submission failed: {exc}", ended=time.time())
             hint = (" (run 'orchestrator validate SPEC --cluster': it names the field this cluster cannot satisfy)"
                     if any(s in str(exc) for s in _UNSATISFIABLE) else "")
             raise SubmissionError(controller_problem("sbatch", str(exc)) or
                                   f"sbatch refused the job: {_one_line(exc)}{hint}") from exc
         sys.stderr.write(sbatch_stderr.getvalue())
-        return record.update(state="PENDING", job_ids=job_ids)
-
-    def run(self, launch: LaunchPlan) -> RunRecord:
-        return self.wait(self.submit(launch))
+        return record.update(state=State.PENDING, job_ids=job_ids)
 
     def refresh(self, records: list[RunRecord]) -> list[RunRecord]:
-        live = [r for r in records if r.state not in TERMINAL]
+        live = [r for r in records if not r.state.terminal]
         states = sacct_states([j for r in live for j in r.job_ids])
         out = []
         for rec in records:
             if rec in live:
-                per_job = [states.get(j, "UNKNOWN") if "_" in j or j in states else
+                per_job = [states.get(j, State.UNKNOWN) if "_" in j or j in states else
                            combine([s for k, s in states.items() if k.startswith(j + "_")]) for j in rec.job_ids]
                 state = combine(per_job)
                 changes: dict = {"state": state}
-                if state in TERMINAL:
+                if state.terminal:
                     changes["ended"] = time.time()
                     err = first_error(rec.run_dir)
-                    if err and state != "COMPLETED":
+                    if err and state != State.COMPLETED:
                         changes.update(failed_rank=err["rank"], error=f"rank {err['rank']} raised {err['type']}: {err['message']}\n"
                                              f"{err.get('user_traceback') or err['traceback']}")
                     changes.update(agent_verdict(rec, state))
@@ -253,22 +254,12 @@ class SlurmExecutor:
             out.append(rec)
         return out
 
-    def wait(self, record: RunRecord, follow: bool = False, poll_s: float = 1.0) -> RunRecord:
-        offset = 0
-        while True:
-            record = self.refresh([RunRecord.load(record.run_dir)])[0]
-            if follow:
-                offset = _print_new(self.log_path(record, 0), offset)
-            if record.state in TERMINAL:
-                return record
-            time.sleep(poll_s)
-
     def cancel(self, record: RunRecord, timeout_s: float = 120.0) -> RunRecord:
         """scancel, then return only when the scheduler no longer lists the job (not even
         COMPLETING): every rank's SIGTERM clean-up has run, or KillWait has ended it."""
         record = RunRecord.load(record.run_dir)
         bases = sorted({j.split("_")[0] for j in record.job_ids})
-        if not bases or record.state in TERMINAL:
+        if not bases or record.state.terminal:
             return record
         out = subprocess.run(["scancel", *bases], capture_output=True, text=True, timeout=60, check=False)
         problem = controller_problem("scancel", out.stderr) if out.returncode else None
@@ -296,7 +287,7 @@ class SlurmExecutor:
         return folder / f"{record.job_ids[0]}_{rank}_log.out"
 
 
-def agent_verdict(rec: RunRecord, state: str) -> dict:
+def agent_verdict(rec: RunRecord, state: State) -> dict:
     """What the job's agent recorded about the end (orchestrator.forensics.write_end): the init
     deadline or the stall (failed rank, message, where each rank was), the stacks at the time
     limit, or the did-nothing warning; for a sweep, the first point that has one."""
@@ -308,9 +299,9 @@ def agent_verdict(rec: RunRecord, state: str) -> dict:
         if not end:
             continue
         changes: dict = {}
-        if end.get("warning") and state == "COMPLETED":
+        if end.get("warning") and state == State.COMPLETED:
             changes["warning"] = str(end["warning"])
-        if state != "COMPLETED":
+        if state != State.COMPLETED:
             if end.get("error"):
                 changes.update(error=str(end["error"]), failed_rank=end.get("failed_rank"))
             if isinstance(end.get("waits"), dict) and end["waits"]:
@@ -322,13 +313,3 @@ def agent_verdict(rec: RunRecord, state: str) -> dict:
 
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())[:500]
-
-
-def _print_new(path: Path, offset: int) -> int:
-    if not path.exists():
-        return offset
-    with open(path, "rb") as fh:
-        fh.seek(offset)
-        chunk = fh.read()
-    print(chunk.decode(errors="replace"), end="", flush=True)
-    return offset + len(chunk)

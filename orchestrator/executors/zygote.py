@@ -16,7 +16,7 @@ session (setsid, daemonised) is re-parented to it, not to init. When every rank 
 the zygote is told to stop (SIGTERM), it stops and reaps all its remaining descendants, so no
 process a run started outlives it.
 
-Protocol, one JSON object per line. stdin: ``{"rank", "env", "payload", "log"}`` per rank, then
+Protocol, one JSON object per line. stdin: ``{"rank", "env", "payload", "log", "fresh"}`` per rank, then
 ``{"done": true}``. stdout: ``{"rank", "pid"}`` per fork, then ``{"rank", "exit"}`` as each
 rank ends (a negative exit is the signal that killed it, as in ``subprocess``), and finally
 ``{"leftovers": [pid, ...]}``: the processes it had to stop after the ranks ended.
@@ -46,7 +46,8 @@ def emit(message: dict[str, Any]) -> None:
 
 
 def child(msg: dict[str, Any], fresh: bool) -> NoReturn:
-    """Runs in the forked rank; never returns."""
+    """Runs in the forked rank; never returns. ``fresh``: exec a new interpreter (the zygote's
+    mode, or the rank's own ``"fresh"``: its environment sets variables read only at start-up)."""
     code = 1
     ran = False
     try:
@@ -178,7 +179,7 @@ def main(argv: list[str]) -> int:
         msg["zygote"] = os.getpid()
         pid = os.fork()
         if pid == 0:
-            child(msg, fresh)
+            child(msg, fresh or bool(msg.get("fresh")))
         children[pid] = msg["rank"]
         emit({"rank": msg["rank"], "pid": pid})
     while children:

@@ -61,7 +61,7 @@ def test_rank_api_script_resumes_bit_exactly_after_its_time_limit(cluster: dict[
     result = _result(launch.run_dir)
     assert result["step"] == TOTAL, result
     assert result["loss"] == _result(whole.run_dir)["loss"]
-    a, b = _weights(whole.payload["checkpoint"]["dir"]), _weights(launch.payload["checkpoint"]["dir"])
+    a, b = _weights(whole.payload.checkpoint.dir), _weights(launch.payload.checkpoint.dir)
     assert a.keys() == b.keys()
     for name in a:
         assert torch.equal(a[name], b[name]), f"{name} differs after the time limit and requeue"

@@ -7,11 +7,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from orchestrator.rank_env import derive_port, expand_nodelist, slurm_job_id
+from orchestrator.plan import SLURM_RULES
+from orchestrator.rendezvous import derive_port
+from orchestrator.slurm_task import SlurmJob
 
 from .test_slurm import no_job_processes, run, slurm_plan
 
-SCRIPT = Path(__file__).parents[1] / "integration" / "scripts" / "env_dump.py"
+SCRIPTS = Path(__file__).parents[1] / "integration" / "scripts"
+SCRIPT = SCRIPTS / "env_dump.py"
+#: What torchrun and the orchestrator set: every one of them a rank has must be in its plan row.
+CONTRACT = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "NNODES",
+            "MASTER_ADDR", "MASTER_PORT", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"}
 
 
 def test_slurm_ranks_get_exactly_the_planned_environment(cluster: dict[str, str]) -> None:
@@ -26,10 +32,10 @@ def test_slurm_ranks_get_exactly_the_planned_environment(cluster: dict[str, str]
         seen = json.loads((out / f"env-{row.rank}.json").read_text())
         env = seen["env"]
         assert seen["cwd"] == str(work)
-        addr = expand_nodelist(env["SLURM_JOB_NODELIST"])[0]
-        port = str(derive_port(slurm_job_id(env), int(env.get("SLURM_RESTART_COUNT", "0"))))
-        rules = {"<first host of SLURM_JOB_NODELIST>": addr,
-                 "<derive_port(SLURM_JOB_ID, restart): 20000-31999>": port}
+        job = SlurmJob.from_environ(env)
+        rules = {SLURM_RULES["master_addr"]: job.hosts[0], SLURM_RULES["port"]: str(derive_port(job.job_id, job.restart)),
+                 SLURM_RULES["attempt"]: str(job.restart), SLURM_RULES["job"]: job.job_id,
+                 SLURM_RULES["restart"]: str(job.restart)}
         for key, planned in row.env.items():
             if planned == "<interface that routes to MASTER_ADDR>":
                 assert env.get(key) == seen["routing_interface"], (row.rank, key, env.get(key), seen["routing_interface"])
@@ -38,8 +44,28 @@ def test_slurm_ranks_get_exactly_the_planned_environment(cluster: dict[str, str]
                 planned = planned.replace(rule, value)
             assert "<" not in planned, f"no check for the planned rule {planned!r}"
             assert env.get(key) == planned, (row.rank, key, env.get(key), planned)
+        ours = {k for k in env if k.startswith("ORCH_") or k in CONTRACT}
+        assert ours <= set(row.env), f"rank {row.rank} got variables plan does not show: {sorted(ours - set(row.env))}"
         assert env["CONTRACT_VAR"] == "a b $HOME ;"
         assert env["OMP_NUM_THREADS"] == "1"  # slurm.cpus_per_task
         # orchestrator.malloc: srun started the rank without the heap settings; the launcher applied them
         assert seen["heap_faults_per_cycle"] < 1000, seen["heap_faults_per_cycle"]
+    assert no_job_processes()
+
+
+def test_startup_variables_take_effect_on_slurm_ranks(cluster: dict[str, str]) -> None:
+    """PYTHONHASHSEED and PYTHONPATH from the spec's env are in place when srun starts each rank's
+    interpreter: every rank of both nodes hashes alike and imports from that folder."""
+    out = Path(cluster["runs_dir"]) / "startup-out"
+    lib = Path(cluster["runs_dir"]) / "startup-lib"
+    out.mkdir(exist_ok=True)
+    lib.mkdir(exist_ok=True)
+    (lib / "startup_probe_module.py").write_text("VALUE = 1\n")
+    launch = slurm_plan(cluster, name="startup", entrypoint=str(SCRIPTS / "startup_env.py"),
+                        extra_args=["--out", str(out)], env={"PYTHONHASHSEED": "0", "PYTHONPATH": str(lib)})
+    record = run(launch)
+    assert record.state == "COMPLETED", record.error
+    seen = [json.loads((out / f"startup-{r}.json").read_text()) for r in range(launch.world_size)]
+    assert len({s["hash"] for s in seen}) == 1, seen
+    assert all(s["module"] == str(lib / "startup_probe_module.py") for s in seen)
     assert no_job_processes()

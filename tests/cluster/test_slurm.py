@@ -94,7 +94,7 @@ def test_two_nodes_file_init(cluster: dict[str, str]) -> None:
     assert record.state == "COMPLETED", record.error
     # The ranks joined through the file planned for this job and attempt, on the shared folder...
     result = json.loads((Path(launch.run_dir) / "result.json").read_text())["result"]
-    rdir = Path(launch.payload["rendezvous_dir"])
+    rdir = Path(launch.payload.rendezvous_dir)
     assert result["init_method"] == f"file://{rdir}/rendezvous-{record.job_ids[0]}-0", result
     assert result["world_size"] == 4
     # ...and left nothing behind.
@@ -158,7 +158,7 @@ def test_killed_rank_fails_the_job_fast(cluster: dict[str, str]) -> None:
     def is_rank_3(pid: str) -> bool:  # the title names the rank; setproctitle may reuse environ's memory
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
         environ = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
-        return "orchestrator.launcher" in cmd and ("rank 3/4" in cmd or "SLURM_PROCID=3" in environ)
+        return "orchestrator.slurm_rank" in cmd and ("rank 3/4" in cmd or "SLURM_PROCID=3" in environ)
 
     tasks = [p for p in pids if Path(f"/proc/{p}/cmdline").exists() and is_rank_3(p)]
     assert len(tasks) == 1, tasks  # the srun task is the rank itself, as under plain srun
@@ -203,7 +203,7 @@ def test_requeue_resumes_to_the_same_weights(cluster: dict[str, str], uninterrup
         subprocess.run(["scontrol", "requeue", record.job_ids[0]], check=True)
     else:  # what SLURM does signal_margin_s before the time limit, or on preemption
         subprocess.run(["scancel", "--signal=USR2", record.job_ids[0]], check=True)
-    stale = Path(launch.payload["rendezvous_dir"]) / f"rendezvous-{record.job_ids[0]}-0"
+    stale = Path(launch.payload.rendezvous_dir) / f"rendezvous-{record.job_ids[0]}-0"
     if init:
         wait_for_restart_hold(record.job_ids[0])
         stale.write_text("left by the first attempt")  # as a crashed attempt would leave it
@@ -218,14 +218,14 @@ def test_requeue_resumes_to_the_same_weights(cluster: dict[str, str], uninterrup
     if how == "usr2-preemption":
         assert "requeueing" in log
     if init:
-        rdir = Path(launch.payload["rendezvous_dir"])
+        rdir = Path(launch.payload.rendezvous_dir)
         assert result["init_method"] == f"file://{rdir}/rendezvous-{record.job_ids[0]}-1", result
         assert f"removed the previous attempt's rendezvous file {stale}" in log
         assert not list(rdir.iterdir()), list(rdir.iterdir())
     from jobs.checkpoint import latest_checkpoint, load_checkpoint
 
-    ca = load_checkpoint(latest_checkpoint(uninterrupted.payload["checkpoint"]["dir"]))
-    cb = load_checkpoint(latest_checkpoint(launch.payload["checkpoint"]["dir"]))
+    ca = load_checkpoint(latest_checkpoint(uninterrupted.payload.checkpoint.dir))
+    cb = load_checkpoint(latest_checkpoint(launch.payload.checkpoint.dir))
     assert (ca["epoch"], ca["global_step"]) == (cb["epoch"], cb["global_step"])
     for name in ca["model"]:
         assert torch.equal(ca["model"][name], cb["model"][name]), f"{name} differs after {how}"

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from orchestrator.executors.base import prepare_run_dir
-from orchestrator.executors.local import Supervisor
+from orchestrator.executors.supervisor import Supervisor
 from orchestrator.loading import spec_from_dict
 from orchestrator.plan import LaunchPlan, plan
 from orchestrator.records import RunRecord
@@ -27,8 +27,8 @@ def run_local(launch: LaunchPlan) -> RunRecord:
 def final_weights(launch: LaunchPlan) -> dict[str, torch.Tensor]:
     from jobs.checkpoint import latest_checkpoint, load_checkpoint
 
-    path = latest_checkpoint(Path(launch.payload["checkpoint"]["dir"]))
-    assert path is not None, f"no checkpoint in {launch.payload['checkpoint']['dir']}"
+    path = latest_checkpoint(Path(launch.payload.checkpoint.dir))
+    assert path is not None, f"no checkpoint in {launch.payload.checkpoint.dir}"
     return load_checkpoint(path)["model"]
 
 

@@ -77,7 +77,7 @@ def test_ddp_matches_single_process_with_combined_batch(tmp_path: Path, nodes: i
     result = json.loads((Path(launch.run_dir) / "result.json").read_text())["result"]
     assert result["world_size"] == nodes * per_node and result["global_step"] == 6 and result["epoch"] >= 1
     # The init method the ranks really used, and what it left behind.
-    rdir = Path(launch.payload["rendezvous_dir"])
+    rdir = Path(launch.payload.rendezvous_dir)
     if init == "file":
         assert result["init_method"].startswith(f"file://{rdir}/rendezvous-{launch.run_id}-"), result["init_method"]
         assert rdir.is_dir(), "the rendezvous folder was never made"
@@ -119,7 +119,7 @@ def test_killed_rank_ends_the_run_within_10s(tmp_path: Path) -> None:
     args = {**TRAIN_ARGS, "max-steps": 0, "epochs": 50, "step-delay": 0.05}
     launch = make_plan(tmp_path, nodes=2, cpu_ranks_per_node=2, args=args)
     from orchestrator.executors.base import prepare_run_dir
-    from orchestrator.executors.local import Supervisor
+    from orchestrator.executors.supervisor import Supervisor
 
     record, lock = prepare_run_dir(launch)
     killed: dict[str, float] = {}
@@ -170,7 +170,7 @@ def test_interrupt_and_resume_is_bit_identical(tmp_path: Path) -> None:
     assert not leftover_ranks(launch.run_dir)
     from jobs.checkpoint import latest_checkpoint, load_checkpoint
 
-    ckpt_dir = Path(launch.payload["checkpoint"]["dir"])
+    ckpt_dir = Path(launch.payload.checkpoint.dir)
     mid_path = latest_checkpoint(ckpt_dir)
     mid = load_checkpoint(mid_path)
     steps_per_epoch = 1437 // 4 // 16
@@ -257,7 +257,7 @@ def test_inference_spread_over_ranks_matches_training_accuracy(tmp_path: Path) -
     trained = json.loads((Path(train.run_dir) / "result.json").read_text())["result"]["test_accuracy"]
     out = tmp_path / "predictions.jsonl"
     infer = make_plan(tmp_path, name="infer", entrypoint="jobs.infer:main", nodes=1, cpu_ranks_per_node=2,
-                      args={"checkpoint": train.payload["checkpoint"]["dir"], "output": str(out)})
+                      args={"checkpoint": train.payload.checkpoint.dir, "output": str(out)})
     assert run_local(infer).state == "COMPLETED"
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["index"] for r in rows] == list(range(359))  # every test sample once, in order
@@ -375,7 +375,7 @@ def test_ranks_remove_the_rendezvous_file_themselves(tmp_path: Path) -> None:
     assert not list(rdir.iterdir()), f"jobs.train left {list(rdir.iterdir())}"
     launch = make_plan(tmp_path, name="rdv", entrypoint=str(SCRIPTS / "file_init_no_teardown.py"))
     payload = tmp_path / "payload.json"
-    payload.write_text(json.dumps(launch.payload))
+    payload.write_text(launch.payload.to_json())
     _two_ranks([sys.executable, "-m", "orchestrator.launcher", str(payload)], rdir / "b", tmp_path)
     assert not list(rdir.iterdir()), f"a script that never tore its group down left {list(rdir.iterdir())}"
 
@@ -389,7 +389,7 @@ def test_a_script_that_never_destroys_its_group_exits_cleanly(tmp_path: Path) ->
     launch = make_plan(tmp_path, name="left", entrypoint=str(SCRIPTS / "file_init_no_teardown.py"),
                        extra_args=[str(out)])
     payload = tmp_path / "payload.json"
-    payload.write_text(json.dumps(launch.payload))
+    payload.write_text(launch.payload.to_json())
     for round_ in range(5):
         out.mkdir()
         _two_ranks([sys.executable, "-m", "orchestrator.launcher", str(payload)], tmp_path / f"rdv-{round_}", tmp_path)

@@ -23,7 +23,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.records import TERMINAL, RunRecord
+from orchestrator.records import RunRecord
+from orchestrator.states import TERMINAL
 
 SCRIPTS = Path(__file__).parent / "scripts"
 SETTLE_S = 15.0  # the most any step may take to show its effect (stop grace included)

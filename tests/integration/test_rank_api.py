@@ -16,6 +16,7 @@ import torch
 
 from orchestrator.executors.local import LocalExecutor
 from orchestrator.records import RunRecord
+from orchestrator.states import TERMINAL
 from tests.integration.helpers import final_weights, leftover_ranks, make_plan, run_local
 
 EXAMPLE = "jobs.examples.rank_api_example:main"
@@ -51,7 +52,10 @@ def test_user_script_on_the_rank_api_resumes_bit_exactly_after_usr2(tmp_path: Pa
         time.sleep(0.05)
     # A preemption that reaches one rank only (here rank 2): the ranks agree on it at the next step.
     os.kill(RunRecord.load(launch.run_dir).rank_pids[2], signal.SIGUSR2)
-    first = ex.wait(record)
+    until = time.monotonic() + 300
+    while (first := ex.refresh([RunRecord.load(record.run_dir)])[0]).state not in TERMINAL:
+        assert time.monotonic() < until, "the run never ended"
+        time.sleep(0.2)
     assert first.state == "COMPLETED", first.error
     stopped = _result(launch)
     assert stopped["stopped"] == "peer" and 13 <= stopped["step"] < TOTAL, stopped  # rank 0 learnt it from rank 2
@@ -61,7 +65,7 @@ def test_user_script_on_the_rank_api_resumes_bit_exactly_after_usr2(tmp_path: Pa
     assert not leftover_ranks(launch.run_dir)
     from jobs.checkpoint import latest_checkpoint, load_checkpoint
 
-    mid = latest_checkpoint(launch.payload["checkpoint"]["dir"])
+    mid = latest_checkpoint(launch.payload.checkpoint.dir)
     assert mid is not None and load_checkpoint(mid)["step"] == stopped["step"], "no checkpoint at the stop"
 
     resumed_at = time.time()

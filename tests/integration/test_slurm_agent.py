@@ -4,7 +4,7 @@ requeue decisions are checked for each slurm.requeue policy, through real signal
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import os
 import signal
 import subprocess
@@ -31,6 +31,16 @@ time.sleep(60)
 """
 
 
+def _payload(tmp: Path, **fields) -> None:
+    """A real SLURM payload as plan writes it, with a stand-in srun."""
+    from orchestrator.plan import plan
+    from orchestrator.spec import JobSpec
+
+    launch = plan(JobSpec(name="agent", entrypoint="jobs.train:main", executor="slurm", runs_dir=str(tmp / "runs"),
+                          slurm={"requeue": fields["requeue"], "max_requeues": fields["max_requeues"]}))
+    dataclasses.replace(launch.payload, run_dir=str(tmp / "run"), **fields).write(tmp / "payload.json")
+
+
 def _agent(tmp: Path, policy: str, checkpoint: bool, restart: int = 0, max_requeues: int = 2,
            scontrol_exit: int = 0):
     bin_dir = tmp / "bin"
@@ -40,9 +50,7 @@ def _agent(tmp: Path, policy: str, checkpoint: bool, restart: int = 0, max_reque
                                          f"exit {scontrol_exit}\n" if scontrol_exit else ""))
     (bin_dir / "scontrol").chmod(0o755)
     marker = tmp / "run" / "requeue" / f"checkpointed-77-{restart}"
-    payload = {"run_dir": str(tmp / "run"), "requeue": policy, "max_requeues": max_requeues,
-               "srun": [sys.executable, "-c", CHILD, str(tmp)]}
-    (tmp / "payload.json").write_text(json.dumps(payload))
+    _payload(tmp, requeue=policy, max_requeues=max_requeues, srun=(sys.executable, "-c", CHILD, str(tmp)))
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "77",
            "SLURM_RESTART_COUNT": str(restart), "ORCH_REQUEUE_MARKER": str(marker),
            "CHECKPOINT": "1" if checkpoint else "0"}

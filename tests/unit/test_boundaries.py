@@ -103,14 +103,82 @@ def test_a_slurm_rank_runs_only_light_standard_library_code_before_the_entrypoin
     launch = plan(JobSpec(name="light", entrypoint=str(script), executor="slurm", extra_args=[str(seen)],
                           runs_dir=str(tmp_path / "runs")))
     payload = tmp_path / "payload.json"
-    payload.write_text(json.dumps(launch.payload))
+    payload.write_text(launch.payload.to_json())
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env.update(SLURM_JOB_ID="4242", SLURM_JOB_NODELIST="localhost", SLURM_NTASKS="1", SLURM_JOB_NUM_NODES="1",
                SLURM_LOCALID="0", SLURM_PROCID="0", SLURM_NODEID="0")
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.launcher", "--slurm", str(payload)], env=env, cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.slurm_rank", str(payload)], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     mods = set(json.loads(seen.read_text()))
     heavy = {"pydantic", "submitit", "yaml", "rich", "torch", "subprocess", "tempfile", "importlib.abc"} & mods
     assert not heavy, f"a rank imported {sorted(heavy)} before its entrypoint"
     assert "orchestrator.launcher" in mods or "__main__" in mods  # it did run through the launcher
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Every orchestrator and jobs module -> the project modules it imports, wherever in the file
+    (a function-level import is as much a dependency as a top-level one)."""
+    modules = {}
+    for package in ("orchestrator", "jobs"):
+        for path in (ROOT / package).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                deps.update(a.name for a in node.names if a.name in modules)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                deps.update(f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in modules)
+                if node.module in modules and not any(f"{node.module}.{a.name}" in modules for a in node.names):
+                    deps.add(node.module)
+        graph[name] = deps - {name}
+    return graph
+
+
+def test_the_package_has_no_import_cycle() -> None:
+    """One direction from the spec to a rank: no module imports one that imports it back (package
+    ``__init__`` re-exports aside)."""
+    graph = {k: {d for d in v if d not in ("orchestrator", "jobs")} for k, v in _module_graph().items()
+             if k not in ("orchestrator", "jobs")}
+    state: dict[str, int] = {}
+    path: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        path.append(node)
+        for dep in sorted(graph.get(node, ())):
+            if state.get(dep) == 1:
+                cycle = path[path.index(dep):] + [dep]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if dep not in state:
+                visit(dep)
+        path.pop()
+        state[node] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module)
+
+
+def test_executors_never_import_each_other() -> None:
+    """An executor (local, debug, slurm) is reached through the executor interface only: what two
+    share lives in a module of its own (base, supervisor, rendezvous, rank_env)."""
+    graph = _module_graph()
+    executors = {f"orchestrator.executors.{n}" for n in ("local", "debug", "slurm")}
+    for name in executors:
+        assert not graph[name] & (executors - {name}), f"{name} imports {sorted(graph[name] & executors)}"
+
+
+def test_lower_layers_never_import_the_executors_or_the_interfaces() -> None:
+    """The rank side (launcher, SLURM rank and agent, rank_env, payload, rendezvous) and jobs/ never
+    import an executor, the CLI or the Python API: an upward import."""
+    graph = _module_graph()
+    upper = {m for m in graph if m.startswith("orchestrator.executors")} | {"orchestrator.cli", "orchestrator.api"}
+    lower = ["orchestrator.launcher", "orchestrator.slurm_rank", "orchestrator.slurm_job", "orchestrator.rank_env",
+             "orchestrator.payload", "orchestrator.rendezvous", "orchestrator.slurm_task", "orchestrator.plan",
+             "orchestrator.spec"] + [m for m in graph if m.startswith("jobs")]
+    for name in lower:
+        assert not graph[name] & upper, f"{name} imports {sorted(graph[name] & upper)}"

@@ -192,10 +192,10 @@ def assert_script_runs_only_the_agent(path: Path, tmp: Path) -> None:
     payload = os.path.join(launch.run_dir, "payload.json")
     assert argvs == [["-u", "-c", BOOTSTRAP, "orchestrator.slurm_job", payload]], argvs
     job = "%A_%a" if launch.sweep else "%j"
-    assert launch.payload["srun"] == ["srun", "--unbuffered", "--output",
+    assert list(launch.payload.srun) == ["srun", "--unbuffered", "--output",
                                       os.path.join(launch.run_dir, "slurm", f"{job}_%t_log.out"), "--kill-on-bad-exit=1",
                                       f"--cpus-per-task={launch.submitit['cpus_per_task']}",
-                                      python, "-u", "-c", BOOTSTRAP, "orchestrator.launcher", "--slurm", payload]
+                                      python, "-u", "-c", BOOTSTRAP, "orchestrator.slurm_rank", payload]
 
 
 @SETTINGS

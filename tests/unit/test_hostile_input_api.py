@@ -278,7 +278,7 @@ def test_env_numbers_the_orchestrator_reads_are_ascii(name: str, value: str) -> 
         return
     for part in value.split(","):  # what the launcher and orchestrator.malloc do with it
         assert part.isascii() and part.isdigit() and int(part) >= 0
-    assert plan(spec).payload["env"][name] == value
+    assert plan(spec).payload.env[name] == value
 
 
 def test_superscript_two_is_refused_where_read_as_a_number_and_kept_elsewhere() -> None:
@@ -341,10 +341,11 @@ def test_slurm_python_never_starts_with_a_dash(python: str) -> None:
         assert "slurm.python" in str(exc)
         return
     assert not python.startswith("-")
-    srun = plan(spec).payload["srun"]
-    from orchestrator.interpreter import python_of
+    payload = plan(spec).payload
+    from orchestrator.interpreter import BOOTSTRAP
 
-    assert python_of(srun) == python
+    assert payload.python == python
+    assert payload.srun[payload.srun.index(BOOTSTRAP) - 3] == python  # python -u -c BOOTSTRAP
 
 
 # ---- 7. '~' in paths is expanded, or refused ----------------------------------------------------
@@ -358,9 +359,9 @@ def test_home_in_paths_is_expanded_and_the_plan_shows_it(rest: str) -> None:
     assert not real.startswith("~")
     assert spec.workdir == spec.checkpoint.dir == spec.distributed.rendezvous_dir == real
     payload = plan(spec).payload
-    assert payload["workdir"] == os.path.abspath(real)
-    assert payload["checkpoint"]["dir"] == os.path.abspath(real)
-    assert payload["rendezvous_dir"] == os.path.abspath(real)
+    assert payload.workdir == os.path.abspath(real)
+    assert payload.checkpoint.dir == os.path.abspath(real)
+    assert payload.rendezvous_dir == os.path.abspath(real)
 
 
 def _base_with(field: str, value: object) -> dict:

@@ -20,7 +20,7 @@ from orchestrator import ownership, procs
 from orchestrator.errors import OrchestratorError, RunNotFoundError, SubmissionError
 from orchestrator.executors.base import prepare_run_dir, refresh_by_supervisor
 from orchestrator.failures import message_of
-from orchestrator.interpreter import BOOTSTRAP, module_argv, python_of
+from orchestrator.interpreter import BOOTSTRAP, module_argv
 from orchestrator.loading import spec_from_dict
 from orchestrator.plan import plan
 from orchestrator.records import RunRecord
@@ -200,8 +200,8 @@ def test_our_interpreters_never_import_from_their_directory(tmp_path: Path) -> N
     out = subprocess.run(module_argv(sys.executable, "json.tool", "--help"), cwd=tmp_path, capture_output=True,
                          text=True, timeout=30)
     assert out.returncode == 0 and "usage" in out.stdout, out.stderr
-    argv = ["srun", "--x", *module_argv("/opt/py", "orchestrator.launcher", "--slurm", "p.json")]
-    assert python_of(argv) == "/opt/py" and BOOTSTRAP in argv
+    argv = ["srun", "--x", *module_argv("/opt/py", "orchestrator.slurm_rank", "p.json")]
+    assert argv[argv.index(BOOTSTRAP) - 3] == "/opt/py"
     assert json.loads(json.dumps(BOOTSTRAP)) == BOOTSTRAP and "'" not in BOOTSTRAP  # one plain shell word
 
 

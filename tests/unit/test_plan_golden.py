@@ -87,9 +87,9 @@ def test_golden_scripts_keep_the_launch_contract() -> None:
         assert words[0] == "exec" and words[2:6] == ["-u", "-c", BOOTSTRAP, "orchestrator.slurm_job"], name
         assert words[-1].endswith("/payload.json"), name
     for launch in (plan(_spec("/shared/runs")), plan(_spec("/shared/runs", sweep={"lr": [0.1, 0.2]}))):
-        srun = launch.payload["srun"]
+        srun = launch.payload.srun
         assert srun[0] == "srun" and "--kill-on-bad-exit=1" in srun, srun
-        assert srun[-5:] == ["-c", BOOTSTRAP, "orchestrator.launcher", "--slurm", os.path.join(launch.run_dir, "payload.json")]
+        assert list(srun[-4:]) == ["-c", BOOTSTRAP, "orchestrator.slurm_rank", os.path.join(launch.run_dir, "payload.json")]
 
 
 def test_plain_script_matches_golden() -> None:
@@ -144,7 +144,7 @@ def test_agent_line_parses_back_to_the_exact_path() -> None:
     words = shlex.split((launch.sbatch_script or "").rstrip().splitlines()[-1])
     assert words == ["exec", PYTHON, "-u", "-c", BOOTSTRAP, "orchestrator.slurm_job",
                      os.path.join(launch.run_dir, "payload.json")]
-    srun = launch.payload["srun"]
+    srun = launch.payload.srun
     assert srun[srun.index("--output") + 1] == os.path.join(launch.run_dir, "slurm", "%j_%t_log.out")
     assert launch.run_dir.startswith(runs_dir)
 

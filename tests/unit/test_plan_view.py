@@ -49,18 +49,18 @@ def test_job_environment_is_on_every_row_and_shown_once() -> None:
     for row in launch.ranks:
         assert row.env["NCCL_DEBUG"] == "WARN" and row.env["OMP_NUM_THREADS"] == "3"
         assert row.env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
-    assert launch.payload["env"]["NCCL_DEBUG"] == "WARN"
+    assert launch.payload.env["NCCL_DEBUG"] == "WARN"
     view = _view(launch)
     assert view.count("NCCL_DEBUG=WARN") == 1
 
 
 def test_nccl_aids_can_be_turned_off_and_are_absent_for_gloo() -> None:
     off = plan(_spec(distributed={"nccl_async_error_handling": False, "nccl_flight_recorder": False}))
-    assert not any(k.startswith("TORCH_") for k in off.payload["env"])
+    assert not any(k.startswith("TORCH_") for k in off.payload.env)
     gloo = plan(JobSpec(name="cpu", entrypoint="jobs.train:main", nodes=2, cpu_ranks_per_node=2))
-    assert not any(k.startswith("TORCH_") for k in gloo.payload["env"])
+    assert not any(k.startswith("TORCH_") for k in gloo.payload.env)
     on = plan(_spec())
-    assert on.payload["env"]["TORCH_FR_DUMP_TEMP_FILE"].startswith(on.run_dir)
+    assert on.payload.env["TORCH_FR_DUMP_TEMP_FILE"].startswith(on.run_dir)
 
 
 def test_heap_defaults_are_planned_and_the_users_own_win(monkeypatch) -> None:
@@ -69,11 +69,11 @@ def test_heap_defaults_are_planned_and_the_users_own_win(monkeypatch) -> None:
     for executor in ("slurm", "local"):
         launch = plan(_spec(nodes=2, executor=executor) if executor == "slurm" else
                       JobSpec(name="cpu", entrypoint="jobs.train:main", nodes=2, cpu_ranks_per_node=2))
-        assert all(launch.payload["env"][k] == v for k, v in MALLOC_DEFAULTS.items())
+        assert all(launch.payload.env[k] == v for k, v in MALLOC_DEFAULTS.items())
         assert all(row.env["MALLOC_TRIM_THRESHOLD_"] == MALLOC_DEFAULTS["MALLOC_TRIM_THRESHOLD_"] for row in launch.ranks)
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "65536")  # exported in the user's shell: theirs
-    assert plan(_spec(nodes=2)).payload["env"]["MALLOC_TRIM_THRESHOLD_"] == "65536"
-    spec_env = plan(_spec(nodes=2, env={"MALLOC_MMAP_THRESHOLD_": "262144"})).payload["env"]
+    assert plan(_spec(nodes=2)).payload.env["MALLOC_TRIM_THRESHOLD_"] == "65536"
+    spec_env = plan(_spec(nodes=2, env={"MALLOC_MMAP_THRESHOLD_": "262144"})).payload.env
     assert spec_env["MALLOC_MMAP_THRESHOLD_"] == "262144"  # the spec's env wins over both
 
 
@@ -88,3 +88,24 @@ def test_a_row_that_differs_in_a_shared_variable_is_shown_with_that_variable() -
     odd_table = view.split("differ from that rule")[1].split("node 15")[0]
     assert "elsewhere" in odd_table and str(8 * 5 + 2) in odd_table
     assert "elsewhere" in view.split("node 15")[-1]  # the last node's table shows its odd row too
+
+
+def test_the_readme_table_names_every_variable_a_rank_gets() -> None:
+    """README's table of the rank environment lists every variable ``rank_environment`` can set
+    (a SLURM nccl job with every aid on, a local CPU job), so a new one cannot go undocumented."""
+    import re
+    from pathlib import Path
+
+    from orchestrator.loading import spec_from_dict
+    from orchestrator.rank_env import FLIGHT_RECORDER_RENAMES
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = readme.split("<!-- rank-env-table -->", 1)[1].split("\n\n", 1)[0]
+    documented = set(re.findall(r"`([A-Z][A-Z0-9_]*)`", table))
+    gpu = {"name": "t", "entrypoint": "jobs.train:main", "nodes": 2, "gpus_per_node": 2,
+           "distributed": {"backend": "nccl", "init_method": "tcp"}}
+    seen: set[str] = set(FLIGHT_RECORDER_RENAMES.values())
+    for launch in (plan(spec_from_dict(gpu), "slurm"), plan(spec_from_dict(gpu), "local")):
+        for row in launch.ranks:
+            seen |= set(row.env)
+    assert seen - documented == set(), f"README's rank environment table lacks {sorted(seen - documented)}"

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -7,8 +8,9 @@ import pytest
 
 from orchestrator.loading import load_spec, spec_from_dict
 from orchestrator.plan import array_chunks, plan, render_argv, run_id_for
-from orchestrator.rank_env import (PORT_BASE, PORT_SPAN, RankEnv, derive_port, expand_nodelist,
-                                   node_devices, slurm_visible_devices)
+from orchestrator.rank_env import RankEnv, node_devices, slurm_visible_devices
+from orchestrator.rendezvous import PORT_BASE, PORT_SPAN, derive_port
+from orchestrator.slurm_task import SlurmTask, expand_nodelist
 from orchestrator.validators import EPHEMERAL_PORTS, slurm_time_minutes
 
 CLUSTER = {"name": "c", "entrypoint": "jobs.train:main", "nodes": 2, "gpus_per_node": 8,
@@ -32,9 +34,9 @@ def test_slurm_plan_rank_table() -> None:
     launch = plan(spec_from_dict(CLUSTER), "slurm")
     assert launch.world_size == 16 and len(launch.ranks) == 16
     assert launch.submitit["ntasks_per_node"] == 8 and launch.submitit["gpus_per_node"] == 8
-    assert "--kill-on-bad-exit=1" in launch.payload["srun"]
+    assert "--kill-on-bad-exit=1" in launch.payload.srun
     # srun no longer inherits --cpus-per-task from sbatch (SLURM 22.05): it is passed again, the same
-    assert f"--cpus-per-task={launch.submitit['cpus_per_task']}" in launch.payload["srun"]
+    assert f"--cpus-per-task={launch.submitit['cpus_per_task']}" in launch.payload.srun
     assert launch.ranks[9].env["NODE_RANK"] == "1" and launch.ranks[9].env["LOCAL_RANK"] == "1"
     assert launch.ranks[0].env["NCCL_SOCKET_IFNAME"] == "ib0"
 
@@ -151,13 +153,13 @@ def test_slurm_rank_env_from_slurm_variables(tmp_path) -> None:
     env = {"SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_JOB_ID": "4242", "SLURM_RESTART_COUNT": "1",
            "SLURM_NTASKS": "4", "SLURM_JOB_NUM_NODES": "2", "SLURM_LOCALID": "1", "SLURM_PROCID": "3",
            "SLURM_NODEID": "1", "CUDA_VISIBLE_DEVICES": "0,1"}
-    rank = rank_env_from_slurm(env, launch.payload)
+    rank = rank_env_from_slurm(SlurmTask.from_environ(env), launch.payload)
     assert (rank.rank, rank.local_rank, rank.node_rank, rank.world_size) == (3, 1, 1, 4)
     assert rank.master_addr == "gpu07" and rank.master_port == derive_port("4242", 1)
     assert rank.init_method == f"file://{tmp_path}/rendezvous-4242-1"
     assert rank.visible_devices == "0,1" and rank.source == "slurm"  # the node's GPUs; LOCAL_RANK=1 picks
     with pytest.raises(RuntimeError, match="interface ib9 does not exist"):
-        rank_env_from_slurm(env, {**launch.payload, "interface": "ib9"})
+        rank_env_from_slurm(SlurmTask.from_environ(env), dataclasses.replace(launch.payload, interface="ib9"))
 
 
 def test_local_thread_default_counts_the_cpus_the_process_may_use() -> None:

@@ -34,7 +34,7 @@ def test_valid_env_reaches_the_payload_as_written(env: dict[str, str]) -> None:
         return
     launch = plan(spec)
     for key, value in env.items():
-        assert launch.payload["env"][key] == value
+        assert launch.payload.env[key] == value
         assert all(row.env[key] == value for row in launch.ranks)
 
 
@@ -57,6 +57,6 @@ def test_node_lists() -> None:
 
 def test_workdir_and_watchdog_reach_the_payload(tmp_path) -> None:
     launch = plan(spec_from_dict({**BASE, "workdir": str(tmp_path), "watchdog": {"stall_s": 20}}))
-    assert launch.payload["workdir"] == str(tmp_path)
-    assert launch.payload["watchdog"] == {"stall_s": 20, "stacks_on_failure": True}
+    assert launch.payload.workdir == str(tmp_path)
+    assert (launch.payload.watchdog.stall_s, launch.payload.watchdog.stacks_on_failure) == (20, True)
     _refused("stall_s", watchdog={"stall_s": 0})

@@ -1,0 +1,335 @@
+"""The local supervisor: starts the ranks of one run (each sweep point in turn) through the
+zygote, echoes their output, watches them, and records the end state.
+
+Every rank is a child of one zygote process (see zygote.py): forked from it after it imported
+torch, or exec'd as a fresh ``python -m orchestrator.launcher payload.json`` (the plan decides:
+``LaunchPlan.rank_start``). Each rank leads its own session (so its DataLoader workers die with
+it) and has exactly the environment the plan shows (``rank_env.rank_environment``). The first
+rank to fail takes its siblings down (SIGTERM, then SIGKILL after a grace period) and the run is
+recorded FAILED with that rank and its traceback. The zygote is a subreaper: whatever a rank
+started, even in a new session, is stopped when the ranks are gone, before the end state is
+recorded. The watchdog's judgement (init deadline, stall) is ``orchestrator.watchdog``'s; this
+module only acts on it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from orchestrator import forensics, join_hook, ownership, procs, stacks
+from orchestrator.errors import SubmissionError
+from orchestrator.executors.base import first_error
+from orchestrator.executors.console import LogTails
+from orchestrator.executors.forked import ForkedRank, ZygoteGroup, start_zygote
+from orchestrator.payload import Payload
+from orchestrator.plan import LaunchPlan
+from orchestrator.rank_env import installed_torch_version, local_rank_env, rank_environment
+from orchestrator.rendezvous import derive_port, pick_port, port_is_free, remove_earlier_files, rendezvous_file
+from orchestrator.records import RunRecord
+from orchestrator.run_folder import RunFolder
+from orchestrator.watchdog import (
+    Watch,
+    did_nothing,
+    init_culprits,
+    never_joined_message,
+    stall_message,
+    straggler,
+)
+
+GRACE_S = 3.0
+LOOK_S = 1.0  # how often the watchdog looks at the ranks' logs, heartbeats and joins
+POLL_S = 0.1  # the supervisor shares the CPUs with the ranks: poll gently
+
+
+def rank_environments(launch: LaunchPlan, payload: Payload, attempt: int) -> tuple[int, list[dict[str, str]]]:
+    """Every rank's environment for this attempt (``rank_env.rank_environment``, as ``plan`` shows
+    it): the planned port, or the next free one should it be taken, and a file:// rendezvous file
+    of this attempt. Returns the port and the environments."""
+    planned = int(payload.port) if payload.port != "auto" else derive_port(launch.run_id, 0)
+    if payload.port != "auto" and not port_is_free(planned):
+        raise SubmissionError(f"distributed.port {planned} is in use on this machine; pick another or use 'auto'")
+    port = pick_port(planned)
+    if port is None:
+        raise SubmissionError("no free port in the auto range; set distributed.port to a free port")
+    rfile = rendezvous_file(payload.rendezvous_dir, launch.run_id, attempt)
+    if payload.init_method == "file":
+        Path(payload.rendezvous_dir).mkdir(parents=True, exist_ok=True)
+    torch_version = installed_torch_version(payload.env)
+    return port, [rank_environment(local_rank_env(payload, rank, port, rfile), payload, attempt,
+                                   torch_version=torch_version) for rank in range(payload.world_size)]
+
+
+class Supervisor:
+    """Starts the ranks of one run (each sweep point in turn) and watches them."""
+
+    def __init__(self, launch: LaunchPlan, record: RunRecord, lock: ownership.RunLock | None = None,
+                 echo_factory: Callable[[], Callable[[int, str], None]] | None = None,
+                 zygote: subprocess.Popen | None = None) -> None:
+        # The echo (rich) is built after the ranks start, so its imports overlap theirs.
+        self.launch, self.record, self.echo_factory = launch, record, echo_factory
+        self.lock = lock  # the run folder's lock: held until the end state is recorded
+        self._next_lease = 0.0
+        self.group: ZygoteGroup | None = None
+        self.preload = launch.rank_start == "fork"  # the plan decided, and says why
+        self._zygote = zygote if self.preload else None
+        if zygote is not None and not self.preload:
+            zygote.kill()
+            zygote.wait()
+        self.echo: Callable[[int, str], None] | None = None
+        self.procs: list[ForkedRank] = []
+        self._cancelled = False
+        self.timeout_s = launch.spec["local"].get("timeout_s")
+        self.stall_s: float | None = launch.payload.watchdog.stall_s
+        self.stacks_on_failure = launch.payload.watchdog.stacks_on_failure
+        self.watch = Watch(0, time.time())
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def run(self) -> RunRecord:
+        """Run every point; the end state is recorded only after every rank is gone, so a
+        caller that sees a terminal state never finds a rank still running."""
+        me = os.getpid()
+        self.record.update(state="RUNNING", supervisor_pid=me, supervisor_start=procs.start_time(me),
+                           host=ownership.this_host(), job_ids=self.record.job_ids or [f"local-{me}"])
+        if self.lock is not None:
+            self.lock.renew()  # the lease names this process from now on
+        prev = self._handle_signals()
+        state, error = "FAILED", None
+        try:
+            points = range(len(self.launch.sweep)) if self.launch.sweep else [None]
+            for index in points:
+                state = self._run_point(index)
+                if state != "COMPLETED":
+                    break
+        except Exception as exc:
+            state, error = "FAILED", f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            for s, handler in prev.items():
+                signal.signal(s, handler)
+            self._kill_all(grace=GRACE_S)
+            if self._zygote is not None:  # never used (e.g. a point failed to start)
+                self._zygote.kill()
+                self._zygote.wait()
+            self._record_end(state, error)
+        return self.record
+
+    def _handle_signals(self) -> dict[int, Any]:
+        """SIGTERM, SIGINT and SIGHUP (the terminal or the ssh session closed) all stop the run in
+        order, as a cancel does: never ranks left running without a supervisor. Only the main
+        thread can install handlers; a run started from another thread is stopped through its
+        cancel request (ownership.request_cancel), which needs no signal."""
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        return {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+
+    def _record_end(self, state: str, error: str | None) -> None:
+        """Record the end state, then give up the lock. A full disk must not turn into a traceback:
+        the state stays unwritten, which the free lock makes plain to the next look."""
+        try:
+            self.record.update(state=state, ended=time.time(), **({"error": error} if error else {}))
+        except OSError as exc:
+            self.record.state = state
+            print(f"[orchestrator] could not record the end state {state} in {self.record.path}: {exc.strerror}",
+                  file=sys.stderr)
+        finally:
+            if self.lock is not None:
+                self.lock.release()
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self._cancelled = True
+
+    def _run_point(self, index: int | None) -> str:
+        payload = self.launch.payload_for_point(index)
+        run_dir = Path(payload.run_dir)
+        folder = RunFolder(run_dir)
+        folder.logs.mkdir(parents=True, exist_ok=True)
+        payload_path = run_dir / ("payload.json" if index is None else "point-payload.json")
+        payload.write(payload_path)
+        attempt = self.record.attempts - 1
+        remove_earlier_files(payload.rendezvous_dir, self.launch.run_id)  # an earlier attempt's, if it was killed
+        port, envs = rank_environments(self.launch, payload, attempt)
+        folder.forget_attempt()
+        offsets, forks = [], []
+        fresh = not self.preload
+        for rank, env in enumerate(envs):
+            log_path = folder.log(rank)
+            with open(log_path, "ab") as log:
+                log.write(f"=== attempt {self.record.attempts} started {time.ctime()} ===\n".encode())
+                offsets.append(log.tell())  # echo from here: this attempt's output only
+            forks.append({"rank": rank, "env": {**os.environ, **env}, "payload": str(payload_path), "log": str(log_path),
+                          "fresh": fresh})
+        group = self.group = ZygoteGroup(self._zygote or start_zygote(self.preload))
+        self._zygote = None  # a zygote serves one set of ranks
+        try:
+            self.procs = group.start(forks)
+            self.watch = Watch(len(self.procs), time.time(), self.stall_s, payload.init_timeout_s)
+            self.record.update(rank_pids=[p.pid for p in self.procs],
+                               rank_starts=[procs.start_time(p.pid) or 0 for p in self.procs], master_port=port)
+            if self.echo_factory and self.echo is None:
+                self.echo = self.echo_factory()
+            state = self._watch(run_dir, offsets)
+            if state == "COMPLETED":
+                self._warn_if_did_nothing(run_dir)
+            return state
+        finally:
+            self._kill_all(grace=GRACE_S)
+            group.close()
+            remove_earlier_files(payload.rendezvous_dir, self.launch.run_id)
+            if group.leftovers:
+                note = (f"[orchestrator] stopped {len(group.leftovers)} process(es) the ranks left running: "
+                        f"pids {', '.join(map(str, group.leftovers[:10]))}")
+                print(note, file=sys.stderr)
+                with open(folder.leftovers_log, "a", encoding="utf-8") as fh:
+                    fh.write(note + "\n")
+
+    def _watch(self, run_dir: Path, offsets: list[int]) -> str:
+        start = time.monotonic()
+        tails = LogTails(run_dir, offsets, self.echo) if self.echo else None
+        next_look = 0.0
+        while True:
+            if tails:
+                tails.pump()
+            codes = [p.poll() for p in self.procs]
+            failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
+            if self.group is not None and self.group.lost:
+                self._kill_all(grace=GRACE_S)
+                # The subreaper that would have stopped what the ranks started is gone: stop what
+                # is left in their sessions (their DataLoader workers, their children).
+                for pid, start in zip(self.record.rank_pids, self.record.rank_starts):
+                    procs.signal_session(pid, start, signal.SIGKILL)
+                self.record.update(failed_rank=None, error=self.group.lost)
+                return "CANCELLED" if self._cancelled else "FAILED"
+            if failed:
+                if not self._cancelled:
+                    self._capture(run_dir, f"rank {failed[0]} ended with exit code {codes[failed[0]]}")
+                self._first_failure(failed, codes, run_dir)
+                self._kill_all(grace=GRACE_S)
+                if tails:
+                    tails.pump()
+                return "CANCELLED" if self._cancelled else "FAILED"
+            if all(c == 0 for c in codes):
+                if tails:
+                    tails.pump()
+                return "CANCELLED" if self._cancelled else "COMPLETED"
+            if self._cancelled:
+                self._kill_all(grace=GRACE_S * 2)  # SIGTERM first: ranks checkpoint and stop together
+                if tails:
+                    tails.pump()
+                return "CANCELLED"
+            if self.timeout_s and time.monotonic() - start > self.timeout_s:
+                self._capture(run_dir, f"local.timeout_s ({self.timeout_s:.0f}s) reached")
+                self.record.update(error=f"local.timeout_s ({self.timeout_s:.0f}s) reached")
+                self._kill_all(grace=GRACE_S)
+                return "TIMEOUT"
+            if time.monotonic() >= next_look:  # the watchdog reads files: once a second is plenty
+                next_look = time.monotonic() + LOOK_S
+                self._look_at_requests()
+                verdict = self._watchdog(run_dir)
+                if verdict:
+                    self._kill_all(grace=GRACE_S)
+                    if tails:
+                        tails.pump()
+                    return verdict
+            time.sleep(POLL_S)
+
+    def _look_at_requests(self) -> None:
+        """Renew the lease other hosts judge liveness by, and take a cancel request from anyone."""
+        if self.lock is not None and time.monotonic() >= self._next_lease:
+            self._next_lease = time.monotonic() + ownership.LEASE_RENEW_S
+            self.lock.renew()
+        if ownership.cancel_requested(self.record.run_dir):
+            self._cancelled = True
+
+    # -- the watchdog ---------------------------------------------------------------------------
+    def _watchdog(self, run_dir: Path) -> str | None:
+        """The init deadline and the stall watchdog; FAILED (with the stacks saved) when either fires."""
+        logs = {r: RunFolder(run_dir).log(r) for r in range(len(self.procs))}
+        forensics.look(self.watch, run_dir, logs)
+        now = time.time()
+        missing = self.watch.never_joined(now)
+        if missing:
+            calling = join_hook.calling_ranks(run_dir, self.watch.world_size)
+            message = never_joined_message(missing, calling, self.watch.world_size, self.watch.init_timeout_s or 0)
+            self._capture(run_dir, "the init deadline (distributed.init_timeout_s)")
+            self.record.update(failed_rank=init_culprits(missing, calling)[0],
+                               error=message.replace("<run>", str(run_dir)))
+            return "FAILED"
+        if self.watch.stalled(now):
+            last = {r: self.watch.last_progress(r) for r in range(self.watch.world_size)}
+            dumps = self._capture(run_dir, f"no progress for {self.stall_s:g}s (watchdog.stall_s)", always=True)
+            wheres = {r: stacks.where(dumps[r]) if dumps.get(r) else None for r in last}
+            rank, why = straggler(wheres, last)
+            message = stall_message(self.stall_s or 0, rank, why, wheres.get(rank) if rank is not None else None)
+            self.record.update(failed_rank=rank, error=message + f"\nstacks of every rank: {RunFolder(run_dir).stacks}")
+            return "FAILED"
+        return None
+
+    def _capture(self, run_dir: Path, reason: str, always: bool = False) -> dict[int, str]:
+        """Save the stacks of the ranks still running (spec watchdog.stacks_on_failure) and record
+        where each one was. ``always``: the stall watchdog needs them to name the straggler."""
+        if not (self.stacks_on_failure or always):
+            return {}
+        alive = [r for r, p in enumerate(self.procs) if p.poll() is None]
+        dumps = forensics.capture_local(run_dir, reason, alive) if alive else {}
+        if dumps:
+            self.record.update(waits=forensics.waits_of(dumps))
+        return dumps
+
+    def _warn_if_did_nothing(self, run_dir: Path) -> None:
+        codes = [p.poll() for p in self.procs]
+        joined = join_hook.joined_ranks(run_dir, len(self.procs))
+        warning = did_nothing(len(self.procs), codes, joined)
+        if warning:
+            self.record.update(warning=warning)
+
+    def _first_failure(self, failed: list[int], codes: list[int | None], run_dir: Path) -> int:
+        """Prefer a rank killed by a signal (peers then fail because it vanished), then the
+        earliest traceback. A rank that recorded a traceback before a signal ended it raised
+        first: the signal came at its exit (torch can abort there while a group is still up),
+        as on SLURM, where the traceback is the report too."""
+        folder = RunFolder(run_dir)
+        by_signal = [r for r in failed if (codes[r] or 0) < 0 and not folder.error(r).is_file()]
+        err = first_error(run_dir)
+        if by_signal:
+            rank = by_signal[0]
+            message = f"rank {rank} was killed by signal {procs.signal_name(-(codes[rank] or 0))}"
+        elif err is not None and err["rank"] in failed:
+            rank = err["rank"]
+            message = f"rank {rank} raised {err['type']}: {err['message']}\n{err.get('user_traceback') or err['traceback']}"
+        else:
+            rank = failed[0]
+            message = f"rank {rank} exited with code {codes[rank]}"
+        self.record.update(failed_rank=rank, error=message)
+        return rank
+
+    def _kill_all(self, grace: float) -> None:
+        """SIGTERM the sessions of the ranks still running, SIGKILL them after ``grace``. A rank
+        the zygote has not reported as ended is its unreaped child, so its PID (and session id)
+        cannot belong to anyone else; the sessions of ended ranks are the zygote's to clean."""
+        running = [p for p in self.procs if p.poll() is None]
+        for p in running:
+            _signal_group(p.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(p.poll() is None for p in running):
+            time.sleep(POLL_S)
+        for p in running:
+            if p.poll() is None:
+                _signal_group(p.pid, signal.SIGKILL)
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -1,0 +1,147 @@
+"""The job payload: what the plan writes for the ranks, the local supervisor and the SLURM agent.
+
+One typed, versioned record, read the same way everywhere (attributes, never string keys with
+fallbacks): a payload another version of the orchestrator wrote, or one missing a field, is
+refused with one line that says what to do, instead of "working" on defaults. Standard library
+only: every rank reads it before the user's code (and before torch) is imported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Optional, Union
+
+#: Bumped whenever a field is added, removed or changes meaning.
+PAYLOAD_VERSION = 2
+
+
+class Defaults:
+    """The job settings' defaults, in one place: the spec's fields use them, and so does the rank
+    API (``jobs/runtime.py``) for a script started without the orchestrator (torchrun)."""
+
+    BACKEND = "auto"
+    STRATEGY = "ddp"
+    INIT_TIMEOUT_S = 300.0
+    COLLECTIVE_TIMEOUT_S = 1800.0
+    CHECKPOINT_INTERVAL = 0
+    CHECKPOINT_KEEP = 3
+    RESUME = True
+    GRAD_COMPRESSION = "none"
+
+
+class PayloadError(ValueError):
+    """A payload this code cannot read: another version's, hand-edited, or truncated."""
+
+
+@dataclass(frozen=True)
+class CheckpointSettings:
+    dir: str
+    interval_steps: int
+    keep_last: int
+    resume: bool
+
+
+@dataclass(frozen=True)
+class WatchdogSettings:
+    stall_s: Optional[float]
+    stacks_on_failure: bool
+
+
+@dataclass(frozen=True)
+class Payload:
+    """Every fact a rank, the local supervisor and the SLURM agent take from the spec, resolved."""
+
+    version: int
+    job_name: str
+    entrypoint: str  # ``pkg.module:function``, or an absolute path to a script
+    argv: tuple[str, ...]
+    strategy: str
+    nodes: int
+    ranks_per_node: int
+    backend: str
+    init_method: str  # env, tcp or file
+    port: Union[int, str]  # a number, or "auto"
+    interface: Optional[str]  # names, "auto" (SLURM: the one routing to the master) or "lo" locally
+    rendezvous_dir: str
+    init_timeout_s: float
+    collective_timeout_s: float
+    devices: Optional[tuple[int, ...]]
+    run_dir: str
+    checkpoint: CheckpointSettings
+    max_requeues: int
+    requeue: str  # auto, always, never
+    grad_compression: str
+    env: dict[str, str]  # the job's variables: defaults, then the spec's env (which wins)
+    workdir: str
+    source_dir: str
+    watchdog: WatchdogSettings
+    python: str  # the interpreter the ranks run
+    srun: Optional[tuple[str, ...]] = None  # SLURM: what the job's agent runs
+    rank_log: Optional[str] = None  # SLURM: srun's --output pattern (%j %A %a %t)
+    extra: dict[str, Any] = field(default_factory=dict)  # reserved; always empty today
+
+    def __post_init__(self) -> None:
+        if self.version != PAYLOAD_VERSION:
+            raise PayloadError(f"this payload is version {self.version}; this orchestrator reads version "
+                               f"{PAYLOAD_VERSION}: plan and submit the job again with this version")
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+    def for_point(self, index: int, argv: list[str], run_dir: str) -> Payload:
+        """The payload of one sweep point: its arguments, its folder, its own checkpoints."""
+        ckpt = dataclasses.replace(self.checkpoint, dir=os.path.join(self.checkpoint.dir, f"point-{index:04d}"))
+        return dataclasses.replace(self, argv=tuple(argv), run_dir=run_dir, checkpoint=ckpt)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], where: str = "the payload") -> Payload:
+        if not isinstance(data, Mapping):
+            raise PayloadError(f"{where} is not a JSON object")
+        version = data.get("version")
+        if version != PAYLOAD_VERSION:
+            raise PayloadError(f"{where} is version {version!r}; this orchestrator reads version {PAYLOAD_VERSION}: "
+                               "plan and submit the job again with this version")
+        names = {f.name for f in dataclasses.fields(cls)}
+        required = {f.name for f in dataclasses.fields(cls)
+                    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+        missing, unknown = sorted(required - set(data)), sorted(set(data) - names)
+        if missing or unknown:
+            raise PayloadError(f"{where} does not match this orchestrator's version {PAYLOAD_VERSION}"
+                               + (f"; missing: {', '.join(missing)}" if missing else "")
+                               + (f"; unknown: {', '.join(unknown)}" if unknown else "")
+                               + ": plan and submit the job again")
+        values = dict(data)
+        try:
+            values["argv"] = tuple(values["argv"])
+            values["devices"] = None if values["devices"] is None else tuple(values["devices"])
+            values["srun"] = None if values.get("srun") is None else tuple(values["srun"])
+            values["checkpoint"] = CheckpointSettings(**values["checkpoint"])
+            values["watchdog"] = WatchdogSettings(**values["watchdog"])
+            values["env"] = dict(values["env"])
+        except (TypeError, KeyError) as exc:
+            raise PayloadError(f"{where} has a malformed field ({exc}): plan and submit the job again") from None
+        return cls(**values)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Payload:
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise PayloadError(f"cannot read the job payload {path}: {exc}") from None
+        return cls.from_dict(data, where=f"the job payload {path}")
+
+    def write(self, path: str | Path) -> None:
+        from orchestrator.records import write_json_atomic
+
+        write_json_atomic(Path(path), self.to_dict())

@@ -1,0 +1,98 @@
+"""What SLURM tells a job and its tasks about themselves, parsed once: used by the job's agent and by
+every rank. Standard library only.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Optional
+
+from orchestrator.run_folder import RunFolder
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """Expand SLURM's compressed host list ("gpu[01-03,7],cpu1") without calling scontrol: the one
+    host-list parser of the project."""
+    hosts: list[str] = []
+    for item in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,]*", nodelist):
+        m = re.match(r"^(.*?)\[([^\]]*)\](.*)$", item)
+        if not m:
+            hosts.append(item)
+            continue
+        prefix, ranges, suffix = m.groups()
+        for part in ranges.split(","):
+            lo, _, hi = part.partition("-")
+            if not hi:
+                hosts.append(f"{prefix}{lo}{suffix}")
+                continue
+            for i in range(int(lo), int(hi) + 1):
+                hosts.append(f"{prefix}{str(i).zfill(len(lo))}{suffix}")
+    return hosts
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    """The job (or array task) this process belongs to."""
+
+    job_id: str  # what scontrol and sacct use: '<array job>_<task>' inside an array
+    raw_job_id: str  # SLURM_JOB_ID: the allocation's own number
+    array_job_id: Optional[str]
+    array_task: Optional[int]
+    restart: int  # SLURM_RESTART_COUNT: 0 on the first attempt, one more per requeue
+    hosts: tuple[str, ...]
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> SlurmJob:
+        array_job = environ.get("SLURM_ARRAY_JOB_ID") or None
+        task = environ.get("SLURM_ARRAY_TASK_ID")
+        raw = environ["SLURM_JOB_ID"]
+        return cls(
+            job_id=f"{array_job}_{task}" if array_job else raw, raw_job_id=raw, array_job_id=array_job,
+            array_task=int(task) if array_job and task is not None else None,
+            restart=int(environ.get("SLURM_RESTART_COUNT", "0")),
+            hosts=tuple(expand_nodelist(environ.get("SLURM_JOB_NODELIST", ""))),
+        )
+
+    def payload_path(self, path: str | Path, point_base: int) -> Path:
+        """The payload of this job: the run's, or in a job array that of its sweep point."""
+        if self.array_task is None:
+            return Path(path)
+        return RunFolder(Path(path).parent).point(point_base + self.array_task).payload
+
+    def requeue_marker(self, run_dir: str) -> str:
+        """Written by the rank API once the ranks checkpointed after a stop signal (policy auto)."""
+        return str(RunFolder(Path(run_dir)).requeue_marker(self.job_id, self.restart))
+
+    def rank_log(self, pattern: str, rank: int) -> Path:
+        """srun's --output pattern (%j, %A, %a, %t) for one rank of this job."""
+        return Path(pattern.replace("%A", self.array_job_id or self.raw_job_id)
+                    .replace("%a", "" if self.array_task is None else str(self.array_task))
+                    .replace("%j", self.raw_job_id).replace("%t", str(rank)))
+
+
+@dataclass(frozen=True)
+class SlurmTask:
+    """One srun task (one rank) of the job."""
+
+    job: SlurmJob
+    procid: int
+    localid: int
+    nodeid: int
+    ntasks: int
+    nnodes: int
+    cuda_visible_devices: Optional[str]  # as SLURM set it for the task (None: not set)
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> SlurmTask:
+        return cls(job=SlurmJob.from_environ(environ), procid=int(environ["SLURM_PROCID"]),
+                   localid=int(environ["SLURM_LOCALID"]), nodeid=int(environ["SLURM_NODEID"]),
+                   ntasks=int(environ["SLURM_NTASKS"]),
+                   nnodes=int(environ.get("SLURM_JOB_NUM_NODES", environ.get("SLURM_NNODES", "1"))),
+                   cuda_visible_devices=environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+def point_base(args: list[str]) -> int:
+    """``--point-base N``: the first sweep point of this job array (arrays are split at MaxArraySize)."""
+    return int(args[args.index("--point-base") + 1]) if "--point-base" in args else 0

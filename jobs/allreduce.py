@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
 from typing import Any, Sequence
 
 import torch
@@ -18,6 +17,7 @@ import torch.distributed as dist
 
 from jobs.argtypes import non_negative_int, positive_float, positive_int
 from jobs.distributed import distributed
+from orchestrator.run_folder import RunFolder
 
 
 def measure(size_bytes: int, iters: int, warmup: int, device: torch.device) -> float:
@@ -63,7 +63,7 @@ def main(argv: Sequence[str] = ()) -> dict[str, Any]:
             for r in rows:
                 print(f"{r['size_mb']:8.1f} {r['seconds'] * 1e3:9.2f} {r['algbw_gbps']:11.3f} {r['busbw_gbps']:11.3f}",
                       flush=True)
-            out = Path(ctx.config.run_dir) / "allreduce.json"
+            out = RunFolder.of(ctx.config.run_dir).allreduce
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps(result, indent=2))
         return result

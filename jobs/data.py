@@ -1,9 +1,10 @@
 """Datasets for the real jobs. Nothing downloads unless ``download=True`` is asked for.
 
 - ``digits``: scikit-learn's 8x8 digits (1797 images, 10 classes), read straight from the CSV
-  that ships inside the scikit-learn package, without importing sklearn (which costs ~1.8 s).
+  that ships inside the scikit-learn package, without importing sklearn (a slow import that
+  every rank would pay).
 - ``cifar10`` / ``stl10`` / ``imagefolder`` / ``fake``: torchvision's own loaders. torchvision is
-  imported only for these (it adds ~2.4 s per rank).
+  imported only for these (a slow import, which every rank pays).
 - ``verify=False`` skips torchvision's md5 checks for CIFAR10, for local copies and test sets
   whose files differ from the published ones. The file layout is still checked.
 """

@@ -21,6 +21,7 @@ from jobs import data, models
 from jobs.distributed import distributed
 from jobs.argtypes import positive_int
 from jobs.sampling import shard_indices
+from orchestrator.run_folder import RunFolder
 
 
 def main(argv: Sequence[str] = ()) -> dict[str, Any]:
@@ -63,7 +64,7 @@ def main(argv: Sequence[str] = ()) -> dict[str, Any]:
         rows = sorted(r for part in gathered for r in part)
         accuracy = sum(p == l for _, p, l in rows) / max(1, len(rows))
         if ctx.is_main:
-            out_path = Path(args.output or Path(ctx.config.run_dir) / "predictions.jsonl")
+            out_path = Path(args.output or RunFolder.of(ctx.config.run_dir).predictions)
             out_path.parent.mkdir(parents=True, exist_ok=True)
             out_path.write_text("".join(json.dumps({"index": i, "prediction": p, "label": l}) + "\n" for i, p, l in rows))
             print(f"[infer] {len(rows)} predictions, accuracy {accuracy:.4f} -> {out_path}", flush=True)

@@ -13,6 +13,7 @@ from types import TracebackType
 from typing import Any
 
 from orchestrator.rank_env import OrchVar
+from orchestrator.run_folder import RunFolder
 
 
 class MetricsWriter:
@@ -22,7 +23,7 @@ class MetricsWriter:
     def __init__(self, run_dir: str | Path | None = None, rank: int | None = None) -> None:
         run_dir = run_dir if run_dir is not None else os.environ.get(OrchVar.RUN_DIR, os.getcwd())
         self.rank = rank if rank is not None else int(os.environ.get("RANK", "0"))
-        self.path = Path(run_dir) / "metrics" / f"rank-{self.rank}.jsonl"
+        self.path = RunFolder.of(run_dir).metrics_file(self.rank)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fh = open(self.path, "a", buffering=1, encoding="utf-8")
 

@@ -45,9 +45,9 @@ class BalancedDataParallel(DataParallel):
 
 
 #: What wrap_model gives DistributedDataParallel unless the caller says otherwise. Measured with
-#: tests/benchmarks/bench_resnet.py --tune (resnet18, 2 gloo CPU ranks, each option paired against
-#: the others in one launch): gradient_as_bucket_view, static_graph, bucket_cap_mb 5/50/100 and
-#: batched_grad_copy all stayed within the run-to-run spread (about +-5% on 2 cores, +-13% on 16).
+#: tests/benchmarks/bench_resnet.py --tune (how, and the figures: docs/PERFORMANCE.md):
+#: gradient_as_bucket_view, static_graph, bucket_cap_mb 5/50/100 and batched_grad_copy all
+#: stayed within the run-to-run spread.
 #: Bucket views are kept for what they surely do: gradients live in DDP's buckets, one model-sized
 #: copy less per step and in memory. static_graph is no default: it breaks models whose set of
 #: used parameters changes between steps, for no measured gain.

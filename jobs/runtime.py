@@ -12,6 +12,7 @@ from typing import Mapping
 
 from orchestrator.payload import Defaults
 from orchestrator.rank_env import OrchVar
+from orchestrator.run_folder import RunFolder
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ class RuntimeConfig:
             init_timeout_s=float(e.get(OrchVar.INIT_TIMEOUT_S, d.INIT_TIMEOUT_S)),
             collective_timeout_s=float(e.get(OrchVar.COLLECTIVE_TIMEOUT_S, d.COLLECTIVE_TIMEOUT_S)),
             run_dir=run_dir,
-            checkpoint_dir=e.get(OrchVar.CHECKPOINT_DIR, os.path.join(run_dir, "checkpoints")),
+            checkpoint_dir=e.get(OrchVar.CHECKPOINT_DIR, str(RunFolder.of(run_dir).checkpoints)),
             checkpoint_interval=int(e.get(OrchVar.CHECKPOINT_INTERVAL, d.CHECKPOINT_INTERVAL)),
             checkpoint_keep=int(e.get(OrchVar.CHECKPOINT_KEEP, d.CHECKPOINT_KEEP)),
             resume=e.get(OrchVar.RESUME, "1" if d.RESUME else "0") == "1",

@@ -17,11 +17,10 @@ the fix; the CLI prints the same messages.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence, Union, cast
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence, Union, cast
 
 from orchestrator.errors import (JobFailedError, OrchestratorError, RunNotFinishedError, RunNotFoundError,
                                  UsageError, WaitTimeoutError)
@@ -215,12 +214,15 @@ class Run:
                 follower.close()
 
     def _wait(self, deadline: float | None, timeout: float | None, poll: float, follower: Any) -> State:
-        offset = 0
+        looks = self.tail(0) if follower is not None else None
         while True:
-            state = self.status()
-            if follower is not None:
-                offset = _print_from(self.log_path(0), offset, follower.write)
+            if looks is not None:
+                state, text = next(looks)
+                if text:
+                    follower.write(text)
                 follower.progress(_live_folder(self._record))
+            else:
+                state = self.status()
             if state.terminal:
                 return state
             if deadline is not None:
@@ -268,6 +270,25 @@ class Run:
                                    + (f" (points 0-{rec.sweep_size - 1})" if rec.sweep_size else " (it is not a sweep)"))
         return _executor(rec.executor).log_path(rec, rank, point)
 
+    def tail(self, rank: int = 0, point: int | None = None) -> Iterator[tuple[State, str | None]]:
+        """Follow a rank's log, one look per ``next()``: the run's state (refreshed), then what the
+        log gained since the last look ("" when nothing; None while the log does not exist). The
+        last item is the run's end state with the log's rest, since the log is read after the
+        state. The caller paces the looks (``wait(follow=True)`` and ``orchestrator logs -f``)."""
+        from orchestrator.fs_checks import read_file
+
+        path = self.log_path(rank, point)
+        offset = 0
+        while True:
+            state = self.status()
+            chunk = read_file(path, f"rank {rank}'s log", "remove or rename it (the run's other files are untouched)",
+                              RunNotFoundError, offset=offset)
+            if chunk is not None:
+                offset += len(chunk)
+            yield state, None if chunk is None else chunk.decode(errors="replace")
+            if state.terminal:
+                return
+
     def logs(self, rank: int = 0, point: int | None = None) -> str:
         """The text of a rank's log so far (every attempt). Raises RunNotFoundError if that rank
         has written nothing yet."""
@@ -285,98 +306,19 @@ class Run:
         by the launcher), which works while it is blocked inside a C++ collective; on SLURM the
         request reaches every node through ``srun --overlap``. A run that has ended shows the
         stacks saved at its end, if any. ``native=True`` (local runs) asks py-spy instead, for the
-        C/C++ frames too; it needs ptrace permission."""
-        from orchestrator import procs, stacks
+        C/C++ frames too; it needs ptrace permission. (``orchestrator.run_stacks`` does the work.)"""
+        from orchestrator import run_stacks
 
         if native:
-            return self._native_stacks(rank)
-        state = self.status()
+            spy = run_stacks.py_spy(self.executor)
+            return run_stacks.native_text(self.id, spy, _live_folder(self.record), rank)
+        self.status()
         world = max(1, self._record.world_size)
         if rank is not None and not 0 <= rank < world:
             raise RunNotFoundError(f"rank {rank} is not in {self.id} (ranks 0-{world - 1})")
         if self._record.state.terminal:
-            return self._saved_stacks(rank)
-        folder = _live_folder(self._record)
-        wanted = None if rank is None else [rank]
-        problem = ""
-        if self.executor == "slurm":
-            from orchestrator.payload import Payload
-            from orchestrator.stacks_probe import request_slurm
-
-            payload = Payload.load(RunFolder.of(folder).payload)
-            job = _running_job(self._record, folder)
-            dumps, problem = request_slurm(folder, job, payload.nodes, payload.python, wanted,
-                                           timeout_s=max(timeout * 3, 10.0))
-        else:
-            dumps = stacks.request_local(folder, wanted, timeout_s=timeout)
-        known = stacks.rank_procs(folder)
-        elsewhere = sorted({rp.host for rp in known.values() if not rp.here()})
-        if not dumps and self.executor != "slurm" and known and elsewhere:
-            problem = (f"its ranks run on {', '.join(elsewhere)} (another host, boot or PID namespace), where only "
-                       f"'orchestrator stacks {self.id}' can reach them")
-        if not dumps:
-            raise RunNotFinishedError(
-                f"no rank of {self.id} ({state}) answered: " + (problem or "none has started yet, or all have ended")
-                + f"; try again in a moment, or see orchestrator logs {self.id}")
-        parts = []
-        for r in range(world) if rank is None else [rank]:
-            text = dumps.get(r, "")
-            rp = known.get(r)
-            who = f"rank {r}" + (f" (host {rp.host}, pid {rp.pid})" if rp else "")
-            if not text:
-                deaf = self.executor != "slurm" and rp is not None and procs.same_process(rp.pid, rp.start_ticks) \
-                    and not stacks.answers(rp)
-                why = ("its process no longer has the launcher's stack handler (it exec'd another program?): not "
-                       "signalled; try --native") if deaf else "not started, ended, or not reachable"
-                parts.append(f"=== {who}: no answer ({why}) ===\n")
-                continue
-            parts.append(f"=== {who}: {stacks.where(text).text()} ===\n{text.rstrip()}\n")
-        if problem:
-            parts.append(f"(srun said: {problem.splitlines()[-1]})\n")
-        return "\n".join(parts)
-
-    def _native_stacks(self, rank: int | None) -> str:
-        import shutil
-        import subprocess
-
-        from orchestrator import procs, stacks
-
-        if self.executor == "slurm":
-            raise UsageError("--native (py-spy) works for local runs only; on SLURM use 'orchestrator stacks' "
-                             "without it (Python stacks from every node)")
-        spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-        if not Path(spy).exists():
-            raise UsageError("--native needs py-spy: pip install py-spy (or drop --native for the Python stacks)")
-        parts = []
-        for r, rp in sorted(stacks.rank_procs(_live_folder(self.record)).items()):
-            if rank is not None and r != rank:
-                continue
-            if not procs.same_process(rp.pid, rp.start_ticks):
-                parts.append(f"=== rank {r}: no longer running ===\n")
-                continue
-            try:
-                out = subprocess.run([spy, "dump", "--native", "--pid", str(rp.pid)], capture_output=True,
-                                     text=True, timeout=30)
-                text = out.stdout if out.returncode == 0 else (
-                    f"py-spy failed: {out.stderr.strip() or out.stdout.strip()} (it needs ptrace permission: "
-                    "root, CAP_SYS_PTRACE or kernel.yama.ptrace_scope=0; without --native no permission is needed)")
-            except subprocess.TimeoutExpired:
-                text = "py-spy did not answer within 30 s"
-            parts.append(f"=== rank {r} (pid {rp.pid}, py-spy --native) ===\n{text.rstrip()}\n")
-        if not parts:
-            raise RunNotFinishedError(f"no rank of {self.id} is running; try again once it has started")
-        return "\n".join(parts)
-
-    def _saved_stacks(self, rank: int | None) -> str:
-        folder = RunFolder.of(self._record.run_dir).stacks
-        files = sorted(folder.glob("rank-*.txt"), key=lambda p: int(p.stem.split("-")[1])) if folder.is_dir() else []
-        files = [p for p in files if rank is None or p.stem == f"rank-{rank}"]
-        if not files:
-            raise RunNotFinishedError(f"{self.id} has ended ({self._record.state}) and no stacks were saved at its "
-                                      f"end; live stacks need a running run")
-        head = f"{self.id} has ended ({self._record.state}); the stacks saved at its end ({folder}):\n"
-        return head + "\n".join(f"=== {p.stem.replace('-', ' ')} ===\n{p.read_text(errors='replace').rstrip()}\n"
-                                 for p in files)
+            return run_stacks.saved_text(self._record, rank)
+        return run_stacks.live_text(self._record, _live_folder(self._record), rank, timeout)
 
     def report(self) -> str:
         """Write ``<run>/report/`` (PNG plots of loss, accuracy and throughput) and return the
@@ -395,14 +337,6 @@ def _live_folder(rec: RunRecord) -> Path:
     return point_dir(rec.run_dir, current_point(rec)) if rec.sweep_size else Path(rec.run_dir)
 
 
-def _running_job(rec: RunRecord, folder: Path) -> str:
-    """The SLURM job (or array task) whose ranks record themselves in ``folder``."""
-    if rec.sweep_size and folder.parent.name == "points":
-        index = int(folder.name)
-        return rec.job_ids[index] if index < len(rec.job_ids) else rec.job_ids[-1]
-    return rec.job_ids[0]
-
-
 def _read_result(folder: Path) -> Any:
     path = RunFolder.of(folder).result
     try:
@@ -411,17 +345,6 @@ def _read_result(folder: Path) -> Any:
         raise OrchestratorError(f"{path} is missing although the run COMPLETED: was it removed?") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as exc:
         raise OrchestratorError(f"{path} is unreadable ({type(exc).__name__}); the rank logs have the output") from None
-
-
-def _print_from(path: Path, offset: int, write: Callable[[str], None]) -> int:
-    """Hand what was appended to ``path`` since ``offset`` to ``write``; return the new offset."""
-    from orchestrator.fs_checks import read_file
-
-    chunk = read_file(path, "the log", "remove or rename it", RunNotFoundError, offset=offset)
-    if chunk is None:
-        return offset
-    write(chunk.decode(errors="replace"))
-    return offset + len(chunk)
 
 
 # ---- many runs ---------------------------------------------------------------------------------
@@ -450,7 +373,7 @@ def registered(on_damaged: Callable[[str, OrchestratorError | OSError], None] | 
     for entry in registered_runs():
         folder = Path(entry["run_dir"])
         try:
-            if (folder / "record.json").exists() or (folder / "record.json").is_symlink():
+            if RunFolder(folder).record.exists() or RunFolder(folder).record.is_symlink():
                 found.append(Run(RunRecord.load(folder)))
         except (OrchestratorError, OSError) as exc:
             if on_damaged is not None:

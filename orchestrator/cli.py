@@ -2,7 +2,7 @@
 the Python API (api.py) that parses arguments and prints.
 
 Imports are deferred into the subcommands: ``--help``, ``validate``, ``plan``, ``submit`` and
-``status`` never import torch, and ``validate`` stays under 0.3 s.
+``status`` never import torch, and ``validate`` stays cheap (docs/PERFORMANCE.md has its figures).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import sys
 from typing import Any, Callable, Iterator, Sequence
 
 from orchestrator.errors import OrchestratorError
+from orchestrator.run_folder import RunFolder
 from orchestrator.states import State
 
 EXECUTORS = ("local", "slurm", "debug")
@@ -178,7 +179,29 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.detach:
         print(f"started {handle.id} in the background; follow it with: orchestrator logs -f {handle.id}")
         return 0
+    _print_outcome(handle.record)
     return 0 if handle.state == State.COMPLETED else 1
+
+
+def _print_outcome(record: Any) -> None:
+    """A finished run's end, as ``run`` and ``submit --wait`` show it: its state, the error and
+    where the ranks were, a warning, the result. A reader that went away (``| head``) loses it;
+    the record keeps it, and the exit code still tells the outcome."""
+    try:
+        print(f"{record.run_id}: {record.state}  (run folder {record.run_dir})")
+        if record.state != State.COMPLETED:
+            if record.error:
+                print(record.error, file=sys.stderr)
+            _print_waits(record)
+            rank = record.failed_rank if record.failed_rank is not None else 0
+            print(f"see: orchestrator logs {record.run_id} --rank {rank}", file=sys.stderr)
+        if record.warning:
+            print(f"warning: {record.warning}", file=sys.stderr)
+        result = RunFolder.of(record.run_dir).result
+        if record.state == State.COMPLETED and result.is_file():
+            print(f"result: {json.loads(result.read_text(encoding='utf-8')).get('result')}")
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 def _print_moved(moved: Any) -> None:
@@ -194,6 +217,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
         handle = run(load_spec(demo, overrides=args.overrides, executor="local"), fresh=True, zygote=zygote,
                      on_moved=_print_moved)
+    _print_outcome(handle.record)
     if handle.state != State.COMPLETED:
         return 1
     print(handle.report())
@@ -207,16 +231,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     print(f"submitted {handle.id}: job(s) {', '.join(handle.job_ids) or '-'}; run folder {handle.run_dir}")
     if args.follow or args.wait:
         state = handle.wait(follow=args.follow)
-        print(f"{handle.id}: {state}")
-        record = handle.record
-        if state != State.COMPLETED:
-            error, rank = record.error, record.failed_rank
-            if error:
-                print(error, file=sys.stderr)
-            _print_waits(record)
-            print(f"see: orchestrator logs {handle.id} --rank {rank if rank is not None else 0}", file=sys.stderr)
-        if record.warning:
-            print(f"warning: {record.warning}", file=sys.stderr)
+        _print_outcome(handle.record)
         return 0 if state == State.COMPLETED else 1
     return 0
 
@@ -226,7 +241,7 @@ def _print_waits(record: Any) -> None:
     if record.waits:
         from orchestrator.stacks import wait_lines
 
-        print(f"where the ranks were (stacks in {record.run_dir}/stacks):", file=sys.stderr)
+        print(f"where the ranks were (stacks in {RunFolder.of(record.run_dir).stacks}):", file=sys.stderr)
         for line in wait_lines(record.waits):
             print(f"  {line}", file=sys.stderr)
 
@@ -245,7 +260,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
         handle.wait()
     else:
         handle = run(data)
-    report = handle.run_dir / "allreduce.json"
+    report = RunFolder.of(handle.run_dir).allreduce
     if handle.state != State.COMPLETED or not report.exists():
         print(f"preflight {handle.state}: {handle.error or 'no report written'}", file=sys.stderr)
         return 1
@@ -294,11 +309,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     from orchestrator.fs_checks import problem, shown
 
     run = Run.get(args.run)
-    metrics = run.run_dir / "metrics"
-    for path in sorted(metrics.glob("rank-*.jsonl")) if metrics.is_dir() else []:
+    for path in RunFolder.of(run.run_dir).metrics_files():
         why = problem(path, folder=False)  # a FIFO there would block the report's read forever
         if why:
-            raise OrchestratorError(f"{shown(path)} {why}; fix or move it out of {shown(metrics)} and run the "
+            raise OrchestratorError(f"{shown(path)} {why}; fix or move it out of {shown(path.parent)} and run the "
                                     "report again")
     print(run.report())
     return 0
@@ -469,7 +483,7 @@ def console_main() -> None:
     Before the interpreter shuts down, every object left is moved out of the cycle collector's
     reach (``gc.freeze``): its collections at shutdown would otherwise walk every object the
     process holds (pydantic's schemas, a 32,768-rank plan) only to free memory the process is
-    about to give back anyway; ~85 ms of a 4096-node ``plan``. Files are closed by then, and
+    about to give back anyway (a measurable share of a 4096-node ``plan``; docs/PERFORMANCE.md). Files are closed by then, and
     Python flushes stdout and stderr itself. Not done by ``main``, which tests and scripts call
     in a process that goes on."""
     code = main()

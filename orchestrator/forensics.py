@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from orchestrator import join_hook, stacks
+from orchestrator import join_hook, stack_files, stack_requests, stacks
 from orchestrator.progress import read_progress
 from orchestrator.watchdog import Watch
 from orchestrator.run_folder import RunFolder
@@ -44,9 +44,9 @@ def waits_of(dumps: Mapping[int, str]) -> dict[str, str]:
 
 def capture_local(run_dir: str | Path, reason: str, ranks: Optional[list[int]] = None) -> dict[int, str]:
     """Ask the ranks on this machine for their stacks and save them in <run>/stacks/."""
-    dumps = stacks.request_local(run_dir, ranks)
+    dumps = stack_requests.request_local(run_dir, ranks)
     if dumps:
-        stacks.save(run_dir, dumps, reason)
+        stack_files.save(run_dir, dumps, reason)
     return dumps
 
 

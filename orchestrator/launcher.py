@@ -166,8 +166,8 @@ def release_process_group(timeout_s: float = RELEASE_TIMEOUT_S) -> None:
 
     Many scripts never call ``destroy_process_group()``. torch then leaves its gloo threads to
     the interpreter's exit, and there it aborts now and then: "terminate called without an active
-    exception", SIGABRT, a finished rank reported as killed (7 of 60 ranks of a 2-rank gloo
-    script under plain ``python`` on torch 2.14); for nccl it warns that the group leaks. Runs
+    exception", SIGABRT, a finished rank reported as killed (under plain ``python`` too, not only
+    here; how often: docs/PERFORMANCE.md); for nccl it warns that the group leaks. Runs
     as the last exit hook (after the script's threads ended and its own hooks ran, which may
     still use the group), and only after a normal return: every collective the script waited
     on is over, and teardown is local to the rank. After an exception the group is left alone,
@@ -201,11 +201,11 @@ def release_process_group(timeout_s: float = RELEASE_TIMEOUT_S) -> None:
 
 def install_watch_hooks(run_dir: Path, rank: int) -> None:
     """What lets the orchestrator see into a rank from outside, for any script: its stacks on a
-    signal (``stacks.install``: faulthandler, no cost until asked) and the moment it joins its
+    signal (``stack_requests.install``: faulthandler, no cost until asked) and the moment it joins its
     process group (``join_hook.install``: a wrapper around init_process_group)."""
-    from orchestrator import join_hook, stacks
+    from orchestrator import join_hook, stack_requests
 
-    stacks.install(run_dir, rank)
+    stack_requests.install(run_dir, rank)
     join_hook.install(run_dir, rank)
 
 

@@ -3,7 +3,8 @@
 A CPU training step allocates its activations and frees them all at the end of backward. With
 glibc's defaults the freed top of the heap (anything above 2x the dynamic mmap threshold, at most
 64 MiB) goes back to the kernel after every step, and the next step takes it again page by page:
-resnet18 at batch 64 spent ~16 ms of each ~170 ms step in page faults (7,000 per step) here.
+thousands of page faults in every step, time the kernel spends instead of the training
+(measured: docs/PERFORMANCE.md).
 Jobs get two glibc settings by default (``plan`` shows them; the spec's ``env`` or the user's
 own exports win, as for ``OMP_NUM_THREADS``):
 

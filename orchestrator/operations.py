@@ -38,7 +38,7 @@ def _runs(refs: list[str]) -> list[Run]:
     found = []
     for entry in registered_runs():
         folder = Path(entry["run_dir"])
-        record = folder / "record.json"
+        record = RunFolder(folder).record
         try:
             os.lstat(record)
         except OSError:
@@ -127,7 +127,7 @@ def logs(ref: str, rank: int, follow: bool, point: int | None = None,
         sys.stdout.write(data.decode(errors="replace"))
         sys.stdout.flush()
         return 0
-    return _follow(run, path, rank, start_timeout_s)
+    return _follow(run, path, rank, point, start_timeout_s)
 
 
 def _read_log(path: Path, rank: int, offset: int = 0) -> bytes | None:
@@ -152,34 +152,29 @@ def _reader_gone() -> bool:
         return False
 
 
-def _follow(run: Run, path: Path, rank: int, start_timeout_s: float) -> int:
-    """Print the log as it grows until the run ends; give up if it never starts, and stop when
-    nobody reads any more."""
-    offset = 0
+def _follow(run: Run, path: Path, rank: int, point: int | None, start_timeout_s: float) -> int:
+    """Print the log as it grows until the run ends (``Run.tail``); give up if it never starts,
+    and stop when nobody reads any more."""
     started = time.monotonic()
-    while True:
-        chunk = _read_log(path, rank, offset)
-        if chunk:
-            offset += len(chunk)
-            sys.stdout.write(chunk.decode(errors="replace"))
+    seen = False
+    for state, text in run.tail(rank, point):
+        if text:
+            sys.stdout.write(text)
             sys.stdout.flush()
-        if _reader_gone():
-            return 0
-        state = run.status()
+        seen = seen or text is not None
         if state.terminal:
-            rest = _read_log(path, rank, offset)  # what was written before the end was recorded
-            if rest:
-                sys.stdout.write(rest.decode(errors="replace"))
-                sys.stdout.flush()
-            if chunk is None and rest is None:
+            if not seen:
                 print(f"{run.id} ended {state} without a log for rank {rank} at {shown(path)}", file=sys.stderr)
                 return 1
             return 0
-        if chunk is None and time.monotonic() - started > start_timeout_s:
+        if _reader_gone():
+            return 0
+        if not seen and time.monotonic() - started > start_timeout_s:
             print(f"{run.id} is {state} and rank {rank} has written nothing in {start_timeout_s:.0f}s; "
                   f"try again later, or check 'orchestrator status {run.id}'", file=sys.stderr)
             return 1
         time.sleep(0.3)
+    return 0
 
 
 def cancel(ref: str) -> int:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.errors import SubmissionError
+from orchestrator.run_folder import RunFolder
 
 #: How often the lock holder renews its lease, and how old a lease may be before its holder
 #: counts as gone (generous: NFS attribute caches and clock skew between hosts).
@@ -73,11 +74,6 @@ def folder_id(path: str | Path) -> int | None:
         return None
 
 
-def _paths(run_dir: str | Path) -> tuple[Path, Path, Path]:
-    root = Path(run_dir)
-    return root / "lock", root / "lease.json", root / "requests" / "cancel"
-
-
 # ---- the lock -----------------------------------------------------------------------------------
 class RunLock:
     """The exclusive lock of one run folder, held by the attempt's supervisor.
@@ -94,7 +90,7 @@ class RunLock:
         from orchestrator.records import write_json_atomic
 
         try:
-            write_json_atomic(_paths(self.run_dir)[1], {"host": this_host(), "pid": pid or os.getpid(),
+            write_json_atomic(RunFolder.of(self.run_dir).lease, {"host": this_host(), "pid": pid or os.getpid(),
                                                         "time": time.time()})
         except OSError:
             pass
@@ -122,7 +118,7 @@ class RunLock:
 
 
 def _open_lock(run_dir: Path) -> int:
-    path = _paths(run_dir)[0]
+    path = RunFolder.of(run_dir).lock
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
     except OSError as exc:
@@ -153,7 +149,7 @@ def take(run_dir: str | Path) -> RunLock:
                               f"'orchestrator status {run_dir}' or stop it with 'orchestrator cancel {run_dir}'") from None
     except OSError as exc:
         os.close(fd)
-        raise SubmissionError(f"cannot lock {run_dir / 'lock'} ({exc.strerror}): the filesystem must support "
+        raise SubmissionError(f"cannot lock {RunFolder(run_dir).lock} ({exc.strerror}): the filesystem must support "
                               "flock (on NFS: mount without 'nolock'); use another runs_dir") from None
     return RunLock(fd, run_dir)
 
@@ -161,7 +157,7 @@ def take(run_dir: str | Path) -> RunLock:
 def is_held(run_dir: str | Path) -> bool:
     """True while some process (on any host that shares the folder) holds the run's lock. A
     folder without a lock file has never had a live attempt of this version."""
-    path = _paths(run_dir)[0]
+    path = RunFolder.of(run_dir).lock
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
@@ -193,7 +189,7 @@ class Lease:
 
 def lease(run_dir: str | Path) -> Lease | None:
     try:
-        data = json.loads(_paths(run_dir)[1].read_bytes()[:4096])
+        data = json.loads(RunFolder.of(run_dir).lease.read_bytes()[:4096])
         return Lease(str(data["host"]), int(data["pid"]), float(data["time"]))
     except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None
@@ -234,7 +230,7 @@ def foreign_reason(host: str | None, created_in: int | None, run_dir: str | Path
 def request_cancel(run_dir: str | Path, why: str) -> None:
     from orchestrator.records import write_json_atomic
 
-    path = _paths(run_dir)[2]
+    path = RunFolder.of(run_dir).cancel_request
     try:
         write_json_atomic(path, {"host": this_host(), "pid": os.getpid(), "time": time.time(), "why": why})
     except OSError as exc:
@@ -244,7 +240,7 @@ def request_cancel(run_dir: str | Path, why: str) -> None:
 
 def cancel_requested(run_dir: str | Path) -> bool:
     """Anything at the request's path asks for a stop (whoever can write the run folder may)."""
-    return os.path.lexists(_paths(run_dir)[2])
+    return os.path.lexists(RunFolder.of(run_dir).cancel_request)
 
 
 def forget_requests(run_dir: str | Path) -> None:
@@ -252,9 +248,9 @@ def forget_requests(run_dir: str | Path) -> None:
     way (a folder, a file where the requests folder goes) is removed, being the run's own."""
     import shutil
 
-    requests = _paths(run_dir)[2].parent
+    target = RunFolder.of(run_dir).cancel_request
+    requests = target.parent
     if os.path.isdir(requests) and not os.path.islink(requests):
-        target = _paths(run_dir)[2]
         if os.path.isdir(target) and not os.path.islink(target):
             shutil.rmtree(target, ignore_errors=True)
         else:

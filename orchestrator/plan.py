@@ -42,8 +42,8 @@ DEFAULT_MAX_ARRAY_SIZE = 1001
 class RankRow:
     """One rank's place in the job and the environment it gets. ``<...>`` marks values known
     only at run time, with the rule that produces them. A plain dataclass: a plan may hold
-    65,536 of them, and building a pydantic model each costs 13 us (pydantic still validates and
-    serialises the list in LaunchPlan)."""
+    65,536 of them, and building a pydantic model for each would be most of a large plan's time
+    (pydantic still validates and serialises the list in LaunchPlan)."""
 
     rank: int
     local_rank: int
@@ -128,7 +128,7 @@ def plan(spec: JobSpec, executor: ExecutorName | None = None, max_array_size: in
     params = submitit_parameters(spec, n_points=len(sweep)) if executor == "slurm" else None
     srun = rank_log = None
     if params is not None:
-        rank_log = os.path.join(run_dir, "slurm", f"{'%A_%a' if sweep else '%j'}_%t_log.out")
+        rank_log = str(RunFolder.of(run_dir).slurm_log("%A_%a" if sweep else "%j", "%t"))
         srun = srun_argv(rank_log, run_dir, python, params["cpus_per_task"])
     payload = _payload(spec, run_dir, layout, env, python, srun, rank_log)
     start, start_note = _rank_start(spec, executor, env)
@@ -140,7 +140,7 @@ def plan(spec: JobSpec, executor: ExecutorName | None = None, max_array_size: in
     )
     shown = _shown_payload(payload, bool(sweep))
     if params is not None:
-        folder = os.path.join(run_dir, "slurm")
+        folder = str(RunFolder.of(run_dir).slurm)
         chunks = array_chunks(len(sweep), max_array_size)
         scripts = [render_sbatch(params, folder, job_command(run_dir, spec.slurm.python, chunk[0]), n_points=len(chunk))
                    for chunk in chunks] or [render_sbatch(params, folder, job_command(run_dir, spec.slurm.python))]
@@ -178,7 +178,7 @@ def _shown_payload(payload: Payload, sweep: bool) -> Payload:
     if not sweep:
         return payload
     index = "<point index, 4 digits>"
-    return dataclasses.replace(payload, run_dir=str(RunFolder.of(payload.run_dir).root / "points" / index),
+    return dataclasses.replace(payload, run_dir=str(RunFolder.of(payload.run_dir).points / index),
                                checkpoint=dataclasses.replace(payload.checkpoint,
                                                               dir=os.path.join(payload.checkpoint.dir, f"point-{index}")))
 
@@ -187,7 +187,7 @@ def _shown_payload(payload: Payload, sweep: bool) -> Payload:
 def paused_gc() -> Iterator[None]:
     """Pause Python's cycle collector while one dict per rank is built (or checked): those make no
     reference cycles, and each automatic collection would re-scan every object the process holds
-    (pydantic's schemas included), again and again: ~30% of building 32,768 rows."""
+    (pydantic's schemas included), again and again: a large share of building a large plan's rows."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -346,8 +346,8 @@ def _slurm_rows(spec: JobSpec, payload: Payload) -> list[RankRow]:
     rfile = rendezvous_file(payload.rendezvous_dir, SLURM_RULES["job"], SLURM_RULES["restart"])
     marker = str(RunFolder.of(payload.run_dir).requeue_marker(SLURM_RULES["job"], SLURM_RULES["restart"]))  # type: ignore[arg-type]
     torch_version = installed_torch_version(payload.env)
-    # One template per local rank, copied per node (a C-level dict copy): linear, and ~5x faster
-    # than building each row's dict at 32k ranks.
+    # One template per local rank, copied per node (a C-level dict copy): linear, and several times
+    # faster than building each row's dict in a plan of tens of thousands of ranks.
     templates = []
     for local in range(rpn):
         contract = RankEnv(rank="", local_rank=local, world_size=spec.world_size, local_world_size=rpn, node_rank="",

@@ -1,13 +1,7 @@
-"""The run folder and the registry of runs. Standard library only (ranks import it).
+"""The run's record and the registry of runs. Standard library only (ranks import it).
 
-Run folder layout::
-
-    <run_dir>/spec.yaml  plan.json  record.json  payload.json
-    <run_dir>/logs/rank-N.log        (local)   <run_dir>/slurm/  (submitit's folder)
-    <run_dir>/errors/rank-N.json     first traceback of a failing rank
-    <run_dir>/stacks/rank-N.txt      every live rank's stacks at an abnormal end (forensics.py)
-    <run_dir>/checkpoints/  metrics/rank-N.jsonl  result.json
-    <run_dir>/points/NNNN/           a sweep point: its own logs/, errors/ and result.json
+The record is ``<run>/record.json``; the rest of the run folder's layout is named in
+``orchestrator.run_folder`` (``RunFolder``), and only there.
 
 The registry is one JSON line per run in ``$ORCHESTRATOR_HOME/registry.jsonl`` (default
 ``~/.local/share/orchestrator``); it only maps run ids to run folders.
@@ -106,7 +100,7 @@ class RunRecord:
 
     @property
     def path(self) -> Path:
-        return Path(self.run_dir) / "record.json"
+        return RunFolder.of(self.run_dir).record
 
     def save(self) -> None:
         write_json_atomic(self.path, asdict(self))
@@ -284,18 +278,18 @@ def resolve_run(ref: str) -> Path:
         """The folder, unless its record is a FIFO, a device or a socket: RunRecord.load says
         what else is wrong with a record; these it must never open."""
         try:
-            mode = os.lstat(folder / "record.json").st_mode
+            mode = os.lstat(RunFolder(folder).record).st_mode
         except OSError:
             return folder
         if stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode):
             return folder
         raise RunNotFoundError(
-            f"{shown(folder / 'record.json')} is damaged (it is {kind(mode)}, not a regular file); the run's other "
+            f"{shown(RunFolder(folder).record)} is damaged (it is {kind(mode)}, not a regular file); the run's other "
             f"files are untouched: inspect them, then remove or rename {shown(folder)}")
 
     p = Path(ref)
     try:
-        if os.path.lexists(p / "record.json"):  # a run folder, even a damaged one: say what is wrong with it
+        if os.path.lexists(RunFolder(p).record):  # a run folder, even a damaged one: say what is wrong with it
             return usable(p.resolve())
     except (OSError, RuntimeError):
         pass

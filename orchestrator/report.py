@@ -11,6 +11,7 @@ from typing import Any
 
 from orchestrator.errors import OrchestratorError
 from orchestrator.records import RunRecord, resolve_run
+from orchestrator.run_folder import RunFolder
 
 
 #: What each kind of record must hold to be plotted (jobs.MetricsWriter writes them so).
@@ -23,7 +24,7 @@ def read_metrics(run_dir: Path) -> list[dict]:
     record without its numbers, is skipped; a file that cannot be read at all (not a file, not
     UTF-8 text, no permission) raises OrchestratorError naming it."""
     out = []
-    for path in sorted((run_dir / "metrics").glob("rank-*.jsonl")):
+    for path in RunFolder(run_dir).metrics_files():
         try:
             mode = path.stat().st_mode
             if not stat.S_ISREG(mode):  # a FIFO would block the read below forever
@@ -58,9 +59,10 @@ def _plottable(record: Any) -> bool:
 
 def write_report(ref: str) -> str:
     run_dir = resolve_run(ref)
+    folder = RunFolder(run_dir)
     metrics = read_metrics(run_dir)
     if not metrics:
-        raise OrchestratorError(f"no metrics in {run_dir / 'metrics'}: has the run trained yet?")
+        raise OrchestratorError(f"no metrics in {folder.metrics}: has the run trained yet?")
     try:
         import matplotlib
 
@@ -77,7 +79,7 @@ def write_report(ref: str) -> str:
     for m in metrics:
         if m["kind"] == "throughput":
             thr[m["rank"]].append(m)
-    out_dir = run_dir / "report"
+    out_dir = folder.report
     try:
         out_dir.mkdir(exist_ok=True)
     except OSError as exc:
@@ -96,13 +98,13 @@ def write_report(ref: str) -> str:
     axes[2].legend(fontsize="small")
     fig.tight_layout()
     try:
-        fig.savefig(out_dir / "metrics.png", dpi=90)
+        fig.savefig(folder.report_plot, dpi=90)
     except OSError as exc:
-        raise OrchestratorError(f"cannot write {out_dir / 'metrics.png'} ({exc.strerror}); make it writable") from None
+        raise OrchestratorError(f"cannot write {folder.report_plot} ({exc.strerror}); make it writable") from None
     finally:
         plt.close(fig)
     lines = [f"run {run_dir.name}"]
-    if (run_dir / "record.json").exists():
+    if folder.record.exists():
         rec = RunRecord.load(run_dir)
         lines.append(f"state {rec.state}, {rec.world_size} rank(s), attempt {rec.attempts}")
     if train:
@@ -114,10 +116,10 @@ def write_report(ref: str) -> str:
         total = sum(r["samples"] for r in rows)
         secs = sum(r["seconds"] for r in rows)
         lines.append(f"rank {rank}: {total / secs if secs else 0:.0f} samples/s over {len(rows)} epoch(s)")
-    lines.append(f"plots: {out_dir / 'metrics.png'}")
+    lines.append(f"plots: {folder.report_plot}")
     summary = "\n".join(lines)
     try:
-        (out_dir / "summary.txt").write_text(summary + "\n")
+        folder.report_summary.write_text(summary + "\n")
     except OSError as exc:
-        raise OrchestratorError(f"cannot write {out_dir / 'summary.txt'} ({exc.strerror}); make it writable") from None
+        raise OrchestratorError(f"cannot write {folder.report_summary} ({exc.strerror}); make it writable") from None
     return summary

@@ -1,6 +1,7 @@
 """Every path of a run folder, named once. Standard library only (ranks use it too).
 
     <run>/record.json  plan.json  payload.json  result.json  spec.yaml  supervisor.log  end.json
+    <run>/lock  lease.json  requests/cancel   the live attempt's lock, its lease, a cancel request
     <run>/logs/rank-N.log          local ranks' output (SLURM: <run>/slurm/<job>_<task>_log.out)
     <run>/errors/rank-N.json       a failing rank's traceback, full and trimmed
     <run>/progress/rank-N.json     the rank API's heartbeat (orchestrator.progress)
@@ -9,8 +10,11 @@
     <run>/stacks/rank-N.txt        stacks saved at an abnormal end; stacks/live/: on request
     <run>/requeue/checkpointed-<job>-<restart>   the rank API checkpointed after a stop signal
     <run>/nccl-trace/rank-N        the NCCL flight recorder's dumps
+    <run>/metrics/rank-N.jsonl     jobs.MetricsWriter's records
+    <run>/report/                  what ``orchestrator report`` made of them (metrics.png, summary.txt)
+    <run>/allreduce.json  predictions.jsonl   what jobs.allreduce and jobs.infer write (by default)
     <run>/checkpoints/             (unless checkpoint.dir says otherwise)
-    <run>/points/NNNN/             one sweep point: the same layout again
+    <run>/points/NNNN/             one sweep point: the same layout again (and point-payload.json)
 """
 
 from __future__ import annotations
@@ -27,9 +31,14 @@ class RunFolder:
     def of(cls, path: "str | Path | RunFolder") -> RunFolder:
         return path if isinstance(path, RunFolder) else cls(Path(path))
 
+    @property
+    def points(self) -> Path:
+        """The sweep points' folders (``point`` names one)."""
+        return self.root / "points"
+
     def point(self, index: int) -> RunFolder:
         """The folder of one sweep point: its logs, errors and result live there."""
-        return RunFolder(self.root / "points" / f"{index:04d}")
+        return RunFolder(self.points / f"{index:04d}")
 
     # -- the run's own files
     @property
@@ -43,6 +52,16 @@ class RunFolder:
     @property
     def payload(self) -> Path:
         return self.root / "payload.json"
+
+    @property
+    def point_payload(self) -> Path:
+        """A sweep point's own payload, as the local supervisor writes it in the point's folder."""
+        return self.root / "point-payload.json"
+
+    @property
+    def spec(self) -> Path:
+        """The spec the run was started from, as YAML."""
+        return self.root / "spec.yaml"
 
     @property
     def result(self) -> Path:
@@ -60,6 +79,24 @@ class RunFolder:
     @property
     def slurm(self) -> Path:
         return self.root / "slurm"
+
+    def slurm_log(self, job: str, task: "int | str") -> Path:
+        """submitit's name for a task's log: ``<job>_<task>_log.out`` (also with its patterns,
+        ``%j``, ``%A_%a``, ``%t``, in what sbatch is given)."""
+        return self.slurm / f"{job}_{task}_log.out"
+
+    # -- who holds the run (orchestrator.ownership)
+    @property
+    def lock(self) -> Path:
+        return self.root / "lock"
+
+    @property
+    def lease(self) -> Path:
+        return self.root / "lease.json"
+
+    @property
+    def cancel_request(self) -> Path:
+        return self.root / "requests" / "cancel"
 
     @property
     def checkpoints(self) -> Path:
@@ -84,11 +121,19 @@ class RunFolder:
     def error(self, rank: int) -> Path:
         return self.errors / f"rank-{rank}.json"
 
+    def error_files(self) -> list[Path]:
+        """The tracebacks ranks have written (none when there is no errors/ folder)."""
+        return list(self.errors.glob("rank-*.json")) if self.errors.is_dir() else []
+
     def progress(self, rank: int) -> Path:
         return self.root / "progress" / f"rank-{rank}.json"
 
+    @property
+    def ranks(self) -> Path:
+        return self.root / "ranks"
+
     def rank_record(self, rank: int) -> Path:
-        return self.root / "ranks" / f"rank-{rank}.json"
+        return self.ranks / f"rank-{rank}.json"
 
     def joined(self, rank: int) -> Path:
         return self.root / "joined" / f"rank-{rank}"
@@ -114,6 +159,41 @@ class RunFolder:
         """TORCH_FR_DUMP_TEMP_FILE: torch appends the rank."""
         return self.root / "nccl-trace" / "rank-"
 
+    # -- what jobs write, and what is made of it
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics"
+
+    def metrics_file(self, rank: int) -> Path:
+        return self.metrics / f"rank-{rank}.jsonl"
+
+    def metrics_files(self) -> list[Path]:
+        """Every rank's metrics file there is, in name order."""
+        return sorted(self.metrics.glob("rank-*.jsonl"))
+
+    @property
+    def report(self) -> Path:
+        """Where ``orchestrator report`` writes its plots and summary."""
+        return self.root / "report"
+
+    @property
+    def report_plot(self) -> Path:
+        return self.report / "metrics.png"
+
+    @property
+    def report_summary(self) -> Path:
+        return self.report / "summary.txt"
+
+    @property
+    def allreduce(self) -> Path:
+        """jobs.allreduce's table (rank 0 writes it; ``orchestrator preflight`` reads it)."""
+        return self.root / "allreduce.json"
+
+    @property
+    def predictions(self) -> Path:
+        """jobs.infer's predictions, unless its --output says otherwise."""
+        return self.root / "predictions.jsonl"
+
     @property
     def rendezvous(self) -> Path:
         """Default folder of file:// rendezvous files."""
@@ -121,7 +201,7 @@ class RunFolder:
 
     #: What belongs to one attempt only (forgotten before the next one starts).
     def attempt_files(self) -> list[Path]:
-        return [self.root / "ranks", self.root / "joined", self.stacks / "live", self.end]
+        return [self.ranks, self.root / "joined", self.stacks / "live", self.end]
 
     def forget_attempt(self) -> None:
         """Remove the previous attempt's ranks, joins, live dumps and verdict (before a new one)."""

@@ -27,6 +27,7 @@ requeue will follow, before it is forwarded. The verdict goes to ``<run>/end.jso
 
 from __future__ import annotations
 
+import enum
 import os
 import signal
 import subprocess
@@ -54,6 +55,43 @@ SCONTROL_RETRY_S = 30.0
 UNFINISHED_EXIT = 3
 
 
+class Phase(enum.Enum):
+    """Where one attempt of the agent stands. Every attempt starts RUNNING and makes at most one
+    decision (``JobAgent._enter`` refuses any other move):
+
+    RUNNING ─┬─> REQUEUEING ─┬─> REQUEUED       scontrol accepted; the next attempt is SLURM's
+             │               └─> NOT_REQUEUED   no requeue left, or scontrol refused
+             └─> ENDING                          the watchdog ended the ranks (init deadline, stall)
+
+    A cancel (SIGTERM) is a fact the agent received, not a phase: from RUNNING it only rules out
+    a requeue and a watchdog verdict."""
+
+    RUNNING = "running"
+    REQUEUEING = "requeueing"
+    REQUEUED = "requeued"
+    NOT_REQUEUED = "not_requeued"
+    ENDING = "ending"
+
+
+MOVES: dict[Phase, frozenset[Phase]] = {
+    Phase.RUNNING: frozenset({Phase.REQUEUEING, Phase.ENDING}),
+    Phase.REQUEUEING: frozenset({Phase.REQUEUED, Phase.NOT_REQUEUED}),
+    Phase.REQUEUED: frozenset(), Phase.NOT_REQUEUED: frozenset(), Phase.ENDING: frozenset(),
+}
+
+
+def exit_code(phase: Phase, srun_code: int, stopped_early: bool) -> int | None:
+    """The agent's exit code, which SLURM turns into the job's state; None: the job stopped early
+    and was not requeued, which the agent reports as unfinished (``UNFINISHED_EXIT``)."""
+    if phase is Phase.ENDING:
+        return 1  # FAILED, with the watchdog's verdict in end.json
+    if phase is Phase.REQUEUED:
+        return 0  # the ranks' ends were the requeue's doing; SLURM runs the next attempt
+    if srun_code == 0 and stopped_early:
+        return None
+    return srun_code if srun_code >= 0 else 128 - srun_code
+
+
 class JobAgent:
     def __init__(self, payload: Payload, environ: Mapping[str, str]) -> None:
         self.payload = payload
@@ -62,8 +100,7 @@ class JobAgent:
         self.restart = self.slurm.restart
         self.received: list[str] = []
         self.marker = self.slurm.requeue_marker(payload.run_dir)
-        self.requeued = False  # decided (once per attempt)
-        self.requeue_done = False  # scontrol accepted it
+        self.phase = Phase.RUNNING
         self.srun: subprocess.Popen | None = None
         self.run_dir = payload.run_dir
         self.stall_s = payload.watchdog.stall_s
@@ -72,7 +109,7 @@ class JobAgent:
         self.environ = dict(environ)
         self.init_timeout_s = payload.init_timeout_s
         self.usr2_pending = False  # stacks first, then USR2 (its default action ends a rank)
-        self.not_requeued = ""  # why a requeue that was due did not happen
+        self.not_requeued = ""  # why a requeue that was due did not happen (Phase.NOT_REQUEUED)
         self.started = time.time()
         self.watch: Watch | None = None
 
@@ -106,40 +143,42 @@ class JobAgent:
         # ends the ranks that are still exiting); checked once more after srun, since every rank
         # may have ended before the loop looked.
         next_look = time.monotonic() + LOOK_S
-        verdict = None
         while (code := self.srun.poll()) is None:
             self._requeue_if_due()
             if self.usr2_pending:
                 self.usr2_pending = False
-                self._capture("the time limit (USR2) with no requeue left", "time_limit")
+                dumps = self._capture("the time limit (USR2) with no requeue left")
+                if self.stacks_on_failure:
+                    from orchestrator import forensics
+
+                    forensics.write_end(self.run_dir, reason="time_limit", waits=forensics.waits_of(dumps))
                 if self.srun.poll() is None:
                     self.srun.send_signal(signal.SIGUSR2)
-            if verdict is None and time.monotonic() >= next_look and "SIGTERM" not in self.received \
-                    and not self.requeued:
+            if self.phase is Phase.RUNNING and "SIGTERM" not in self.received and time.monotonic() >= next_look:
                 next_look = time.monotonic() + LOOK_S
-                verdict = self._watchdog()
-                if verdict is not None:
+                if self._watchdog() is not None:
+                    self._enter(Phase.ENDING)
                     self._end_ranks()
             time.sleep(POLL_S)
         self._requeue_if_due()
-        if verdict is not None:
-            return 1
-        if code == 0:
+        if code == 0 and self.phase is not Phase.ENDING:
             from orchestrator import forensics, join_hook
             from orchestrator.watchdog import did_nothing
 
             warning = did_nothing(self.world, [0], join_hook.joined_ranks(self.run_dir, self.world))
             if warning:
                 forensics.write_end(self.run_dir, reason="did_nothing", warning=warning)
-        if self.policy == "auto" and not self.requeued and "SIGUSR2" in self.received:
+        if self.policy == "auto" and self.phase is Phase.RUNNING and "SIGUSR2" in self.received:
             self._say("SIGUSR2 arrived but the ranks did not checkpoint through the rank API, so the job is "
                       "not requeued (slurm.requeue: auto); a script that resumes from its own snapshot "
                       "wants slurm.requeue: always")
-        if self.requeue_done:
-            return 0  # the ranks' ends were the requeue's doing; SLURM runs the next attempt
-        if code == 0 and self._stopped_early():
-            return self._unfinished()
-        return code if code >= 0 else 128 - code
+        result = exit_code(self.phase, code, code == 0 and self._stopped_early())
+        return self._unfinished() if result is None else result
+
+    def _enter(self, phase: Phase) -> None:
+        if phase not in MOVES[self.phase]:
+            raise RuntimeError(f"the job's agent cannot go from {self.phase.value} to {phase.value}")
+        self.phase = phase
 
     def _stopped_early(self) -> bool:
         """The ranks ended because they were told to stop, not because the work was done: the rank
@@ -160,7 +199,7 @@ class JobAgent:
         return UNFINISHED_EXIT
 
     def _requeue_if_due(self) -> None:
-        if self.requeued or "SIGTERM" in self.received:  # scancel / orchestrator cancel: never
+        if self.phase is not Phase.RUNNING or "SIGTERM" in self.received:  # scancel / orchestrator cancel: never
             return
         if self.policy == "always" and "SIGUSR2" in self.received:
             self._requeue("SIGUSR2 (time limit or preemption), slurm.requeue: always")
@@ -174,13 +213,12 @@ class JobAgent:
         return self.payload.requeue
 
     def _requeue(self, why: str) -> None:
-        if self.requeued:
-            return
-        self.requeued = True
+        self._enter(Phase.REQUEUEING)
         limit = self.payload.max_requeues
         if self.restart >= limit:
             self.not_requeued = f"no requeues left ({self.restart} of {limit} used; slurm.max_requeues)"
             self._say(f"{why}; {self.not_requeued}")
+            self._enter(Phase.NOT_REQUEUED)
             return
         self._say(f"{why}: requeueing {self.job_id} (restart {self.restart + 1} of {limit})")
         problem = ""
@@ -193,7 +231,7 @@ class JobAgent:
                 problem = str(exc)
             else:
                 if out.returncode == 0:
-                    self.requeue_done = True
+                    self._enter(Phase.REQUEUED)
                     return
                 problem = out.stderr.strip() or f"exit code {out.returncode}"
             self._say(f"scontrol requeue {self.job_id} failed: {problem}")
@@ -201,52 +239,39 @@ class JobAgent:
                 break
             time.sleep(delay)
         self.not_requeued = f"scontrol requeue failed: {problem}"
+        self._enter(Phase.NOT_REQUEUED)
 
     # -- the watchdog: init deadline and stall, decided as locally (orchestrator.watchdog) --------
     def _watchdog(self) -> str | None:
-        from orchestrator import forensics, join_hook, stacks
-        from orchestrator.watchdog import (Watch, init_culprits, never_joined_message, stall_message,
-                                           straggler)
+        from orchestrator import forensics, join_hook
+        from orchestrator.watchdog import Watch, judge
 
         if self.world <= 0:
             return None
         if self.watch is None:  # made at the first look, a second after srun: off the ranks' start-up
             self.watch = Watch(self.world, self.started, self.stall_s, self.init_timeout_s)
         forensics.look(self.watch, self.run_dir, self.logs)
-        now = time.time()
-        missing = self.watch.never_joined(now)
-        if missing:
-            calling = join_hook.calling_ranks(self.run_dir, self.world)
-            message = never_joined_message(missing, calling, self.world, self.watch.init_timeout_s or 0)
-            dumps = self._capture("the init deadline (distributed.init_timeout_s)", None)
-            self._verdict("init_deadline", init_culprits(missing, calling)[0], message, dumps)
-            return "init_deadline"
-        if self.watch.stalled(now):
-            last = {r: self.watch.last_progress(r) for r in range(self.world)}
-            dumps = self._capture(f"no progress for {self.stall_s:g}s (watchdog.stall_s)", None, always=True)
-            wheres = {r: stacks.where(dumps[r]) if dumps.get(r) else None for r in last}
-            rank, why = straggler(wheres, last)
-            message = stall_message(self.stall_s or 0, rank, why, wheres.get(rank) if rank is not None else None)
-            self._verdict("stall", rank, message, dumps)
-            return "stall"
-        return None
+        verdict = judge(self.watch, time.time(), lambda: join_hook.calling_ranks(self.run_dir, self.world),
+                        self._capture)
+        if verdict is None:
+            return None
+        self._verdict(verdict.reason, verdict.rank, verdict.message, dict(verdict.dumps))
+        return verdict.reason
 
-    def _capture(self, reason: str, verdict: str | None, always: bool = False) -> dict[int, str]:
+    def _capture(self, reason: str, always: bool = False) -> dict[int, str]:
         """Every rank's stacks through ``srun --overlap`` (one probe per node), saved in
-        <run>/stacks/; with ``verdict``, also recorded in end.json for status."""
+        <run>/stacks/."""
         if not (self.stacks_on_failure or always):
             return {}
-        from orchestrator import forensics, stacks
+        from orchestrator import stack_files
         from orchestrator.stacks_probe import request_slurm
 
-        self._say(f"{reason}: saving every rank's stacks in {self.run_dir}/stacks")
+        self._say(f"{reason}: saving every rank's stacks in {RunFolder.of(self.run_dir).stacks}")
         dumps, problem = request_slurm(self.run_dir, self.job_id, self.payload.nodes, self.payload.python)
         if problem:
             self._say(f"stacks: {problem.splitlines()[-1] if problem.splitlines() else problem}")
         if any(dumps.values()):
-            stacks.save(self.run_dir, dumps, reason)
-        if verdict:
-            forensics.write_end(self.run_dir, reason=verdict, waits=forensics.waits_of(dumps))
+            stack_files.save(self.run_dir, dumps, reason)
         return dumps
 
     def _verdict(self, reason: str, rank: int | None, message: str, dumps: dict[int, str]) -> None:

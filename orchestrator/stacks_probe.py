@@ -13,9 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from orchestrator import stacks
+from orchestrator import stack_requests
 
-#: srun has to create a step in the allocation (under a second on an idle controller).
+#: srun has to create a step in the allocation; a busy controller takes its time.
 SRUN_TIMEOUT_S = 20.0
 
 
@@ -34,11 +34,11 @@ def probe_argv(run_dir: str | Path, job_id: str, nodes: int, python: str, ranks:
 def request_slurm(run_dir: str | Path, job_id: str, nodes: int, python: str, ranks: list[int] | None = None,
                   timeout_s: float = SRUN_TIMEOUT_S) -> tuple[dict[int, str], str]:
     """Each rank's fresh dump ('' for a rank that did not answer), and srun's complaint if any."""
-    known = stacks.rank_procs(run_dir)
+    known = stack_requests.rank_procs(run_dir)
     chosen = sorted(known if ranks is None else [r for r in ranks if r in known])
     if not chosen:
         return {}, "no rank has recorded itself yet (the job may still be starting)"
-    before = stacks.sizes(run_dir, chosen)
+    before = stack_requests.sizes(run_dir, chosen)
     env = {k: v for k, v in os.environ.items() if not (k.startswith("SLURM_") and k != "SLURM_CONF")
            and not k.startswith("SBATCH_") and not k.startswith("SRUN_")}
     try:
@@ -47,8 +47,8 @@ def request_slurm(run_dir: str | Path, job_id: str, nodes: int, python: str, ran
         problem = out.stderr.strip() if out.returncode != 0 else ""
     except (OSError, subprocess.TimeoutExpired) as exc:
         problem = f"srun --overlap could not reach the job's nodes ({exc})"
-    after = stacks.wait_written(run_dir, before, timeout_s=1.0)  # the probes waited; this is the shared FS
-    return {r: stacks.read_from(run_dir, r, before[r], after[r]) for r in chosen}, problem
+    after = stack_requests.wait_written(run_dir, before, timeout_s=1.0)  # the probes waited; this is the shared FS
+    return {r: stack_requests.read_from(run_dir, r, before[r], after[r]) for r in chosen}, problem
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,11 +59,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     run_dir = args[0]
     ranks = [int(args[i + 1]) for i, a in enumerate(args) if a == "--rank" and i + 1 < len(args)] or None
-    mine = [r for r, rp in stacks.rank_procs(run_dir).items() if rp.here() and (ranks is None or r in ranks)]
-    before = stacks.sizes(run_dir, mine)
-    sent = stacks.signal_ranks(run_dir, mine)
+    mine = [r for r, rp in stack_requests.rank_procs(run_dir).items() if rp.here() and (ranks is None or r in ranks)]
+    before = stack_requests.sizes(run_dir, mine)
+    sent = stack_requests.signal_ranks(run_dir, mine)
     if sent:
-        stacks.wait_written(run_dir, {r: before[r] for r in sent})
+        stack_requests.wait_written(run_dir, {r: before[r] for r in sent})
     return 0
 
 

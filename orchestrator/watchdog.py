@@ -13,9 +13,9 @@ signal, and the straggler is then named from evidence (``straggler``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Optional, Sequence
+from typing import Callable, Literal, Mapping, Optional, Sequence
 
-from orchestrator.stacks import Where
+from orchestrator.stacks import Where, where
 
 
 @dataclass
@@ -61,6 +61,42 @@ class Watch:
         if not self.stall_s:
             return False
         return all(now - self.last_progress(r) >= self.stall_s for r in range(self.world_size))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Why the job must end now, whom to blame, and what to tell the user (``<run>`` stands for
+    the run folder). ``dumps``: the stacks taken to decide, for the record."""
+
+    reason: Literal["init_deadline", "stall"]
+    rank: Optional[int]
+    message: str
+    dumps: Mapping[int, str]
+
+
+INIT_DEADLINE = "the init deadline (distributed.init_timeout_s)"
+
+
+def judge(watch: Watch, now: float, calling: Callable[[], Sequence[int]],
+          capture: Callable[[str, bool], Mapping[int, str]]) -> Optional[Verdict]:
+    """The one judgement both supervisors act on, after they fed ``watch`` a look: the init
+    deadline first, then the stall watchdog; None while the job may go on. ``calling()``: the
+    ranks inside init_process_group now; ``capture(reason, always)``: the ranks' stacks (taken
+    only when ``always`` or the spec's ``watchdog.stacks_on_failure`` says so)."""
+    missing = watch.never_joined(now)
+    if missing:
+        inside = calling()
+        message = never_joined_message(missing, inside, watch.world_size, watch.init_timeout_s or 0)
+        dumps = capture(INIT_DEADLINE, False)
+        return Verdict("init_deadline", init_culprits(missing, inside)[0], message, dumps)
+    if watch.stalled(now):
+        last = {r: watch.last_progress(r) for r in range(watch.world_size)}
+        dumps = capture(f"no progress for {watch.stall_s or 0:g}s (watchdog.stall_s)", True)
+        wheres = {r: where(dumps[r]) if dumps.get(r) else None for r in last}
+        rank, why = straggler(wheres, last)
+        message = stall_message(watch.stall_s or 0, rank, why, wheres.get(rank) if rank is not None else None)
+        return Verdict("stall", rank, message, dumps)
+    return None
 
 
 def straggler(wheres: Mapping[int, Optional[Where]], last: Mapping[int, float]) -> tuple[Optional[int], str]:

@@ -96,8 +96,9 @@ def end_orphaned(rec: RunRecord) -> RunRecord:
 
 
 def _point_dirs(run_dir: Path) -> Iterator[RunFolder]:
-    yield RunFolder(run_dir)
-    points = run_dir / "points"
+    run = RunFolder(run_dir)
+    yield run
+    points = run.points
     if points.is_dir():
         yield from (RunFolder(p) for p in sorted(points.iterdir()) if p.is_dir())
 
@@ -107,7 +108,7 @@ def current_point(record: RunRecord) -> int:
     themselves in this attempt (an attempt forgets every point's rank records before it starts),
     else the latest one with a log, else 0."""
     run = RunFolder.of(record.run_dir)
-    for marker in (lambda i: run.point(i).root / "ranks", lambda i: run.point(i).log(0)):
+    for marker in (lambda i: run.point(i).ranks, lambda i: run.point(i).log(0)):
         for index in reversed(range(record.sweep_size)):
             if marker(index).exists():
                 return index
@@ -179,13 +180,13 @@ def _start_attempt(launch: LaunchPlan, run_dir: Path, run: RunFolder, record: Ru
     import yaml
 
     ownership.forget_requests(run_dir)
-    write_text_atomic(run_dir / "spec.yaml", yaml.safe_dump(launch.spec, sort_keys=False))
+    write_text_atomic(run.spec, yaml.safe_dump(launch.spec, sort_keys=False))
     write_json_atomic(run.plan, launch.model_dump(mode="json"))
     write_json_atomic(run.payload, launch.payload.to_dict())
     for folder in _point_dirs(run_dir):  # a rerun must never report an earlier attempt's outcome
         folder.forget_attempt()  # nor look at an earlier attempt's ranks (stacks, logs, joins)
         folder.result.unlink(missing_ok=True)
-        for err in folder.errors.glob("rank-*.json") if folder.errors.is_dir() else []:
+        for err in folder.error_files():
             err.unlink()
     record.attempts, record.folder_id = attempts, ownership.folder_id(run_dir)
     record.save()
@@ -195,8 +196,7 @@ def first_error(run_dir: str | Path) -> dict | None:
     """The earliest traceback written by a failing rank of the run or of any sweep point."""
     errors = []
     for folder in _point_dirs(Path(run_dir)):
-        d = folder.errors
-        for path in d.glob("rank-*.json") if d.is_dir() else []:
+        for path in folder.error_files():
             try:
                 err = json.loads(path.read_text(encoding="utf-8"))
             except (OSError, UnicodeDecodeError, json.JSONDecodeError):
@@ -211,7 +211,7 @@ def move_aside(run_dir: str | Path) -> Path | None:
     src = Path(run_dir)
     if not src.exists():
         return None
-    if ownership.is_held(src) or ((src / "record.json").is_file() and not RunRecord.load(src).state.terminal):
+    if ownership.is_held(src) or (RunFolder(src).record.is_file() and not RunRecord.load(src).state.terminal):
         raise SubmissionError(f"{src} belongs to a run that is still active; cancel it first")
     n = 1
     while (dst := src.with_name(f"{src.name}.{n}")).exists():

@@ -79,7 +79,7 @@ class LogTails:
         self.silenced = [True] * len(self.paths)
         try:
             print(f"[orchestrator] stopped echoing the ranks' output ({exc.strerror or exc}); they go on, and "
-                  f"their logs are in {self.run_dir / 'logs'}", file=sys.stderr, flush=True)
+                  f"their logs are in {RunFolder(self.run_dir).logs}", file=sys.stderr, flush=True)
         except OSError:
             pass
 

@@ -52,24 +52,22 @@ class DebugExecutor:
         # Every way out records an end state: an exception, sys.exit() in the entrypoint, Ctrl-C.
         state, changes = "FAILED", {"failed_rank": 0, "error": "the debug run ended without a result"}
         try:
-            result = run_rank(payload, 0, own_process=False)
+            run_rank(payload, 0, own_process=False)  # rank 0 records its result in the run folder
             state, changes = "COMPLETED", {}
         except KeyboardInterrupt:
             state, changes = "CANCELLED", {"error": "interrupted (Ctrl-C)"}
             raise
         except SystemExit as exc:
             if exc.code in (None, 0):
-                state, changes, result = "COMPLETED", {}, None
+                state, changes = "COMPLETED", {}
             else:
                 changes = {"failed_rank": 0, "error": f"the entrypoint called sys.exit({exc.code!r})"}
                 raise
         except Exception as exc:
             changes = {"failed_rank": 0, "error": f"{type(exc).__name__}: {exc}"}
-            print(f"{record.run_id}: FAILED  {changes['error']}", file=sys.stderr)
             return record
         finally:
             record.update(state=state, ended=time.time(), **changes)
-        print(f"{record.run_id}: COMPLETED  result: {result}")
         return record
 
     def submit(self, launch: LaunchPlan) -> RunRecord:

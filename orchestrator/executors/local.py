@@ -6,7 +6,6 @@ RUN_DIR --lock-fd N`` holds the run's lock and supervises in a session of its ow
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -14,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from orchestrator import ownership, procs, stacks
+from orchestrator import ownership, procs
 from orchestrator.errors import SubmissionError, UsageError
 from orchestrator.executors.base import prepare_run_dir, rank_log_path, refresh_by_supervisor
 from orchestrator.executors.console import ConsoleEcho, PlainEcho
@@ -41,7 +40,6 @@ class LocalExecutor:
         finally:
             if isinstance(supervisor.echo, ConsoleEcho):
                 supervisor.echo.close()
-        _print_outcome(record)
         return record
 
     def submit(self, launch: LaunchPlan) -> RunRecord:
@@ -130,30 +128,6 @@ def _is_detached_supervisor(pid: int | None) -> bool:
     a notebook kernel that ran the job in the foreground)."""
     argv = procs.cmdline(pid) if pid else []
     return "orchestrator.executors.local" in argv and "--lock-fd" in argv
-
-
-def _print_outcome(record: RunRecord) -> None:
-    """The run's end, as the foreground run shows it. A reader that went away (``| head``) loses
-    it; the record has it, and the exit code still tells the outcome."""
-    try:
-        _show_outcome(record)
-    except OSError:
-        pass
-
-
-def _show_outcome(record: RunRecord) -> None:
-    print(f"{record.run_id}: {record.state}  (run folder {record.run_dir})")
-    if record.state != "COMPLETED" and record.error:
-        print(record.error, file=sys.stderr)
-    if record.state != "COMPLETED" and record.waits:
-        print(f"where the ranks were (stacks in {Path(record.run_dir) / 'stacks'}):", file=sys.stderr)
-        for line in stacks.wait_lines(record.waits):
-            print(f"  {line}", file=sys.stderr)
-    if record.warning:
-        print(f"warning: {record.warning}", file=sys.stderr)
-    result = RunFolder.of(record.run_dir).result
-    if result.exists():
-        print(f"result: {json.loads(result.read_text()).get('result')}")
 
 
 def _detached_main(argv: list[str]) -> int:

@@ -205,7 +205,7 @@ class SlurmExecutor:
             return self._submit_locked(launch, record)
 
     def _submit_locked(self, launch: LaunchPlan, record: RunRecord) -> RunRecord:
-        folder = Path(launch.run_dir) / "slurm"
+        folder = RunFolder.of(launch.run_dir).slurm
         rotate_folder(folder)
         folder.mkdir(parents=True, exist_ok=True)
         for index, point in enumerate(launch.sweep):
@@ -276,15 +276,15 @@ class SlurmExecutor:
         """submitit names task logs <job>_<task>_log.out in the run's slurm folder; in a sweep the
         job is the point's array task (<array>_<index>): the one asked for, else the latest one
         that has a log."""
-        folder = Path(record.run_dir) / "slurm"
+        run = RunFolder.of(record.run_dir)
         if not record.job_ids:
-            return folder / f"unsubmitted_{rank}_log.out"
+            return run.slurm_log("unsubmitted", rank)
         if point is not None and point < len(record.job_ids):
-            return folder / f"{record.job_ids[point]}_{rank}_log.out"
+            return run.slurm_log(record.job_ids[point], rank)
         for job in reversed(record.job_ids):
-            if (folder / f"{job}_{rank}_log.out").exists():
-                return folder / f"{job}_{rank}_log.out"
-        return folder / f"{record.job_ids[0]}_{rank}_log.out"
+            if run.slurm_log(job, rank).exists():
+                return run.slurm_log(job, rank)
+        return run.slurm_log(record.job_ids[0], rank)
 
 
 def agent_verdict(rec: RunRecord, state: State) -> dict:

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from orchestrator import forensics, join_hook, ownership, procs, stacks
+from orchestrator import forensics, join_hook, ownership, procs
 from orchestrator.errors import SubmissionError
 from orchestrator.executors.base import first_error
 from orchestrator.executors.console import LogTails
@@ -34,14 +34,7 @@ from orchestrator.rank_env import installed_torch_version, local_rank_env, rank_
 from orchestrator.rendezvous import derive_port, pick_port, port_is_free, remove_earlier_files, rendezvous_file
 from orchestrator.records import RunRecord
 from orchestrator.run_folder import RunFolder
-from orchestrator.watchdog import (
-    Watch,
-    did_nothing,
-    init_culprits,
-    never_joined_message,
-    stall_message,
-    straggler,
-)
+from orchestrator.watchdog import Watch, did_nothing, judge
 
 GRACE_S = 3.0
 LOOK_S = 1.0  # how often the watchdog looks at the ranks' logs, heartbeats and joins
@@ -150,7 +143,7 @@ class Supervisor:
         run_dir = Path(payload.run_dir)
         folder = RunFolder(run_dir)
         folder.logs.mkdir(parents=True, exist_ok=True)
-        payload_path = run_dir / ("payload.json" if index is None else "point-payload.json")
+        payload_path = folder.payload if index is None else folder.point_payload
         payload.write(payload_path)
         attempt = self.record.attempts - 1
         remove_earlier_files(payload.rendezvous_dir, self.launch.run_id)  # an earlier attempt's, if it was killed
@@ -249,27 +242,19 @@ class Supervisor:
 
     # -- the watchdog ---------------------------------------------------------------------------
     def _watchdog(self, run_dir: Path) -> str | None:
-        """The init deadline and the stall watchdog; FAILED (with the stacks saved) when either fires."""
+        """The init deadline and the stall watchdog (orchestrator.watchdog.judge); FAILED, with
+        the stacks saved, when either fires."""
         logs = {r: RunFolder(run_dir).log(r) for r in range(len(self.procs))}
         forensics.look(self.watch, run_dir, logs)
-        now = time.time()
-        missing = self.watch.never_joined(now)
-        if missing:
-            calling = join_hook.calling_ranks(run_dir, self.watch.world_size)
-            message = never_joined_message(missing, calling, self.watch.world_size, self.watch.init_timeout_s or 0)
-            self._capture(run_dir, "the init deadline (distributed.init_timeout_s)")
-            self.record.update(failed_rank=init_culprits(missing, calling)[0],
-                               error=message.replace("<run>", str(run_dir)))
-            return "FAILED"
-        if self.watch.stalled(now):
-            last = {r: self.watch.last_progress(r) for r in range(self.watch.world_size)}
-            dumps = self._capture(run_dir, f"no progress for {self.stall_s:g}s (watchdog.stall_s)", always=True)
-            wheres = {r: stacks.where(dumps[r]) if dumps.get(r) else None for r in last}
-            rank, why = straggler(wheres, last)
-            message = stall_message(self.stall_s or 0, rank, why, wheres.get(rank) if rank is not None else None)
-            self.record.update(failed_rank=rank, error=message + f"\nstacks of every rank: {RunFolder(run_dir).stacks}")
-            return "FAILED"
-        return None
+        verdict = judge(self.watch, time.time(), lambda: join_hook.calling_ranks(run_dir, self.watch.world_size),
+                        lambda reason, always: self._capture(run_dir, reason, always))
+        if verdict is None:
+            return None
+        error = verdict.message.replace("<run>", str(run_dir))
+        if verdict.reason == "stall":
+            error += f"\nstacks of every rank: {RunFolder(run_dir).stacks}"
+        self.record.update(failed_rank=verdict.rank, error=error)
+        return "FAILED"
 
     def _capture(self, run_dir: Path, reason: str, always: bool = False) -> dict[int, str]:
         """Save the stacks of the ranks still running (spec watchdog.stacks_on_failure) and record

@@ -1,10 +1,10 @@
 """The parent of a local run's ranks: import torch once, then fork one child per rank.
 
-On a 2-core machine N ranks that each import torch cost N imports (the "floor" of
-PERFORMANCE-BASELINES). The zygote imports torch once, while the CLI is still validating and
-planning, then forks the ranks, which share the imported modules copy-on-write. Each child
-starts its own session (so the supervisor can signal its process group), redirects its output
-to its log file, replaces its environment with the rank's, and runs the same
+N ranks that each import torch cost N imports, and importing torch is the launch's largest cost
+(the "floor" of docs/PERFORMANCE.md). The zygote imports torch once, while the CLI is still
+validating and planning, then forks the ranks, which share the imported modules copy-on-write.
+Each child starts its own session (so the supervisor can signal its process group), redirects
+its output to its log file, replaces its environment with the rank's, and runs the same
 ``orchestrator.launcher`` code as a spawned rank. Forking after ``import torch`` is what
 PyTorch's own DataLoader workers do; CUDA is never initialised before the fork.
 
@@ -84,12 +84,13 @@ def child(msg: dict[str, Any], fresh: bool) -> NoReturn:
 
 
 def leave(code: int, ran: bool) -> NoReturn:
-    """End a forked rank the way the interpreter's own exit ends a script, minus the teardown
-    of its modules (~0.5 s of CPU per process once torch is imported, which every fresh
-    interpreter pays): once the rank ran, join the non-daemon threads the script left, run the
-    atexit hooks (the script's, logging's, multiprocessing's, the launcher's group release), and
-    flush every file still open, which module teardown would have closed. A bare ``os._exit``
-    lost all of that: work that the same script keeps under ``python``, torchrun or srun.
+    """End a forked rank the way the interpreter's own exit ends a script, minus the teardown of its
+    modules (once torch is imported, most of a fresh interpreter's exit, which every fresh
+    interpreter pays; see docs/PERFORMANCE.md): once the rank ran, join the non-daemon threads
+    the script left, run the atexit hooks (the script's, logging's, multiprocessing's, the
+    launcher's group release), and flush every file still open, which module teardown would have
+    closed. A bare ``os._exit`` lost all of that: work that the same script keeps under
+    ``python``, torchrun or srun.
     """
     try:
         if ran:

@@ -152,7 +152,7 @@ def test_signals_go_only_to_processes_with_our_handler() -> None:
 def test_stacks_signal_a_rank_only_where_its_pid_means_it(tmp_path: Path) -> None:
     """A rank recorded on another host key (another node, boot or PID namespace, even with the
     same hostname) is never signalled from here; the same record with this host's key is."""
-    from orchestrator import stacks
+    from orchestrator import stack_requests
 
     handled = subprocess.Popen([sys.executable, "-c", (
         "import faulthandler, signal, sys, time; "
@@ -161,13 +161,13 @@ def test_stacks_signal_a_rank_only_where_its_pid_means_it(tmp_path: Path) -> Non
     try:
         assert handled.stdout.readline().strip() == "ok"
         time.sleep(0.2)
-        record = stacks.rank_record_path(tmp_path, 0)
+        record = stack_requests.rank_record_path(tmp_path, 0)
         record.parent.mkdir(parents=True)
         other = "same-name|other-boot|pid:[1]"
         for key, expected in ((other, []), (ownership.this_host(), [0])):
             record.write_text(json.dumps({"rank": 0, "host": os.uname().nodename, "host_key": key,
                                           "pid": handled.pid, "start_ticks": procs.start_time(handled.pid)}))
-            assert stacks.signal_ranks(tmp_path) == expected
+            assert stack_requests.signal_ranks(tmp_path) == expected
         assert handled.poll() is None  # it had the handler: the signal only dumped its stacks
     finally:
         handled.kill()

@@ -12,7 +12,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from orchestrator import stacks
+from orchestrator import stack_requests, stacks
 from orchestrator.stacks import Where, in_collective, main_thread, parse, user_frame, where
 from orchestrator.watchdog import Watch, did_nothing, init_culprits, never_joined_message, straggler
 
@@ -161,8 +161,8 @@ def test_a_real_dump_through_the_launchers_signal(tmp_path: Path) -> None:
     script.write_text(textwrap.dedent(f"""
         import sys, threading, time
         sys.path.insert(0, {str(Path(OURS).parent)!r})
-        from orchestrator import stacks
-        stacks.install({str(tmp_path)!r}, 5)
+        from orchestrator import stack_requests
+        stack_requests.install({str(tmp_path)!r}, 5)
         def helper_loop():
             while True:
                 time.sleep(0.01)
@@ -179,8 +179,8 @@ def test_a_real_dump_through_the_launchers_signal(tmp_path: Path) -> None:
         while not (tmp_path / "ready").exists():
             assert time.monotonic() < deadline and proc.poll() is None
             time.sleep(0.05)
-        first = stacks.request_local(tmp_path)
-        second = stacks.request_local(tmp_path, [5])
+        first = stack_requests.request_local(tmp_path)
+        second = stack_requests.request_local(tmp_path, [5])
         assert proc.poll() is None, "the process must keep running"
     finally:
         proc.kill()
@@ -192,14 +192,14 @@ def test_a_real_dump_through_the_launchers_signal(tmp_path: Path) -> None:
     assert where(second[5]).user == "user_code.py:12 in my_function"
     assert any(t.frames and t.frames[0].function == "helper_loop" for t in parse(first[5]))
     # a process that is no longer the rank is never signalled
-    assert stacks.signal_ranks(tmp_path) == []
+    assert stack_requests.signal_ranks(tmp_path) == []
 
 
 def test_only_the_recorded_process_is_signalled(tmp_path: Path) -> None:
-    stacks.rank_record_path(tmp_path, 0).parent.mkdir(parents=True)
-    stacks.rank_record_path(tmp_path, 0).write_text(
+    stack_requests.rank_record_path(tmp_path, 0).parent.mkdir(parents=True)
+    stack_requests.rank_record_path(tmp_path, 0).write_text(
         f'{{"rank": 0, "host": "{os.uname().nodename}", "pid": {os.getpid()}, "start_ticks": 1}}')
-    assert stacks.signal_ranks(tmp_path) == []  # same pid, other start time: not ours
+    assert stack_requests.signal_ranks(tmp_path) == []  # same pid, other start time: not ours
 
 
 def test_the_stacks_command_never_imports_torch(tmp_path: Path) -> None:
@@ -214,8 +214,8 @@ def test_the_stacks_command_never_imports_torch(tmp_path: Path) -> None:
     script.write_text(textwrap.dedent(f"""
         import sys, time
         sys.path.insert(0, {str(Path(OURS).parent)!r})
-        from orchestrator import stacks
-        stacks.install({str(run_dir)!r}, 0)
+        from orchestrator import stack_requests
+        stack_requests.install({str(run_dir)!r}, 0)
         def waiting_here():
             open({str(tmp_path / 'ready')!r}, 'w').close()
             time.sleep(60)

@@ -1,0 +1,56 @@
+"""The SLURM job agent's lifecycle (orchestrator.slurm_job.Phase) and its exit code: the moves it
+may make and the state SLURM records for each way an attempt ends. The agent itself runs under
+real SLURM in tests/cluster/ and against a real srun stand-in in tests/integration/test_slurm_agent.py."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from orchestrator.slurm_job import MOVES, UNFINISHED_EXIT, JobAgent, Phase, exit_code
+
+
+def test_every_phase_is_reachable_from_running_and_final_phases_are_final() -> None:
+    reached, frontier = {Phase.RUNNING}, [Phase.RUNNING]
+    while frontier:
+        for nxt in MOVES[frontier.pop()]:
+            if nxt not in reached:
+                reached.add(nxt)
+                frontier.append(nxt)
+    assert reached == set(Phase)
+    assert {p for p in Phase if not MOVES[p]} == {Phase.REQUEUED, Phase.NOT_REQUEUED, Phase.ENDING}
+
+
+@given(st.lists(st.sampled_from(list(Phase)), max_size=6))
+def test_enter_refuses_every_move_the_table_does_not_name(moves: list[Phase]) -> None:
+    agent = JobAgent.__new__(JobAgent)  # the phase machine only; no payload, no srun
+    agent.phase = Phase.RUNNING
+    for phase in moves:
+        before = agent.phase
+        if phase in MOVES[before]:
+            agent._enter(phase)
+            assert agent.phase is phase
+        else:
+            with pytest.raises(RuntimeError, match=f"from {before.value} to {phase.value}"):
+                agent._enter(phase)
+            assert agent.phase is before
+
+
+@pytest.mark.parametrize("phase,code,early", list(itertools.product(list(Phase), [0, 1, 137, -9, -15], [False, True])))
+def test_exit_code(phase: Phase, code: int, early: bool) -> None:
+    result = exit_code(phase, code, early)
+    if phase is Phase.ENDING:
+        assert result == 1  # a watchdog verdict is a failure whatever the ranks returned
+    elif phase is Phase.REQUEUED:
+        assert result == 0  # SLURM runs the next attempt
+    elif code == 0 and early:
+        assert result is None  # unfinished: reported as UNFINISHED_EXIT, never COMPLETED
+    elif code < 0:
+        assert result == 128 - code  # killed by a signal: as a shell reports it
+    else:
+        assert result == code
+    assert result != 0 or phase is Phase.REQUEUED or (code == 0 and not early)
+    assert UNFINISHED_EXIT != 0

@@ -2,7 +2,7 @@
 # A real SLURM cluster on one machine: slurmctld + slurmdbd (private MariaDB) on the host, and
 # N compute nodes, each a network namespace with its own hostname, address and eth0.
 #
-#   deploy/cluster.sh up   [--nodes N] [--cpus C] [--gpus G] [--gpu-type T] [--dir DIR]   (idempotent)
+#   deploy/cluster.sh up   [--nodes N] [--cpus C] [--gpus G] [--gpu-type T] [--profile P] [--dir DIR]   (idempotent)
 #   deploy/cluster.sh down [--dir DIR]                                     (idempotent)
 #   deploy/cluster.sh status [--dir DIR]
 #   source DIR/env    # exports SLURM_CONF for sbatch, sacct, submitit ...
@@ -13,16 +13,24 @@
 # They are typed (--gpu-type, default a100: Gres=gpu:a100:G), so jobs may ask for
 # --gpus-per-node=a100:2 as on a real cluster; untyped requests (--gpus-per-node=2) match them
 # too. --gpu-type '' gives untyped GPUs (Gres=gpu:G), which typed requests do not match.
+#
+# --profile kind (the default) is quick and forgiving, for tests. --profile site configures what
+# real sites do and kind does not: tasks bound to their CPUs (task/affinity), no requeue unless
+# the job asks (JobRequeue=0), a 'high' partition whose jobs preempt 'debug' jobs (REQUEUE, 30 s
+# GraceTime), KillWait 30 s, memory as a consumable resource, a default time limit, and each node
+# resolving its own name to 127.0.1.1 as Debian's /etc/hosts does. DIR/profile records which.
+# Switching profiles needs `down` first: plugins change only when the daemons restart.
 set -euo pipefail
 
 CMD=${1:-}; shift || true
-NODES=2; CPUS=4; GPUS=2; GPU_TYPE=a100; DIR=${ORCH_CLUSTER_DIR:-/var/tmp/orch-cluster}
+NODES=2; CPUS=4; GPUS=2; GPU_TYPE=a100; PROFILE=kind; DIR=${ORCH_CLUSTER_DIR:-/var/tmp/orch-cluster}
 while [ $# -gt 0 ]; do
   case "$1" in
     --nodes) NODES=$2; shift 2 ;;
     --cpus) CPUS=$2; shift 2 ;;
     --gpus) GPUS=$2; shift 2 ;;
     --gpu-type) GPU_TYPE=$2; shift 2 ;;
+    --profile) PROFILE=$2; shift 2 ;;
     --dir) DIR=$2; shift 2 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
@@ -31,10 +39,37 @@ case "$NODES$CPUS$GPUS" in *[!0-9]*|'') echo "--nodes, --cpus and --gpus take wh
 # A GRES type as slurm.conf and gres.conf spell it; refused here rather than by slurmctld's log.
 [[ -z "$GPU_TYPE" || "$GPU_TYPE" =~ ^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$ ]] || {
   echo "--gpu-type '$GPU_TYPE': use letters, digits, '_', '.' or '-' (e.g. a100), or '' for untyped GPUs" >&2; exit 2; }
+case "$PROFILE" in kind|site) ;; *) echo "--profile '$PROFILE': use kind (the default) or site" >&2; exit 2 ;; esac
+[ "$PROFILE" = kind ] || [ "$CPUS" -ge 1 ] || { echo "--profile site needs --cpus 1 or more" >&2; exit 2; }
 BRIDGE=orchbr0; NET=10.77.0; CTL_ADDR=$NET.1; CLUSTER=orch; DB_PORT=3307
+REAL_MEMORY=8000  # MB per node, as slurm.conf declares it (SlurmdParameters=config_overrides)
 log() { echo "[cluster] $*" >&2; }
 alive() { [ -n "${1:-}" ] && [ -r "/proc/$1/stat" ] && [ "$(awk '{print $3}' "/proc/$1/stat")" != Z ]; }
 pid_of() { [ -s "$1" ] && cat "$1" || true; }
+
+# The slurm.conf values where the profiles differ; what each mimics is said where it is set.
+if [ "$PROFILE" = site ]; then
+  # Tasks pinned to the CPUs SLURM allocated (sched_setaffinity), as at nearly every site; srun's
+  # --cpu-bind works and SLURM_CPU_BIND* are set. No TaskPluginParam: SLURM's auto binding (a
+  # step whose tasks x cpus-per-task equals its allocated cores gets one core per task).
+  TASK_PLUGIN=task/affinity
+  # Memory is a consumable resource: --mem is checked against RealMemory, and a job that gives
+  # none gets DefMemPerCPU per CPU (set below), so a whole-node job still fits.
+  SELECT_PARAMS=CR_Core_Memory
+  # Per-step CPU and memory accounting from /proc (sstat, sacct MaxRSS), as sites collect it.
+  ACCT_GATHER=jobacct_gather/linux
+  # SIGTERM, then SIGKILL 30 s later (the SLURM default), at the time limit, scancel, preemption.
+  KILL_WAIT=30
+  # A finished job leaves slurmctld's memory (scontrol show job) after 300 s (the default);
+  # after that only sacct knows it.
+  MIN_JOB_AGE=300
+  # A batch job is requeued (scontrol requeue, node failure, preemption) only if it asked for
+  # --requeue, as at sites that turn the default off.
+  JOB_REQUEUE=0
+else
+  TASK_PLUGIN=task/none; SELECT_PARAMS=CR_Core; ACCT_GATHER=jobacct_gather/none
+  KILL_WAIT=5; MIN_JOB_AGE=600; JOB_REQUEUE=1
+fi
 
 install_packages() {
   local need=()
@@ -82,15 +117,70 @@ start_mariadb() {
     GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1'; GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';"
 }
 
+# Under site, node i's /etc/hosts as Debian writes it: its own name on 127.0.1.1, so that
+# gethostbyname(gethostname()) is a loopback address there, as on a real node; the other nodes and
+# the controller by their real addresses. SLURM does not resolve these names: slurmctld reaches
+# a node at its NodeAddr, and slurmd knows its NodeName from -N.
+write_node_hosts() {
+  local i=$1 host=$2 j
+  {
+    echo "127.0.0.1 localhost"
+    echo "127.0.1.1 node$i"
+    echo "$CTL_ADDR $host"
+    for j in $(seq 1 "$NODES"); do [ "$j" = "$i" ] || echo "$NET.$((10 + j)) node$j"; done
+  } > "$DIR/hosts-node$i"
+}
+
+# The site profile's own slurm.conf lines: preemption, and the limits where kind is kinder.
+site_conf() {
+  cat <<EOF
+# --- profile site: as real sites do (deploy/cluster.sh up --profile site) ---
+# Preemption by partition: a pending job of 'high' (PriorityTier=2) that needs resources held by
+# 'debug' jobs (PriorityTier=1) preempts them, as a site's scavenger/low-priority partition.
+PreemptType=preempt/partition_prio
+# The cluster default, and debug's: a preempted job that asked for --requeue is requeued (sacct
+# records the run as PREEMPTED; the job pends ~120 s, Reason=BeginTime, Restarts+1); one that did
+# not (JobRequeue=0) is cancelled and ends PREEMPTED.
+PreemptMode=REQUEUE
+# A job's time limit is hard (the default): at the limit, SIGTERM, then SIGKILL after KillWait.
+OverTimeLimit=0
+# Steps still alive 60 s after SIGKILL drain their node (the default), as an unkillable process
+# (stuck in D state on a dead filesystem) does at a site.
+UnkillableStepTimeout=60
+# Jobs that give no --mem get this much memory per allocated CPU (RealMemory / CPUs).
+DefMemPerCPU=$((REAL_MEMORY / CPUS))
+EOF
+}
+
+# Partitions. kind: one, no time limit. site: the same nodes in two partitions; a job without
+# --time gets one hour (so --signal@margin fires as it would at a site) and none may ask for more
+# than a day. debug's jobs are preempted with a 30 s GraceTime: their srun tasks get SIGCONT and
+# SIGTERM at once (the batch shell does not, and --signal is not sent unless
+# SlurmctldParameters=preempt_send_user_signal), then, at the end of the grace time (checked every
+# 30 s), the whole job gets SIGCONT and SIGTERM, and SIGKILL KillWait later. high's jobs are not
+# preempted.
+write_partitions() {
+  if [ "$PROFILE" = site ]; then
+    echo "PartitionName=debug Nodes=ALL Default=YES DefaultTime=01:00:00 MaxTime=1-00:00:00 State=UP PriorityTier=1 PreemptMode=REQUEUE GraceTime=30"
+    echo "PartitionName=high Nodes=ALL Default=NO DefaultTime=01:00:00 MaxTime=1-00:00:00 State=UP PriorityTier=2 PreemptMode=OFF"
+  else
+    echo "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP"
+  fi
+}
+
 write_configs() {
   local host; host=$(hostname)
   mkdir -p "$DIR"/{state,spool,log,dev}
+  echo "$PROFILE" > "$DIR/profile"
   for i in $(seq 0 $((GPUS - 1))); do [ -c "$DIR/dev/nvidia$i" ] || mknod "$DIR/dev/nvidia$i" c 1 3; done
   {
     echo "127.0.0.1 localhost"
     echo "$CTL_ADDR $host"
     for i in $(seq 1 "$NODES"); do echo "$NET.$((10 + i)) node$i"; done
   } > "$DIR/hosts"
+  if [ "$PROFILE" = site ]; then
+    for i in $(seq 1 "$NODES"); do write_node_hosts "$i" "$host"; done
+  fi
   # Nodes resolve names from the hosts file only. The host's DNS server is unreachable from a
   # namespace, and each reverse lookup (c10d does them) would otherwise wait 5 s for a timeout.
   echo "nameserver 127.0.0.1" > "$DIR/resolv.conf"
@@ -118,11 +208,11 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+TaskPlugin=$TASK_PLUGIN
 MpiDefault=none
 MailProg=/bin/true
 SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
+SelectTypeParameters=$SELECT_PARAMS
 SlurmdParameters=config_overrides
 ReturnToService=2
 StateSaveLocation=$DIR/state
@@ -134,20 +224,23 @@ SlurmdLogFile=$DIR/log/slurmd-%n.log
 SchedulerParameters=batch_sched_delay=0,sched_min_interval=0
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=localhost
-JobAcctGatherType=jobacct_gather/none
+JobAcctGatherType=$ACCT_GATHER
 GresTypes=gpu
 SlurmdTimeout=10
 MessageTimeout=10
-KillWait=5
-MinJobAge=600
+KillWait=$KILL_WAIT
+MinJobAge=$MIN_JOB_AGE
 InactiveLimit=0
 MaxArraySize=1001
-JobRequeue=1
+JobRequeue=$JOB_REQUEUE
 EOF
+  if [ "$PROFILE" = site ]; then site_conf >> "$DIR/slurm.conf"; fi
   for i in $(seq 1 "$NODES"); do
-    echo "NodeName=node$i NodeAddr=$NET.$((10 + i)) NodeHostname=node$i CPUs=$CPUS Boards=1 SocketsPerBoard=1 CoresPerSocket=$CPUS ThreadsPerCore=1 RealMemory=8000 $gres State=UNKNOWN" >> "$DIR/slurm.conf"
+    echo "NodeName=node$i NodeAddr=$NET.$((10 + i)) NodeHostname=node$i CPUs=$CPUS Boards=1 SocketsPerBoard=1 CoresPerSocket=$CPUS ThreadsPerCore=1 RealMemory=$REAL_MEMORY $gres State=UNKNOWN" >> "$DIR/slurm.conf"
   done
-  echo "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP" >> "$DIR/slurm.conf"
+  write_partitions >> "$DIR/slurm.conf"
+  # gres.conf is the same under both profiles. No Cores=: every node is one socket, so every core
+  # is as close to every GPU, which is what leaving Cores out says (gres.conf(5)).
   if [ "$GPUS" -gt 0 ]; then
     { echo "AutoDetect=off"
       echo "NodeName=node[1-$NODES] Name=gpu${GPU_TYPE:+ Type=$GPU_TYPE} File=$DIR/dev/nvidia[0-$((GPUS - 1))]"; } > "$DIR/gres.conf"
@@ -179,17 +272,25 @@ make_network() {
 }
 
 start_slurmd() {
-  local i=$1
+  local i=$1 hosts=$DIR/hosts
+  if [ "$PROFILE" = site ]; then hosts=$DIR/hosts-node$i; fi
   alive "$(pid_of "$DIR/slurmd-node$i.pid")" && return 0
   mkdir -p "$DIR/spool/node$i"
   # Not `ip netns exec`: it remounts /sys and hides the cgroup mounts that slurmd needs.
   setsid nsenter --net=/run/netns/orch-node$i unshare --mount --uts sh -c \
-    "mount --bind '$DIR/hosts' /etc/hosts && mount --bind '$DIR/resolv.conf' /etc/resolv.conf && hostname node$i && exec slurmd -f '$DIR/slurm.conf' -N node$i" \
+    "mount --bind '$hosts' /etc/hosts && mount --bind '$DIR/resolv.conf' /etc/resolv.conf && hostname node$i && exec slurmd -f '$DIR/slurm.conf' -N node$i" \
     </dev/null >>"$DIR/log/slurmd-start.log" 2>&1
 }
 
+# Nodes idle, each counted once: under site every node is listed once per partition.
+idle_nodes() { sinfo -h -N -o '%N %T' 2>/dev/null | awk '$2 ~ /idle/ && !seen[$1]++' | wc -l; }
+
 up() {
   [ "$(id -u)" = 0 ] || { echo "deploy/cluster.sh needs root" >&2; exit 1; }
+  local was; was=$(cat "$DIR/profile" 2>/dev/null || echo kind)
+  if [ "$was" != "$PROFILE" ] && alive "$(pid_of "$DIR/slurmctld.pid")"; then
+    echo "the cluster at $DIR is up with --profile $was; run 'deploy/cluster.sh down --dir $DIR' first" >&2; exit 2
+  fi
   install_packages
   mkdir -p "$DIR/log"
   write_configs
@@ -206,8 +307,8 @@ up() {
   for _ in $(seq 100); do scontrol ping 2>/dev/null | grep -q UP && break; sleep 0.2; done
   for i in $(seq 1 "$NODES"); do start_slurmd "$i"; done
   for _ in $(seq 150); do
-    [ "$(sinfo -h -N -o '%T' 2>/dev/null | grep -c idle)" -ge "$NODES" ] && break
-    for n in $(sinfo -h -N -o '%N %T' 2>/dev/null | awk '$2 ~ /down|drain/ {print $1}'); do
+    [ "$(idle_nodes)" -ge "$NODES" ] && break
+    for n in $(sinfo -h -N -o '%N %T' 2>/dev/null | awk '$2 ~ /down|drain/ && !seen[$1]++ {print $1}'); do
       scontrol update nodename="$n" state=resume 2>/dev/null || true
     done
     sleep 0.2
@@ -215,7 +316,7 @@ up() {
   sinfo -h -N -o '%N %T' | grep -q idle || { log "nodes did not come up; see $DIR/log"; sinfo -N; exit 1; }
   # Warm-up: the first batch job after slurmctld starts waits ~3 s; pay it here, not in a test.
   sbatch -Q --wait -o /dev/null --wrap true >/dev/null 2>&1 || true
-  log "up: $NODES node(s), ${GPUS} GPU(s) ${GPU_TYPE:-untyped} per node, SLURM_CONF=$DIR/slurm.conf"
+  log "up: $NODES node(s), ${GPUS} GPU(s) ${GPU_TYPE:-untyped} per node, profile $PROFILE, SLURM_CONF=$DIR/slurm.conf"
 }
 
 kill_pidfile() {
@@ -256,5 +357,5 @@ case "$CMD" in
   up) up ;;
   down) down ;;
   status) status ;;
-  *) echo "usage: deploy/cluster.sh up|down|status [--nodes N] [--cpus C] [--gpus G] [--gpu-type T] [--dir DIR]" >&2; exit 2 ;;
+  *) echo "usage: deploy/cluster.sh up|down|status [--nodes N] [--cpus C] [--gpus G] [--gpu-type T] [--profile kind|site] [--dir DIR]" >&2; exit 2 ;;
 esac

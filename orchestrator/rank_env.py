@@ -171,18 +171,16 @@ def rank_env_from_slurm(task: SlurmTask, payload: Payload) -> RankEnv:
     host of the node list, port derived from the job id and restart count, interface 'auto' =
     the one carrying (or routing to) the master's address, a named one checked on this node,
     a GPU binding SLURM made kept, and a file:// rendezvous file unique per job and restart."""
-    from orchestrator.netif import check_interfaces, interface_for
+    from orchestrator.netif import expand_names, interface_for
 
     job = task.job
     port = derive_port(job.job_id, job.restart) if payload.port == "auto" else int(payload.port)
     master = job.hosts[0]
     iface = payload.interface
     if iface in (None, "auto"):
-        iface = interface_for(master)
-    else:
-        import socket
-
-        check_interfaces(str(iface).split(","), socket.gethostname())
+        iface = interface_for(master, job.hosts[1:])
+    elif not str(iface).startswith("^"):  # an NCCL exclusion list is NCCL's to apply
+        iface = ",".join(expand_names(str(iface)))
     rfile = rendezvous_file(payload.rendezvous_dir, job.job_id, job.restart)
     return RankEnv(
         rank=task.procid, local_rank=task.localid, world_size=task.ntasks,

@@ -181,7 +181,7 @@ def entrypoint_syntax(value: str) -> str:
 
 
 def interface_name(value: str, allow_exclusion: bool) -> str:
-    name = value[1:] if value.startswith("^") else value
+    name = value[1:] if value.startswith(("^", "=")) else value  # NCCL's exclusion and exact-match forms
     if value.startswith("^") and not allow_exclusion:
         raise ValueError(
             f"{shown(value)} is an NCCL exclusion list; gloo does not accept '^': name the interface "

@@ -46,6 +46,10 @@ def test_slurm_ranks_get_exactly_the_planned_environment(cluster: dict[str, str]
             assert env.get(key) == planned, (row.rank, key, env.get(key), planned)
         ours = {k for k in env if k.startswith("ORCH_") or k in CONTRACT}
         assert ours <= set(row.env), f"rank {row.rank} got variables plan does not show: {sorted(ours - set(row.env))}"
+        # the site profile: each node's own name is loopback there, as with Debian's /etc/hosts, and
+        # still no rank of this 2-node job is bound to lo (the others could never reach it)
+        assert seen["own_name_ip"] == "127.0.1.1", seen["own_name_ip"]
+        assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == "eth0", env["GLOO_SOCKET_IFNAME"]
         assert env["CONTRACT_VAR"] == "a b $HOME ;"
         assert env["OMP_NUM_THREADS"] == "1"  # slurm.cpus_per_task
         # orchestrator.malloc: srun started the rank without the heap settings; the launcher applied them

@@ -58,3 +58,72 @@ def test_generated_addresses_get_the_interface_ip_route_names(data: st.DataObjec
     anywhere = st.integers(1, 2**32 - 2).map(lambda i: str(ipaddress.IPv4Address(i)))
     ip = data.draw(st.one_of(nearby, anywhere.filter(lambda a: not ipaddress.IPv4Address(a).is_multicast)))
     assert _fast(ip) == _by_ip_command(ip), ip
+
+
+# ---- the master's own name resolving to loopback (Debian's "127.0.1.1 <hostname>") ----------
+
+
+def _network_interface() -> tuple[str, str]:
+    """A non-loopback interface of this host and its address (the deploy cluster's nodes have eth0)."""
+    found = [(n, a) for n, a in netif.interface_addresses().items() if not a.startswith("127.")]
+    if not found:
+        pytest.skip("this host has no network interface besides lo")
+    return found[0]
+
+
+def _hosts(monkeypatch: pytest.MonkeyPatch, table: dict[str, str]) -> None:
+    def resolve(name: str) -> str:
+        if name in table:
+            return table[name]
+        raise OSError(f"unknown host {name}")
+
+    monkeypatch.setattr(netif.socket, "gethostbyname", resolve)
+
+
+def test_a_master_that_is_loopback_here_uses_the_interface_that_reaches_the_other_nodes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    name, addr = _network_interface()
+    _hosts(monkeypatch, {"node1": "127.0.1.1", "node2": addr, "gone": "127.0.0.1"})
+    # one node: loopback is right; several: never loopback, the peers' interface
+    assert netif.interface_for("node1") == "lo"
+    assert netif.interface_for("node1", ["node2"]) == name
+    assert netif.interface_for("node1", ["unknown", "gone", "node2"]) == name  # the first that resolves elsewhere
+    # on the other nodes the master is a network address: unchanged
+    assert netif.interface_for("node2", ["node1"]) == name
+
+
+def test_a_master_that_is_loopback_with_no_reachable_peer_is_refused_with_the_fix(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _hosts(monkeypatch, {"node1": "127.0.1.1", "node2": "127.0.1.1"})
+    with pytest.raises(RuntimeError, match=r"127\.0\.1\.1 \(loopback\).*set distributed.interface"):
+        netif.interface_for("node1", ["node2", "node3"])
+
+
+# ---- the forms NCCL_SOCKET_IFNAME takes, made into names gloo takes --------------------------
+
+
+def test_prefixes_and_exact_names_expand_to_this_nodes_interfaces() -> None:
+    have = sorted(os.listdir("/sys/class/net"))
+    assert netif.expand_names("lo") == ["lo"]
+    assert netif.expand_names("=lo") == ["lo"]
+    name = have[0]
+    assert netif.expand_names(name[:1]) == [n for n in have if n.startswith(name[:1])]
+    with pytest.raises(RuntimeError, match="does not exist"):
+        netif.expand_names("=" + name[:-1] if len(name) > 1 else "=" + name + "x")
+
+
+@settings(max_examples=150, deadline=None, derandomize=os.environ.get("CI") == "true")
+@given(st.lists(st.text(alphabet="abcdefghilmnorstuvwxyz0123456789_.-", min_size=1, max_size=15), min_size=1,
+                max_size=4), st.booleans())
+def test_generated_settings_expand_to_existing_names_or_name_the_fix(names: list[str], exact: bool) -> None:
+    setting = ("=" if exact else "") + ",".join(names)
+    have = set(os.listdir("/sys/class/net"))
+    try:
+        out = netif.expand_names(setting)
+    except RuntimeError as exc:
+        assert "distributed.interface" in str(exc) and "it has:" in str(exc)
+        assert any((n not in have) if exact else not any(h.startswith(n) for h in have) for n in names)
+        return
+    assert out and set(out) <= have and len(out) == len(set(out))
+    for n in names:
+        assert n in out if exact else any(o.startswith(n) for o in out)

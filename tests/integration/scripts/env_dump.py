@@ -35,9 +35,23 @@ def heap_faults_per_cycle(cycles: int = 3) -> float:
     return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / cycles
 
 
+def own_name_ip() -> str | None:
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return None
+
+
 def routing_interface(host: str) -> str:
-    """The interface carrying this host's address for ``host``, else the one routing to it."""
+    """The interface carrying this host's address for ``host``, else the one routing to it. Where
+    ``host`` is this node's own name and resolves to loopback (Debian's 127.0.1.1 line), the peers
+    reach it over the network: then the interface that routes to another node of the job."""
     ip = socket.gethostbyname(host)
+    if ip.startswith("127.") and os.environ.get("SLURM_JOB_NODELIST"):
+        nodes = subprocess.run(["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]],
+                               capture_output=True, text=True).stdout.split()
+        others = [socket.gethostbyname(n) for n in nodes if n != host]
+        ip = next((o for o in others if not o.startswith("127.")), ip)
     for line in subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True).stdout.splitlines():
         parts = line.split()
         if parts[3].split("/")[0] == ip and parts[1] != "lo":
@@ -52,6 +66,7 @@ args = parser.parse_args()
 dist.init_process_group("gloo")
 with open(os.path.join(args.out, f"env-{dist.get_rank()}.json"), "w") as fh:
     json.dump({"env": dict(os.environ), "cwd": os.getcwd(), "heap_faults_per_cycle": heap_faults_per_cycle(),
-               "routing_interface": routing_interface(os.environ["MASTER_ADDR"])}, fh)
+               "routing_interface": routing_interface(os.environ["MASTER_ADDR"]),
+               "own_name_ip": own_name_ip()}, fh)
 dist.barrier()
 dist.destroy_process_group()

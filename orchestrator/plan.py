@@ -328,7 +328,7 @@ def _local_rows(run_id: str, payload: Payload) -> list[RankRow]:
 #: What a SLURM rank's values are made of, where only the job knows them.
 SLURM_RULES = {
     "master_addr": "<first host of SLURM_JOB_NODELIST>",
-    "port": "<derive_port(SLURM_JOB_ID, restart): 20000-31999>",
+    "port": "<derive_port(SLURM_JOB_ID, restart), or the next port free on the master's node: 20000-31999>",
     "interface": "<interface that routes to MASTER_ADDR>",
     "job": "<SLURM_JOB_ID>",
     "restart": "<restart>",

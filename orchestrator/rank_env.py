@@ -166,15 +166,16 @@ def local_rank_env(payload: Payload, rank: int, port: int, rendezvous: str | Non
                    interface=payload.interface, visible_devices=visible, source="local")
 
 
-def rank_env_from_slurm(task: SlurmTask, payload: Payload) -> RankEnv:
+def rank_env_from_slurm(task: SlurmTask, payload: Payload, agent_port: int | None = None) -> RankEnv:
     """The RankEnv of this srun task, from SLURM's variables and the job's payload: master = first
-    host of the node list, port derived from the job id and restart count, interface 'auto' =
+    host of the node list, port derived from the job id and restart count (or the one the job's
+    agent found free on the master's node: ``agent_port``), interface 'auto' =
     the one carrying (or routing to) the master's address, a named one checked on this node,
     a GPU binding SLURM made kept, and a file:// rendezvous file unique per job and restart."""
     from orchestrator.netif import expand_names, interface_for
 
     job = task.job
-    port = derive_port(job.job_id, job.restart) if payload.port == "auto" else int(payload.port)
+    port = int(payload.port) if payload.port != "auto" else agent_port or derive_port(job.raw_job_id, job.restart)
     master = job.hosts[0]
     iface = payload.interface
     if iface in (None, "auto"):

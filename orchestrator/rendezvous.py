@@ -17,16 +17,29 @@ PORT_BASE = 20000
 PORT_SPAN = 12000
 
 
+#: Multipliers of a numeric job id and of the restart count in ``derive_port``: 7 is prime to
+#: PORT_SPAN, so job ids less than PORT_SPAN apart get distinct ports at one restart count, and
+#: RESTART_STRIDE (searched for it) keeps ports distinct between jobs less than 1,333 ids apart
+#: whose restart counts differ by up to 8, and between a job's first 9 attempts.
+ID_STRIDE, RESTART_STRIDE = 7, 9331
+
+
 def derive_port(job_id: str, restart: int = 0) -> int:
     """The same port on every rank, from the job id and restart count, with no communication.
 
-    A restart gets a different port, so a port left in TIME_WAIT by the previous attempt is
-    never reused by the next one.
+    A numeric job id (SLURM_JOB_ID) is mapped arithmetically, so jobs submitted close together
+    (an array's tasks, one user's jobs sharing a node) never draw the same port, as a hash would
+    now and then; other ids (a local run's) are hashed. A restart gets a different port, so a
+    port left in TIME_WAIT by the previous attempt is never reused by the next one.
     """
+    if job_id.isascii() and job_id.isdigit():
+        return PORT_BASE + (ID_STRIDE * int(job_id) + RESTART_STRIDE * restart) % PORT_SPAN
     return PORT_BASE + zlib.crc32(f"{job_id}:{restart}".encode()) % PORT_SPAN
 
 
-def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+def port_is_free(port: int, host: str = "") -> bool:
+    """Whether a listening socket could bind ``port`` on every address (as torch's TCPStore does):
+    a port held on any one address of this host is not free."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         try:
             s.bind((host, port))

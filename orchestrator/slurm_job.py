@@ -30,6 +30,7 @@ from __future__ import annotations
 import enum
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -132,6 +133,11 @@ class JobAgent:
         for sig in (signal.SIGUSR2, signal.SIGTERM):
             signal.signal(sig, self._on_signal)
         RunFolder.of(self.run_dir).forget_attempt()
+        port = self._master_port()
+        if port is False:
+            return 1
+        if port is not None:
+            srun_argv = [*srun_argv, "--master-port", str(port)]
         self.logs = ({r: self.slurm.rank_log(self.payload.rank_log, r) for r in range(self.world)}
                      if self.payload.rank_log else {})
         self.started = time.time()
@@ -179,6 +185,33 @@ class JobAgent:
         if phase not in MOVES[self.phase]:
             raise RuntimeError(f"the job's agent cannot go from {self.phase.value} to {phase.value}")
         self.phase = phase
+
+    def _master_port(self) -> int | None | bool:
+        """An auto port checked before any rank starts: the batch script runs on the job's first
+        node, which is the master's, so the agent binds the derived port there to see that it is
+        free (another job sharing the node may hold it), else takes the next free one in the auto
+        range, and hands it to every rank on its argv. None: nothing to check (a fixed port, or
+        this is not the master's node); False: no free port, the job ends FAILED with the reason."""
+        from orchestrator.rendezvous import PORT_BASE, PORT_SPAN, derive_port, pick_port
+
+        if self.payload.port != "auto" or self.world <= 0:
+            return None
+        here = self.environ.get("SLURMD_NODENAME") or socket.gethostname()
+        if self.slurm.hosts and here != self.slurm.hosts[0]:
+            return None
+        derived = derive_port(self.slurm.raw_job_id, self.restart)
+        port = pick_port(derived)
+        if port is None:
+            from orchestrator import forensics
+
+            message = (f"no free port on {here} in the auto range {PORT_BASE}-{PORT_BASE + PORT_SPAN - 1} for the "
+                       f"ranks' rendezvous; set distributed.port to a port you know is free there")
+            self._say(message)
+            forensics.write_end(self.run_dir, reason="no_port", error=message)
+            return False
+        if port != derived:
+            self._say(f"port {derived} is in use on {here} (another job's?): the ranks rendezvous on {port}")
+        return port
 
     def _stopped_early(self) -> bool:
         """The ranks ended because they were told to stop, not because the work was done: the rank
@@ -250,6 +283,8 @@ class JobAgent:
             return None
         if self.watch is None:  # made at the first look, a second after srun: off the ranks' start-up
             self.watch = Watch(self.world, self.started, self.stall_s, self.init_timeout_s)
+        elif self.watch.settled():
+            return None
         forensics.look(self.watch, self.run_dir, self.logs)
         verdict = judge(self.watch, time.time(), lambda: join_hook.calling_ranks(self.run_dir, self.world),
                         self._capture)

@@ -20,7 +20,7 @@ from orchestrator.launcher import exit_code_of, run_rank
 from orchestrator.payload import Payload
 from orchestrator.rank_env import installed_torch_version, rank_env_from_slurm, rank_environment
 from orchestrator.rendezvous import remove_earlier_files
-from orchestrator.slurm_task import SlurmTask, point_base
+from orchestrator.slurm_task import SlurmTask, master_port, point_base
 
 
 def keep_running_on_time_limit_notice(rank: int) -> None:
@@ -48,7 +48,7 @@ def main(args: list[str]) -> int:
     task = SlurmTask.from_environ(os.environ)
     job = task.job
     payload = Payload.load(job.payload_path(args[0], point_base(args)))
-    rank = rank_env_from_slurm(task, payload)
+    rank = rank_env_from_slurm(task, payload, master_port(args))
     os.environ.update(rank_environment(rank, payload, job.restart, job.requeue_marker(payload.run_dir),
                                        installed_torch_version(payload.env)))
     malloc.apply()  # the job's heap settings, for this process too (its children get them at start)

@@ -96,3 +96,9 @@ class SlurmTask:
 def point_base(args: list[str]) -> int:
     """``--point-base N``: the first sweep point of this job array (arrays are split at MaxArraySize)."""
     return int(args[args.index("--point-base") + 1]) if "--point-base" in args else 0
+
+
+def master_port(args: list[str]) -> Optional[int]:
+    """``--master-port N``: the auto port the job's agent found free on the master's node (None:
+    not given, the rank derives it)."""
+    return int(args[args.index("--master-port") + 1]) if "--master-port" in args else None

@@ -57,6 +57,14 @@ class Watch:
             return []
         return [r for r in range(self.world_size) if r not in self.joined]
 
+    def settled(self) -> bool:
+        """Nothing is left to judge: no stall watchdog, and the init deadline is off or every rank
+        has joined. Looking again could change no verdict, so the supervisors stop reading the
+        ranks' files (a look costs a few files per rank: on a shared filesystem, metadata load
+        for the whole job)."""
+        init_done = self.init_timeout_s is None or self.world_size <= 1 or len(self.joined) >= self.world_size
+        return not self.stall_s and init_done
+
     def stalled(self, now: float) -> bool:
         if not self.stall_s:
             return False

@@ -244,6 +244,8 @@ class Supervisor:
     def _watchdog(self, run_dir: Path) -> str | None:
         """The init deadline and the stall watchdog (orchestrator.watchdog.judge); FAILED, with
         the stacks saved, when either fires."""
+        if self.watch.settled():
+            return None
         logs = {r: RunFolder(run_dir).log(r) for r in range(len(self.procs))}
         forensics.look(self.watch, run_dir, logs)
         verdict = judge(self.watch, time.time(), lambda: join_hook.calling_ranks(run_dir, self.watch.world_size),

@@ -16,7 +16,7 @@ import torch
 from orchestrator.executors.slurm import SlurmExecutor
 from orchestrator.records import RunRecord
 
-from .test_slurm import no_job_processes, run, slurm_plan
+from .test_slurm import no_job_processes, run, slurm_plan, start_held_job
 
 EXAMPLE = "jobs.examples.rank_api_example:main"
 ARGS = {"epochs": 2, "batch-size": 32}
@@ -80,5 +80,5 @@ def _run_releasing_requeues(ex: SlurmExecutor, record: RunRecord, timeout: float
         assert time.monotonic() < deadline, record
         job = record.job_ids[0]
         if "Reason=BeginTime" in subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout:
-            subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"], check=True)
+            start_held_job(job)
         time.sleep(0.5)

@@ -33,7 +33,7 @@ def test_slurm_ranks_get_exactly_the_planned_environment(cluster: dict[str, str]
         env = seen["env"]
         assert seen["cwd"] == str(work)
         job = SlurmJob.from_environ(env)
-        rules = {SLURM_RULES["master_addr"]: job.hosts[0], SLURM_RULES["port"]: str(derive_port(job.job_id, job.restart)),
+        rules = {SLURM_RULES["master_addr"]: job.hosts[0], SLURM_RULES["port"]: str(derive_port(job.raw_job_id, job.restart)),
                  SLURM_RULES["attempt"]: str(job.restart), SLURM_RULES["job"]: job.job_id,
                  SLURM_RULES["restart"]: str(job.restart)}
         for key, planned in row.env.items():

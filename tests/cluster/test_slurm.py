@@ -242,13 +242,22 @@ def wait_for_restart_hold(job_id: str) -> None:
     raise AssertionError(f"job {job_id} was not requeued: {out}")
 
 
+def start_held_job(job_id: str) -> None:
+    """Start a requeued job that SLURM holds (BeginTime) now. Not in the second of the requeue:
+    the nodes revoked the previous attempt's credentials with that second's time stamp, and a
+    credential issued in the same second is refused ("Job credential revoked": the job ends
+    FAILED). The hold exists for that; waiting two seconds is enough for a new credential."""
+    time.sleep(2.0)
+    subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], check=True)
+
+
 def release_requeued(job_id: str) -> None:
     """SLURM holds a requeued job for ~2 minutes (BeginTime); let it start now, as an admin could."""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         out = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
         if "Reason=BeginTime" in out:
-            subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], check=True)
+            start_held_job(job_id)
             return
         if "JobState=RUNNING" in out and "Restarts=1" in out:
             return

@@ -121,3 +121,37 @@ def test_a_stop_that_no_requeue_follows_never_ends_completed(tmp_path: Path, cas
     assert "submit the spec again to resume" in end["error"]
     if case == "refused":
         assert len(_calls(tmp_path)) >= 3, _calls(tmp_path)  # retried
+
+
+RECORD_ARGV = "import json, sys; json.dump(sys.argv[1:], open(sys.argv[1], 'w'))"
+
+
+@pytest.mark.parametrize("taken", [False, True])
+def test_the_agent_checks_the_auto_port_on_the_masters_node(tmp_path: Path, taken: bool) -> None:
+    """Before any rank starts, the agent binds the derived port on its node (the master's) and
+    hands the ranks that port, or the next free one when another job holds it."""
+    import json
+    import socket
+
+    from orchestrator.rendezvous import derive_port
+
+    argv_file = tmp_path / "srun-argv.json"
+    _payload(tmp_path, requeue="auto", max_requeues=0, srun=(sys.executable, "-c", RECORD_ARGV, str(argv_file)))
+    derived = derive_port("77", 0)
+    holder = socket.socket()
+    try:
+        if taken:
+            holder.bind(("", derived))
+            holder.listen()
+        env = {**os.environ, "SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": socket.gethostname(),
+               "SLURMD_NODENAME": socket.gethostname()}
+        out = subprocess.run([sys.executable, "-m", "orchestrator.slurm_job", str(tmp_path / "payload.json")],
+                             env=env, capture_output=True, text=True, timeout=60)
+    finally:
+        holder.close()
+    argv = json.loads(argv_file.read_text())
+    port = int(argv[argv.index("--master-port") + 1])
+    if taken:
+        assert port != derived and f"port {derived} is in use" in out.stderr, out.stderr
+    else:
+        assert port == derived, out.stderr

@@ -1,0 +1,55 @@
+"""A real preemption on the site profile (deploy/README.md): a job of the 'high' partition takes
+the nodes of a running rank-API job of 'debug' (PreemptMode=REQUEUE, GraceTime). SLURM sends the
+ranks SIGTERM, as it does at sites; they checkpoint together, the job is requeued (it asked for
+--requeue: the site has JobRequeue=0), and the next attempt resumes from that checkpoint and
+completes."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+
+from orchestrator.executors.slurm import SlurmExecutor
+
+from .test_rank_api_slurm import ARGS, EXAMPLE, TOTAL, _result, _run_releasing_requeues
+from .test_slurm import no_job_processes, slurm_plan
+
+
+def _step(run_dir: str) -> int:
+    try:
+        return int(json.loads((Path(run_dir) / "progress" / "rank-0.json").read_text())["step"])
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+def test_a_real_preemption_requeues_a_rank_api_job_which_resumes_and_completes(cluster: dict[str, str]) -> None:
+    launch = slurm_plan(cluster, name="preempted", entrypoint=EXAMPLE, args={**ARGS, "step-delay": 0.5},
+                        checkpoint={"interval_steps": 10},
+                        slurm={"time": "00:10:00", "partition": "debug", "requeue": "auto", "max_requeues": 3})
+    assert "#SBATCH --requeue" in launch.sbatch_script  # JobRequeue=0: without it SLURM would cancel it
+    ex = SlurmExecutor()
+    record = ex.submit(launch)
+    job = record.job_ids[0]
+    deadline = time.monotonic() + 180
+    while _step(launch.run_dir) < 5:
+        assert time.monotonic() < deadline, "the job never reached step 5"
+        time.sleep(0.5)
+    # Every CPU of both nodes, from the partition that preempts: SLURM has to take debug's job.
+    high = subprocess.run(["sbatch", "--parsable", "-p", "high", "-N2", "--ntasks-per-node=4", "-t", "2",
+                           "-o", "/dev/null", "--wrap", "srun true"], capture_output=True, text=True, check=True)
+    final = _run_releasing_requeues(ex, record, timeout=600)
+    rank0 = "".join(p.read_text() for p in sorted((Path(launch.run_dir) / "slurm").glob("*_0_log.out")))
+    assert final.state == "COMPLETED", (final.error, rank0[-3000:])
+    stops = [int(s) for s in re.findall(r"^stopped at step (\d+) by (?:SIGTERM|a peer); checkpoint written$",
+                                        rank0, re.M)]
+    resumes = [int(s) for s in re.findall(r"^resumed from .*ckpt-\d+\.pt at step (\d+)$", rank0, re.M)]
+    assert stops and resumes and resumes[0] == stops[0] and 0 < stops[0] < TOTAL, (stops, resumes, rank0[-3000:])
+    assert _result(launch.run_dir)["step"] == TOTAL
+    states = subprocess.run(["sacct", "-D", "-X", "-n", "-P", "-j", job, "-o", "State"], capture_output=True,
+                            text=True).stdout.split()
+    assert "PREEMPTED" in states or "REQUEUED" in states, states  # the first attempt, as accounting saw it
+    subprocess.run(["scancel", high.stdout.strip().split(";")[0]], capture_output=True)
+    assert no_job_processes()

@@ -43,6 +43,7 @@ case "$PROFILE" in kind|site) ;; *) echo "--profile '$PROFILE': use kind (the de
 [ "$PROFILE" = kind ] || [ "$CPUS" -ge 1 ] || { echo "--profile site needs --cpus 1 or more" >&2; exit 2; }
 BRIDGE=orchbr0; NET=10.77.0; CTL_ADDR=$NET.1; CLUSTER=orch; DB_PORT=3307
 REAL_MEMORY=8000  # MB per node, as slurm.conf declares it (SlurmdParameters=config_overrides)
+NODE_LOCAL=/mnt/orch-node-local  # site: each node's own scratch folder (a tmpfs per node)
 log() { echo "[cluster] $*" >&2; }
 alive() { [ -n "${1:-}" ] && [ -r "/proc/$1/stat" ] && [ "$(awk '{print $3}' "/proc/$1/stat")" != Z ]; }
 pid_of() { [ -s "$1" ] && cat "$1" || true; }
@@ -272,13 +273,20 @@ make_network() {
 }
 
 start_slurmd() {
-  local i=$1 hosts=$DIR/hosts
-  if [ "$PROFILE" = site ]; then hosts=$DIR/hosts-node$i; fi
+  local i=$1 hosts=$DIR/hosts scratch=""
+  # Under site, node-local scratch as sites have it (/tmp on a local disk, /local, $TMPDIR): a
+  # tmpfs of its own on every node at NODE_LOCAL (the same path, different contents per node).
+  if [ "$PROFILE" = site ]; then
+    hosts=$DIR/hosts-node$i
+    mkdir -p "$NODE_LOCAL"
+    scratch="mount -t tmpfs -o size=256m,mode=1777 orch-node-local '$NODE_LOCAL' && "
+  fi
   alive "$(pid_of "$DIR/slurmd-node$i.pid")" && return 0
   mkdir -p "$DIR/spool/node$i"
-  # Not `ip netns exec`: it remounts /sys and hides the cgroup mounts that slurmd needs.
+  # Not `ip netns exec`: it remounts /sys and hides the cgroup mounts that slurmd needs. The
+  # mount namespace is private, so the node's own mounts never reach the host.
   setsid nsenter --net=/run/netns/orch-node$i unshare --mount --uts sh -c \
-    "mount --bind '$hosts' /etc/hosts && mount --bind '$DIR/resolv.conf' /etc/resolv.conf && hostname node$i && exec slurmd -f '$DIR/slurm.conf' -N node$i" \
+    "${scratch}mount --bind '$hosts' /etc/hosts && mount --bind '$DIR/resolv.conf' /etc/resolv.conf && hostname node$i && exec slurmd -f '$DIR/slurm.conf' -N node$i" \
     </dev/null >>"$DIR/log/slurmd-start.log" 2>&1
 }
 

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import sys
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -185,10 +187,7 @@ class Checkpointer:
         None when there is none, or the spec says ``checkpoint.resume: false``. Loads files saved with
         or without the ``module.`` prefix, from any device. Rank 0 first removes what a killed write left.
         """
-        if self.ctx.is_main:
-            for orphan in prune_orphans(self.directory):
-                print(f"[jobs] removed {orphan.name}, left by a checkpoint write that was killed", flush=True)
-        path = self.latest() if self.ctx.config.resume else None
+        path = self._agreed_latest()
         if path is None:
             return None
         state = load_checkpoint(path, self.ctx.device)
@@ -203,6 +202,41 @@ class Checkpointer:
                   "RNG states not restored", file=sys.stderr, flush=True)
         extra = {k: v for k, v in state.items() if k not in RESERVED}
         return Resumed(path=path, step=int(state.get("step", state.get("global_step", 0))), extra=extra)
+
+    def _agreed_latest(self) -> Path | None:
+        """The checkpoint every rank resumes from: rank 0 chooses it (after removing what a killed
+        write left) and tells the others, so no rank resumes from another step than its peers, and
+        every rank proves it can read the checkpoint folder (a token rank 0 writes there), so a
+        folder that is not shared between the nodes fails the job here, naming the ranks, instead
+        of letting them train apart and overwrite each other's checkpoints."""
+        choice: Path | None = None
+        token = self.directory / f".shared-{os.getpid()}-{time.time_ns()}"
+        if self.ctx.is_main:
+            for orphan in prune_orphans(self.directory):
+                print(f"[jobs] removed {orphan.name}, left by a checkpoint write that was killed", flush=True)
+            choice = self.latest() if self.ctx.config.resume else None
+            if self.ctx.backend is not None:
+                self.directory.mkdir(parents=True, exist_ok=True)
+                token.write_text("written by rank 0 to check that every rank sees this folder\n")
+        if self.ctx.backend is None:
+            return choice
+        box: list[Any] = [None if choice is None else str(choice), str(token)]
+        dist.broadcast_object_list(box, src=0)
+        chosen, token = (None if box[0] is None else Path(box[0])), Path(box[1])
+        sees = token.is_file() and (chosen is None or os.access(chosen, os.R_OK))
+        everyone: list[Any] = [None] * self.ctx.world_size
+        dist.all_gather_object(everyone, (sees, socket.gethostname()))
+        if self.ctx.is_main:
+            token.unlink(missing_ok=True)
+        blind = [(r, host) for r, (ok, host) in enumerate(everyone) if not ok]
+        if blind:
+            hosts = sorted({host for _, host in blind})
+            raise RuntimeError(
+                f"rank(s) {', '.join(str(r) for r, _ in blind)} (on {', '.join(hosts)}) cannot see the checkpoint folder "
+                f"{self.directory} as rank 0 does" + (f" (rank 0 chose {chosen} to resume from)" if chosen else "")
+                + ": checkpoint.dir (by default under runs_dir) must be a folder every node shares; set it to a path on "
+                "a shared filesystem")
+        return chosen
 
     def _gather_rng(self) -> list[dict[str, Any]]:
         mine = rng_state()

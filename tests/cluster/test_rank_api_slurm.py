@@ -82,3 +82,19 @@ def _run_releasing_requeues(ex: SlurmExecutor, record: RunRecord, timeout: float
         if "Reason=BeginTime" in subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout:
             start_held_job(job)
         time.sleep(0.5)
+
+
+def test_a_checkpoint_folder_the_nodes_do_not_share_fails_the_job_naming_the_ranks(cluster: dict[str, str]) -> None:
+    """The site profile gives every node its own /mnt/orch-node-local (a node's local disk). With
+    the checkpoints there, rank 0 would resume from its own and node 2's ranks from nothing, and
+    the weights would part ways; instead the ranks prove at the start that they all see the
+    folder rank 0 sees, and the job fails at once naming the ranks and the fix."""
+    launch = slurm_plan(cluster, name="nodelocal", entrypoint=EXAMPLE, args=ARGS,
+                        checkpoint={"dir": "/mnt/orch-node-local/ckpt", "interval_steps": 10})
+    record = run(launch)
+    logs = "".join(p.read_text() for p in sorted((Path(launch.run_dir) / "slurm").glob("*_log.out")))
+    assert record.state == "FAILED", (record.error, logs[-3000:])
+    why = "rank(s) 2, 3 (on node2) cannot see the checkpoint folder /mnt/orch-node-local/ckpt as rank 0 does"
+    assert why in (record.error or "") + logs, (record.error, logs[-3000:])
+    assert "shared filesystem" in (record.error or "") + logs
+    assert no_job_processes()

@@ -7,14 +7,13 @@ completes."""
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import time
 from pathlib import Path
 
 from orchestrator.executors.slurm import SlurmExecutor
 
-from .test_rank_api_slurm import ARGS, EXAMPLE, TOTAL, _result, _run_releasing_requeues
+from .test_rank_api_slurm import ARGS, EXAMPLE, TOTAL, _result, _run_releasing_requeues, _stops_and_resumes
 from .test_slurm import no_job_processes, slurm_plan
 
 
@@ -41,11 +40,8 @@ def test_a_real_preemption_requeues_a_rank_api_job_which_resumes_and_completes(c
     high = subprocess.run(["sbatch", "--parsable", "-p", "high", "-N2", "--ntasks-per-node=4", "-t", "2",
                            "-o", "/dev/null", "--wrap", "srun true"], capture_output=True, text=True, check=True)
     final = _run_releasing_requeues(ex, record, timeout=600)
-    rank0 = "".join(p.read_text() for p in sorted((Path(launch.run_dir) / "slurm").glob("*_0_log.out")))
+    rank0, stops, resumes = _stops_and_resumes(launch.run_dir, "SIGTERM")
     assert final.state == "COMPLETED", (final.error, rank0[-3000:])
-    stops = [int(s) for s in re.findall(r"^stopped at step (\d+) by (?:SIGTERM|a peer); checkpoint written$",
-                                        rank0, re.M)]
-    resumes = [int(s) for s in re.findall(r"^resumed from .*ckpt-\d+\.pt at step (\d+)$", rank0, re.M)]
     assert stops and resumes and resumes[0] == stops[0] and 0 < stops[0] < TOTAL, (stops, resumes, rank0[-3000:])
     assert _result(launch.run_dir)["step"] == TOTAL
     states = subprocess.run(["sacct", "-D", "-X", "-n", "-P", "-j", job, "-o", "State"], capture_output=True,

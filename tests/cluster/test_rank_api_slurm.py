@@ -35,6 +35,16 @@ def _result(run_dir: str) -> dict:
     return json.loads((Path(run_dir) / "result.json").read_text())["result"]
 
 
+def _stops_and_resumes(run_dir: str, signal: str) -> tuple[str, list[int], list[int]]:
+    """Rank 0's log over every attempt, the steps where the ranks stopped on ``signal`` (or a
+    peer's) and checkpointed, and the steps each later attempt resumed from."""
+    rank0 = "".join(p.read_text() for p in sorted((Path(run_dir) / "slurm").glob("*_0_log.out")))
+    stops = [int(s) for s in re.findall(rf"^stopped at step (\d+) by (?:{signal}|a peer); checkpoint written$",
+                                        rank0, re.M)]
+    resumes = [int(s) for s in re.findall(r"^resumed from .*ckpt-\d+\.pt at step (\d+)$", rank0, re.M)]
+    return rank0, stops, resumes
+
+
 def test_rank_api_script_resumes_bit_exactly_after_its_time_limit(cluster: dict[str, str]) -> None:
     whole = slurm_plan(cluster, name="rank-api-whole", entrypoint=EXAMPLE, args=ARGS, checkpoint={"interval_steps": 10})
     assert run(whole).state == "COMPLETED"
@@ -49,11 +59,8 @@ def test_rank_api_script_resumes_bit_exactly_after_its_time_limit(cluster: dict[
     ex = SlurmExecutor()
     record = ex.submit(launch)
     final = _run_releasing_requeues(ex, record, timeout=900)
-    rank0 = "".join(p.read_text() for p in sorted((Path(launch.run_dir) / "slurm").glob("*_0_log.out")))
+    rank0, stops, resumes = _stops_and_resumes(launch.run_dir, "SIGUSR2")
     assert final.state == "COMPLETED", (final.error, rank0[-3000:])
-    stops = [int(s) for s in re.findall(r"^stopped at step (\d+) by (?:SIGUSR2|a peer); checkpoint written$",
-                                        rank0, re.M)]
-    resumes = [int(s) for s in re.findall(r"^resumed from .*ckpt-\d+\.pt at step (\d+)$", rank0, re.M)]
     requeues = rank0.count("slurm.requeue: auto: requeueing")
     assert stops and requeues >= 1 and len(resumes) == requeues, rank0[-3000:]
     # Every attempt after the first started mid-run, from the checkpoint the ranks wrote together at the stop.

@@ -57,3 +57,18 @@ def message_of(exc: BaseException) -> str:
             return f"{text} (caused by {type(cause).__name__}: {cause.strerror}{where})"
         cause = cause.__cause__ or cause.__context__
     return text
+
+
+#: What torch says when a rank asks for a GPU it cannot see.
+_NO_GPU = ("No CUDA GPUs are available", "invalid device ordinal", "Found no NVIDIA driver",
+           "Torch not compiled with CUDA enabled", "CUDA driver initialization failed")
+
+
+def hidden_gpu_hint(message: str, devices: tuple[int, ...] | list[int] | None) -> str | None:
+    """The fix for a local rank that failed because it asked for a GPU the local run hid: locally
+    a GPU job is a CPU dry run unless ``local.devices`` lists the GPUs to use."""
+    if devices or not any(s in message for s in _NO_GPU):
+        return None
+    return ("hint: this local run hides every GPU (a CPU dry run, CUDA_VISIBLE_DEVICES empty) because the "
+            "spec lists no local.devices; to train on this machine's GPUs set local.devices, e.g. "
+            "--set 'local.devices=[0]'")

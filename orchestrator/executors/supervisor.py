@@ -28,6 +28,7 @@ from orchestrator.errors import SubmissionError
 from orchestrator.executors.base import first_error
 from orchestrator.executors.console import LogTails
 from orchestrator.executors.forked import ForkedRank, ZygoteGroup, start_zygote
+from orchestrator.failures import hidden_gpu_hint
 from orchestrator.payload import Payload
 from orchestrator.plan import LaunchPlan
 from orchestrator.rank_env import installed_torch_version, local_rank_env, rank_environment
@@ -290,6 +291,8 @@ class Supervisor:
         elif err is not None and err["rank"] in failed:
             rank = err["rank"]
             message = f"rank {rank} raised {err['type']}: {err['message']}\n{err.get('user_traceback') or err['traceback']}"
+            hint = hidden_gpu_hint(err["message"], self.launch.payload.devices)
+            message += f"\n{hint}" if hint else ""
         else:
             rank = failed[0]
             message = f"rank {rank} exited with code {codes[rank]}"

@@ -39,3 +39,18 @@ def test_run_shows_the_first_failure_once_without_our_frames(tmp_path: Path, abo
     assert "orchestrator/launcher.py" in full["traceback"] and "launcher.py" not in full["user_traceback"]
     log = (run_dir / "logs" / "rank-1.log").read_text()
     assert "[launcher] rank 1 failed: ValueError: shard 1 is corrupt" in log and "in load_shard" in log
+
+
+def test_a_gpu_script_on_a_local_dry_run_is_told_to_list_local_devices(tmp_path: Path) -> None:
+    """A torchrun-style GPU script run locally without local.devices finds no GPU (the local default
+    is a CPU dry run, here or on a GPU workstation): the failure says why and what to set."""
+    script = tmp_path / "gpu_script.py"
+    script.write_text("import os, torch\ntorch.cuda.set_device(int(os.environ['LOCAL_RANK']))\n")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({"name": "gpu-dry", "entrypoint": str(script), "gpus_per_node": 1,
+                                    "runs_dir": str(tmp_path / "runs")}))
+    proc = subprocess.run([sys.executable, "-m", "orchestrator", "run", str(spec)], capture_output=True, text=True,
+                          timeout=180, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    shown = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "FAILED" in shown, shown[-3000:]
+    assert "hides every GPU" in shown and "local.devices" in shown, shown[-3000:]

@@ -16,3 +16,12 @@ def test_nccl_without_a_gpu_is_an_error_not_gloo(monkeypatch: pytest.MonkeyPatch
         resolve_backend("nccl", torch.device("cpu"))
     assert resolve_backend("auto", torch.device("cpu")) == "gloo"
     assert resolve_backend("gloo", torch.device("cpu")) == "gloo"
+
+
+def test_the_hidden_gpu_hint_only_for_a_dry_run_that_asked_for_a_gpu() -> None:
+    from orchestrator.failures import hidden_gpu_hint
+
+    assert hidden_gpu_hint("RuntimeError: No CUDA GPUs are available", None)
+    assert hidden_gpu_hint("CUDA error: invalid device ordinal", ())
+    assert hidden_gpu_hint("No CUDA GPUs are available", (0,)) is None  # listed: a real GPU problem
+    assert hidden_gpu_hint("ValueError: shard 1 is corrupt", None) is None

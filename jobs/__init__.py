@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from jobs.metrics import MetricsWriter
     from jobs.parallel import wrap_model
     from jobs.preemption import StopFlag, mark_checkpointed_for_requeue
-    from jobs.rng import seed_everything
+    from jobs.rng import SeededDataset, seed_everything
     from jobs.runtime import RuntimeConfig
     from jobs.sampling import ResumableDistributedSampler
 
@@ -47,7 +47,7 @@ _WHERE = {
     "MetricsWriter": "jobs.metrics",
     "heartbeat": "jobs.progress",
     "ResumableDistributedSampler": "jobs.sampling",
-    "seed_everything": "jobs.rng",
+    "seed_everything": "jobs.rng", "SeededDataset": "jobs.rng",
 }
 
 # jobs.process_group is jobs.distributed.distributed under a name no submodule has: importing the
@@ -56,7 +56,7 @@ _ALIASES = {"process_group": "distributed"}
 
 __all__ = [
     "Checkpointer", "DistContext", "MetricsWriter", "Resumed", "ResumableDistributedSampler", "RuntimeConfig",
-    "StopFlag", "heartbeat", "mark_checkpointed_for_requeue", "process_group", "seed_everything", "wrap_model",
+    "SeededDataset", "StopFlag", "heartbeat", "mark_checkpointed_for_requeue", "process_group", "seed_everything", "wrap_model",
 ]
 
 

@@ -3,6 +3,11 @@
 - ``digits``: scikit-learn's 8x8 digits (1797 images, 10 classes), read straight from the CSV
   that ships inside the scikit-learn package, without importing sklearn (a slow import that
   every rank would pay).
+- ``digits-aug``: the same, with a random augmentation of each training image, drawn in
+  ``__getitem__`` (so in the DataLoader workers with ``--workers``) from torch's, Python's and
+  NumPy's global generators, as transforms in the wild do (torchvision's draw from torch's,
+  albumentations' from Python's and NumPy's); the test set is plain digits. For tests of exact
+  resume with workers; ``jobs.train`` seeds each sample's draws (``drawn_generators``).
 - ``cifar10`` / ``stl10`` / ``imagefolder`` / ``fake``: torchvision's own loaders. torchvision is
   imported only for these (a slow import, which every rank pays).
 - ``verify=False`` skips torchvision's md5 checks for CIFAR10, for local copies and test sets
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
+import random
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +26,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
-NUM_CLASSES = {"digits": 10, "cifar10": 10, "stl10": 10, "fake": 10}
+NUM_CLASSES = {"digits": 10, "digits-aug": 10, "cifar10": 10, "stl10": 10, "fake": 10}
 
 
 def _digits_csv() -> Path:
@@ -43,6 +49,23 @@ def digits(train: bool, test_fraction: float = 0.2, seed: int = 0) -> TensorData
     n_test = int(len(y) * test_fraction)
     idx = order[n_test:] if train else order[:n_test]
     return TensorDataset(torch.from_numpy(x[idx]), torch.from_numpy(y[idx]))
+
+
+class AugmentedDigits(Dataset):
+    """Digits shifted by up to one pixel each way (across from torch's generator, down from Python's)
+    plus a little Gaussian noise (NumPy's global generator): a new draw every time an image is read."""
+
+    def __init__(self, base: TensorDataset, noise: float = 0.05) -> None:
+        self.base, self.noise = base, noise
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = self.base[index]
+        across, down = int(torch.randint(-1, 2, ())), random.randint(-1, 1)
+        noise = torch.from_numpy(np.random.normal(0.0, self.noise, tuple(x.shape)).astype(np.float32))
+        return torch.roll(x, shifts=(down, across), dims=(1, 2)) + noise, y
 
 
 def _transform(image_size: int | None, channels: int = 3) -> Any:
@@ -109,6 +132,8 @@ def build(name: str, train: bool, data_dir: str | None, download: bool, verify: 
           image_size: int | None, fake_size: int) -> Dataset:
     if name == "digits":
         return digits(train)
+    if name == "digits-aug":
+        return AugmentedDigits(digits(train)) if train else digits(train)
     if name == "fake":
         return fake(train, size=fake_size, image_size=image_size or 32)
     if data_dir is None:
@@ -119,7 +144,15 @@ def build(name: str, train: bool, data_dir: str | None, download: bool, verify: 
         return stl10(data_dir, train, download=download, image_size=image_size)
     if name == "imagefolder":
         return imagefolder(data_dir, train, image_size=image_size)
-    raise ValueError(f"unknown dataset {name!r}: use digits, fake, cifar10, stl10 or imagefolder")
+    raise ValueError(f"unknown dataset {name!r}: use digits, digits-aug, fake, cifar10, stl10 or imagefolder")
+
+
+def drawn_generators(name: str) -> tuple[str, ...]:
+    """The global generators that the training set of ``name`` draws from in ``__getitem__`` (its
+    random augmentations): ``jobs.train`` seeds those per sample (``jobs.rng.SeededDataset``), so
+    a resume with DataLoader workers is exact. Empty for the datasets that draw nothing, which
+    pay nothing. A dataset given a random transform must be named here."""
+    return ("torch", "random", "numpy") if name == "digits-aug" else ()
 
 
 def num_classes(name: str, dataset: Dataset) -> int:
@@ -128,4 +161,4 @@ def num_classes(name: str, dataset: Dataset) -> int:
 
 
 def in_channels(name: str) -> int:
-    return 1 if name == "digits" else 3
+    return 1 if name in ("digits", "digits-aug") else 3

@@ -2,8 +2,9 @@
 
 The signal handler only sets a flag (it may run in the middle of a collective). At a step
 boundary, ``should_stop()`` all-reduces the flag with MAX, so if any rank was signalled, every
-rank stops at the same step and they can checkpoint together. SLURM sends USR2 a margin before
-the time limit or on preemption; SIGTERM is included for local cancellation. After that
+rank stops at the same step and they can checkpoint together. SLURM sends the job's notice
+(``slurm.signal``: USR2 by default, ``ORCH_STOP_SIGNAL`` in the rank) a margin before the time
+limit or on preemption; USR2 and SIGTERM (cancel, preemption) are always included. After that
 checkpoint, ``checkpointed()`` tells the orchestrator the job may be requeued
 (``slurm.requeue: auto``).
 """
@@ -25,7 +26,9 @@ class StopFlag:
     """Install it before the long work starts (``with jobs.StopFlag() as stop:`` puts the previous
     handlers back on the way out; ``restore()`` does it by hand)."""
 
-    def __init__(self, signals: tuple[int, ...] = (signal.SIGUSR2, signal.SIGTERM)) -> None:
+    def __init__(self, signals: tuple[int, ...] | None = None) -> None:
+        if signals is None:
+            signals = default_signals()
         self.local = False
         self.signal_name: str | None = None
         self.stopped = False  # should_stop() returned True: the ranks agreed to stop
@@ -68,6 +71,15 @@ class StopFlag:
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.restore()
+
+
+def default_signals() -> tuple[int, ...]:
+    """USR2, SIGTERM, and the job's own notice (``ORCH_STOP_SIGNAL``, from ``slurm.signal``)."""
+    chosen = [signal.SIGUSR2, signal.SIGTERM]
+    name = os.environ.get(OrchVar.STOP_SIGNAL, "")
+    if name in signal.Signals.__members__ and signal.Signals[name] not in chosen:
+        chosen.append(signal.Signals[name])
+    return tuple(chosen)
 
 
 def mark_checkpointed_for_requeue() -> bool:

@@ -30,7 +30,7 @@ from jobs.sampling import shard_indices
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="jobs.train", description=__doc__)
-    p.add_argument("--dataset", default="digits", choices=["digits", "fake", "cifar10", "stl10", "imagefolder"])
+    p.add_argument("--dataset", default="digits", choices=["digits", "digits-aug", "fake", "cifar10", "stl10", "imagefolder"])
     p.add_argument("--data-dir", default=None)
     p.add_argument("--download", action="store_true", help="allow torchvision to download the dataset")
     p.add_argument("--no-verify", action="store_true",
@@ -89,6 +89,9 @@ def train(ctx: DistContext, args: argparse.Namespace, stop: StopFlag) -> dict[st
     train_set, test_set = (data.build(args.dataset, split, args.data_dir, args.download, not args.no_verify,
                                       args.image_size, args.fake_size) for split in (True, False))
     model = models.build(args.model, data.in_channels(args.dataset), data.num_classes(args.dataset, train_set))
+    drawn = data.drawn_generators(args.dataset)  # what its random augmentations draw from (most: nothing)
+    if drawn:  # each sample's draws from (seed, epoch, index) alone, whichever DataLoader worker reads it:
+        train_set = jobs.SeededDataset(train_set, args.seed, generators=drawn)  # exact resume with --workers
     model = jobs.wrap_model(model, ctx, first_device_batch=args.first_gpu_batch)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
     sampler = jobs.ResumableDistributedSampler(train_set, num_replicas=ctx.world_size, rank=ctx.rank,
@@ -113,6 +116,8 @@ def train(ctx: DistContext, args: argparse.Namespace, stop: StopFlag) -> dict[st
     with jobs.MetricsWriter(ctx.config.run_dir, ctx.rank) as metrics:
         while epoch < args.epochs and stopped is None:
             sampler.set_epoch(epoch)  # a new shuffle every epoch, the same on every rank
+            if isinstance(train_set, jobs.SeededDataset):
+                train_set.set_epoch(epoch)  # new augmentations every epoch
             sampler.set_start(step_in_epoch * args.batch_size)
             loader_rng.manual_seed(args.seed + epoch)
             t0, seen = time.perf_counter(), 0

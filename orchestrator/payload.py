@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
 #: Bumped whenever a field is added, removed or changes meaning.
-PAYLOAD_VERSION = 2
+PAYLOAD_VERSION = 3
 
 
 class Defaults:
@@ -31,6 +31,7 @@ class Defaults:
     CHECKPOINT_KEEP = 3
     RESUME = True
     GRAD_COMPRESSION = "none"
+    STOP_GRACE_S = 30.0  # SLURM's KillWait default
 
 
 class PayloadError(ValueError):
@@ -74,6 +75,9 @@ class Payload:
     checkpoint: CheckpointSettings
     max_requeues: int
     requeue: str  # auto, always, never
+    stop_signal: str  # the time limit's notice on SLURM: SIGUSR2 or SIGUSR1
+    signal_margin_s: int  # SLURM: how long before the time limit the notice comes
+    stop_grace_s: float  # SIGTERM, then this long before SIGKILL (cancel, local timeout)
     grad_compression: str
     env: dict[str, str]  # the job's variables: defaults, then the spec's env (which wins)
     workdir: str

@@ -286,6 +286,9 @@ def _payload(spec: JobSpec, run_dir: str, layout: _Layout, env: dict[str, str], 
                                       interval_steps=c.interval_steps, keep_last=c.keep_last, resume=c.resume),
         max_requeues=spec.slurm.max_requeues,
         requeue=spec.slurm.requeue,
+        stop_signal=f"SIG{spec.slurm.signal}",
+        signal_margin_s=spec.slurm.signal_margin_s,
+        stop_grace_s=spec.stop_grace_s,
         grad_compression=d.grad_compression,
         env=env,
         # Relative paths the user wrote are relative to where they ran the CLI.
@@ -395,7 +398,7 @@ def submitit_parameters(spec: JobSpec, n_points: int = 0) -> dict[str, Any]:
     # The time-limit signal goes to the batch shell only (B:): the agent forwards it to the ranks
     # through srun, and so knows it came.
     params["additional_parameters"] = {**params.get("additional_parameters", {}),
-                                       "signal": f"B:USR2@{s.signal_margin_s}"}
+                                       "signal": f"B:{s.signal}@{s.signal_margin_s}"}
     if s.max_requeues == 0:  # SLURM requeues batch jobs on node failure by default (JobRequeue=1)
         params["additional_parameters"] = {**params.get("additional_parameters", {}), "no-requeue": True}
     elif s.requeue != "never":  # sites with JobRequeue=0 refuse scontrol requeue unless the job asked

@@ -43,6 +43,7 @@ class OrchVar:
     GRAD_COMPRESSION = "ORCH_GRAD_COMPRESSION"
     ATTEMPT = "ORCH_ATTEMPT"
     REQUEUE_MARKER = "ORCH_REQUEUE_MARKER"
+    STOP_SIGNAL = "ORCH_STOP_SIGNAL"
 
 
 @dataclass(frozen=True)
@@ -128,6 +129,7 @@ def job_settings(payload: Payload) -> dict[str, str]:
         OrchVar.CHECKPOINT_KEEP: str(c.keep_last),
         OrchVar.RESUME: "1" if c.resume else "0",
         OrchVar.GRAD_COMPRESSION: payload.grad_compression,
+        OrchVar.STOP_SIGNAL: payload.stop_signal,
     }
 
 

@@ -1,11 +1,14 @@
 """The job's agent on SLURM: ``python -m orchestrator.slurm_job RUN/payload.json [--point-base N]``.
 
 It is the batch script's one command (standard library only). It starts the ranks with srun
-(one task per rank, ``--kill-on-bad-exit``), and it alone receives the time-limit signal
-(``#SBATCH --signal=B:USR2@margin``): it forwards USR2 through srun to every rank, where the
-user's handlers or the rank API see it, and decides about requeue by ``slurm.requeue``:
+(one task per rank, ``--kill-on-bad-exit``), and it alone receives the time-limit notice
+(``#SBATCH --signal=B:SIG@margin``, ``slurm.signal``: USR2, or USR1 for Lightning): it forwards
+it through srun to every rank, where the user's handlers or the rank API see it, and decides
+about requeue by ``slurm.requeue``:
 
-- ``always``: requeue as soon as USR2 arrives; the script resumes from its own snapshot.
+- ``always``: requeue once the ranks have ended after the notice, or when the margin is nearly
+  spent (``requeue_deadline``), never in the middle of their clean-up; the script resumes from
+  its own snapshot.
 - ``auto``: requeue once srun has ended and the ranks stopped on a signal and checkpointed
   through the rank API (it writes ``ORCH_REQUEUE_MARKER``), unless the job was cancelled.
 - ``never``: let the job end.
@@ -21,7 +24,7 @@ the decision never depends on what the entrypoint returns.
 It is also the job's watchdog, with the local supervisor's rules (``orchestrator.watchdog``):
 a rank that has not joined its process group within ``distributed.init_timeout_s``, or no rank
 progressing for ``watchdog.stall_s``, ends the job FAILED once every rank's stacks are saved
-(``srun --overlap`` runs ``orchestrator.stacks_probe`` on each node); so does a USR2 that no
+(``srun --overlap`` runs ``orchestrator.stacks_probe`` on each node); so does a notice that no
 requeue will follow, before it is forwarded. The verdict goes to ``<run>/end.json`` for status.
 """
 
@@ -54,6 +57,15 @@ SCONTROL_BACKOFF_S = (1.0, 2.0, 4.0, 8.0)
 SCONTROL_RETRY_S = 30.0
 #: The agent's exit code for a job that stopped early and was not requeued (SLURM: FAILED).
 UNFINISHED_EXIT = 3
+#: Under ``always``, the requeue waits for the ranks' clean-up at most until this much of the
+#: margin is left (scontrol and the controller need a moment before the time limit ends the job).
+REQUEUE_RESERVE_S = 15.0
+
+
+def requeue_deadline(notice_at: float, margin_s: float) -> float:
+    """When a requeue under ``always`` stops waiting for the ranks to end: the margin minus a
+    reserve for scontrol (half the margin, for short margins)."""
+    return notice_at + max(0.0, margin_s - min(REQUEUE_RESERVE_S, margin_s / 2))
 
 
 class Phase(enum.Enum):
@@ -109,28 +121,37 @@ class JobAgent:
         self.world = payload.world_size
         self.environ = dict(environ)
         self.init_timeout_s = payload.init_timeout_s
-        self.usr2_pending = False  # stacks first, then USR2 (its default action ends a rank)
+        self.notice = signal.Signals[payload.stop_signal]  # the time limit's notice (slurm.signal)
+        self.notice_at: float | None = None  # monotonic time it first came
+        self.notice_pending = False  # stacks first, then the notice (a rank may end on it)
         self.not_requeued = ""  # why a requeue that was due did not happen (Phase.NOT_REQUEUED)
         self.started = time.time()
         self.watch: Watch | None = None
+        top = RunFolder.of(payload.run_dir)  # a sweep point's folder is <run>/points/NNNN
+        run = RunFolder(top.root.parent.parent) if top.root.parent.name == "points" else top
+        self.cancel_request = run.cancel_request
+        self.cancel_at: float | None = None  # monotonic time `orchestrator cancel` asked (its request file)
 
     def _on_signal(self, signum: int, frame: object) -> None:
         name = signal.Signals(signum).name
         self.received.append(name)
-        if signum == signal.SIGUSR2 and self.srun is not None and self.srun.poll() is None:
-            if self._stacks_before_usr2():
-                self.usr2_pending = True  # the loop captures the stacks, then forwards it
-            else:
-                self.srun.send_signal(signal.SIGUSR2)  # srun forwards it to every task (rank)
+        if signum == self.notice:
+            if self.notice_at is None:
+                self.notice_at = time.monotonic()
+            if self.srun is not None and self.srun.poll() is None:
+                if self._stacks_before_notice():
+                    self.notice_pending = True  # the loop captures the stacks, then forwards it
+                else:
+                    self.srun.send_signal(self.notice)  # srun forwards it to every task (rank)
 
-    def _stacks_before_usr2(self) -> bool:
-        """USR2 with no requeue to follow (slurm.requeue: never, or no requeues left) is the time
-        limit ending the job: save where the ranks are first. ``auto`` may still requeue."""
+    def _stacks_before_notice(self) -> bool:
+        """A notice with no requeue to follow (slurm.requeue: never, or no requeues left) is the
+        time limit ending the job: save where the ranks are first. ``auto`` may still requeue."""
         limit = self.payload.max_requeues
         return self.stacks_on_failure and (self.policy == "never" or self.restart >= limit)
 
     def run(self, srun_argv: list[str]) -> int:
-        for sig in (signal.SIGUSR2, signal.SIGTERM):
+        for sig in (self.notice, signal.SIGTERM):
             signal.signal(sig, self._on_signal)
         RunFolder.of(self.run_dir).forget_attempt()
         port = self._master_port()
@@ -150,23 +171,32 @@ class JobAgent:
         # may have ended before the loop looked.
         next_look = time.monotonic() + LOOK_S
         while (code := self.srun.poll()) is None:
-            self._requeue_if_due()
-            if self.usr2_pending:
-                self.usr2_pending = False
-                dumps = self._capture("the time limit (USR2) with no requeue left")
+            self._requeue_if_due(ranks_ended=False)
+            if self.notice_pending:
+                self.notice_pending = False
+                dumps = self._capture(f"the time limit ({self.notice.name}) with no requeue left")
                 if self.stacks_on_failure:
                     from orchestrator import forensics
 
                     forensics.write_end(self.run_dir, reason="time_limit", waits=forensics.waits_of(dumps))
                 if self.srun.poll() is None:
-                    self.srun.send_signal(signal.SIGUSR2)
-            if self.phase is Phase.RUNNING and "SIGTERM" not in self.received and time.monotonic() >= next_look:
+                    self.srun.send_signal(self.notice)
+            if self.cancel_at is not None and time.monotonic() >= self.cancel_at + self.payload.stop_grace_s:
+                self._end_cancelled(f"the ranks did not end within stop_grace_s ({self.payload.stop_grace_s:g}s)")
+            if self.phase is Phase.RUNNING and not self._stopping() and time.monotonic() >= next_look:
                 next_look = time.monotonic() + LOOK_S
+                if os.path.lexists(self.cancel_request):
+                    self.cancel_at = time.monotonic()
+                    self._say(f"orchestrator cancel: the ranks have stop_grace_s ({self.payload.stop_grace_s:g}s) "
+                              "to checkpoint and exit")
+                    continue
                 if self._watchdog() is not None:
                     self._enter(Phase.ENDING)
                     self._end_ranks()
             time.sleep(POLL_S)
-        self._requeue_if_due()
+        self._requeue_if_due(ranks_ended=True)
+        if self.cancel_at is not None:
+            return self._end_cancelled("the ranks ended") if self.cancel_at != float("inf") else UNFINISHED_EXIT
         if code == 0 and self.phase is not Phase.ENDING:
             from orchestrator import forensics, join_hook
             from orchestrator.watchdog import did_nothing
@@ -174,8 +204,8 @@ class JobAgent:
             warning = did_nothing(self.world, [0], join_hook.joined_ranks(self.run_dir, self.world))
             if warning:
                 forensics.write_end(self.run_dir, reason="did_nothing", warning=warning)
-        if self.policy == "auto" and self.phase is Phase.RUNNING and "SIGUSR2" in self.received:
-            self._say("SIGUSR2 arrived but the ranks did not checkpoint through the rank API, so the job is "
+        if self.policy == "auto" and self.phase is Phase.RUNNING and self.notice_at is not None:
+            self._say(f"{self.notice.name} arrived but the ranks did not checkpoint through the rank API, so the job is "
                       "not requeued (slurm.requeue: auto); a script that resumes from its own snapshot "
                       "wants slurm.requeue: always")
         result = exit_code(self.phase, code, code == 0 and self._stopped_early())
@@ -217,7 +247,7 @@ class JobAgent:
         """The ranks ended because they were told to stop, not because the work was done: the rank
         API checkpointed after a stop signal (its marker), or, under ``always``, a script that
         snapshots itself left on the time limit's notice."""
-        return os.path.exists(self.marker) or (self.policy == "always" and "SIGUSR2" in self.received)
+        return os.path.exists(self.marker) or (self.policy == "always" and self.notice_at is not None)
 
     def _unfinished(self) -> int:
         """A stop that no requeue follows is not a completed job: end non-zero (SLURM records
@@ -231,11 +261,40 @@ class JobAgent:
         forensics.write_end(self.run_dir, reason="not_requeued", error=message)
         return UNFINISHED_EXIT
 
-    def _requeue_if_due(self) -> None:
-        if self.phase is not Phase.RUNNING or "SIGTERM" in self.received:  # scancel / orchestrator cancel: never
+    def _stopping(self) -> bool:
+        """Cancelled: by scancel (SIGTERM to this shell) or by ``orchestrator cancel`` (its request)."""
+        return "SIGTERM" in self.received or self.cancel_at is not None
+
+    def _end_cancelled(self, why: str) -> int:
+        """``orchestrator cancel`` asked, and the ranks ended (or their grace ran out): scancel this
+        job, which SLURM records CANCELLED. If scancel fails, the job still never ends COMPLETED."""
+        self._say(f"orchestrator cancel: {why}; scancel {self.job_id}")
+        try:
+            out = subprocess.run(["scancel", self.job_id], capture_output=True, text=True, timeout=SCONTROL_RETRY_S)
+            problem = out.stderr.strip() if out.returncode else ""
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            problem = str(exc)
+        if problem:
+            from orchestrator import forensics
+
+            forensics.write_end(self.run_dir, reason="cancelled", error=f"cancelled; scancel failed: {problem}")
+        self.cancel_at = float("inf")  # asked once; SLURM ends the job (and this agent) from here
+        return UNFINISHED_EXIT
+
+    def _requeue_if_due(self, ranks_ended: bool) -> None:
+        if self.phase is not Phase.RUNNING or self._stopping():  # scancel / orchestrator cancel: never
             return
-        if self.policy == "always" and "SIGUSR2" in self.received:
-            self._requeue("SIGUSR2 (time limit or preemption), slurm.requeue: always")
+        due = (self.policy == "always" and self.notice_at is not None) or \
+            (self.policy == "auto" and os.path.exists(self.marker))
+        if due and os.path.lexists(self.cancel_request):  # the ranks checkpointed on a cancel's SIGTERM
+            self.cancel_at = time.monotonic()
+            return
+        if self.policy == "always" and self.notice_at is not None:
+            # Never in the middle of the ranks' clean-up (a requeue ends them at once): once srun has
+            # ended, or when the margin is nearly spent.
+            if ranks_ended or time.monotonic() >= requeue_deadline(self.notice_at, self.payload.signal_margin_s):
+                self._requeue(f"{self.notice.name} (time limit or preemption), slurm.requeue: always"
+                              + ("" if ranks_ended else "; the ranks had not ended with the margin nearly spent"))
         # The ranks may also have been signalled directly (scancel --signal=USR2 reaches the steps,
         # not this shell): the rank API's checkpoint marker is the evidence either way.
         elif self.policy == "auto" and os.path.exists(self.marker):

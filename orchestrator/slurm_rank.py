@@ -23,21 +23,21 @@ from orchestrator.rendezvous import remove_earlier_files
 from orchestrator.slurm_task import SlurmTask, master_port, point_base
 
 
-def keep_running_on_time_limit_notice(rank: int) -> None:
-    """USR2 is the time limit's advance notice (``--signal=B:USR2@margin``), which the job's agent
-    forwards so scripts that listen for it can checkpoint (the rank API does). Under plain sbatch a
-    script never sees it: a script with no handler runs on to its time limit. Its default action,
-    though, ends the process, so each rank starts with a handler that only says it came: a script
-    (or the rank API) that installs its own replaces it, and unlike SIG_IGN it is not inherited by
-    a program the rank execs."""
-    def notice(signum: int, frame: object) -> None:
+def keep_running_on_time_limit_notice(rank: int, notice: signal.Signals = signal.SIGUSR2) -> None:
+    """``notice`` (``slurm.signal``) is the time limit's advance notice (``--signal=B:SIG@margin``),
+    which the job's agent forwards so scripts that listen for it can checkpoint (the rank API and
+    Lightning's SLURM requeue do). Under plain sbatch a script never sees it: a script with no
+    handler runs on to its time limit. Its default action, though, ends the process, so each rank
+    starts with a handler that only says it came: a script (or the rank API) that installs its own
+    replaces it, and unlike SIG_IGN it is not inherited by a program the rank execs."""
+    def said(signum: int, frame: object) -> None:
         try:
-            os.write(2, f"[launcher] rank {rank}: the time limit's notice (SIGUSR2) came; this script has no "
+            os.write(2, f"[launcher] rank {rank}: the time limit's notice ({notice.name}) came; this script has no "
                         "handler for it, so it runs on until the time limit\n".encode())
         except OSError:
             pass
 
-    signal.signal(signal.SIGUSR2, notice)
+    signal.signal(notice, said)
 
 
 def main(args: list[str]) -> int:
@@ -62,7 +62,7 @@ def main(args: list[str]) -> int:
             for path in remove_earlier_files(payload.rendezvous_dir, job.job_id, job.restart):
                 print(f"[launcher] removed the previous attempt's rendezvous file {path}", flush=True)
         os.makedirs(payload.rendezvous_dir, exist_ok=True)
-    keep_running_on_time_limit_notice(int(rank.rank))
+    keep_running_on_time_limit_notice(int(rank.rank), signal.Signals[payload.stop_signal])
     return exit_code_of(run_rank, payload, int(rank.rank))
 
 

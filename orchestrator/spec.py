@@ -234,14 +234,21 @@ class SlurmSpec(_Model):
     )
     signal_margin_s: int = Field(
         120, ge=10, le=3600,
-        description="Seconds before the time limit at which SLURM sends USR2, so ranks can checkpoint.",
+        description="Seconds before the time limit at which SLURM sends slurm.signal, so ranks can checkpoint.",
+    )
+    signal: Literal["USR1", "USR2"] = Field(
+        "USR2",
+        description="The time limit's advance notice (sbatch --signal=B:SIG@margin), forwarded to every rank: "
+        "USR2 (the rank API listens for it), or USR1 for Lightning's own SLURM requeue (SLURMEnvironment's "
+        "requeue_signal). A rank with no handler for it runs on to the time limit, as under plain sbatch.",
     )
     max_requeues: int = Field(3, ge=0, le=1000, description="How many times a preempted or timed-out job is requeued.")
     requeue: Literal["auto", "always", "never"] = Field(
         "auto",
-        description="When USR2 arrives (signal_margin_s before the time limit, or on preemption): 'auto' "
+        description="When slurm.signal arrives (signal_margin_s before the time limit, or on preemption): 'auto' "
         "requeues once the ranks checkpointed through the rank API (jobs/); 'always' requeues any script "
-        "at once (for a script that resumes from its own snapshot); 'never' lets the job end.",
+        "once its ranks have ended or the margin is nearly spent (for a script that resumes from its own "
+        "snapshot); 'never' lets the job end.",
     )
     python: str | None = Field(
         None, description="Python executable on the compute nodes (one path, quoted in the script; "
@@ -437,6 +444,12 @@ class JobSpec(_Model):
     )
     watchdog: WatchdogSpec = Field(default_factory=WatchdogSpec, description="Stall watchdog and stack capture.")
     executor: ExecutorName = Field("local", description="Where it runs: local, slurm or debug.")
+    stop_grace_s: float = Field(
+        Defaults.STOP_GRACE_S, ge=1, le=3600,
+        description="After `orchestrator cancel` (and locally local.timeout_s) the ranks get SIGTERM, then this "
+        "long to checkpoint and exit before SIGKILL; the default is SLURM's KillWait default. On SLURM a plain "
+        "scancel or the time limit uses the site's KillWait instead.",
+    )
     runs_dir: str = Field("runs", description="Where run folders are created; must be shared on a cluster.")
 
     @field_validator("name")

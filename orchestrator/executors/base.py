@@ -47,6 +47,22 @@ class ForegroundExecutor(Executor, Protocol):
         ...
 
 
+#: A cancel waits for the ranks' stop_grace_s plus this (the supervisor's or agent's next look,
+#: SIGKILL, the clean-up of what the ranks left).
+CANCEL_SLACK_S = 30.0
+
+
+def stop_grace_s(run_dir: str | Path) -> float:
+    """The run's stop_grace_s, from its payload (the spec's default when it cannot be read: a
+    run planned by another version, or one whose folder is damaged)."""
+    from orchestrator.payload import Defaults, Payload, PayloadError
+
+    try:
+        return Payload.load(RunFolder.of(run_dir).payload).stop_grace_s
+    except (OSError, PayloadError):
+        return Defaults.STOP_GRACE_S
+
+
 def refresh_by_supervisor(rec: RunRecord) -> RunRecord:
     """For runs supervised by a process of ours (local, debug): is the attempt still alive?
 

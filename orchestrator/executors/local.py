@@ -15,7 +15,8 @@ from pathlib import Path
 
 from orchestrator import ownership, procs
 from orchestrator.errors import SubmissionError, UsageError
-from orchestrator.executors.base import prepare_run_dir, rank_log_path, refresh_by_supervisor
+from orchestrator.executors.base import (CANCEL_SLACK_S, prepare_run_dir, rank_log_path, refresh_by_supervisor,
+                                         stop_grace_s)
 from orchestrator.executors.console import ConsoleEcho, PlainEcho
 from orchestrator.executors.supervisor import Supervisor
 from orchestrator.interpreter import module_argv
@@ -76,7 +77,7 @@ class LocalExecutor:
     def refresh(self, records: list[RunRecord]) -> list[RunRecord]:
         return [refresh_by_supervisor(rec) for rec in records]
 
-    def cancel(self, record: RunRecord, timeout_s: float = 30.0) -> RunRecord:
+    def cancel(self, record: RunRecord, timeout_s: float | None = None) -> RunRecord:
         """Ask the supervisor to stop (a request file it watches: it stops the ranks, which
         checkpoint together) and wait for its end state. From any host that shares the run
         folder; no signal is sent to any process. A supervisor that is gone is not waited for: what
@@ -90,6 +91,8 @@ class LocalExecutor:
         if copy:
             raise UsageError(copy)
         ownership.request_cancel(record.run_dir, "orchestrator cancel")
+        if timeout_s is None:  # the ranks' stop_grace_s, and the supervisor's look and clean-up
+            timeout_s = stop_grace_s(record.run_dir) + CANCEL_SLACK_S
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             record = refresh_by_supervisor(RunRecord.load(record.run_dir))

@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from orchestrator import submitit_adapter
+from orchestrator import ownership, submitit_adapter
 from orchestrator.errors import SubmissionError
-from orchestrator.executors.base import first_error, prepare_run_dir
+from orchestrator.executors.base import CANCEL_SLACK_S, first_error, prepare_run_dir, stop_grace_s
 from orchestrator.plan import DEFAULT_MAX_ARRAY_SIZE, LaunchPlan, array_chunks, job_command
 from orchestrator.records import RunRecord, point_dir, write_json_atomic
 from orchestrator.run_folder import RunFolder
@@ -77,6 +77,9 @@ def rotate_folder(folder: Path) -> None:
 
 
 #: What SLURM's tools print when they find no configuration, no slurmdbd, or no controller.
+#: How long past stop_grace_s a cancel waits for the job's agent to end the job itself before it
+#: scancels the job plainly (the agent looks once a second; srun and scancel take a moment).
+AGENT_ACT_S = 15.0
 _NO_CONFIG = ("Could not establish a configuration source", "DNS SRV lookup failed", "fetch_config",
               "Unable to process configuration file")
 #: sbatch's answers that do not say which field the cluster cannot satisfy.
@@ -141,6 +144,21 @@ def _listed(bases: list[str]) -> bool:
             raise SubmissionError(problem)
         return "Invalid job id" not in out.stderr  # purged from the controller: long gone
     return bool(out.stdout.strip())
+
+
+def _scancel(*args: str, quiet: bool = False) -> None:
+    out = subprocess.run(["scancel", *args], capture_output=True, text=True, timeout=60, check=False)
+    problem = controller_problem("scancel", out.stderr) if out.returncode else None
+    if problem and not quiet:
+        raise SubmissionError(problem)
+
+
+def _running(bases: list[str]) -> bool:
+    """True while any of the jobs runs (its agent can still act on a cancel request)."""
+    try:
+        return any(state == "RUNNING" for _, state in _query(["squeue", "-h", "-o", "%i|%T", "-j", ",".join(bases)]))
+    except SubmissionError:  # purged from the controller ("Invalid job id"): long gone
+        return False
 
 
 def max_array_size() -> int:
@@ -254,21 +272,33 @@ class SlurmExecutor:
             out.append(rec)
         return out
 
-    def cancel(self, record: RunRecord, timeout_s: float = 120.0) -> RunRecord:
-        """scancel, then return only when the scheduler no longer lists the job (not even
-        COMPLETING): every rank's SIGTERM clean-up has run, or KillWait has ended it."""
+    def cancel(self, record: RunRecord, timeout_s: float | None = None) -> RunRecord:
+        """Stop the job with the ranks' stop_grace_s, then return only when the scheduler no longer
+        lists it (not even COMPLETING).
+
+        A cancel request in the run folder tells the job's agent that this SIGTERM is a cancel (not
+        a preemption: no requeue); ``scancel --signal=TERM`` reaches the ranks' step only, so
+        srun stays up while the ranks checkpoint. The agent then scancels its own job once srun
+        has ended, or after stop_grace_s (SLURM records CANCELLED). A job still pending, and an
+        agent that did not act within the grace, get a plain scancel (SLURM's KillWait)."""
         record = RunRecord.load(record.run_dir)
         bases = sorted({j.split("_")[0] for j in record.job_ids})
         if not bases or record.state.terminal:
             return record
-        out = subprocess.run(["scancel", *bases], capture_output=True, text=True, timeout=60, check=False)
-        problem = controller_problem("scancel", out.stderr) if out.returncode else None
-        if problem:
-            raise SubmissionError(problem)
+        grace = stop_grace_s(record.run_dir)
+        timeout_s = grace + CANCEL_SLACK_S + 60.0 if timeout_s is None else timeout_s
+        ownership.request_cancel(record.run_dir, "orchestrator cancel")
+        _scancel("--state=PENDING", *bases)  # nothing to stop gracefully in a job that never started
+        _scancel("--signal=TERM", *bases, quiet=True)  # refused once nothing runs: the plain scancel ends it
         deadline = time.monotonic() + timeout_s
+        hard_at = time.monotonic() + grace + AGENT_ACT_S
+        hard = False
         while time.monotonic() < deadline:
             if not _listed(bases):
                 break
+            if not hard and (time.monotonic() >= hard_at or not _running(bases)):
+                _scancel(*bases)
+                hard = True
             time.sleep(0.25)
         return self.refresh([RunRecord.load(record.run_dir)])[0]
 

@@ -37,6 +37,9 @@ from orchestrator.records import RunRecord
 from orchestrator.run_folder import RunFolder
 from orchestrator.watchdog import Watch, did_nothing, judge
 
+#: After a failure or a watchdog verdict the other ranks are doomed: SIGTERM, then SIGKILL after
+#: this. A stop the ranks should survive with a checkpoint (cancel, local.timeout_s) gets the
+#: spec's stop_grace_s instead.
 GRACE_S = 3.0
 LOOK_S = 1.0  # how often the watchdog looks at the ranks' logs, heartbeats and joins
 POLL_S = 0.1  # the supervisor shares the CPUs with the ranks: poll gently
@@ -213,14 +216,15 @@ class Supervisor:
                     tails.pump()
                 return "CANCELLED" if self._cancelled else "COMPLETED"
             if self._cancelled:
-                self._kill_all(grace=GRACE_S * 2)  # SIGTERM first: ranks checkpoint and stop together
+                # SIGTERM first: the ranks checkpoint and stop together, within stop_grace_s
+                self._kill_all(grace=self.launch.payload.stop_grace_s)
                 if tails:
                     tails.pump()
                 return "CANCELLED"
             if self.timeout_s and time.monotonic() - start > self.timeout_s:
                 self._capture(run_dir, f"local.timeout_s ({self.timeout_s:.0f}s) reached")
                 self.record.update(error=f"local.timeout_s ({self.timeout_s:.0f}s) reached")
-                self._kill_all(grace=GRACE_S)
+                self._kill_all(grace=self.launch.payload.stop_grace_s)  # as SLURM's time limit: TERM, KillWait, KILL
                 return "TIMEOUT"
             if time.monotonic() >= next_look:  # the watchdog reads files: once a second is plenty
                 next_look = time.monotonic() + LOOK_S

@@ -98,3 +98,36 @@ def test_cancel_from_the_cli_stops_every_rank_with_a_checkpoint(tmp_path: Path) 
 def cancelled_cleanly(run_dir: Path) -> bool:
     record = run_dir / "record.json"
     return record.exists() and json.loads(record.read_text()).get("state") in ("CANCELLED", "COMPLETED", "FAILED")
+
+
+def test_cancel_waits_stop_grace_s_for_slow_steps_to_checkpoint(tmp_path: Path) -> None:
+    """A job whose next stop check is ~9 s away when cancelled (1 s steps, a check every 10) still
+    checkpoints: the ranks get stop_grace_s (default 30 s, SLURM's KillWait), not a fixed few
+    seconds, before SIGKILL."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "slow", "entrypoint": "jobs.train:main", "nodes": 1, "cpu_ranks_per_node": 2,
+        "runs_dir": str(tmp_path / "runs"),
+        "args": {"dataset": "digits", "epochs": 50, "batch-size": 16, "log-every": 1, "step-delay": 1.0,
+                 "stop-check-every": 10},
+    }))
+    started = orch("run", str(spec), "--detach")
+    assert started.returncode == 0, started.stderr
+    run_id = started.stdout.split()[1]
+    run_dir = tmp_path / "runs" / run_id
+    metrics = run_dir / "metrics" / "rank-0.jsonl"
+    deadline = time.monotonic() + 120
+    try:
+        while not (metrics.exists() and metrics.read_text().count('"train"') >= 11):  # just past the check at 10
+            assert time.monotonic() < deadline, "training never started"
+            time.sleep(0.1)
+        t0 = time.monotonic()
+        cancelled = orch("cancel", run_id, timeout=90)
+        took = time.monotonic() - t0
+        assert cancelled.returncode == 0 and cancelled.stdout.strip() == f"{run_id}: CANCELLED", cancelled.stderr
+    finally:
+        if not cancelled_cleanly(run_dir):
+            orch("cancel", run_id, timeout=90)
+    assert took > 6, f"the ranks stopped after {took:.1f}s, before their next stop check"
+    assert sorted((run_dir / "checkpoints").glob("ckpt-*.pt")), "killed before the stop check: no checkpoint"
+    assert not leftover_ranks(str(run_dir))

@@ -16,46 +16,60 @@ import pytest
 
 # The child plays all the ranks: it records that USR2 reached it and (like the rank API after a
 # collective checkpoint) writes the marker when asked to; USR2 ends it either way.
+# NOTICE names the signal it listens for (slurm.signal); CLEANUP_S: how long its clean-up takes
+# after the notice before it writes "child-cleaned-up" (STAY: it never ends on its own).
 CHILD = """
 import os, signal, sys, time
 out = sys.argv[1]
 def on_usr2(signum, frame):
     open(os.path.join(out, "child-got-usr2"), "w").close()
+    open(os.path.join(out, "child-got-" + signal.Signals(signum).name), "w").close()
     if os.environ.get("CHECKPOINT") == "1":
         os.makedirs(os.path.dirname(os.environ["ORCH_REQUEUE_MARKER"]), exist_ok=True)
         open(os.environ["ORCH_REQUEUE_MARKER"], "w").close()
+    if os.environ.get("STAY") == "1":
+        return
+    time.sleep(float(os.environ.get("CLEANUP_S", "0")))
+    open(os.path.join(out, "child-cleaned-up"), "w").close()
     sys.exit(0 if os.environ.get("CHECKPOINT") == "1" else 1)
-signal.signal(signal.SIGUSR2, on_usr2)
+signal.signal(getattr(signal, os.environ.get("NOTICE", "SIGUSR2")), on_usr2)
 open(os.path.join(out, "child-started"), "w").close()
 time.sleep(60)
 """
 
 
-def _payload(tmp: Path, **fields) -> None:
+def _payload(tmp: Path, slurm: dict | None = None, spec: dict | None = None, **fields) -> None:
     """A real SLURM payload as plan writes it, with a stand-in srun."""
     from orchestrator.plan import plan
     from orchestrator.spec import JobSpec
 
     launch = plan(JobSpec(name="agent", entrypoint="jobs.train:main", executor="slurm", runs_dir=str(tmp / "runs"),
-                          slurm={"requeue": fields["requeue"], "max_requeues": fields["max_requeues"]}))
+                          slurm={"requeue": fields["requeue"], "max_requeues": fields["max_requeues"], **(slurm or {})},
+                          **(spec or {})))
     dataclasses.replace(launch.payload, run_dir=str(tmp / "run"), **fields).write(tmp / "payload.json")
 
 
 def _agent(tmp: Path, policy: str, checkpoint: bool, restart: int = 0, max_requeues: int = 2,
-           scontrol_exit: int = 0):
+           scontrol_exit: int = 0, slurm: dict | None = None, child_env: dict | None = None,
+           spec: dict | None = None):
     bin_dir = tmp / "bin"
     bin_dir.mkdir()
+    # Each call also records whether the ranks' clean-up had finished when it came.
     (bin_dir / "scontrol").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp / 'scontrol-calls'}\n"
+                                      f"test -e {tmp / 'child-cleaned-up'} && echo cleaned >> {tmp / 'scontrol-when'}\n"
+                                      f"test -e {tmp / 'child-cleaned-up'} || echo running >> {tmp / 'scontrol-when'}\n"
                                       + (f"echo 'slurm_requeue error: Requested operation is presently disabled' >&2\n"
                                          f"exit {scontrol_exit}\n" if scontrol_exit else ""))
     (bin_dir / "scontrol").chmod(0o755)
+    (bin_dir / "scancel").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp / 'scancel-calls'}\n")
+    (bin_dir / "scancel").chmod(0o755)
     marker = tmp / "run" / "requeue" / f"checkpointed-77-{restart}"
-    _payload(tmp, requeue=policy, max_requeues=max_requeues, srun=(sys.executable, "-c", CHILD, str(tmp)))
+    _payload(tmp, slurm, spec, requeue=policy, max_requeues=max_requeues, srun=(sys.executable, "-c", CHILD, str(tmp)))
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "77",
            "SLURM_RESTART_COUNT": str(restart), "ORCH_REQUEUE_MARKER": str(marker),
-           "CHECKPOINT": "1" if checkpoint else "0"}
+           "CHECKPOINT": "1" if checkpoint else "0", **(child_env or {})}
     proc = subprocess.Popen([sys.executable, "-m", "orchestrator.slurm_job", str(tmp / "payload.json")], env=env,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.monotonic() + 30
     while not (tmp / "child-started").exists():
         assert time.monotonic() < deadline and proc.poll() is None, "the stand-in srun never started"
@@ -155,3 +169,85 @@ def test_the_agent_checks_the_auto_port_on_the_masters_node(tmp_path: Path, take
         assert port != derived and f"port {derived} is in use" in out.stderr, out.stderr
     else:
         assert port == derived, out.stderr
+
+
+def test_always_requeues_after_the_ranks_clean_up_not_during_it(tmp_path: Path) -> None:
+    """Under ``always`` the requeue (which ends every rank at once) waits for the ranks' clean-up
+    after the notice: a checkpoint being written is never cut in half."""
+    proc = _agent(tmp_path, "always", False, child_env={"CLEANUP_S": "3"})
+    proc.send_signal(signal.SIGUSR2)
+    _, err = proc.communicate(timeout=60)
+    assert _calls(tmp_path) == ["requeue 77"], err
+    assert (tmp_path / "scontrol-when").read_text().split() == ["cleaned"], err
+    assert proc.returncode == 0
+
+
+def test_always_requeues_ranks_that_never_end_before_the_margin_is_spent(tmp_path: Path) -> None:
+    """Ranks that ignore the notice are requeued when the margin is nearly spent (signal_margin_s
+    10: after 5 s), not left to the time limit, which would end the job TIMEOUT unrequeued."""
+    from orchestrator.slurm_job import requeue_deadline
+
+    proc = _agent(tmp_path, "always", False, slurm={"signal_margin_s": 10}, child_env={"STAY": "1"})
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGUSR2)
+    deadline = time.monotonic() + 30
+    while not _calls(tmp_path):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        time.sleep(0.05)
+    waited = time.monotonic() - t0
+    os.killpg(proc.pid, signal.SIGKILL)  # the stand-in scontrol does not end the job as SLURM's requeue would
+    _, err = proc.communicate(timeout=30)
+    assert 4.5 <= waited <= 8, (waited, err)
+    assert (tmp_path / "scontrol-when").read_text().split() == ["running"]
+    assert requeue_deadline(100.0, 120) == 100.0 + 105 and requeue_deadline(0.0, 10) == 5.0
+
+
+def test_the_notice_is_the_specs_signal(tmp_path: Path) -> None:
+    """slurm.signal: USR1 (Lightning's requeue signal): the agent takes USR1 as the notice,
+    forwards it to the ranks, and requeues on it; sbatch is asked for B:USR1@margin."""
+    from orchestrator.plan import plan
+    from orchestrator.spec import JobSpec
+
+    proc = _agent(tmp_path, "always", False, slurm={"signal": "USR1"}, child_env={"NOTICE": "SIGUSR1"})
+    proc.send_signal(signal.SIGUSR1)
+    _, err = proc.communicate(timeout=60)
+    assert (tmp_path / "child-got-SIGUSR1").exists(), err
+    assert _calls(tmp_path) == ["requeue 77"], err
+    launch = plan(JobSpec(name="lightning", entrypoint="jobs.train:main", executor="slurm",
+                          slurm={"signal": "USR1", "signal_margin_s": 90}))
+    assert "#SBATCH --signal=B:USR1@90" in launch.sbatch_script
+
+
+def _scancels(tmp: Path) -> list[str]:
+    path = tmp / "scancel-calls"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_orchestrator_cancel_gives_the_ranks_stop_grace_s_then_scancels(tmp_path: Path) -> None:
+    """`orchestrator cancel` leaves a request in the run folder (and signals the ranks' step): the
+    agent gives the ranks stop_grace_s, then scancels its own job (SLURM: CANCELLED); it never
+    requeues, even when the ranks checkpointed on that SIGTERM."""
+    from orchestrator import ownership
+
+    stuck = tmp_path / "stuck"
+    stuck.mkdir()
+    proc = _agent(stuck, "auto", False, child_env={"STAY": "1"}, spec={"stop_grace_s": 2})
+    ownership.request_cancel(stuck / "run", "orchestrator cancel")
+    t0 = time.monotonic()
+    while not _scancels(stuck):
+        assert time.monotonic() - t0 < 20 and proc.poll() is None
+        time.sleep(0.05)
+    waited = time.monotonic() - t0
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=30)
+    assert _scancels(stuck) == ["77"] and _calls(stuck) == []
+    assert 1.0 <= waited <= 6.0, waited  # stop_grace_s: 2 (below), after the agent's next look
+
+    done = tmp_path / "done"
+    done.mkdir()
+    proc = _agent(done, "auto", True)
+    ownership.request_cancel(done / "run", "orchestrator cancel")
+    proc.send_signal(signal.SIGUSR2)  # the ranks checkpoint and exit 0 at once (faster than a look)
+    _, err = proc.communicate(timeout=60)
+    assert _calls(done) == [] and _scancels(done) == ["77"], err
+    assert proc.returncode == 3 and "requeueing" not in err, err

@@ -250,6 +250,12 @@ class SlurmSpec(_Model):
         "once its ranks have ended or the margin is nearly spent (for a script that resumes from its own "
         "snapshot); 'never' lets the job end.",
     )
+    assume_shared_paths: bool = Field(
+        False,
+        description="Declare that runs_dir and checkpoint.dir are shared by the submitting host and every "
+        "node though their paths look node-local (/tmp, /var/tmp, /dev/shm ...): e.g. a cluster whose nodes "
+        "all run on one host.",
+    )
     python: str | None = Field(
         None, description="Python executable on the compute nodes (one path, quoted in the script; "
         "use setup for wrappers). Default: the interpreter that submits."
@@ -608,6 +614,7 @@ def cross_field_problems(spec: JobSpec) -> list[str]:
                         "use strategy ddp or grad_compression: none")
     if spec.executor == "slurm":
         problems += _file_init_problems(spec)
+        problems += _node_local_problems(spec)
     if spec.executor == "local":
         problems += _local_problems(spec)
     allow_exclusion = spec.resolved_backend == "nccl"
@@ -658,6 +665,23 @@ def _file_init_problems(spec: JobSpec) -> list[str]:
         f"but {v.shown(where)} is node-local; use a shared filesystem path, init_method tcp, or "
         "set distributed.rendezvous_dir_is_shared: true if it really is shared"
     ]
+
+
+def _node_local_problems(spec: JobSpec) -> list[str]:
+    """A SLURM job's run folder and checkpoints must be one folder for the submitting host and
+    every node, on every attempt: on a node-local path the nodes never find the payload (or each
+    finds only its own checkpoints after a requeue to other nodes), and status sees nothing."""
+    if spec.slurm.assume_shared_paths:
+        return []
+    fix = "use a shared filesystem path, or set slurm.assume_shared_paths: true if it really is shared"
+    problems = []
+    if v.is_node_local(spec.runs_dir):
+        problems.append(f"runs_dir: {v.shown(spec.runs_dir)} is node-local on a cluster, but the nodes read the job's "
+                        f"payload there and write its logs and checkpoints where `status` reads them; {fix}")
+    if spec.checkpoint.dir and v.is_node_local(spec.checkpoint.dir):
+        problems.append(f"checkpoint.dir: {v.shown(spec.checkpoint.dir)} is node-local: a requeued or multi-node job "
+                        f"resumes only where the same node wrote, and ranks on other nodes find nothing; {fix}")
+    return problems
 
 
 def _local_problems(spec: JobSpec) -> list[str]:

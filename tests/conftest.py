@@ -7,6 +7,23 @@ from pathlib import Path
 import pytest
 
 
+#: The tests' folders (tmp_path) live under the checkout, not /tmp: a SLURM spec refuses a
+#: node-local runs_dir (/tmp, /var/tmp ...), as it must on a real cluster.
+TEST_TMP = Path(__file__).resolve().parents[1] / ".pytest-tmp"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not config.option.basetemp:
+        TEST_TMP.mkdir(exist_ok=True)
+        config.option.basetemp = str(TEST_TMP / f"session-{os.getpid()}")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    base = Path(str(config.option.basetemp))
+    if base.parent == TEST_TMP:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 @pytest.fixture(autouse=True)
 def _private_registry(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test gets its own run registry, never the user's."""

@@ -12,7 +12,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_DIR = Path("/var/tmp/orch-test-cluster")
-RUNS_DIR = Path("/var/tmp/orch-test-runs")  # every namespace node sees the host's filesystem
+# Every namespace node sees the host's filesystem: a path outside the node-local prefixes
+# (/tmp, /var/tmp ...), which validate refuses for SLURM jobs, as on a real cluster.
+RUNS_DIR = Path("/srv/orch-test-runs")
 # The site profile (deploy/README.md): tasks bound to their CPUs, requeue only when asked for,
 # preemption, KillWait 30 s, each node's own name on 127.0.1.1; as real sites are, not kinder.
 UP_ARGS = ["up", "--nodes", "2", "--cpus", "4", "--gpus", "2", "--profile", "site", "--dir", str(CLUSTER_DIR)]

@@ -40,6 +40,9 @@ CATALOGUE: list[tuple[str, dict, str]] = [
     ("file-init-shm-runs-dir", {"nodes": 2, "executor": "slurm", "runs_dir": "/dev/shm/runs",
                                 "distributed": {"init_method": "file"}},
      "runs_dir: file:// init"),
+    ("slurm-runs-dir-tmp", {"executor": "slurm", "runs_dir": "/tmp/runs"}, "runs_dir: '/tmp/runs' is node-local"),
+    ("slurm-checkpoint-dir-node-local", {"executor": "slurm", "nodes": 2, "checkpoint": {"dir": "/var/tmp/ck"}},
+     "checkpoint.dir: '/var/tmp/ck' is node-local"),
     ("init-method-unknown", {"distributed": {"init_method": "mpi"}}, "distributed.init_method: got 'mpi'"),
     ("port-too-low", {"distributed": {"port": 80}}, "distributed.port: port 80 is out of range"),
     ("port-too-high", {"distributed": {"port": 70000}}, "distributed.port: port 70000 is out of range"),
@@ -185,3 +188,13 @@ def test_cli_process_exits_2_without_traceback(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "nccl needs GPUs" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_node_local_paths_declared_shared_are_accepted(tmp_path: Path) -> None:
+    """slurm.assume_shared_paths is the escape for a cluster whose nodes share /tmp (one host)."""
+    from orchestrator.loading import spec_from_dict
+
+    spec = spec_from_dict({"name": "shared", "entrypoint": "jobs.train:main", "executor": "slurm", "nodes": 2,
+                           "runs_dir": "/tmp/runs", "checkpoint": {"dir": "/dev/shm/ck"},
+                           "slurm": {"assume_shared_paths": True}})
+    assert spec.slurm.assume_shared_paths

@@ -225,7 +225,7 @@ printable_hostile = st.lists(st.one_of(st.sampled_from([p for p in PAYLOADS if p
 @st.composite
 def shell_hostile_valid_specs(draw: st.DrawFn) -> dict[str, Any]:
     """Specs that validate, with shell syntax in every field that accepts free text."""
-    spec: dict[str, Any] = {**BASE, "runs_dir": "/tmp/orch-hostile/" + draw(printable_hostile).replace("%", "")}
+    spec: dict[str, Any] = {**BASE, "runs_dir": "/srv/orch-hostile/" + draw(printable_hostile).replace("%", "")}
     spec["args"] = draw(st.dictionaries(st.from_regex(r"[a-z][a-z0-9_]{0,8}", fullmatch=True), printable_hostile,
                                         max_size=3))
     spec["extra_args"] = draw(st.lists(printable_hostile, max_size=3))

@@ -41,7 +41,7 @@ SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=os.environ
                                            HealthCheck.data_too_large])
 FEW = settings(SETTINGS, max_examples=max(10, EXAMPLES // 5))
 
-BASE: dict[str, Any] = {"name": "probe", "entrypoint": "jobs.train:main", "runs_dir": "/tmp/orch-hostile-api"}
+BASE: dict[str, Any] = {"name": "probe", "entrypoint": "jobs.train:main", "runs_dir": "/srv/orch-hostile-api"}
 TOP_FIELDS = ["name", "entrypoint", "args", "extra_args", "nodes", "gpus_per_node", "cpu_ranks_per_node", "strategy",
               "distributed", "checkpoint", "slurm", "local", "sweep", "env", "workdir", "watchdog", "executor",
               "runs_dir"]

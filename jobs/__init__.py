@@ -17,6 +17,9 @@ never imports submitit or the executors.
                 stop.checkpointed()                              # the job may be requeued
                 break
 
+``jobs.SeededDataset(train_set, seed)`` makes a dataset's random augmentations depend only on (seed,
+epoch, index), so a resume with DataLoader workers draws what an uninterrupted run did.
+
 ``import jobs`` stays cheap (no torch): each name is imported when first used.
 See jobs/examples/rank_api_example.py for a complete script.
 """
@@ -56,7 +59,8 @@ _ALIASES = {"process_group": "distributed"}
 
 __all__ = [
     "Checkpointer", "DistContext", "MetricsWriter", "Resumed", "ResumableDistributedSampler", "RuntimeConfig",
-    "SeededDataset", "StopFlag", "heartbeat", "mark_checkpointed_for_requeue", "process_group", "seed_everything", "wrap_model",
+    "SeededDataset", "StopFlag", "heartbeat", "mark_checkpointed_for_requeue", "process_group", "seed_everything",
+    "wrap_model",
 ]
 
 

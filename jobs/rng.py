@@ -1,5 +1,6 @@
 """Seeding, and the RNG state a checkpoint carries so that a resumed run draws what an
-uninterrupted one would have drawn (shuffles, dropout, augmentation)."""
+uninterrupted one would have drawn (shuffles, dropout, augmentation); ``SeededDataset`` for the
+draws made in DataLoader workers, whose state no checkpoint holds."""
 
 from __future__ import annotations
 

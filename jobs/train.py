@@ -30,7 +30,9 @@ from jobs.sampling import shard_indices
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="jobs.train", description=__doc__)
-    p.add_argument("--dataset", default="digits", choices=["digits", "digits-aug", "fake", "cifar10", "stl10", "imagefolder"])
+    p.add_argument("--dataset", default="digits",
+                   choices=["digits", "digits-aug", "fake", "cifar10", "stl10", "imagefolder"],
+                   help="digits-aug: digits with a random augmentation per sample (tests of exact resume)")
     p.add_argument("--data-dir", default=None)
     p.add_argument("--download", action="store_true", help="allow torchvision to download the dataset")
     p.add_argument("--no-verify", action="store_true",
@@ -113,7 +115,8 @@ def train(ctx: DistContext, args: argparse.Namespace, stop: StopFlag) -> dict[st
 
     accuracy = float("nan")
     stopped = None
-    with jobs.MetricsWriter(ctx.config.run_dir, ctx.rank) as metrics:
+    # The records of steps after the checkpoint that an earlier attempt wrote were rolled back.
+    with jobs.MetricsWriter(ctx.config.run_dir, ctx.rank, start_step=step, start_epoch=epoch) as metrics:
         while epoch < args.epochs and stopped is None:
             sampler.set_epoch(epoch)  # a new shuffle every epoch, the same on every rank
             if isinstance(train_set, jobs.SeededDataset):

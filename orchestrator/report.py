@@ -20,9 +20,54 @@ FIELDS = {"train": ("step", "loss"), "eval": ("epoch", "step", "accuracy", "loss
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
-    """Every plottable record of ``<run>/metrics/rank-*.jsonl``. A line cut short by a crash, or a
-    record without its numbers, is skipped; a file that cannot be read at all (not a file, not
-    UTF-8 text, no permission) raises OrchestratorError naming it."""
+    """The plottable records of ``<run>/metrics/rank-*.jsonl`` that describe the run as it stands:
+    after resumes, one record per step, as the latest attempt trained it (``current_records``).
+    A line cut short by a crash, or a record without its numbers, is skipped; a file that cannot be
+    read at all (not a file, not UTF-8 text, no permission) raises OrchestratorError naming it."""
+    return [record for records in _read_files(run_dir) for record in current_records(records)]
+
+
+def current_records(records: list[Any]) -> list[dict]:
+    """One rank's file, in the order written, less what later attempts superseded.
+
+    ``jobs.MetricsWriter`` appends across attempts (never rewrites, see jobs/metrics.py), and at
+    the start of an attempt writes a ``start`` record: the step it trains on from (and the epoch).
+    Earlier records of later steps were rolled back (the attempt that wrote them was killed past
+    its last checkpoint), and are dropped; so are earlier records without a step (``throughput``)
+    of that epoch or later ones, which the new attempt measures again. Then each step (``train``)
+    or epoch (``eval``; ``throughput`` per rank) keeps the record written last. Plottable records
+    only, each where its kept record was written."""
+    kept: list[dict] = []
+    for record in records:
+        if isinstance(record, dict) and record.get("kind") == "start" and _number(record.get("step")):
+            kept = [r for r in kept if not _rolled_back(r, record)]
+        elif _plottable(record):
+            kept.append(record)
+    last = {_key(r): i for i, r in enumerate(kept)}
+    return [r for i, r in enumerate(kept) if last[_key(r)] == i]
+
+
+def _rolled_back(record: dict, start: dict) -> bool:
+    if _number(record.get("step")):
+        return record["step"] > start["step"]
+    return _number(start.get("epoch")) and record["epoch"] >= start["epoch"]
+
+
+def _key(record: dict) -> tuple:
+    kind = record["kind"]
+    if kind == "train":
+        return kind, record["step"]
+    if kind == "throughput":
+        return kind, record["rank"], record["epoch"]
+    return kind, record["epoch"]
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _read_files(run_dir: Path) -> list[list[Any]]:
+    """The records of each metrics file, as parsed (lines that are not JSON skipped)."""
     out = []
     for path in RunFolder(run_dir).metrics_files():
         try:
@@ -40,21 +85,20 @@ def read_metrics(run_dir: Path) -> list[dict]:
             what = "is a directory, not a metrics file" if path.is_dir() else f"cannot be read ({exc.strerror})"
             raise OrchestratorError(f"{path} {what}; fix or move it out of {path.parent} and run the report "
                                     "again") from None
+        records = []
         for line in text.splitlines():
             try:
-                record = json.loads(line)
+                records.append(json.loads(line))
             except (json.JSONDecodeError, RecursionError):
                 continue  # a line cut short by a crash
-            if _plottable(record):
-                out.append(record)
+        out.append(records)
     return out
 
 
 def _plottable(record: Any) -> bool:
     if not isinstance(record, dict) or not isinstance(record.get("kind"), str) or record["kind"] not in FIELDS:
         return False
-    values = [record.get(name) for name in FIELDS[record["kind"]]]
-    return all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values)
+    return all(_number(record.get(name)) for name in FIELDS[record["kind"]])
 
 
 def write_report(ref: str) -> str:
@@ -73,12 +117,11 @@ def write_report(ref: str) -> str:
         raise OrchestratorError(f"the report needs matplotlib, which cannot be imported here ({why}): "
                                 "pip install matplotlib") from None
 
-    train = [m for m in metrics if m["kind"] == "train"]
-    evals = [m for m in metrics if m["kind"] == "eval"]
+    train = sorted((m for m in metrics if m["kind"] == "train"), key=lambda m: m["step"])
+    evals = sorted((m for m in metrics if m["kind"] == "eval"), key=lambda m: m["epoch"])
     thr: dict[int, list[dict]] = defaultdict(list)
-    for m in metrics:
-        if m["kind"] == "throughput":
-            thr[m["rank"]].append(m)
+    for m in sorted((m for m in metrics if m["kind"] == "throughput"), key=lambda m: m["epoch"]):
+        thr[m["rank"]].append(m)
     out_dir = folder.report
     try:
         out_dir.mkdir(exist_ok=True)

@@ -3,7 +3,8 @@
     <run>/record.json  plan.json  payload.json  result.json  spec.yaml  supervisor.log  end.json
     <run>/lock  lease.json  requests/cancel   the live attempt's lock, its lease, a cancel request
     <run>/logs/rank-N.log          local ranks' output (SLURM: <run>/slurm/<job>_<task>_log.out)
-    <run>/errors/rank-N.json       a failing rank's traceback, full and trimmed
+    <run>/errors/rank-N.json       a failing rank's traceback, full and trimmed (this attempt's)
+    <run>/attempts/K/              attempt K's failure record once another attempt started: errors/, end.json
     <run>/progress/rank-N.json     the rank API's heartbeat (orchestrator.progress)
     <run>/ranks/rank-N.json        who the rank is (host, pid, start time), for identity-checked signals
     <run>/joined/rank-N[.calling]  the rank returned from (entered) init_process_group
@@ -203,10 +204,49 @@ class RunFolder:
     def attempt_files(self) -> list[Path]:
         return [self.ranks, self.root / "joined", self.stacks / "live", self.end]
 
+    @property
+    def attempts(self) -> Path:
+        """Earlier attempts' failure records, one folder per attempt (``keep_failures``)."""
+        return self.root / "attempts"
+
+    def keep_failures(self) -> Path | None:
+        """Move the previous attempt's failure record (errors/, end.json) to attempts/K/, K being
+        the attempt its ranks recorded: what status shows is this attempt's alone, and every
+        attempt's failures stay readable. None when there was nothing to keep."""
+        import json
+        import os
+
+        errors = sorted(self.errors.glob("rank-*.json")) if self.errors.is_dir() else []
+        if not errors and not self.end.is_file():
+            return None
+        label = "earlier"
+        for path in errors:
+            try:
+                attempt = json.loads(path.read_text(encoding="utf-8")).get("attempt")
+            except (OSError, ValueError, AttributeError):
+                continue
+            if isinstance(attempt, int) and not isinstance(attempt, bool):
+                label = str(attempt)
+                break
+        target, n = self.attempts / label, 1
+        while target.exists():
+            target, n = self.attempts / f"{label}.{n}", n + 1
+        target.mkdir(parents=True, exist_ok=True)
+        try:
+            if errors:
+                os.replace(self.errors, target / "errors")
+            if self.end.is_file():
+                os.replace(self.end, target / "end.json")
+        except OSError:
+            return None  # a concurrent start moved it first, or the folder is read-only: forgotten below
+        return target
+
     def forget_attempt(self) -> None:
-        """Remove the previous attempt's ranks, joins, live dumps and verdict (before a new one)."""
+        """Keep the previous attempt's failures (``keep_failures``), then remove its ranks, joins,
+        live dumps and verdict (before a new one)."""
         import shutil
 
+        self.keep_failures()
         for path in self.attempt_files():
             if path.is_dir():
                 shutil.rmtree(path, ignore_errors=True)

@@ -32,12 +32,14 @@ from __future__ import annotations
 
 import enum
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from typing import TYPE_CHECKING, Mapping
+from typing import IO, TYPE_CHECKING, Mapping
 
 from orchestrator.payload import Payload
 from orchestrator.run_folder import RunFolder
@@ -93,6 +95,18 @@ MOVES: dict[Phase, frozenset[Phase]] = {
 }
 
 
+#: How srun names a task that a signal ended (its ``strsignal``); an exit code is not one.
+_SRUN_TASK_ENDED = re.compile(r"srun: error: (\S+): tasks? (\d+)(?:[-,][\d,-]*)?: (.+?)\s*$")
+
+
+def srun_signal_death(line: str) -> tuple[str, int, str] | None:
+    """(host, first task, description) from srun's line about tasks a signal ended, else None."""
+    m = _SRUN_TASK_ENDED.search(line)
+    if not m or m.group(3).startswith("Exited with exit code"):
+        return None
+    return m.group(1), int(m.group(2)), m.group(3)
+
+
 def exit_code(phase: Phase, srun_code: int, stopped_early: bool) -> int | None:
     """The agent's exit code, which SLURM turns into the job's state; None: the job stopped early
     and was not requeued, which the agent reports as unfinished (``UNFINISHED_EXIT``)."""
@@ -131,6 +145,8 @@ class JobAgent:
         run = RunFolder(top.root.parent.parent) if top.root.parent.name == "points" else top
         self.cancel_request = run.cancel_request
         self.cancel_at: float | None = None  # monotonic time `orchestrator cancel` asked (its request file)
+        self.first_end: str | None = None  # srun's line about the first task that ended badly
+        self.killed: tuple[str, int, str] | None = None  # that task, if a signal ended it: host, rank, what
 
     def _on_signal(self, signum: int, frame: object) -> None:
         name = signal.Signals(signum).name
@@ -165,7 +181,11 @@ class JobAgent:
         # The job's variables reach srun, which starts every rank with them: those read when an
         # interpreter starts (PYTHONPATH, PYTHONHASHSEED, LD_PRELOAD...) take effect, as they would
         # exported in a hand-written batch script. The agent itself keeps its own environment.
-        self.srun = subprocess.Popen(srun_argv, env={**self.environ, **self.payload.env})
+        # srun's own messages (not the ranks' output, which goes to their logs) pass through the
+        # agent, which reads which task a signal ended ("srun: error: node2: task 3: Killed").
+        self.srun = subprocess.Popen(srun_argv, env={**self.environ, **self.payload.env}, stderr=subprocess.PIPE)
+        relay = threading.Thread(target=self._relay_srun_messages, args=(self.srun.stderr,), daemon=True)
+        relay.start()
         # Requeue while the job is still running, as soon as the evidence is there (SLURM then
         # ends the ranks that are still exiting); checked once more after srun, since every rank
         # may have ended before the loop looked.
@@ -194,7 +214,10 @@ class JobAgent:
                     self._enter(Phase.ENDING)
                     self._end_ranks()
             time.sleep(POLL_S)
+        relay.join(timeout=5)
         self._requeue_if_due(ranks_ended=True)
+        if code != 0 and self.phase is Phase.RUNNING and not self._stopping():
+            self._name_killed_rank()
         if self.cancel_at is not None:
             return self._end_cancelled("the ranks ended") if self.cancel_at != float("inf") else UNFINISHED_EXIT
         if code == 0 and self.phase is not Phase.ENDING:
@@ -260,6 +283,38 @@ class JobAgent:
         self._say(message)
         forensics.write_end(self.run_dir, reason="not_requeued", error=message)
         return UNFINISHED_EXIT
+
+    def _relay_srun_messages(self, stream: IO[bytes] | None) -> None:
+        if stream is None:
+            return
+        out = getattr(sys.stderr, "buffer", None)
+        for line in stream:
+            try:
+                if out is not None:
+                    out.write(line)
+                    out.flush()
+            except (OSError, ValueError):
+                pass  # the batch log is gone: keep draining, or srun would block
+            text = line.decode(errors="replace")
+            if self.first_end is None and _SRUN_TASK_ENDED.search(text):
+                # Only the first task to end is the suspect: srun kills the rest after it.
+                self.first_end = text
+                self.killed = srun_signal_death(text)
+
+    def _name_killed_rank(self) -> None:
+        """A rank ended by a signal leaves no traceback, and its peers then fail for want of it:
+        name it (from srun's message) as the job's failure, unless it recorded an error itself."""
+        if self.killed is None:
+            return
+        host, rank, what = self.killed
+        if RunFolder.of(self.run_dir).error(rank).exists():
+            return
+        from orchestrator import forensics
+
+        message = (f"rank {rank} on {host} was killed by a signal ({what}), with no traceback: the kernel's OOM "
+                   "killer, a segfault in native code, or someone's kill; its peers failed after it")
+        self._say(message)
+        forensics.write_end(self.run_dir, reason="rank_killed", failed_rank=rank, error=message)
 
     def _stopping(self) -> bool:
         """Cancelled: by scancel (SIGTERM to this shell) or by ``orchestrator cancel`` (its request)."""

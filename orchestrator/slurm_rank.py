@@ -40,6 +40,30 @@ def keep_running_on_time_limit_notice(rank: int, notice: signal.Signals = signal
     signal.signal(notice, said)
 
 
+def failed_before_entrypoint(payload: Payload, rank: int, attempt: int, exc: BaseException) -> int:
+    """A rank that cannot even start its entrypoint is recorded as any failing rank is (its rank,
+    the reason, in ``<run>/errors/rank-N.json`` for status), and says so in one line, not a bare
+    traceback."""
+    import socket
+    import time
+    import traceback
+
+    from orchestrator.failures import FAILED_MARK, message_of
+    from orchestrator.records import write_json_atomic
+    from orchestrator.run_folder import RunFolder
+
+    message = f"{message_of(exc)} (on {socket.gethostname()}, before the entrypoint started)"
+    try:
+        write_json_atomic(RunFolder.of(payload.run_dir).error(rank), {
+            "rank": rank, "time": time.time(), "attempt": attempt, "type": type(exc).__name__, "message": message,
+            "traceback": traceback.format_exc(), "user_traceback": f"{type(exc).__name__}: {message}\n"})
+    except OSError:
+        pass  # the line below still says it
+    sys.stderr.write(f"{FAILED_MARK.format(rank=rank)}{type(exc).__name__}: {message}\n")
+    sys.stderr.flush()
+    return 1
+
+
 def main(args: list[str]) -> int:
     """Build this task's rank environment from SLURM's variables, then run the rank."""
     if not args:
@@ -48,7 +72,10 @@ def main(args: list[str]) -> int:
     task = SlurmTask.from_environ(os.environ)
     job = task.job
     payload = Payload.load(job.payload_path(args[0], point_base(args)))
-    rank = rank_env_from_slurm(task, payload, master_port(args))
+    try:
+        rank = rank_env_from_slurm(task, payload, master_port(args))
+    except Exception as exc:  # before the entrypoint (a named interface missing on this node...)
+        return failed_before_entrypoint(payload, task.procid, job.restart, exc)
     os.environ.update(rank_environment(rank, payload, job.restart, job.requeue_marker(payload.run_dir),
                                        installed_torch_version(payload.env)))
     malloc.apply()  # the job's heap settings, for this process too (its children get them at start)

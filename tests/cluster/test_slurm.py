@@ -171,6 +171,9 @@ def test_killed_rank_fails_the_job_fast(cluster: dict[str, str]) -> None:
         record = ex.refresh([RunRecord.load(record.run_dir)])[0]
     assert record.state == "FAILED"
     assert time.monotonic() - t0 < 10
+    # named, though it left no traceback and its peers failed after it with their own
+    assert record.failed_rank == 3 and "rank 3 on node2 was killed by a signal (Killed)" in (record.error or ""), \
+        record.error
     assert no_job_processes()
 
 

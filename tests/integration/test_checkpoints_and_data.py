@@ -148,3 +148,68 @@ def test_imagefolder_loader_on_images_written_here(tmp_path: Path) -> None:
     x, y = train[0]
     assert tuple(x.shape) == (3, 16, 16) and y in (0, 1)
     assert data.num_classes("imagefolder", train) == 2
+
+
+def _augmented(workers: int, start: int = 0, persistent: bool = False, context: str | None = None,
+               seeded: bool = True) -> dict[int, torch.Tensor]:
+    """Epochs 0 and 1 of 96 augmented digits in a fixed order, from ``start`` on, as a DataLoader
+    with ``workers`` produces them."""
+    from torch.utils.data import DataLoader
+
+    from jobs import data
+    from jobs.rng import SeededDataset
+
+    base = data.AugmentedDigits(data.digits(True))
+    dataset = SeededDataset(base, seed=7) if seeded else base
+    loader = DataLoader(dataset, batch_size=8, sampler=list(range(96))[start:], num_workers=workers,
+                        persistent_workers=persistent, multiprocessing_context=context)
+    out = {}
+    for epoch in (0, 1):
+        if seeded:
+            dataset.set_epoch(epoch)
+        torch.manual_seed(epoch)  # the workers' seeds differ epoch by epoch, as in jobs.train
+        out[epoch] = torch.cat([x for x, _ in loader])
+    return out
+
+
+def test_seeded_augmentations_are_the_same_in_any_worker_after_any_resume() -> None:
+    """What a resume mid-epoch with DataLoader workers does: the workers restart and the skipped
+    samples shift every later one to another worker, at another place in its random stream."""
+    whole = _augmented(workers=0)
+    assert not torch.equal(whole[0], whole[1]), "every epoch draws new augmentations"
+    for workers, start, persistent, context in [(2, 0, False, None), (2, 24, False, None), (2, 24, True, None),
+                                                (1, 8, True, "spawn")]:
+        # persistent: the workers are not re-created each epoch, and still see set_epoch
+        got = _augmented(workers, start, persistent, context)
+        for epoch in (0, 1):
+            assert torch.equal(got[epoch], whole[epoch][start:]), (workers, start, persistent, context, epoch)
+    # Unseeded, the same resume draws other augmentations: the bug the wrapper fixes.
+    plain = _augmented(workers=2, seeded=False), _augmented(workers=2, start=24, seeded=False)
+    assert not torch.equal(plain[0][0][24:], plain[1][0])
+
+
+def test_seeded_dataset_in_the_training_process_leaves_its_streams_to_it() -> None:
+    import random
+
+    from jobs import data
+    from jobs.rng import SeededDataset
+
+    dataset = SeededDataset(data.AugmentedDigits(data.digits(True)), seed=7)
+    torch.manual_seed(1)
+    random.seed(1)
+    np.random.seed(1)
+    first = dataset[5][0]
+    after = torch.rand(3), random.random(), np.random.rand()
+    torch.manual_seed(1)
+    random.seed(1)
+    np.random.seed(1)
+    assert not torch.equal(dataset[6][0], first)  # another sample, other draws ...
+    assert torch.equal(torch.rand(3), after[0]), "torch's generator is left as it was found"
+    assert (random.random(), np.random.rand()) == after[1:], "Python's and NumPy's move on, whatever the sample"
+    assert torch.equal(dataset[5][0], dataset[5][0])
+    torch.manual_seed(1)
+    assert torch.equal(torch.rand(3), after[0])
+    dataset.set_epoch(1)
+    assert not torch.equal(dataset[5][0], first)
+    with pytest.raises(ValueError, match="unknown generator.*cuda.*name some of torch, random, numpy"):
+        SeededDataset(dataset, generators=("torch", "cuda"))

@@ -251,3 +251,23 @@ def test_orchestrator_cancel_gives_the_ranks_stop_grace_s_then_scancels(tmp_path
     _, err = proc.communicate(timeout=60)
     assert _calls(done) == [] and _scancels(done) == ["77"], err
     assert proc.returncode == 3 and "requeueing" not in err, err
+
+
+def test_a_rank_that_fails_before_its_entrypoint_is_recorded_with_its_rank_and_reason(tmp_path: Path) -> None:
+    """A named interface missing on the node fails the rank before the user's code: one line and
+    <run>/errors/rank-N.json (rank, reason, node), which status reports like any rank's failure."""
+    import json
+    import socket
+
+    from orchestrator.executors.base import first_error
+
+    _payload(tmp_path, requeue="auto", max_requeues=0, spec={"distributed": {"interface": "nosuchif9"}})
+    env = {**os.environ, "SLURM_JOB_ID": "78", "SLURM_PROCID": "1", "SLURM_LOCALID": "1", "SLURM_NODEID": "0",
+           "SLURM_NTASKS": "2", "SLURM_NNODES": "1", "SLURM_JOB_NODELIST": socket.gethostname()}
+    out = subprocess.run([sys.executable, "-m", "orchestrator.slurm_rank", str(tmp_path / "payload.json")],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert "rank 1 failed: RuntimeError: interface nosuchif9 does not exist" in out.stderr
+    err = first_error(tmp_path / "run")
+    assert err is not None and err["rank"] == 1 and "before the entrypoint" in err["message"], err
+    assert json.loads((tmp_path / "run" / "errors" / "rank-1.json").read_text())["attempt"] == 0

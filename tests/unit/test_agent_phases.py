@@ -54,3 +54,13 @@ def test_exit_code(phase: Phase, code: int, early: bool) -> None:
         assert result == code
     assert result != 0 or phase is Phase.REQUEUED or (code == 0 and not early)
     assert UNFINISHED_EXIT != 0
+
+
+def test_srun_names_the_task_a_signal_ended() -> None:
+    from orchestrator.slurm_job import srun_signal_death
+
+    assert srun_signal_death("srun: error: orch-node2: task 3: Killed\n") == ("orch-node2", 3, "Killed")
+    assert srun_signal_death("srun: error: n1: tasks 4,6: Segmentation fault (core dumped)") == \
+        ("n1", 4, "Segmentation fault (core dumped)")
+    assert srun_signal_death("srun: error: n1: tasks 0-1: Exited with exit code 1") is None
+    assert srun_signal_death("srun: Job step aborted: Waiting up to 32 seconds for job step to finish.") is None

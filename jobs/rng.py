@@ -73,30 +73,30 @@ def _splitmix64(z: int) -> int:
 class SeededDataset(Dataset):
     """A dataset whose random draws for a sample depend only on (seed, epoch, sample index).
 
-    Use it for a training set whose ``__getitem__`` draws random numbers (random augmentations),
-    with DataLoader workers (``num_workers > 0``), when a resumed run must draw what an
-    uninterrupted one would have drawn. A worker's generators are seeded once per epoch and then
-    run on, so what a sample draws depends on which worker produced it and on how many samples
-    that worker produced before; a resume mid-epoch skips samples and restarts the workers, so it
-    draws different augmentations, and the checkpoint cannot hold the workers' states. Wrapped,
-    each ``__getitem__`` first seeds the generators from (seed, epoch, index), so the draws are the
-    same whatever the worker, the number of workers (0 included), the world size, or the resume.
-    Not needed for a dataset that draws nothing; nor with ``num_workers=0`` alone, where the
-    checkpoint's RNG state already makes a resume exact.
+    When to use it: your training set's ``__getitem__`` draws random numbers (random
+    augmentations), you load it with DataLoader workers (``num_workers > 0``), and a resumed run
+    must draw what an uninterrupted one would have drawn. A worker's generators are seeded once
+    per epoch and then run on, so a sample's draws depend on which worker reads it and on how many
+    samples that worker read before; a resume mid-epoch restarts the workers on fewer samples, so
+    it draws other augmentations, and no checkpoint holds a worker's generators. Wrapped, each
+    ``__getitem__`` first seeds the generators from (seed, epoch, index): the same draws whatever
+    the worker, the number of workers (0 included), the world size or the resume. Not needed for a
+    dataset that draws nothing, nor without workers, where the checkpoint's RNG state already
+    makes a resume exact.
 
     Call ``set_epoch(epoch)`` every epoch before iterating, as for DistributedSampler (else every
     epoch draws the same augmentations). The epoch lives in shared memory, so workers see it
-    whether they are re-created every epoch or kept (``persistent_workers=True``), forked or spawned.
+    whether they are made anew every epoch or kept (``persistent_workers``), forked or spawned.
 
     ``generators`` names the global generators to seed: torch's CPU generator, Python's ``random``
-    and NumPy's legacy global one (``np.random.*``); naming only those your transforms use saves
-    a few microseconds a sample (seeding all three costs about 10 us). Not covered: draws outside
-    ``__getitem__`` (``collate_fn``, ``worker_init_fn``), from ``torch.Generator`` or
-    ``np.random.default_rng`` objects of your own, and CUDA's generators. The same index drawn twice
-    in one epoch (DistributedSampler's padding) gets the same draws. In the training process
-    (``num_workers=0``) torch's generator is left exactly as it was found, and Python's and NumPy's
-    are reseeded from one draw of their own (saving and restoring NumPy's state costs 100 us), so
-    the training loop's own streams never depend on the samples.
+    and NumPy's legacy global one (``np.random.*``). A worker pays about 10 us a sample for all
+    three, 3 us for torch's alone: name only those your transforms draw from. Not covered: draws
+    outside ``__getitem__`` (``collate_fn``, ``worker_init_fn``), from generator objects of your own
+    (``torch.Generator``, ``np.random.default_rng``), and CUDA's. An index read twice in one epoch
+    (DistributedSampler's padding) draws the same twice. In the training process (no workers)
+    torch's generator is left as it was found, and Python's and NumPy's are reseeded from one draw
+    of their own (restoring NumPy's state would cost 100 us), so the training loop's own streams
+    never depend on the samples; that costs about 30 us a sample.
     """
 
     def __init__(self, dataset: Dataset, seed: int = 0, generators: Sequence[str] = GENERATORS) -> None:

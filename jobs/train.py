@@ -91,9 +91,12 @@ def train(ctx: DistContext, args: argparse.Namespace, stop: StopFlag) -> dict[st
     train_set, test_set = (data.build(args.dataset, split, args.data_dir, args.download, not args.no_verify,
                                       args.image_size, args.fake_size) for split in (True, False))
     model = models.build(args.model, data.in_channels(args.dataset), data.num_classes(args.dataset, train_set))
-    drawn = data.drawn_generators(args.dataset)  # what its random augmentations draw from (most: nothing)
-    if drawn:  # each sample's draws from (seed, epoch, index) alone, whichever DataLoader worker reads it:
-        train_set = jobs.SeededDataset(train_set, args.seed, generators=drawn)  # exact resume with --workers
+    # Random augmentations drawn in DataLoader workers: each sample's draws from (seed, epoch, index)
+    # alone, whichever worker reads it, so a resume draws what an uninterrupted run did. Without
+    # workers they come from this process's generators, which the checkpoint holds: nothing to do.
+    drawn = data.drawn_generators(args.dataset)  # most datasets draw nothing
+    if drawn and args.workers > 0:
+        train_set = jobs.SeededDataset(train_set, args.seed, generators=drawn)
     model = jobs.wrap_model(model, ctx, first_device_batch=args.first_gpu_batch)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
     sampler = jobs.ResumableDistributedSampler(train_set, num_replicas=ctx.world_size, rank=ctx.rank,

@@ -78,8 +78,9 @@ class Phase(enum.Enum):
              │               └─> NOT_REQUEUED   no requeue left, or scontrol refused
              └─> ENDING                          the watchdog ended the ranks (init deadline, stall)
 
-    A cancel (SIGTERM) is a fact the agent received, not a phase: from RUNNING it only rules out
-    a requeue and a watchdog verdict."""
+    A cancel (SIGTERM from scancel, or ``orchestrator cancel``'s request) is a fact the agent
+    received, not a phase: from RUNNING it only rules out a requeue and a watchdog verdict. A
+    SIGTERM that is a preemption (``preempted``) is a notice instead, like the time limit's."""
 
     RUNNING = "running"
     REQUEUEING = "requeueing"
@@ -105,6 +106,20 @@ def srun_signal_death(line: str) -> tuple[str, int, str] | None:
     if not m or m.group(3).startswith("Exited with exit code"):
         return None
     return m.group(1), int(m.group(2)), m.group(3)
+
+
+def scontrol_job(job_id: str) -> dict[str, str]:
+    """``scontrol show job -o`` as key=value pairs ({} when the controller does not answer in time)."""
+    try:
+        out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=15)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    return dict(part.split("=", 1) for part in out.stdout.split() if "=" in part) if out.returncode == 0 else {}
+
+
+def preempted(job: Mapping[str, str]) -> bool:
+    """Whether the controller is preempting (or has preempted) the job."""
+    return job.get("JobState") == "PREEMPTED" or job.get("PreemptTime", "None") not in ("None", "Unknown", "")
 
 
 def exit_code(phase: Phase, srun_code: int, stopped_early: bool) -> int | None:
@@ -145,12 +160,16 @@ class JobAgent:
         run = RunFolder(top.root.parent.parent) if top.root.parent.name == "points" else top
         self.cancel_request = run.cancel_request
         self.cancel_at: float | None = None  # monotonic time `orchestrator cancel` asked (its request file)
+        self.preempted: bool | None = None  # whether the SIGTERM that came is a preemption (asked once)
+        self.term_at: float | None = None  # monotonic time SIGTERM first came
         self.first_end: str | None = None  # srun's line about the first task that ended badly
         self.killed: tuple[str, int, str] | None = None  # that task, if a signal ended it: host, rank, what
 
     def _on_signal(self, signum: int, frame: object) -> None:
         name = signal.Signals(signum).name
         self.received.append(name)
+        if signum == signal.SIGTERM and self.term_at is None:
+            self.term_at = time.monotonic()  # a cancel or a preemption: _term_is_preemption tells
         if signum == self.notice:
             if self.notice_at is None:
                 self.notice_at = time.monotonic()
@@ -228,7 +247,8 @@ class JobAgent:
             if warning:
                 forensics.write_end(self.run_dir, reason="did_nothing", warning=warning)
         if self.policy == "auto" and self.phase is Phase.RUNNING and self.notice_at is not None:
-            self._say(f"{self.notice.name} arrived but the ranks did not checkpoint through the rank API, so the job is "
+            what = "the preemption's SIGTERM" if self.preempted else self.notice.name
+            self._say(f"{what} arrived but the ranks did not checkpoint through the rank API, so the job is "
                       "not requeued (slurm.requeue: auto); a script that resumes from its own snapshot "
                       "wants slurm.requeue: always")
         result = exit_code(self.phase, code, code == 0 and self._stopped_early())
@@ -317,8 +337,24 @@ class JobAgent:
         forensics.write_end(self.run_dir, reason="rank_killed", failed_rank=rank, error=message)
 
     def _stopping(self) -> bool:
-        """Cancelled: by scancel (SIGTERM to this shell) or by ``orchestrator cancel`` (its request)."""
-        return "SIGTERM" in self.received or self.cancel_at is not None
+        """Cancelled: by scancel (SIGTERM to this shell, not a preemption) or by ``orchestrator
+        cancel`` (its request)."""
+        return ("SIGTERM" in self.received and not self._term_is_preemption()) or self.cancel_at is not None
+
+    def _term_is_preemption(self) -> bool:
+        """SIGTERM to this shell is a scancel, the time limit, or a preemption (SLURM's GraceTime:
+        SIGTERM first, then the job is requeued or cancelled). Asked once, of the controller: a
+        preempted job has a PreemptTime (or is PREEMPTED already). A preempted job is handled as
+        at the time-limit notice: requeued by slurm.requeue, never counted as a cancel. (SLURM
+        22.05 signals only the job's steps on preemption, not this shell: then the ranks' end
+        under ``always`` is when it is asked.)"""
+        if self.preempted is None:
+            self.preempted = preempted(scontrol_job(self.job_id))
+            if self.preempted:
+                self.notice_at = self.notice_at or self.term_at or time.monotonic()
+                self._say(f"job {self.job_id} is being preempted (SIGTERM, then SLURM's GraceTime): the ranks got "
+                          f"SIGTERM; slurm.requeue: {self.policy} decides the requeue")
+        return self.preempted
 
     def _end_cancelled(self, why: str) -> int:
         """``orchestrator cancel`` asked, and the ranks ended (or their grace ran out): scancel this
@@ -339,6 +375,8 @@ class JobAgent:
     def _requeue_if_due(self, ranks_ended: bool) -> None:
         if self.phase is not Phase.RUNNING or self._stopping():  # scancel / orchestrator cancel: never
             return
+        if ranks_ended and self.policy == "always" and self.notice_at is None:
+            self._term_is_preemption()  # did the ranks end because the job is being preempted?
         due = (self.policy == "always" and self.notice_at is not None) or \
             (self.policy == "auto" and os.path.exists(self.marker))
         if due and os.path.lexists(self.cancel_request):  # the ranks checkpointed on a cancel's SIGTERM

@@ -63,7 +63,8 @@ def main(argv: Sequence[str] = ()) -> dict[str, Any]:
         step, loss_value = (resumed.step, resumed.extra["loss"]) if resumed else (0, float("nan"))
         if resumed and ctx.is_main:
             print(f"resumed from {resumed.path} at step {step}", flush=True)
-        with jobs.MetricsWriter() as metrics:  # <run>/metrics/rank-N.jsonl, for `orchestrator report`
+        # <run>/metrics/rank-N.jsonl, for `orchestrator report`; start_step: after a resume each step shows once
+        with jobs.MetricsWriter(start_step=step) as metrics:
             for epoch in range(step // steps_per_epoch, args.epochs):
                 sampler.set_epoch(epoch)
                 sampler.set_start(step % steps_per_epoch * args.batch_size)  # mid-epoch after a resume

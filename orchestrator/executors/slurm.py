@@ -299,7 +299,7 @@ class SlurmExecutor:
             if not hard and (time.monotonic() >= hard_at or not _running(bases)):
                 _scancel(*bases)
                 hard = True
-            time.sleep(0.25)
+            time.sleep(0.5)  # two scheduler queries a look: gentle on a busy controller
         return self.refresh([RunRecord.load(record.run_dir)])[0]
 
     def log_path(self, record: RunRecord, rank: int, point: int | None = None) -> Path:

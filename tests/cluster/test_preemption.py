@@ -2,7 +2,8 @@
 the nodes of a running rank-API job of 'debug' (PreemptMode=REQUEUE, GraceTime). SLURM sends the
 ranks SIGTERM, as it does at sites; they checkpoint together, the job is requeued (it asked for
 --requeue: the site has JobRequeue=0), and the next attempt resumes from that checkpoint and
-completes."""
+completes. With PreemptMode=CANCEL (SLURM would end the job), the job's agent tells the
+preemption's SIGTERM from a scancel and requeues the job itself (slurm.requeue: auto)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import json
 import subprocess
 import time
 from pathlib import Path
+
+import pytest
 
 from orchestrator.executors.slurm import SlurmExecutor
 
@@ -24,8 +27,22 @@ def _step(run_dir: str) -> int:
         return 0
 
 
-def test_a_real_preemption_requeues_a_rank_api_job_which_resumes_and_completes(cluster: dict[str, str]) -> None:
-    launch = slurm_plan(cluster, name="preempted", entrypoint=EXAMPLE, args={**ARGS, "step-delay": 0.5},
+@pytest.fixture
+def preempt_mode(request: pytest.FixtureRequest):
+    """debug's PreemptMode for one test, put back to the profile's REQUEUE after it."""
+    mode = request.param
+    subprocess.run(["scontrol", "update", "PartitionName=debug", f"PreemptMode={mode}"], check=True)
+    try:
+        yield mode
+    finally:
+        subprocess.run(["scontrol", "update", "PartitionName=debug", "PreemptMode=REQUEUE"], check=True)
+
+
+@pytest.mark.parametrize("preempt_mode", ["REQUEUE", "CANCEL"], indirect=True)
+def test_a_real_preemption_requeues_a_rank_api_job_which_resumes_and_completes(cluster: dict[str, str],
+                                                                               preempt_mode: str) -> None:
+    launch = slurm_plan(cluster, name=f"preempted-{preempt_mode.lower()}", entrypoint=EXAMPLE,
+                        args={**ARGS, "step-delay": 0.5},
                         checkpoint={"interval_steps": 10},
                         slurm={"time": "00:10:00", "partition": "debug", "requeue": "auto", "max_requeues": 3})
     assert "#SBATCH --requeue" in launch.sbatch_script  # JobRequeue=0: without it SLURM would cancel it
@@ -47,5 +64,9 @@ def test_a_real_preemption_requeues_a_rank_api_job_which_resumes_and_completes(c
     states = subprocess.run(["sacct", "-D", "-X", "-n", "-P", "-j", job, "-o", "State"], capture_output=True,
                             text=True).stdout.split()
     assert "PREEMPTED" in states or "REQUEUED" in states, states  # the first attempt, as accounting saw it
+    if preempt_mode == "CANCEL":  # SLURM alone would have ended it: the agent requeued it
+        agent_log = "\n".join(p.read_text(errors="replace") for p in (Path(launch.run_dir) / "slurm").rglob("*")
+                              if p.is_file())
+        assert "requeueing" in agent_log, agent_log[-3000:]
     subprocess.run(["scancel", high.stdout.strip().split(";")[0]], capture_output=True)
     assert no_job_processes()

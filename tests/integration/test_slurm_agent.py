@@ -33,7 +33,7 @@ def on_usr2(signum, frame):
     open(os.path.join(out, "child-cleaned-up"), "w").close()
     sys.exit(0 if os.environ.get("CHECKPOINT") == "1" else 1)
 signal.signal(getattr(signal, os.environ.get("NOTICE", "SIGUSR2")), on_usr2)
-open(os.path.join(out, "child-started"), "w").close()
+open(os.path.join(out, "child-started"), "w").write(str(os.getpid()))
 time.sleep(60)
 """
 
@@ -51,11 +51,12 @@ def _payload(tmp: Path, slurm: dict | None = None, spec: dict | None = None, **f
 
 def _agent(tmp: Path, policy: str, checkpoint: bool, restart: int = 0, max_requeues: int = 2,
            scontrol_exit: int = 0, slurm: dict | None = None, child_env: dict | None = None,
-           spec: dict | None = None):
+           spec: dict | None = None, job_info: str = ""):
     bin_dir = tmp / "bin"
     bin_dir.mkdir()
     # Each call also records whether the ranks' clean-up had finished when it came.
     (bin_dir / "scontrol").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp / 'scontrol-calls'}\n"
+                                      f"test \"$1\" = show && echo '{job_info}' && exit 0\n"
                                       f"test -e {tmp / 'child-cleaned-up'} && echo cleaned >> {tmp / 'scontrol-when'}\n"
                                       f"test -e {tmp / 'child-cleaned-up'} || echo running >> {tmp / 'scontrol-when'}\n"
                                       + (f"echo 'slurm_requeue error: Requested operation is presently disabled' >&2\n"
@@ -78,8 +79,9 @@ def _agent(tmp: Path, policy: str, checkpoint: bool, restart: int = 0, max_reque
 
 
 def _calls(tmp: Path) -> list[str]:
+    """The requeues asked of the stand-in scontrol (``show job`` questions left out)."""
     path = tmp / "scontrol-calls"
-    return path.read_text().splitlines() if path.exists() else []
+    return [c for c in path.read_text().splitlines() if not c.startswith("show ")] if path.exists() else []
 
 
 @pytest.mark.parametrize("policy,checkpoint,requeued", [
@@ -271,3 +273,28 @@ def test_a_rank_that_fails_before_its_entrypoint_is_recorded_with_its_rank_and_r
     err = first_error(tmp_path / "run")
     assert err is not None and err["rank"] == 1 and "before the entrypoint" in err["message"], err
     assert json.loads((tmp_path / "run" / "errors" / "rank-1.json").read_text())["attempt"] == 0
+
+
+@pytest.mark.parametrize("preempting", [True, False])
+def test_a_preemptions_sigterm_requeues_and_a_scancels_does_not(tmp_path: Path, preempting: bool) -> None:
+    """SIGTERM reaches the batch shell and the ranks alike, from a preemption (GraceTime) or a
+    scancel; the controller tells them apart (PreemptTime). The ranks checkpoint on it either way:
+    a preemption is requeued under auto, a cancel never."""
+    info = "JobId=77 JobState=RUNNING PreemptTime=2026-11-24T18:00:00" if preempting else \
+        "JobId=77 JobState=CANCELLED PreemptTime=None"
+    proc = _agent(tmp_path, "auto", True, child_env={"NOTICE": "SIGTERM"}, job_info=info)
+    os.killpg(proc.pid, signal.SIGTERM)  # SLURM signals the batch step and the ranks' step
+    _, err = proc.communicate(timeout=60)
+    assert _calls(tmp_path) == (["requeue 77"] if preempting else []), err
+    assert ("is being preempted" in err) == preempting, err
+
+
+def test_always_requeues_ranks_that_ended_because_the_job_is_preempted(tmp_path: Path) -> None:
+    """SLURM 22.05 signals only the ranks' step on preemption: the agent gets no signal, the
+    ranks of a snapshotting script exit 0, and under ``always`` the agent asks the controller
+    whether that was a preemption (PreemptTime) before it lets the job end."""
+    info = "JobId=77 JobState=RUNNING PreemptTime=2026-11-24T18:00:00"
+    proc = _agent(tmp_path, "always", False, child_env={"NOTICE": "SIGTERM"}, job_info=info)
+    os.kill(int((tmp_path / "child-started").read_text()), signal.SIGTERM)  # the ranks' step only
+    _, err = proc.communicate(timeout=60)
+    assert _calls(tmp_path) == ["requeue 77"], err

@@ -64,3 +64,12 @@ def test_srun_names_the_task_a_signal_ended() -> None:
         ("n1", 4, "Segmentation fault (core dumped)")
     assert srun_signal_death("srun: error: n1: tasks 0-1: Exited with exit code 1") is None
     assert srun_signal_death("srun: Job step aborted: Waiting up to 32 seconds for job step to finish.") is None
+
+
+def test_a_sigterm_is_a_preemption_when_the_controller_says_so() -> None:
+    from orchestrator.slurm_job import preempted
+
+    assert preempted({"JobState": "RUNNING", "PreemptTime": "2026-11-24T18:01:02"})
+    assert preempted({"JobState": "PREEMPTED", "PreemptTime": "None"})
+    assert not preempted({"JobState": "CANCELLED", "PreemptTime": "None"})  # scancel
+    assert not preempted({"JobState": "TIMEOUT"}) and not preempted({})  # the time limit; no answer

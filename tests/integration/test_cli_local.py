@@ -60,15 +60,15 @@ def test_run_refuses_slurm_specs(tmp_path: Path) -> None:
     assert out.returncode == 2 and "orchestrator submit" in out.stderr
 
 
-def test_cancel_from_the_cli_stops_every_rank_with_a_checkpoint(tmp_path: Path) -> None:
-    """orchestrator cancel RUN: exit 0, says CANCELLED, the ranks checkpoint together and are gone,
-    and status agrees."""
+def _train_detached(tmp_path: Path, name: str, step_delay: float, stop_check_every: int,
+                    steps: int) -> tuple[str, Path]:
+    """jobs.train on 2 local ranks, started with run --detach; returns once rank 0 logged ``steps``."""
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump({
-        "name": "cancel", "entrypoint": "jobs.train:main", "nodes": 1, "cpu_ranks_per_node": 2,
+        "name": name, "entrypoint": "jobs.train:main", "nodes": 1, "cpu_ranks_per_node": 2,
         "runs_dir": str(tmp_path / "runs"),
-        "args": {"dataset": "digits", "epochs": 50, "batch-size": 16, "log-every": 1, "step-delay": 0.05,
-                 "stop-check-every": 1},
+        "args": {"dataset": "digits", "epochs": 50, "batch-size": 16, "log-every": 1, "step-delay": step_delay,
+                 "stop-check-every": stop_check_every},
     }))
     started = orch("run", str(spec), "--detach")
     assert started.returncode == 0, started.stderr
@@ -77,9 +77,20 @@ def test_cancel_from_the_cli_stops_every_rank_with_a_checkpoint(tmp_path: Path) 
     metrics = run_dir / "metrics" / "rank-0.jsonl"
     deadline = time.monotonic() + 120
     try:
-        while not (metrics.exists() and metrics.read_text().count('"train"') >= 3):
+        while not (metrics.exists() and metrics.read_text().count('"train"') >= steps):
             assert time.monotonic() < deadline, "training never started"
-            time.sleep(0.2)
+            time.sleep(0.1)
+    except BaseException:
+        orch("cancel", run_id, timeout=90)
+        raise
+    return run_id, run_dir
+
+
+def test_cancel_from_the_cli_stops_every_rank_with_a_checkpoint(tmp_path: Path) -> None:
+    """orchestrator cancel RUN: exit 0, says CANCELLED, the ranks checkpoint together and are gone,
+    and status agrees."""
+    run_id, run_dir = _train_detached(tmp_path, "cancel", step_delay=0.05, stop_check_every=1, steps=3)
+    try:
         t0 = time.monotonic()
         cancelled = orch("cancel", run_id, timeout=60)
         assert cancelled.returncode == 0, cancelled.stderr
@@ -104,23 +115,9 @@ def test_cancel_waits_stop_grace_s_for_slow_steps_to_checkpoint(tmp_path: Path) 
     """A job whose next stop check is ~9 s away when cancelled (1 s steps, a check every 10) still
     checkpoints: the ranks get stop_grace_s (default 30 s, SLURM's KillWait), not a fixed few
     seconds, before SIGKILL."""
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(yaml.safe_dump({
-        "name": "slow", "entrypoint": "jobs.train:main", "nodes": 1, "cpu_ranks_per_node": 2,
-        "runs_dir": str(tmp_path / "runs"),
-        "args": {"dataset": "digits", "epochs": 50, "batch-size": 16, "log-every": 1, "step-delay": 1.0,
-                 "stop-check-every": 10},
-    }))
-    started = orch("run", str(spec), "--detach")
-    assert started.returncode == 0, started.stderr
-    run_id = started.stdout.split()[1]
-    run_dir = tmp_path / "runs" / run_id
-    metrics = run_dir / "metrics" / "rank-0.jsonl"
-    deadline = time.monotonic() + 120
+    # just past the stop check at step 10
+    run_id, run_dir = _train_detached(tmp_path, "slow", step_delay=1.0, stop_check_every=10, steps=11)
     try:
-        while not (metrics.exists() and metrics.read_text().count('"train"') >= 11):  # just past the check at 10
-            assert time.monotonic() < deadline, "training never started"
-            time.sleep(0.1)
         t0 = time.monotonic()
         cancelled = orch("cancel", run_id, timeout=90)
         took = time.monotonic() - t0

@@ -16,8 +16,11 @@ about requeue by ``slurm.requeue``:
 Requeues are bounded by ``slurm.max_requeues``; ``scontrol requeue`` is retried within a bound. A
 stop that no requeue follows (``never``, no requeues left, scontrol refused) is not a completed
 job: when the ranks ended because they were told to stop, the agent exits non-zero (FAILED, never
-COMPLETED) and records why in end.json. scancel (``orchestrator cancel``) signals the
-ranks directly, as under plain srun, and never leads to a requeue. Being outside the job step,
+COMPLETED) and records why in end.json. scancel signals the ranks directly, as under plain
+srun, and never leads to a requeue; ``orchestrator cancel`` leaves a request in the run folder
+and signals the ranks' step only, and the agent scancels the job once the ranks ended or
+``stop_grace_s`` ran out. A SIGTERM the controller says is a preemption is a notice, not a
+cancel (``_term_is_preemption``). Being outside the job step,
 the agent is not killed by ``--kill-on-bad-exit`` and decides once per attempt, in one place;
 the decision never depends on what the entrypoint returns.
 

@@ -76,10 +76,10 @@ def rotate_folder(folder: Path) -> None:
         folder.rename(old)
 
 
-#: What SLURM's tools print when they find no configuration, no slurmdbd, or no controller.
 #: How long past stop_grace_s a cancel waits for the job's agent to end the job itself before it
 #: scancels the job plainly (the agent looks once a second; srun and scancel take a moment).
 AGENT_ACT_S = 15.0
+#: What SLURM's tools print when they find no configuration, no slurmdbd, or no controller.
 _NO_CONFIG = ("Could not establish a configuration source", "DNS SRV lookup failed", "fetch_config",
               "Unable to process configuration file")
 #: sbatch's answers that do not say which field the cluster cannot satisfy.

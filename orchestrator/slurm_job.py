@@ -237,6 +237,8 @@ class JobAgent:
                     self._end_ranks()
             time.sleep(POLL_S)
         relay.join(timeout=5)
+        if self.cancel_at is None and os.path.lexists(self.cancel_request):
+            self.cancel_at = time.monotonic()  # the ranks ended on the cancel's SIGTERM before a look saw it
         self._requeue_if_due(ranks_ended=True)
         if code != 0 and self.phase is Phase.RUNNING and not self._stopping():
             self._name_killed_rank()

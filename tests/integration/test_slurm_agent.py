@@ -298,3 +298,17 @@ def test_always_requeues_ranks_that_ended_because_the_job_is_preempted(tmp_path:
     os.kill(int((tmp_path / "child-started").read_text()), signal.SIGTERM)  # the ranks' step only
     _, err = proc.communicate(timeout=60)
     assert _calls(tmp_path) == ["requeue 77"], err
+
+
+def test_ranks_that_end_on_the_cancels_sigterm_before_the_agent_looks_end_cancelled(tmp_path: Path) -> None:
+    """`orchestrator cancel`'s SIGTERM ends a script with no handler at once, before the agent's
+    next look at the request: the job is still a cancel (scancel, CANCELLED), not a failure
+    blamed on a rank "killed by a signal", and not a completion."""
+    from orchestrator import ownership
+
+    proc = _agent(tmp_path, "auto", False, child_env={"NOTICE": "SIGTERM"})
+    ownership.request_cancel(tmp_path / "run", "orchestrator cancel")
+    os.kill(int((tmp_path / "child-started").read_text()), signal.SIGTERM)  # scancel --signal=TERM
+    _, err = proc.communicate(timeout=60)
+    assert _scancels(tmp_path) == ["77"] and _calls(tmp_path) == [], err
+    assert proc.returncode == 3 and "killed by a signal" not in err, err

@@ -7,14 +7,25 @@ from pathlib import Path
 import pytest
 
 
-#: The tests' folders (tmp_path) live under the checkout, not /tmp: a SLURM spec refuses a
-#: node-local runs_dir (/tmp, /var/tmp ...), as it must on a real cluster.
-TEST_TMP = Path(__file__).resolve().parents[1] / ".pytest-tmp"
+def _test_tmp() -> Path:
+    """Where the tests' folders (tmp_path) live: never under /tmp, /var/tmp ..., since a SLURM spec
+    refuses a node-local runs_dir, as it must on a real cluster. Under the checkout, unless the
+    checkout itself is on such a path (a clone in /tmp): then in the user's cache folder."""
+    from orchestrator.validators import is_node_local
+
+    checkout = Path(__file__).resolve().parents[1]
+    if not is_node_local(str(checkout)):
+        return checkout / ".pytest-tmp"
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "ddp-orchestrator-tests"
+
+
+TEST_TMP = _test_tmp()
 
 
 def pytest_configure(config: pytest.Config) -> None:
     if not config.option.basetemp:
-        TEST_TMP.mkdir(exist_ok=True)
+        TEST_TMP.mkdir(parents=True, exist_ok=True)
         config.option.basetemp = str(TEST_TMP / f"session-{os.getpid()}")
 
 

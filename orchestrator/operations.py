@@ -20,6 +20,7 @@ from orchestrator.api import Run
 from orchestrator.errors import OrchestratorError, RunNotFoundError
 from orchestrator.fs_checks import errno_text, kind, read_file, shown
 from orchestrator.records import RunRecord, registered_runs
+from orchestrator.recovery import History, describe
 from orchestrator.run_folder import RunFolder
 from orchestrator.stacks import wait_lines
 from orchestrator.states import State
@@ -85,6 +86,8 @@ def status(refs: list[str], as_json: bool = False) -> int:
                 print(f"    {line}")
         if rec.warning:
             print(f"    warning: {rec.warning}")
+        for line in describe(History.load(rec.run_dir)):
+            print(f"    {line}")
         if rec.point_states:
             print_grid(rec, rec.point_states)
     return 0

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
 #: Bumped whenever a field is added, removed or changes meaning.
-PAYLOAD_VERSION = 3
+PAYLOAD_VERSION = 4
 
 
 class Defaults:
@@ -53,6 +53,18 @@ class WatchdogSettings:
 
 
 @dataclass(frozen=True)
+class RecoverySettings:
+    """The spec's ``recovery`` section (``orchestrator.recovery`` decides with it)."""
+
+    max_restarts: int
+    on: tuple[str, ...]  # crash, node_failure, hang, unhealthy
+    exclude_failed_nodes: bool
+    health_check: bool
+    node_check: Optional[tuple[str, ...]]
+    stop_without_progress: int
+
+
+@dataclass(frozen=True)
 class Payload:
     """Every fact a rank, the local supervisor and the SLURM agent take from the spec, resolved."""
 
@@ -83,6 +95,7 @@ class Payload:
     workdir: str
     source_dir: str
     watchdog: WatchdogSettings
+    recovery: RecoverySettings
     python: str  # the interpreter the ranks run
     srun: Optional[tuple[str, ...]] = None  # SLURM: what the job's agent runs
     rank_log: Optional[str] = None  # SLURM: srun's --output pattern (%j %A %a %t)
@@ -132,6 +145,10 @@ class Payload:
             values["srun"] = None if values.get("srun") is None else tuple(values["srun"])
             values["checkpoint"] = CheckpointSettings(**values["checkpoint"])
             values["watchdog"] = WatchdogSettings(**values["watchdog"])
+            rec = dict(values["recovery"])
+            rec["on"] = tuple(rec["on"])
+            rec["node_check"] = None if rec.get("node_check") is None else tuple(rec["node_check"])
+            values["recovery"] = RecoverySettings(**rec)
             values["env"] = dict(values["env"])
         except (TypeError, KeyError) as exc:
             raise PayloadError(f"{where} has a malformed field ({exc}): plan and submit the job again") from None

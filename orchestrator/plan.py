@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from orchestrator.interpreter import module_argv
 from orchestrator.malloc import MALLOC_DEFAULTS
-from orchestrator.payload import PAYLOAD_VERSION, CheckpointSettings, Payload, WatchdogSettings
+from orchestrator.payload import PAYLOAD_VERSION, CheckpointSettings, Payload, RecoverySettings, WatchdogSettings
 from orchestrator.rank_env import (
     RankEnv,
     installed_torch_version,
@@ -262,7 +262,7 @@ def job_environment(spec: JobSpec, run_dir: str, backend: str, threads: int,
 
 def _payload(spec: JobSpec, run_dir: str, layout: _Layout, env: dict[str, str], python: str,
              srun: list[str] | None, rank_log: str | None) -> Payload:
-    d, c = spec.distributed, spec.checkpoint
+    d, c, r = spec.distributed, spec.checkpoint, spec.recovery
     entry = spec.entrypoint if ":" in spec.entrypoint and not spec.entrypoint.endswith(".py") else os.path.abspath(spec.entrypoint)
     folder = RunFolder.of(run_dir)
     return Payload(
@@ -295,6 +295,9 @@ def _payload(spec: JobSpec, run_dir: str, layout: _Layout, env: dict[str, str], 
         workdir=os.path.abspath(spec.workdir) if spec.workdir else os.getcwd(),
         source_dir=os.getcwd(),
         watchdog=WatchdogSettings(stall_s=spec.watchdog.stall_s, stacks_on_failure=spec.watchdog.stacks_on_failure),
+        recovery=RecoverySettings(max_restarts=r.max_restarts, on=tuple(r.on), exclude_failed_nodes=r.exclude_failed_nodes,
+                                  health_check=r.health_check, node_check=tuple(r.node_check) if r.node_check else None,
+                                  stop_without_progress=r.stop_without_progress),
         python=python,
         srun=tuple(srun) if srun else None,
         rank_log=rank_log,
@@ -399,10 +402,14 @@ def submitit_parameters(spec: JobSpec, n_points: int = 0) -> dict[str, Any]:
     # through srun, and so knows it came.
     params["additional_parameters"] = {**params.get("additional_parameters", {}),
                                        "signal": f"B:{s.signal}@{s.signal_margin_s}"}
-    if s.max_requeues == 0:  # SLURM requeues batch jobs on node failure by default (JobRequeue=1)
+    restarts = spec.recovery.max_restarts > 0  # recovery requeues the job after a failure
+    if s.max_requeues == 0 and not restarts:  # SLURM requeues batch jobs on node failure by default (JobRequeue=1)
         params["additional_parameters"] = {**params.get("additional_parameters", {}), "no-requeue": True}
-    elif s.requeue != "never":  # sites with JobRequeue=0 refuse scontrol requeue unless the job asked
+    elif s.requeue != "never" or restarts:  # sites with JobRequeue=0 refuse scontrol requeue unless the job asked
         params["additional_parameters"] = {**params.get("additional_parameters", {}), "requeue": True}
+    if restarts and "node_failure" in spec.recovery.on:
+        # A lost node ends the ranks' step, not the job: its agent requeues it without that node.
+        params["additional_parameters"] = {**params.get("additional_parameters", {}), "no-kill": True}
     for option in ("nodelist", "exclude"):
         if getattr(s, option):
             params["additional_parameters"] = {**params.get("additional_parameters", {}), option: getattr(s, option)}

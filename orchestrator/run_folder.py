@@ -211,7 +211,7 @@ class RunFolder:
 
     def keep_failures(self) -> Path | None:
         """Move the previous attempt's failure record (errors/, end.json) to attempts/K/, K being
-        the attempt its ranks recorded: what status shows is this attempt's alone, and every
+        the attempt its ranks recorded, counted from 1 as status and recovery.json count: what status shows is this attempt's alone, and every
         attempt's failures stay readable. None when there was nothing to keep."""
         import json
         import os
@@ -226,7 +226,7 @@ class RunFolder:
             except (OSError, ValueError, AttributeError):
                 continue
             if isinstance(attempt, int) and not isinstance(attempt, bool):
-                label = str(attempt)
+                label = str(attempt + 1)  # the ranks count from 0 (ORCH_ATTEMPT); status from 1
                 break
         target, n = self.attempts / label, 1
         while target.exists():

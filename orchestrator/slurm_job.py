@@ -45,6 +45,7 @@ import time
 from typing import IO, TYPE_CHECKING, Mapping
 
 from orchestrator.payload import Payload
+from orchestrator.recovery import HARDWARE_SIGNALS, Attempt, Failure, History, decide
 from orchestrator.run_folder import RunFolder
 from orchestrator.slurm_task import SlurmJob, point_base
 
@@ -62,6 +63,13 @@ SCONTROL_BACKOFF_S = (1.0, 2.0, 4.0, 8.0)
 SCONTROL_RETRY_S = 30.0
 #: The agent's exit code for a job that stopped early and was not requeued (SLURM: FAILED).
 UNFINISHED_EXIT = 3
+#: The health gate's srun: the token wait (health.TOKEN_WAIT_S) and node_check (NODE_CHECK_TIMEOUT_S)
+#: fit in it, and a node where the task cannot start is reported as not reporting.
+HEALTH_SRUN_TIMEOUT_S = 150.0
+#: srun's line about a node the step lost ("srun: error: Node failure on node2").
+_NODE_FAILURE = re.compile(r"Node failure on (\S+)")
+#: Node states (sinfo %t) that say a node is gone: down, drained or failing, not responding (*).
+_NODE_GONE = re.compile(r"^(down|drain|drng|fail|failg|maint|boot|powered|pow_dn|npc)|\*$")
 #: Under ``always``, the requeue waits for the ranks' clean-up at most until this much of the
 #: margin is left (scontrol and the controller need a moment before the time limit ends the job).
 REQUEUE_RESERVE_S = 15.0
@@ -78,8 +86,9 @@ class Phase(enum.Enum):
     decision (``JobAgent._enter`` refuses any other move):
 
     RUNNING ─┬─> REQUEUEING ─┬─> REQUEUED       scontrol accepted; the next attempt is SLURM's
-             │               └─> NOT_REQUEUED   no requeue left, or scontrol refused
-             └─> ENDING                          the watchdog ended the ranks (init deadline, stall)
+             │        ^      └─> NOT_REQUEUED   no requeue left, or scontrol refused
+             └─> ENDING ┘                        the watchdog ended the ranks (init deadline, stall);
+                                                 recovery may restart the job from there (a hang)
 
     A cancel (SIGTERM from scancel, or ``orchestrator cancel``'s request) is a fact the agent
     received, not a phase: from RUNNING it only rules out a requeue and a watchdog verdict. A
@@ -95,7 +104,7 @@ class Phase(enum.Enum):
 MOVES: dict[Phase, frozenset[Phase]] = {
     Phase.RUNNING: frozenset({Phase.REQUEUEING, Phase.ENDING}),
     Phase.REQUEUEING: frozenset({Phase.REQUEUED, Phase.NOT_REQUEUED}),
-    Phase.REQUEUED: frozenset(), Phase.NOT_REQUEUED: frozenset(), Phase.ENDING: frozenset(),
+    Phase.REQUEUED: frozenset(), Phase.NOT_REQUEUED: frozenset(), Phase.ENDING: frozenset({Phase.REQUEUEING}),
 }
 
 
@@ -167,6 +176,11 @@ class JobAgent:
         self.term_at: float | None = None  # monotonic time SIGTERM first came
         self.first_end: str | None = None  # srun's line about the first task that ended badly
         self.killed: tuple[str, int, str] | None = None  # that task, if a signal ended it: host, rank, what
+        self.lost_nodes: set[str] = set()  # nodes srun said the step lost ("Node failure on ...")
+        self.history = History.load(payload.run_dir)  # every attempt of this run (orchestrator.recovery)
+        self.attempt: Attempt | None = None
+        self.failure: Failure | None = None  # what ended this attempt, for recovery.decide
+        self.action = ""  # what this attempt led to: requeue (time limit), restart (a failure), stop
 
     def _on_signal(self, signum: int, frame: object) -> None:
         name = signal.Signals(signum).name
@@ -186,12 +200,65 @@ class JobAgent:
         """A notice with no requeue to follow (slurm.requeue: never, or no requeues left) is the
         time limit ending the job: save where the ranks are first. ``auto`` may still requeue."""
         limit = self.payload.max_requeues
-        return self.stacks_on_failure and (self.policy == "never" or self.restart >= limit)
+        return self.stacks_on_failure and (self.policy == "never" or self.history.requeues() >= limit)
 
     def run(self, srun_argv: list[str]) -> int:
+        """One attempt, recorded in <run>/recovery.json however it ends."""
         for sig in (self.notice, signal.SIGTERM):
             signal.signal(sig, self._on_signal)
         RunFolder.of(self.run_dir).forget_attempt()
+        self._begin_attempt()
+        code: int | None = None
+        try:
+            code = self._run(srun_argv)
+            return code
+        finally:
+            self._end_attempt(code)
+
+    def _begin_attempt(self) -> None:
+        """Record this attempt's start, and the previous one's end if its agent never recorded it:
+        then it died with the job, which SLURM ended for a lost node (NODE_FAIL, and requeued it,
+        as --requeue asks) or killed outright."""
+        earlier = self.history.attempts[-1] if self.history.attempts else None
+        if earlier is not None and earlier.ended is None:
+            gone = sorted(set(earlier.nodes) & self._nodes_gone(earlier.nodes))
+            why = (f"the attempt ended without its agent: node(s) {', '.join(gone)} failed" if gone else
+                   "the attempt ended without its agent (its node failed, or the job was killed)")
+            self._say(f"attempt {earlier.number}: {why}; SLURM requeued the job")
+            self.history.finish(earlier, "node_failure", why, action="restart", blamed=gone)
+        number = earlier.number + 1 if earlier is not None else 1
+        self.attempt = self.history.begin(number, self.slurm.hosts, self.payload.checkpoint.dir)
+
+    def _end_attempt(self, code: int | None) -> None:
+        if self.attempt is None or self.attempt.ended is not None:
+            return
+        if self.cancel_at is not None or ("SIGTERM" in self.received and self.preempted is False):
+            outcome = "cancelled"
+        elif self.failure is not None and self.action in ("restart", "stop"):
+            outcome = self.failure.kind
+        elif self.phase is Phase.REQUEUED:
+            outcome = "requeued"
+        elif code == 0:
+            outcome = "completed"
+        elif self.failure is not None:
+            outcome = self.failure.kind
+        elif code == UNFINISHED_EXIT:
+            outcome = "not_requeued"
+        else:
+            outcome = "failed"
+        why = self.failure.why if self.failure is not None else self.not_requeued
+        try:
+            self.history.finish(self.attempt, outcome, why, action=self.action, progress=self.attempt.progress,
+                                blamed=self.failure.blamed if self.failure else ())
+        except OSError as exc:
+            self._say(f"could not record the attempt in {self.history.path}: {exc}")
+
+    def _run(self, srun_argv: list[str]) -> int:
+        if self.payload.recovery.health_check and self.world > 0:
+            unhealthy = self._health_gate()
+            if unhealthy is not None:
+                self.failure = unhealthy
+                return self._recover(1)
         port = self._master_port()
         if port is False:
             return 1
@@ -242,6 +309,10 @@ class JobAgent:
         self._requeue_if_due(ranks_ended=True)
         if code != 0 and self.phase is Phase.RUNNING and not self._stopping():
             self._name_killed_rank()
+        if (code != 0 or self.phase is Phase.ENDING) and self.phase in (Phase.RUNNING, Phase.ENDING) \
+                and self.cancel_at is None and self.notice_at is None and not self._stopping():
+            self.failure = self._classify()
+            return self._recover(code)
         if self.cancel_at is not None:
             return self._end_cancelled("the ranks ended") if self.cancel_at != float("inf") else UNFINISHED_EXIT
         if code == 0 and self.phase is not Phase.ENDING:
@@ -321,6 +392,9 @@ class JobAgent:
             except (OSError, ValueError):
                 pass  # the batch log is gone: keep draining, or srun would block
             text = line.decode(errors="replace")
+            lost = _NODE_FAILURE.search(text)
+            if lost:
+                self.lost_nodes.add(lost.group(1))
             if self.first_end is None and _SRUN_TASK_ENDED.search(text):
                 # Only the first task to end is the suspect: srun kills the rest after it.
                 self.first_end = text
@@ -403,14 +477,23 @@ class JobAgent:
         return self.payload.requeue
 
     def _requeue(self, why: str) -> None:
+        """A requeue for the time limit or a preemption (slurm.requeue), bounded by slurm.max_requeues
+        (recovery's restarts are counted apart)."""
         self._enter(Phase.REQUEUEING)
-        limit = self.payload.max_requeues
-        if self.restart >= limit:
-            self.not_requeued = f"no requeues left ({self.restart} of {limit} used; slurm.max_requeues)"
+        limit, used = self.payload.max_requeues, self.history.requeues()
+        if used >= limit:
+            self.not_requeued = f"no requeues left ({used} of {limit} used; slurm.max_requeues)"
             self._say(f"{why}; {self.not_requeued}")
             self._enter(Phase.NOT_REQUEUED)
             return
-        self._say(f"{why}: requeueing {self.job_id} (restart {self.restart + 1} of {limit})")
+        self._say(f"{why}: requeueing {self.job_id} (requeue {used + 1} of {limit})")
+        self.action = "requeue"
+        self._scontrol_requeue()
+
+    def _scontrol_requeue(self, exclude: list[str] | None = None) -> None:
+        """``scontrol requeue``, retried within a bound; then, for a restart, the job's excluded
+        nodes (ExcNodeList can only change while the job pends, which it does from the requeue
+        until this agent has ended: the job is COMPLETING until then, so it cannot start yet)."""
         problem = ""
         deadline = time.monotonic() + SCONTROL_RETRY_S
         for delay in SCONTROL_BACKOFF_S:  # a busy or restarting controller answers a moment later
@@ -422,6 +505,8 @@ class JobAgent:
             else:
                 if out.returncode == 0:
                     self._enter(Phase.REQUEUED)
+                    if exclude:
+                        self._exclude(exclude)
                     return
                 problem = out.stderr.strip() or f"exit code {out.returncode}"
             self._say(f"scontrol requeue {self.job_id} failed: {problem}")
@@ -430,6 +515,168 @@ class JobAgent:
             time.sleep(delay)
         self.not_requeued = f"scontrol requeue failed: {problem}"
         self._enter(Phase.NOT_REQUEUED)
+
+    # -- recovery: the health gate, what a failure is blamed on, restart or stop ------------------
+    def _health_gate(self) -> Failure | None:
+        """``orchestrator.health`` on every node (one srun task each) before any rank starts; the
+        nodes that fail it, or never report, are the failure (unhealthy), blamed on them."""
+        import json
+        import shutil
+
+        from orchestrator import health
+
+        assert self.attempt is not None
+        number, hosts = self.attempt.number, self.slurm.hosts or [socket.gethostname()]
+        shutil.rmtree(health.health_dir(self.run_dir, number), ignore_errors=True)  # a resubmission's leftovers
+        p = self.payload
+        gpus = p.ranks_per_node if p.backend == "nccl" and p.strategy == "ddp" else 0
+        argv = ["srun", f"--nodes={len(hosts)}", f"--ntasks={len(hosts)}", "--ntasks-per-node=1",
+                "--kill-on-bad-exit=0", "--cpus-per-task=1", p.python, "-m", "orchestrator.health",
+                "--run-dir", self.run_dir, "--checkpoint-dir", p.checkpoint.dir, "--attempt", str(number),
+                "--nodes", ",".join(hosts), "--gpus", str(gpus)]
+        if p.interface:
+            argv += ["--interface", p.interface]
+        if p.recovery.node_check:
+            argv += ["--node-check-json", json.dumps(list(p.recovery.node_check))]
+        started = time.monotonic()
+        try:
+            subprocess.run(argv, env={**self.environ, **p.env}, stdin=subprocess.DEVNULL, timeout=HEALTH_SRUN_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            self._say(f"health gate: srun did not finish ({exc})")
+        bad = health.unhealthy(health.read_results(self.run_dir, number, hosts))
+        self.attempt.health = bad
+        if not bad:
+            self._say(f"health gate: {len(hosts)} node(s) healthy in {time.monotonic() - started:.1f}s")
+            return None
+        why = "; ".join(f"{node}: {problem}" for node, problem in sorted(bad.items()))
+        self._say(f"health gate: {why}")
+        from orchestrator import forensics
+
+        forensics.write_end(self.run_dir, reason="unhealthy", error=f"the health gate failed: {why}",
+                            unhealthy=bad)
+        return Failure("unhealthy", f"the health gate failed: {why}", tuple(sorted(bad)))
+
+    def _nodes_gone(self, nodes: list[str]) -> set[str]:
+        """Which of ``nodes`` SLURM says are down, drained, failing or not responding."""
+        if not nodes:
+            return set()
+        try:
+            out = subprocess.run(["sinfo", "-h", "-N", "-n", ",".join(nodes), "-o", "%N %t"], capture_output=True,
+                                 text=True, timeout=15)
+        except (OSError, subprocess.TimeoutExpired):
+            return set()
+        gone = set()
+        for line in out.stdout.splitlines():
+            parts = line.split()
+            if len(parts) == 2 and _NODE_GONE.search(parts[1]):
+                gone.add(parts[0])
+        return gone
+
+    def _classify(self) -> Failure:
+        """What ended the attempt, and the nodes it is blamed on: a lost node (srun's message, or
+        SLURM's node state), a rank a hardware-like signal killed (its node), a hang (the
+        straggler's node when its stack is not inside a collective); a traceback blames nothing."""
+        from orchestrator import forensics
+
+        end = forensics.read_end(self.run_dir) or {}
+        error = str(end.get("error") or "")
+        if self.phase is Phase.ENDING:
+            rank = end.get("failed_rank")
+            waits = end.get("waits") or {}
+            wait = str(waits.get(str(rank), "")) if isinstance(waits, dict) else ""
+            blamed: tuple[str, ...] = ()
+            if isinstance(rank, int) and self.slurm.hosts and wait and "collective" not in wait:
+                blamed = (self.slurm.hosts[min(rank // max(1, self.payload.ranks_per_node), len(self.slurm.hosts) - 1)],)
+            return Failure("hang", error.splitlines()[0] if error else f"watchdog: {end.get('reason')}", blamed)
+        gone = self.lost_nodes | self._nodes_gone(self.slurm.hosts)
+        if gone:
+            return Failure("node_failure", f"lost node(s) {', '.join(sorted(gone))}", tuple(sorted(gone)))
+        if self.killed is not None:
+            host, rank, what = self.killed
+            return Failure("crash", f"rank {rank} on {host} was killed by a signal ({what})",
+                           (host,) if what in HARDWARE_SIGNALS else ())
+        err = self._first_traceback()
+        if err is not None:
+            return Failure("crash", f"rank {err.get('rank')} raised {err.get('type')}: {err.get('message')}".splitlines()[0])
+        return Failure("crash", error.splitlines()[0] if error else (self.first_end or "a rank failed").strip())
+
+    def _first_traceback(self) -> dict | None:
+        """The earliest error a rank of this attempt recorded (<run>/errors/rank-N.json)."""
+        import json
+
+        found = []
+        for path in RunFolder.of(self.run_dir).error_files():
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            if isinstance(data, dict):
+                found.append(data)
+        return min(found, key=lambda d: d.get("time") or 0) if found else None
+
+    def _partition_nodes(self) -> int | None:
+        """How many nodes of the job's partition are not excluded (None: unknown)."""
+        job = scontrol_job(self.job_id)
+        partition = job.get("Partition")
+        if not partition:
+            return None
+        try:
+            out = subprocess.run(["sinfo", "-h", "-N", "-p", partition, "-o", "%N %t"], capture_output=True, text=True,
+                                 timeout=15)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        # Every node of the partition counts, whatever its state now: a drained or down node may come
+        # back, and the job may wait for it. Only the excluded ones can never run it.
+        nodes = {p[0] for p in (line.split() for line in out.stdout.splitlines()) if p}
+        excluded = set(self.history.excluded) | set(_hostnames(job.get("ExcNodeList", "")))
+        return len(nodes - excluded)
+
+    def _recover(self, code: int | None) -> int:
+        """After a failure: restart (requeue without the blamed nodes) or stop, by the spec's
+        ``recovery`` (``orchestrator.recovery.decide``). Returns the agent's exit code."""
+        assert self.failure is not None and self.attempt is not None
+        failure, settings = self.failure, self.payload.recovery
+        progressed = failure.kind != "unhealthy" and self.history.progressed(self.attempt, self.payload.checkpoint.dir)
+        self.attempt.progress = progressed
+        available = self._partition_nodes() if settings.max_restarts and failure.blamed else None
+        decision = decide(settings, self.history, failure, progressed, self.payload.nodes, available)
+        failed_code = 1 if self.phase is Phase.ENDING or code in (None, 0) else (code if code > 0 else 128 - code)
+        if not decision.restart:
+            self.action = "stop"
+            if decision.message:
+                self._say(decision.message)
+            if decision.reason in ("no_progress", "not_enough_nodes"):
+                from orchestrator import forensics
+
+                forensics.write_end(self.run_dir, reason=decision.reason,
+                                    error=f"{decision.message}; the last failure: {failure.why}")
+            return failed_code
+        self._say(decision.message)
+        self._enter(Phase.REQUEUEING)
+        self.action = "restart"
+        excluded = sorted(set(self.history.excluded) | set(decision.exclude))
+        self.history.excluded = excluded
+        self._scontrol_requeue(excluded if decision.exclude else None)
+        if self.phase is not Phase.REQUEUED:
+            self.action = "stop"
+            from orchestrator import forensics
+
+            forensics.write_end(self.run_dir, reason=failure.kind, error=f"{failure.why}; the restart failed: {self.not_requeued}")
+            return failed_code
+        return 0
+
+    def _exclude(self, nodes: list[str]) -> None:
+        """Add ``nodes`` to the job's ExcNodeList (keeping what the spec's slurm.exclude named)."""
+        job = scontrol_job(self.job_id)
+        names = sorted(set(_hostnames(job.get("ExcNodeList", ""))) | set(nodes))
+        try:
+            out = subprocess.run(["scontrol", "update", f"JobId={self.job_id}", f"ExcNodeList={','.join(names)}"],
+                                 capture_output=True, text=True, timeout=SCONTROL_RETRY_S)
+            problem = out.stderr.strip() if out.returncode else ""
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            problem = str(exc)
+        self._say(f"the next attempt excludes {', '.join(names)}" if not problem else
+                  f"could not exclude {', '.join(names)} from the next attempt: {problem}")
 
     # -- the watchdog: init deadline and stall, decided as locally (orchestrator.watchdog) --------
     def _watchdog(self) -> str | None:
@@ -486,6 +733,17 @@ class JobAgent:
 
     def _say(self, text: str) -> None:
         print(f"[launcher] {text}", file=sys.stderr, flush=True)
+
+
+def _hostnames(hostlist: str) -> list[str]:
+    """A SLURM hostlist ('node[1-3],gpu7') as names, through scontrol; [] for '(null)' or none."""
+    if not hostlist or hostlist == "(null)":
+        return []
+    try:
+        out = subprocess.run(["scontrol", "show", "hostnames", hostlist], capture_output=True, text=True, timeout=15)
+    except (OSError, subprocess.TimeoutExpired):
+        return [hostlist]
+    return out.stdout.split() if out.returncode == 0 else [hostlist]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -402,6 +402,68 @@ class WatchdogSpec(_Model):
     )
 
 
+RecoveryKind = Literal["crash", "node_failure", "hang", "unhealthy"]
+RECOVERY_KINDS: tuple[str, ...] = ("crash", "node_failure", "hang", "unhealthy")
+
+
+class RecoverySpec(_Model):
+    """Surviving failures without a human: the health gate before every attempt, and restarts
+    after a crash, a lost node, a hang or an unhealthy node (``orchestrator.recovery``).
+    Time-limit requeues stay under slurm.requeue and slurm.max_requeues, counted apart."""
+
+    max_restarts: int = Field(
+        0, ge=0, le=1000,
+        description="Automatic restarts after a failure (locally the ranks restart in place; on SLURM the job "
+        "is requeued without the nodes blamed). 0 turns restarts off (the default).",
+    )
+    on: list[RecoveryKind] = Field(
+        default_factory=lambda: list(RECOVERY_KINDS),
+        description="Which failures restart: crash (a rank failed: a traceback, an exit code, a signal), "
+        "node_failure (SLURM lost a node), hang (watchdog.stall_s or distributed.init_timeout_s fired), "
+        "unhealthy (the health gate failed on a node). Default: all four.",
+    )
+    exclude_failed_nodes: bool = Field(
+        True,
+        description="SLURM: a node blamed for a failure (the health gate, a node failure, a rank killed by a "
+        "hardware-like signal there, a hung rank not inside a collective) is excluded from later attempts. "
+        "A Python traceback is the code's fault and excludes nothing.",
+    )
+    health_check: bool = Field(
+        True,
+        description="Before any rank starts, on every attempt, check every node: the run and checkpoint "
+        "folders are writable and shared, free disk, the interface exists, the GPUs were granted, node_check "
+        "passes. A failing node is named with its reason in status.",
+    )
+    node_check: list[str] | None = Field(
+        None, min_length=1, max_length=MAX_ITEMS,
+        description="A site command (argv list, never read by a shell) the health gate runs on every node; "
+        "a non-zero exit marks the node unhealthy. It sees ORCH_HEALTH_NODE=<node>.",
+    )
+    stop_without_progress: int = Field(
+        2, ge=1, le=1000,
+        description="Stop with reason 'no progress' after this many attempts in a row ended by a failure "
+        "without a new checkpoint (a new or changed file under checkpoint.dir).",
+    )
+
+    @field_validator("on")
+    @classmethod
+    def _on(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("is empty: list the failures that restart (crash, node_failure, hang, unhealthy), "
+                             "or set recovery.max_restarts: 0 to turn restarts off")
+        if len(set(value)) != len(value):
+            raise ValueError("names a failure twice")
+        return value
+
+    @field_validator("node_check")
+    @classmethod
+    def _node_check(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and not value[0].strip():
+            raise ValueError("starts with an empty program name: give the command's path, e.g. "
+                             "['/usr/local/sbin/gpu-burn-check', '--quick']")
+        return value
+
+
 class JobSpec(_Model):
     """One distributed training (or inference) job."""
 
@@ -449,6 +511,8 @@ class JobSpec(_Model):
         "the directory 'orchestrator run' / 'submit' was called from.",
     )
     watchdog: WatchdogSpec = Field(default_factory=WatchdogSpec, description="Stall watchdog and stack capture.")
+    recovery: RecoverySpec = Field(default_factory=RecoverySpec,
+                                   description="Health gate and automatic restarts after failures.")
     executor: ExecutorName = Field("local", description="Where it runs: local, slurm or debug.")
     stop_grace_s: float = Field(
         Defaults.STOP_GRACE_S, ge=1, le=3600,

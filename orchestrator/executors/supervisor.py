@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -34,6 +35,7 @@ from orchestrator.plan import LaunchPlan
 from orchestrator.rank_env import installed_torch_version, local_rank_env, rank_environment
 from orchestrator.rendezvous import derive_port, pick_port, port_is_free, remove_earlier_files, rendezvous_file
 from orchestrator.records import RunRecord
+from orchestrator.recovery import Failure, History, decide
 from orchestrator.run_folder import RunFolder
 from orchestrator.watchdog import Watch, did_nothing, judge
 
@@ -86,6 +88,7 @@ class Supervisor:
         self.stall_s: float | None = launch.payload.watchdog.stall_s
         self.stacks_on_failure = launch.payload.watchdog.stacks_on_failure
         self.watch = Watch(0, time.time())
+        self.failure: Failure | None = None  # what ended the attempt, for recovery.decide
 
     # -- lifecycle --------------------------------------------------------------------------
     def run(self) -> RunRecord:
@@ -101,7 +104,7 @@ class Supervisor:
         try:
             points = range(len(self.launch.sweep)) if self.launch.sweep else [None]
             for index in points:
-                state = self._run_point(index)
+                state = self._run_point_recovering(index)
                 if state != "COMPLETED":
                     break
         except Exception as exc:
@@ -142,6 +145,52 @@ class Supervisor:
     def _on_signal(self, signum: int, frame: object) -> None:
         self._cancelled = True
 
+    def _run_point_recovering(self, index: int | None) -> str:
+        """One point, its ranks restarted in place after a failure the spec's ``recovery`` covers
+        (``orchestrator.recovery.decide``); every attempt is kept in <run>/recovery.json."""
+        payload = self.launch.payload_for_point(index)
+        history = History.load(payload.run_dir)
+        while True:
+            self.failure = None
+            attempt = history.begin(self.record.attempts, [socket.gethostname()], payload.checkpoint.dir)
+            state = self._run_point(index)
+            failure = self.failure
+            if state != "FAILED" or failure is None or self._cancelled:
+                history.finish(attempt, state.lower(), self.record.error or "")
+                return state
+            progressed = history.progressed(attempt, payload.checkpoint.dir)
+            decision = decide(payload.recovery, history, failure, progressed)
+            history.finish(attempt, failure.kind, failure.why, progress=progressed, blamed=failure.blamed,
+                           action="restart" if decision.restart else "stop")
+            if decision.message:
+                print(f"[orchestrator] {decision.message}", file=sys.stderr, flush=True)
+            if not decision.restart:
+                if decision.reason == "no_progress":
+                    self.record.update(error=f"{decision.message}\nthe last attempt's failure: {self.record.error}")
+                return state
+            self.record.update(attempts=self.record.attempts + 1, failed_rank=None, error=None, waits={})
+
+    def _health_gate(self, payload: Payload, attempt: int) -> bool:
+        """The health gate (``orchestrator.health``) for this machine, before any rank starts."""
+        if not payload.recovery.health_check:
+            return True
+        from orchestrator import health
+
+        node = socket.gethostname()
+        result = health.check_node(node, payload.run_dir, payload.checkpoint.dir, attempt, [node],
+                                   interface=None, gpus=len(payload.devices or ()),
+                                   node_check=payload.recovery.node_check,
+                                   environ={**os.environ, **({"CUDA_VISIBLE_DEVICES": ",".join(map(str, payload.devices))}
+                                                           if payload.devices else {})})
+        health.write_result(payload.run_dir, attempt, result)
+        if result.ok:
+            return True
+        why = f"the health gate failed on {node}: {'; '.join(result.problems)}"
+        print(f"[orchestrator] {why}", file=sys.stderr, flush=True)
+        self.record.update(failed_rank=None, error=why)
+        self.failure = Failure("unhealthy", why)
+        return False
+
     def _run_point(self, index: int | None) -> str:
         payload = self.launch.payload_for_point(index)
         run_dir = Path(payload.run_dir)
@@ -153,6 +202,8 @@ class Supervisor:
         remove_earlier_files(payload.rendezvous_dir, self.launch.run_id)  # an earlier attempt's, if it was killed
         port, envs = rank_environments(self.launch, payload, attempt)
         folder.forget_attempt()
+        if not self._health_gate(payload, self.record.attempts):
+            return "FAILED"
         offsets, forks = [], []
         fresh = not self.preload
         for rank, env in enumerate(envs):
@@ -202,11 +253,13 @@ class Supervisor:
                 for pid, start in zip(self.record.rank_pids, self.record.rank_starts):
                     procs.signal_session(pid, start, signal.SIGKILL)
                 self.record.update(failed_rank=None, error=self.group.lost)
+                self.failure = Failure("crash", self.group.lost)
                 return "CANCELLED" if self._cancelled else "FAILED"
             if failed:
                 if not self._cancelled:
                     self._capture(run_dir, f"rank {failed[0]} ended with exit code {codes[failed[0]]}")
-                self._first_failure(failed, codes, run_dir)
+                rank = self._first_failure(failed, codes, run_dir)
+                self.failure = Failure("crash", (self.record.error or f"rank {rank} failed").splitlines()[0])
                 self._kill_all(grace=GRACE_S)
                 if tails:
                     tails.pump()
@@ -231,6 +284,7 @@ class Supervisor:
                 self._look_at_requests()
                 verdict = self._watchdog(run_dir)
                 if verdict:
+                    self.failure = Failure("hang", (self.record.error or verdict).splitlines()[0])
                     self._kill_all(grace=GRACE_S)
                     if tails:
                         tails.pump()

@@ -21,14 +21,14 @@ def test_each_attempts_failures_are_kept_apart(tmp_path: Path) -> None:
     run.end.write_text(json.dumps({"reason": "stall"}))
     run.forget_attempt()
     assert first_error(tmp_path) is None and not run.end.exists()  # the new attempt shows none
-    kept = run.attempts / "0"
+    kept = run.attempts / "1"  # counted from 1, as status counts attempts
     assert json.loads((kept / "errors" / "rank-1.json").read_text())["rank"] == 1
     assert json.loads((kept / "end.json").read_text())["reason"] == "stall"
     _fail(run, 0, attempt=1)
     run.forget_attempt()
     run.forget_attempt()  # nothing new to keep: nothing moves, nothing is lost
-    assert sorted(p.name for p in run.attempts.iterdir()) == ["0", "1"]
-    assert (run.attempts / "1" / "errors" / "rank-0.json").is_file()
+    assert sorted(p.name for p in run.attempts.iterdir()) == ["1", "2"]
+    assert (run.attempts / "2" / "errors" / "rank-0.json").is_file()
 
 
 def test_a_failure_record_without_an_attempt_is_kept_too(tmp_path: Path) -> None:

@@ -1,0 +1,100 @@
+"""recovery on the 2-node site-profile cluster: a crash restarts the job (requeued) from its own
+snapshot, a node that fails the health gate or goes down is excluded from the next attempt, and a
+failure that repeats without progress stops with "no progress". The script is a plain torchrun-style
+script that snapshots itself (tests/integration/scripts/flaky_snapshot.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from orchestrator.executors.slurm import SlurmExecutor
+from orchestrator.recovery import History, describe
+from orchestrator.records import RunRecord
+
+from .test_slurm import no_job_processes, slurm_plan, start_held_job
+
+SCRIPT = str(Path(__file__).resolve().parents[1] / "integration" / "scripts" / "flaky_snapshot.py")
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY")
+
+
+def _flaky(cluster: dict[str, str], name: str, mode: str, recovery: dict[str, Any], nodes: int = 2,
+           **args: Any) -> tuple[Any, Path]:
+    ckpt = Path(cluster["runs_dir"]) / f"ckpt-{name}-{uuid.uuid4().hex[:8]}"
+    launch = slurm_plan(cluster, name=name, entrypoint=SCRIPT, nodes=nodes, cpu_ranks_per_node=1,
+                        args={"ckpt": str(ckpt), "mode": mode, **args}, checkpoint={"dir": str(ckpt)},
+                        recovery=recovery)
+    return launch, ckpt
+
+
+def _run_through_restarts(launch: Any, timeout: float = 420) -> RunRecord:
+    """Submit and wait for the end; SLURM holds a requeued job ~2 minutes (BeginTime): start it at
+    once, as tests/cluster/test_rank_api_slurm.py does."""
+    ex = SlurmExecutor()
+    record = ex.submit(launch)
+    deadline = time.monotonic() + timeout
+    while True:
+        record = ex.refresh([RunRecord.load(record.run_dir)])[0]
+        if record.state in ENDED:
+            return record
+        assert time.monotonic() < deadline, record
+        job = record.job_ids[0]
+        if "Reason=BeginTime" in subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout:
+            start_held_job(job)
+        time.sleep(0.5)
+
+
+def _logs(run_dir: str) -> str:
+    return "".join(p.read_text(errors="replace") for p in sorted((Path(run_dir) / "slurm").glob("*")) if p.is_file())
+
+
+def test_a_crash_requeues_the_job_and_it_resumes_from_its_snapshot(cluster: dict[str, str]) -> None:
+    launch, ckpt = _flaky(cluster, "rec-crash", "crash_once", {"max_restarts": 2})
+    record = _run_through_restarts(launch)
+    assert record.state == "COMPLETED", (record.error, _logs(launch.run_dir)[-4000:])
+    assert json.loads((ckpt / "done.json").read_text()) == {"steps": 12, "start": 6}
+    attempts = History.load(launch.run_dir).attempts
+    assert [(a.outcome, a.action) for a in attempts] == [("crash", "restart"), ("completed", "")], attempts
+    assert "injected crash at step 7" in attempts[0].why
+    assert attempts[0].blamed == []  # a traceback is the code's fault: no node excluded
+    shown = "\n".join(describe(History.load(launch.run_dir)))
+    assert "attempt 1 on node1,node2: crash, restarted: rank" in shown, shown
+    assert no_job_processes()
+
+
+def test_a_node_failing_the_node_check_is_excluded(cluster: dict[str, str], tmp_path: Path) -> None:
+    """The site's check fails on the first node the job lands on (whichever SLURM picks): that node
+    is named, excluded, and the job runs on the other one."""
+    check = tmp_path / "node_check.sh"
+    bad = tmp_path / "bad-node"
+    check.write_text(f'#!/bin/sh\n[ -e {bad} ] || echo "$ORCH_HEALTH_NODE" > {bad}\n'
+                     f'if [ "$(cat {bad})" = "$ORCH_HEALTH_NODE" ]; then echo "GPU 0 has ECC errors"; exit 1; fi\n')
+    check.chmod(0o755)
+    launch, ckpt = _flaky(cluster, "rec-unhealthy", "none", {"max_restarts": 1, "node_check": [str(check)]}, nodes=1,
+                          steps=3)
+    record = _run_through_restarts(launch)
+    assert record.state == "COMPLETED", (record.error, _logs(launch.run_dir)[-4000:])
+    node = bad.read_text().strip()
+    other = {"node1": "node2", "node2": "node1"}[node]
+    history = History.load(launch.run_dir)
+    assert history.excluded == [node]
+    first, second = history.attempts
+    assert (first.outcome, first.action, first.blamed) == ("unhealthy", "restart", [node])
+    assert "GPU 0 has ECC errors" in first.health[node]
+    assert second.nodes == [other] and second.outcome == "completed"
+    shown = "\n".join(describe(History.load(launch.run_dir)))
+    assert f"unhealthy {node}" in shown and "ECC errors" in shown and f"excluded: {node}" in shown, shown
+    assert no_job_processes()
+
+
+def test_a_failure_without_progress_stops_with_no_progress(cluster: dict[str, str]) -> None:
+    launch, ckpt = _flaky(cluster, "rec-noprogress", "crash_always", {"max_restarts": 5, "stop_without_progress": 2})
+    record = _run_through_restarts(launch)
+    assert record.state == "FAILED", record
+    assert "no progress: 2 attempt(s) in a row" in (record.error or ""), (record.error, _logs(launch.run_dir)[-3000:])
+    assert [a.action for a in History.load(launch.run_dir).attempts] == ["restart", "stop"]
+    assert no_job_processes()

@@ -1,0 +1,212 @@
+"""The health gate (orchestrator.health), for real on this machine: folders, tokens, disk,
+interfaces, GPU grants and the site's node_check. No SLURM: two "nodes" are two threads sharing
+one run folder, and the GPU driver's listing is a folder the test makes."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator import health
+from orchestrator.health import NodeHealth, check_node, health_dir, read_results, unhealthy, write_result
+
+GPU_VARS = ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "GPU_DEVICE_ORDINAL")
+
+
+@pytest.fixture(autouse=True)
+def _no_driver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No NVIDIA driver, whatever this machine has: each test says what the driver lists."""
+    monkeypatch.setattr(health, "NVIDIA_GPUS_DIR", str(tmp_path / "no-driver"))
+
+
+def _check(tmp_path: Path, node: str = "n1", **kwargs: Any) -> NodeHealth:
+    run = tmp_path / "run"
+    run.mkdir(exist_ok=True)
+    kwargs.setdefault("checkpoint_dir", str(run / "checkpoints"))
+    kwargs.setdefault("peers", [node])
+    kwargs.setdefault("environ", {})
+    kwargs.setdefault("token_wait_s", 0.3)
+    return check_node(node, str(run), attempt=1, **kwargs)
+
+
+def test_a_healthy_node_passes_fast(tmp_path: Path) -> None:
+    start = time.monotonic()
+    h = _check(tmp_path, interface="lo")
+    assert h.ok and h.problems == (), h
+    assert time.monotonic() - start < 1.0 and h.seconds < 1.0, h
+    assert (tmp_path / "run" / "checkpoints").is_dir()  # created, parents and all
+    assert (health_dir(str(tmp_path / "run"), 1) / "tokens" / "n1").read_text().startswith("n1 ")
+    assert [p.name for p in (tmp_path / "run").iterdir() if p.name.startswith(".health-probe")] == []
+
+
+def test_a_checkpoint_folder_that_cannot_be_made_is_named(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")  # mkdir under a file fails, also for root
+    h = _check(tmp_path, checkpoint_dir=str(blocker / "ckpt"))
+    assert not h.ok and len(h.problems) == 1, h
+    assert "checkpoint folder" in h.problems[0] and str(blocker / "ckpt") in h.problems[0], h
+    assert "ENOTDIR" in h.problems[0], h
+
+
+def test_a_run_folder_that_is_a_file_is_named_once(tmp_path: Path) -> None:
+    """No token can be written there, and that is not said a second time."""
+    run = tmp_path / "run-file"
+    run.write_text("x")
+    h = check_node("n1", str(run), str(tmp_path / "ckpt"), 1, ["n1", "n2"], token_wait_s=0.3, environ={})
+    assert not h.ok and len(h.problems) == 1, h
+    assert "run folder" in h.problems[0] and str(run) in h.problems[0], h
+    assert h.seconds < 0.3, h  # no wait for tokens that cannot be there
+
+
+def test_a_missing_peer_token_is_reported_after_the_wait(tmp_path: Path) -> None:
+    start = time.monotonic()
+    h = _check(tmp_path, peers=["n1", "ghost"], token_wait_s=0.3)
+    took = time.monotonic() - start
+    assert not h.ok and len(h.problems) == 1, h
+    assert "ghost" in h.problems[0] and "n1 does not see" in h.problems[0], h
+    assert "is runs_dir shared" in h.problems[0] and "0.3s" in h.problems[0], h
+    assert 0.3 <= took < 1.5, took
+
+
+def test_two_nodes_sharing_the_run_folder_see_each_other(tmp_path: Path) -> None:
+    results: dict[str, NodeHealth] = {}
+
+    def node(name: str, delay: float) -> None:
+        time.sleep(delay)
+        results[name] = _check(tmp_path, node=name, peers=["a", "b"], token_wait_s=5.0)
+
+    threads = [threading.Thread(target=node, args=("a", 0.0)), threading.Thread(target=node, args=("b", 0.3))]
+    start = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results["a"].ok and results["b"].ok, results
+    assert time.monotonic() - start < 3.0  # "a" waited for "b"'s token, not the whole 5 s
+    assert results["a"].seconds >= 0.2, results  # ...but it did wait for it
+
+
+def test_a_disk_floor_above_the_free_space_is_reported(tmp_path: Path) -> None:
+    h = _check(tmp_path, disk_floor_mb=10**9)
+    assert not h.ok and len(h.problems) == 1, h  # the run and checkpoint folders share one filesystem
+    assert "free disk under" in h.problems[0] and f"floor of {10**9} MB" in h.problems[0], h
+    assert "--disk-floor-mb" in h.problems[0], h
+
+
+def test_a_missing_interface_is_named_with_those_the_node_has(tmp_path: Path) -> None:
+    h = _check(tmp_path, interface="nosuchif9")
+    assert not h.ok and len(h.problems) == 1, h
+    assert "nosuchif9" in h.problems[0] and "lo" in h.problems[0].split("it has:")[1], h
+    assert _check(tmp_path, interface="auto").ok
+    assert _check(tmp_path, interface="nosuchif9,lo").ok is False  # every name must exist, as the ranks need
+
+
+@pytest.mark.parametrize(("env", "ok"), [({"CUDA_VISIBLE_DEVICES": "0"}, False),
+                                         ({"CUDA_VISIBLE_DEVICES": "0,1"}, True),
+                                         ({"SLURM_STEP_GPUS": "0,1"}, True),
+                                         ({"SLURM_JOB_GPUS": "3"}, False),
+                                         ({"CUDA_VISIBLE_DEVICES": "0,-1,2"}, False),
+                                         ({"CUDA_VISIBLE_DEVICES": ""}, False),
+                                         ({}, False)])
+def test_gpus_granted(tmp_path: Path, env: dict[str, str], ok: bool) -> None:
+    h = _check(tmp_path, gpus=2, environ=env)
+    assert h.ok is ok, h
+    if not ok:
+        assert len(h.problems) == 1 and "the job needs 2 per node" in h.problems[0], h
+    assert _check(tmp_path, gpus=0, environ=env).ok  # no GPUs asked for: nothing to check
+
+
+def test_gpus_the_driver_lost(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    driver = tmp_path / "driver-gpus"
+    (driver / "0000:01:00.0").mkdir(parents=True)
+    monkeypatch.setattr(health, "NVIDIA_GPUS_DIR", str(driver))
+    h = _check(tmp_path, gpus=2, environ={"CUDA_VISIBLE_DEVICES": "0,1"})
+    assert not h.ok and "NVIDIA driver on n1 lists 1 GPU(s)" in h.problems[0], h
+    (driver / "0000:02:00.0").mkdir()
+    assert _check(tmp_path, gpus=2, environ={"CUDA_VISIBLE_DEVICES": "0,1"}).ok
+    assert _check(tmp_path, gpus=2, environ={}).ok  # no variable: CUDA sees every GPU the driver lists
+
+
+@pytest.mark.parametrize(("argv", "wanted"), [
+    (["false"], ["recovery.node_check (false) failed on n1: exit code 1"]),
+    (["sh", "-c", "echo fine; echo bad disk >&2; exit 3"], ["exit code 3: bad disk"]),
+    (["/no/such/check-program"], ["program not found", "/no/such/check-program"]),
+    (["sh", "-c", 'echo "node=$ORCH_HEALTH_NODE"; exit 5'], ["exit code 5: node=n1"]),
+    (["sh", "-c", "kill -9 $$"], ["killed by SIGKILL"]),
+])
+def test_node_check_failures(tmp_path: Path, argv: list[str], wanted: list[str]) -> None:
+    h = _check(tmp_path, node_check=argv)
+    assert not h.ok and len(h.problems) == 1, h
+    for text in wanted:
+        assert text in h.problems[0], h
+
+
+def test_node_check_passes_and_keeps_the_environment(tmp_path: Path) -> None:
+    script = 'test "$ORCH_HEALTH_NODE" = n1 && test "$SITE" = yes'
+    assert _check(tmp_path, node_check=["sh", "-c", script], environ={"SITE": "yes", "PATH": "/usr/bin:/bin"}).ok
+    assert not _check(tmp_path, node_check=["sh", "-c", script], environ={"PATH": "/usr/bin:/bin"}).ok
+
+
+def test_node_check_timeout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(health, "NODE_CHECK_TIMEOUT_S", 0.5)
+    start = time.monotonic()
+    h = _check(tmp_path, node_check=["sh", "-c", "echo checking; sleep 30; echo never"])
+    assert time.monotonic() - start < 5.0  # the shell's sleep was killed with it
+    assert not h.ok and "timed out after 0.5s: checking" in h.problems[0], h
+
+
+def test_every_check_runs(tmp_path: Path) -> None:
+    h = _check(tmp_path, peers=["n1", "ghost"], interface="nosuchif9", gpus=1, node_check=["false"],
+               disk_floor_mb=10**9)
+    assert len(h.problems) == 5, h
+
+
+def test_results_round_trip_and_a_silent_node(tmp_path: Path) -> None:
+    run = str(tmp_path / "run")
+    good = NodeHealth("n1", True, (), 0.01)
+    bad = NodeHealth("n2", False, ("disk full", "no GPU"), 0.5)
+    assert write_result(run, 2, good) == health_dir(run, 2) / "n1.json"
+    write_result(run, 2, bad)
+    (health_dir(run, 2) / "n4.json").write_text('{"node": "n4", "ok": tr')  # torn: as good as absent
+    got = read_results(run, 2, ["n1", "n2", "n3", "n4"])
+    assert got["n1"] == good and got["n2"] == bad
+    for silent in ("n3", "n4"):
+        assert not got[silent].ok
+        assert got[silent].problems == (
+            f"the health check did not report from {silent} (it never started there, or died)",)
+    assert unhealthy(got) == {"n2": "disk full; no GPU", "n3": got["n3"].problems[0], "n4": got["n4"].problems[0]}
+    assert read_results(run, 1, ["n1"])["n1"].ok is False  # another attempt's folder
+
+
+def test_main_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("SLURMD_NODENAME", "n1")
+    for name in GPU_VARS:
+        monkeypatch.delenv(name, raising=False)
+    run = tmp_path / "run"
+    run.mkdir()
+    args = ["--run-dir", str(run), "--checkpoint-dir", str(run / "ckpt"), "--attempt", "3", "--nodes", "n1",
+            "--token-wait-s", "0.3", "--node-check-json", json.dumps(["sh", "-c", 'test "$ORCH_HEALTH_NODE" = n1'])]
+    assert health.main(args) == 0
+    assert capsys.readouterr().err == ""
+    got = read_results(str(run), 3, ["n1", "n2"])
+    assert got["n1"].ok and got["n1"].node == "n1", got
+    assert unhealthy(got) == {"n2": "the health check did not report from n2 (it never started there, or died)"}
+
+    assert health.main(args + ["--gpus", "2"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("health: n1: no GPUs were granted on n1"), err
+    again = read_results(str(run), 3, ["n1"])["n1"]
+    assert not again.ok and again.problems[0] in err, again
+
+
+def test_main_refuses_a_bad_node_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        health.main(["--run-dir", str(tmp_path), "--checkpoint-dir", str(tmp_path), "--attempt", "1",
+                     "--nodes", "n1", "--node-check-json", '"false"'])
+    assert exc.value.code == 2
+    assert "list of strings" in capsys.readouterr().err

@@ -67,9 +67,12 @@ if [ "$PROFILE" = site ]; then
   # A batch job is requeued (scontrol requeue, node failure, preemption) only if it asked for
   # --requeue, as at sites that turn the default off.
   JOB_REQUEUE=0
+  # A node an admin (or a health check) set DOWN stays down until someone resumes it (SLURM's
+  # default); only a node DOWN for not responding returns when its slurmd registers again.
+  RETURN_TO_SERVICE=1
 else
   TASK_PLUGIN=task/none; SELECT_PARAMS=CR_Core; ACCT_GATHER=jobacct_gather/none
-  KILL_WAIT=5; MIN_JOB_AGE=600; JOB_REQUEUE=1
+  KILL_WAIT=5; MIN_JOB_AGE=600; JOB_REQUEUE=1; RETURN_TO_SERVICE=2
 fi
 
 install_packages() {
@@ -215,7 +218,7 @@ MailProg=/bin/true
 SelectType=select/cons_tres
 SelectTypeParameters=$SELECT_PARAMS
 SlurmdParameters=config_overrides
-ReturnToService=2
+ReturnToService=$RETURN_TO_SERVICE
 StateSaveLocation=$DIR/state
 SlurmdSpoolDir=$DIR/spool/%n
 SlurmctldPidFile=$DIR/slurmctld.pid

@@ -75,6 +75,7 @@ class Attempt:
     number: int  # 1, 2, ...: the run's attempts, restarts and requeues alike
     started: float
     nodes: list[str] = field(default_factory=list)
+    job: str = ""  # the SLURM job id ('' locally)
     checkpoint_at_start: str = ""
     ended: Optional[float] = None
     #: completed, crash, node_failure, hang, unhealthy, cancelled, timeout, requeued (time limit
@@ -137,22 +138,16 @@ class History:
         return streak
 
     # -- what the owner of an attempt writes -------------------------------------------------------
-    def begin(self, number: int, nodes: Iterable[str], checkpoint_dir: str | Path) -> Attempt:
+    def begin(self, number: int, nodes: Iterable[str], checkpoint_dir: str | Path, job: str = "") -> Attempt:
         """Record an attempt's start (replacing a record of the same number: the same attempt
         started again, e.g. after its agent was restarted by the controller)."""
         self.attempts = [a for a in self.attempts if a.number != number]
-        attempt = Attempt(number=number, started=time.time(), nodes=list(nodes),
+        attempt = Attempt(number=number, started=time.time(), nodes=list(nodes), job=job,
                           checkpoint_at_start=checkpoint_fingerprint(checkpoint_dir))
         self.attempts.append(attempt)
         self.attempts.sort(key=lambda a: a.number)
         self.save()
         return attempt
-
-    def unfinished_before(self, number: int) -> Optional[Attempt]:
-        """The attempt before ``number`` if it never recorded an end: its agent died (the node
-        under it failed, or SLURM requeued the job on a node failure)."""
-        earlier = [a for a in self.attempts if a.number < number]
-        return earlier[-1] if earlier and earlier[-1].ended is None else None
 
     def progressed(self, attempt: Attempt, checkpoint_dir: str | Path) -> bool:
         now = checkpoint_fingerprint(checkpoint_dir)

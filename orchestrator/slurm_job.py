@@ -180,6 +180,7 @@ class JobAgent:
         self.history = History.load(payload.run_dir)  # every attempt of this run (orchestrator.recovery)
         self.attempt: Attempt | None = None
         self.failure: Failure | None = None  # what ended this attempt, for recovery.decide
+        self.straggler_outside = False  # the watchdog's straggler was not inside a collective
         self.action = ""  # what this attempt led to: requeue (time limit), restart (a failure), stop
 
     def _on_signal(self, signum: int, frame: object) -> None:
@@ -200,7 +201,7 @@ class JobAgent:
         """A notice with no requeue to follow (slurm.requeue: never, or no requeues left) is the
         time limit ending the job: save where the ranks are first. ``auto`` may still requeue."""
         limit = self.payload.max_requeues
-        return self.stacks_on_failure and (self.policy == "never" or self.history.requeues() >= limit)
+        return self.stacks_on_failure and (self.policy == "never" or self._requeues_used() >= limit)
 
     def run(self, srun_argv: list[str]) -> int:
         """One attempt, recorded in <run>/recovery.json however it ends."""
@@ -220,14 +221,17 @@ class JobAgent:
         then it died with the job, which SLURM ended for a lost node (NODE_FAIL, and requeued it,
         as --requeue asks) or killed outright."""
         earlier = self.history.attempts[-1] if self.history.attempts else None
-        if earlier is not None and earlier.ended is None:
+        if earlier is not None and (earlier.ended is None or (
+                earlier.job == self.job_id and earlier.action not in ("restart", "requeue"))):
+            # The same job runs again though its agent requeued nothing: SLURM did (a node failure
+            # under --requeue; the agent was killed, or took the SIGTERM for a cancel).
             gone = sorted(set(earlier.nodes) & self._nodes_gone(earlier.nodes))
-            why = (f"the attempt ended without its agent: node(s) {', '.join(gone)} failed" if gone else
-                   "the attempt ended without its agent (its node failed, or the job was killed)")
-            self._say(f"attempt {earlier.number}: {why}; SLURM requeued the job")
+            why = (f"node(s) {', '.join(gone)} failed and SLURM requeued the job" if gone else
+                   "SLURM ended the attempt and requeued the job (a node failure)")
+            self._say(f"attempt {earlier.number}: {why}")
             self.history.finish(earlier, "node_failure", why, action="restart", blamed=gone)
         number = earlier.number + 1 if earlier is not None else 1
-        self.attempt = self.history.begin(number, self.slurm.hosts, self.payload.checkpoint.dir)
+        self.attempt = self.history.begin(number, self.slurm.hosts, self.payload.checkpoint.dir, job=self.job_id)
 
     def _end_attempt(self, code: int | None) -> None:
         if self.attempt is None or self.attempt.ended is not None:
@@ -480,7 +484,7 @@ class JobAgent:
         """A requeue for the time limit or a preemption (slurm.requeue), bounded by slurm.max_requeues
         (recovery's restarts are counted apart)."""
         self._enter(Phase.REQUEUEING)
-        limit, used = self.payload.max_requeues, self.history.requeues()
+        limit, used = self.payload.max_requeues, self._requeues_used()
         if used >= limit:
             self.not_requeued = f"no requeues left ({used} of {limit} used; slurm.max_requeues)"
             self._say(f"{why}; {self.not_requeued}")
@@ -489,6 +493,11 @@ class JobAgent:
         self._say(f"{why}: requeueing {self.job_id} (requeue {used + 1} of {limit})")
         self.action = "requeue"
         self._scontrol_requeue()
+
+    def _requeues_used(self) -> int:
+        """Time-limit and preemption requeues so far: SLURM's restart count less recovery's
+        restarts (recorded in the history); never fewer than the history's own count."""
+        return max(self.history.requeues(), self.restart - self.history.restarts())
 
     def _scontrol_requeue(self, exclude: list[str] | None = None) -> None:
         """``scontrol requeue``, retried within a bound; then, for a restart, the job's excluded
@@ -582,10 +591,8 @@ class JobAgent:
         error = str(end.get("error") or "")
         if self.phase is Phase.ENDING:
             rank = end.get("failed_rank")
-            waits = end.get("waits") or {}
-            wait = str(waits.get(str(rank), "")) if isinstance(waits, dict) else ""
             blamed: tuple[str, ...] = ()
-            if isinstance(rank, int) and self.slurm.hosts and wait and "collective" not in wait:
+            if isinstance(rank, int) and self.slurm.hosts and self.straggler_outside:
                 blamed = (self.slurm.hosts[min(rank // max(1, self.payload.ranks_per_node), len(self.slurm.hosts) - 1)],)
             return Failure("hang", error.splitlines()[0] if error else f"watchdog: {end.get('reason')}", blamed)
         gone = self.lost_nodes | self._nodes_gone(self.slurm.hosts)
@@ -695,6 +702,11 @@ class JobAgent:
         if verdict is None:
             return None
         self._verdict(verdict.reason, verdict.rank, verdict.message, dict(verdict.dumps))
+        dump = verdict.dumps.get(verdict.rank) if verdict.rank is not None else None
+        if dump:  # a straggler outside any collective is stuck on its own: recovery blames its node
+            from orchestrator import stacks
+
+            self.straggler_outside = stacks.where(dump).collective is None
         return verdict.reason
 
     def _capture(self, reason: str, always: bool = False) -> dict[int, str]:

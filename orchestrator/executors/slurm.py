@@ -203,6 +203,12 @@ def sacct_states(job_ids: list[str]) -> dict[str, State]:
               _query(["sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j", ",".join(bases)])
               for task in expand_array_id(jid)}
     missing = [b for b in bases if b not in states and not any(k.startswith(b + "_") for k in states)]
+    # A job SLURM requeues after a node failure (it asked --requeue) reads NODE_FAIL in sacct for a
+    # moment before its next record exists: squeue, which lists only jobs still queued or running, tells.
+    failed = sorted({k.split("_")[0] for k, st in states.items() if st == State.NODE_FAIL})
+    if failed:
+        states.update({jid: map_state(raw) for jid, raw in
+                       _query(["squeue", "-h", "-r", "-o", "%i|%T", "-j", ",".join(failed)])})
     if missing:
         states.update({jid: map_state(raw) for jid, raw in
                        _query(["squeue", "-h", "-r", "-t", "all", "-o", "%i|%T", "-j", ",".join(missing)])})

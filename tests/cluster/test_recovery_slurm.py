@@ -23,19 +23,19 @@ ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED"
 
 
 def _flaky(cluster: dict[str, str], name: str, mode: str, recovery: dict[str, Any], nodes: int = 2,
-           **args: Any) -> tuple[Any, Path]:
+           ranks: int = 1, spec: dict[str, Any] | None = None, **args: Any) -> tuple[Any, Path]:
     ckpt = Path(cluster["runs_dir"]) / f"ckpt-{name}-{uuid.uuid4().hex[:8]}"
-    launch = slurm_plan(cluster, name=name, entrypoint=SCRIPT, nodes=nodes, cpu_ranks_per_node=1,
+    launch = slurm_plan(cluster, name=name, entrypoint=SCRIPT, nodes=nodes, cpu_ranks_per_node=ranks,
                         args={"ckpt": str(ckpt), "mode": mode, **args}, checkpoint={"dir": str(ckpt)},
-                        recovery=recovery)
+                        recovery=recovery, **(spec or {}))
     return launch, ckpt
 
 
-def _run_through_restarts(launch: Any, timeout: float = 420) -> RunRecord:
-    """Submit and wait for the end; SLURM holds a requeued job ~2 minutes (BeginTime): start it at
-    once, as tests/cluster/test_rank_api_slurm.py does."""
+def _run_through_restarts(launch: Any, timeout: float = 420, record: RunRecord | None = None) -> RunRecord:
+    """Submit (unless submitted) and wait for the end; SLURM holds a requeued job ~2 minutes
+    (BeginTime): start it at once, as tests/cluster/test_rank_api_slurm.py does."""
     ex = SlurmExecutor()
-    record = ex.submit(launch)
+    record = record or ex.submit(launch)
     deadline = time.monotonic() + timeout
     while True:
         record = ex.refresh([RunRecord.load(record.run_dir)])[0]
@@ -97,4 +97,48 @@ def test_a_failure_without_progress_stops_with_no_progress(cluster: dict[str, st
     assert record.state == "FAILED", record
     assert "no progress: 2 attempt(s) in a row" in (record.error or ""), (record.error, _logs(launch.run_dir)[-3000:])
     assert [a.action for a in History.load(launch.run_dir).attempts] == ["restart", "stop"]
+    assert no_job_processes()
+
+
+def _other(node: str) -> str:
+    return {"node1": "node2", "node2": "node1"}[node]
+
+
+def test_a_node_taken_down_mid_run_is_left_behind(cluster: dict[str, str]) -> None:
+    """The job's node is set DOWN mid-run: SLURM ends the attempt and requeues the job (--requeue);
+    the next attempt names the node failure, runs on the other node from the snapshot, COMPLETED."""
+    launch, ckpt = _flaky(cluster, "rec-nodedown", "none", {"max_restarts": 2}, nodes=1, steps=40, sleep=0.3)
+    ex = SlurmExecutor()
+    record = ex.submit(launch)
+    deadline = time.monotonic() + 120
+    while not (ckpt / "state.json").exists():  # a first snapshot (step 3)
+        assert time.monotonic() < deadline, _logs(launch.run_dir)[-3000:]
+        time.sleep(0.3)
+    node = History.load(launch.run_dir).attempts[0].nodes[0]
+    subprocess.run(["scontrol", "update", f"nodename={node}", "state=down", "reason=test: taken away"], check=True)
+    try:
+        record = _run_through_restarts(launch, record=record)
+    finally:
+        for state in ("resume", "idle"):  # a DOWN node takes one or the other, by SLURM's version
+            subprocess.run(["scontrol", "update", f"nodename={node}", f"state={state}"], capture_output=True)
+    assert record.state == "COMPLETED", (record.error, _logs(launch.run_dir)[-4000:])
+    first, second = History.load(launch.run_dir).attempts
+    assert (first.outcome, first.action, first.blamed) == ("node_failure", "restart", [node]), first
+    assert second.nodes == [_other(node)] and second.outcome == "completed"
+    assert json.loads((ckpt / "done.json").read_text())["start"] > 0  # resumed from the snapshot
+    assert no_job_processes()
+
+
+def test_a_hang_restarts_without_the_stragglers_node(cluster: dict[str, str]) -> None:
+    """Rank 1 sleeps (not inside a collective) while rank 0 waits in one: after stall_s the stacks
+    are saved, the job is requeued without the straggler's node, and completes on the other."""
+    launch, ckpt = _flaky(cluster, "rec-hang", "hang_once", {"max_restarts": 1, "on": ["hang"]}, nodes=1, ranks=2,
+                          spec={"watchdog": {"stall_s": 6}})
+    record = _run_through_restarts(launch)
+    assert record.state == "COMPLETED", (record.error, _logs(launch.run_dir)[-4000:])
+    first, second = History.load(launch.run_dir).attempts
+    assert (first.outcome, first.action) == ("hang", "restart"), first
+    assert first.blamed == first.nodes and second.nodes == [_other(first.nodes[0])]
+    assert list((Path(launch.run_dir) / "attempts").glob("*/end.json"))  # the verdict, kept
+    assert json.loads((ckpt / "done.json").read_text())["start"] == 6
     assert no_job_processes()

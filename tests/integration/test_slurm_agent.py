@@ -64,6 +64,9 @@ def _agent(tmp: Path, policy: str, checkpoint: bool, restart: int = 0, max_reque
     (bin_dir / "scontrol").chmod(0o755)
     (bin_dir / "scancel").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp / 'scancel-calls'}\n")
     (bin_dir / "scancel").chmod(0o755)
+    # The health gate's srun (the ranks' srun is the payload's stand-in): run its command here, once.
+    (bin_dir / "srun").write_text('#!/bin/sh\nwhile [ "${1#--}" != "$1" ]; do shift; done\nexec "$@"\n')
+    (bin_dir / "srun").chmod(0o755)
     marker = tmp / "run" / "requeue" / f"checkpointed-77-{restart}"
     _payload(tmp, slurm, spec, requeue=policy, max_requeues=max_requeues, srun=(sys.executable, "-c", CHILD, str(tmp)))
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "77",
@@ -97,7 +100,7 @@ def test_usr2_requeues_by_policy(tmp_path: Path, policy: str, checkpoint: bool, 
     assert (tmp_path / "child-got-usr2").exists(), "the agent did not forward USR2 to the ranks"
     assert _calls(tmp_path) == (["requeue 77"] if requeued else []), err
     if requeued:
-        assert "requeueing 77 (restart 1 of 2)" in err and proc.returncode == 0
+        assert "requeueing 77 (requeue 1 of 2)" in err and proc.returncode == 0
 
 
 def test_sigterm_never_requeues_and_the_limit_holds(tmp_path: Path) -> None:
@@ -152,7 +155,8 @@ def test_the_agent_checks_the_auto_port_on_the_masters_node(tmp_path: Path, take
     from orchestrator.rendezvous import derive_port
 
     argv_file = tmp_path / "srun-argv.json"
-    _payload(tmp_path, requeue="auto", max_requeues=0, srun=(sys.executable, "-c", RECORD_ARGV, str(argv_file)))
+    _payload(tmp_path, spec={"recovery": {"health_check": False}},  # no srun stand-in here for the gate
+             requeue="auto", max_requeues=0, srun=(sys.executable, "-c", RECORD_ARGV, str(argv_file)))
     derived = derive_port("77", 0)
     holder = socket.socket()
     try:

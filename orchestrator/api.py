@@ -180,12 +180,15 @@ class Run:
         self._record = refresh([self])[0]._record
         return self._record.state
 
-    def wait(self, timeout: float | None = None, *, follow: bool = False) -> State:
+    def wait(self, timeout: float | None = None, *, follow: bool = False, attempts: bool = True) -> State:
         """Block until the run ends and return its state (COMPLETED, FAILED, CANCELLED...).
 
         With ``timeout`` (seconds, >= 0; None or ``math.inf``: no limit), raise WaitTimeoutError (a
         TimeoutError) when it runs out; the run goes on. ``follow=True`` prints rank 0's log as it
-        grows, under the live progress line.
+        grows, under the live progress line. ``attempts=True`` prints a line to stderr whenever an
+        attempt starts or ends while it waits (``[orchestrator] attempt 1 ended: crash (...);
+        restarting (recovery)``), and once when a SLURM job pends again after a requeue
+        (``<run>/recovery.json``, read at most once a look; ``attempts=False``: quiet).
         """
         import math
         import numbers
@@ -207,22 +210,32 @@ class Run:
             from orchestrator.executors.console import Follower
 
             follower = Follower(max(1, self.record.world_size))
+        watch = None
+        if attempts:
+            from orchestrator.attempt_logs import AttemptWatch
+
+            watch = AttemptWatch(slurm=self.executor == "slurm")
         try:
-            return self._wait(deadline, timeout, poll, follower)
+            return self._wait(deadline, timeout, poll, follower, watch)
         finally:
             if follower is not None:
                 follower.close()
 
-    def _wait(self, deadline: float | None, timeout: float | None, poll: float, follower: Any) -> State:
+    def _wait(self, deadline: float | None, timeout: float | None, poll: float, follower: Any,
+              watch: Any = None) -> State:
         looks = self.tail(0) if follower is not None else None
         while True:
+            live = None
             if looks is not None:
                 state, text = next(looks)
                 if text:
                     follower.write(text)
-                follower.progress(_live_folder(self._record))
+                live = _live_folder(self._record)
+                follower.progress(live)
             else:
                 state = self.status()
+            if watch is not None:
+                self._say_attempts(watch, state, live)
             if state.terminal:
                 return state
             if deadline is not None:
@@ -234,6 +247,19 @@ class Run:
                 time.sleep(min(poll, left))
             else:
                 time.sleep(poll)
+
+    def _say_attempts(self, watch: Any, state: State, live: Path | None) -> None:
+        """One look at recovery.json (the run's, or the live sweep point's): print what changed."""
+        import sys
+
+        rec = self._record
+        folder = live if live is not None else (_live_folder(rec) if rec.sweep_size else Path(rec.run_dir))
+        where = f"point {int(folder.name)}: " if rec.sweep_size and folder.name.isdigit() else ""
+        for line in watch.look(folder, state == State.PENDING, list(rec.job_ids)):
+            try:
+                print(f"[orchestrator] {where}{line}", file=sys.stderr, flush=True)
+            except (OSError, ValueError):  # stderr closed or gone: the history keeps it
+                return
 
     def cancel(self) -> State:
         """Stop the run (local ranks checkpoint together first) and return the state it ended in."""
@@ -289,16 +315,57 @@ class Run:
             if state.terminal:
                 return
 
-    def logs(self, rank: int = 0, point: int | None = None) -> str:
-        """The text of a rank's log so far (every attempt). Raises RunNotFoundError if that rank
-        has written nothing yet."""
+    def logs(self, rank: int = 0, point: int | None = None, attempt: int | None = None) -> str:
+        """The text of a rank's log so far: every attempt, or only attempt ``attempt`` (counted
+        from 1, as status counts them). Raises RunNotFoundError if that rank has written nothing
+        yet, or (an AttemptNotFoundError) if its log does not hold that attempt, naming those it holds."""
         from orchestrator.fs_checks import read_file
 
+        if attempt is not None:
+            check_attempt(attempt)
         path = self.log_path(rank, point)
         data = read_file(path, f"rank {rank}'s log", "remove or rename it", RunNotFoundError)
         if data is None:
             raise RunNotFoundError(f"no log for rank {rank} yet at {path} ({self.id} is {self._record.state})")
-        return data.decode(errors="replace")
+        text = data.decode(errors="replace")
+        return text if attempt is None else self._attempt_part(text, attempt, rank, point, path)
+
+    def _attempt_part(self, text: str, attempt: int, rank: int, point: int | None, path: Path) -> str:
+        """Attempt ``attempt``'s part of ``text``, rank ``rank``'s log at ``path``
+        (``orchestrator.attempt_logs``); AttemptNotFoundError names the attempts it holds."""
+        from orchestrator.attempt_logs import AttemptNotFoundError, attempt_text, first_attempts, held
+        from orchestrator.fs_checks import shown
+
+        history = self._log_history(path, point)
+        try:
+            return attempt_text(text, attempt, first_attempts(history))
+        except AttemptNotFoundError as exc:
+            known = {a.number: a for a in history.attempts} if history is not None else {}
+            why = ""
+            if attempt in known and known[attempt].outcome == "unhealthy":
+                why = f"; attempt {attempt} was stopped by the health gate before any rank started"
+            elif known and attempt > max(known):
+                why = f"; {self.id} has had {max(known)} attempt(s) so far"
+            raise AttemptNotFoundError(attempt, exc.present,
+                                       f"attempt {attempt} is not in rank {rank}'s log {shown(path)}: it holds "
+                                       f"{held(exc.present)}{why} (orchestrator status {self.id} lists every "
+                                       "attempt)") from None
+
+    def _log_history(self, path: Path, point: int | None = None) -> Any:
+        """The attempts (``recovery.History``, or None when there is none to read) of the run or
+        sweep point whose rank log is ``path``."""
+        from orchestrator.attempt_logs import job_of_log, read_history
+        from orchestrator.records import point_dir
+
+        rec = self._record
+        if rec.executor != "slurm":
+            return read_history(path.parent.parent)  # <folder>/logs/rank-N.log
+        if not rec.sweep_size:
+            return read_history(rec.run_dir)
+        if point is None:
+            job = job_of_log(path)
+            point = rec.job_ids.index(job) if job in rec.job_ids else None
+        return read_history(point_dir(rec.run_dir, point)) if point is not None else None
 
     def stacks(self, rank: int | None = None, timeout: float = 5.0, native: bool = False) -> str:
         """The Python stack of every thread of every live rank (or of ``rank``), as the ranks are
@@ -326,6 +393,14 @@ class Run:
         from orchestrator.report import write_report
 
         return write_report(str(self.run_dir))
+
+
+def check_attempt(attempt: Any) -> int:
+    """An attempt number as ``logs`` takes it: an int from 1."""
+    if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 1:
+        raise UsageError(f"attempt is counted from 1 (as 'orchestrator status' counts), not {attempt!r}: "
+                         "e.g. .logs(rank=0, attempt=2)")
+    return attempt
 
 
 def _live_folder(rec: RunRecord) -> Path:

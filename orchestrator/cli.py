@@ -88,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--point", type=int, default=None,
                    help="sweep point index (default: the latest point that has a log)")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing until the run ends")
+    p.add_argument("--attempt", type=_attempt_number, default=None, metavar="K",
+                   help="only attempt K's part of the log (from 1, as status counts the attempts); with -f, only "
+                        "the latest attempt")
     p.set_defaults(func=cmd_logs)
 
     p = sub.add_parser("stacks", help="print the Python stack of every thread of every live rank (they keep running)")
@@ -284,10 +287,23 @@ def cmd_list(args: argparse.Namespace) -> int:
     return list_runs(as_json=args.json)
 
 
+def _attempt_number(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an attempt: attempts are counted from 1, as "
+                                         "'orchestrator status' lists them")
+    return value
+
+
 def cmd_logs(args: argparse.Namespace) -> int:
     from orchestrator.operations import logs
 
-    return logs(args.run, args.rank, args.follow, args.point)
+    if args.attempt is None:
+        return logs(args.run, args.rank, args.follow, args.point)
+    return logs(args.run, args.rank, args.follow, args.point, attempt=args.attempt)
 
 
 def cmd_stacks(args: argparse.Namespace) -> int:

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from orchestrator import api
 from orchestrator.api import Run
-from orchestrator.errors import OrchestratorError, RunNotFoundError
+from orchestrator.attempt_logs import AttemptStream, attempts_in, first_attempts, held
+from orchestrator.errors import OrchestratorError, RunNotFoundError, UsageError
 from orchestrator.fs_checks import errno_text, kind, read_file, shown
 from orchestrator.records import RunRecord, registered_runs
 from orchestrator.recovery import History, describe
@@ -119,18 +120,42 @@ def list_runs(as_json: bool = False) -> int:
 
 
 def logs(ref: str, rank: int, follow: bool, point: int | None = None,
-         start_timeout_s: float = FOLLOW_START_TIMEOUT_S) -> int:
+         start_timeout_s: float = FOLLOW_START_TIMEOUT_S, attempt: int | None = None) -> int:
+    """A rank's log, or only attempt ``attempt``'s part of it (counted from 1, as status counts)."""
     run = Run.get(ref)
+    if attempt is not None:
+        api.check_attempt(attempt)
     path = run.log_path(rank, point)
     if not follow:
         data = _read_log(path, rank)
         if data is None:
             print(f"no log for rank {rank} yet at {shown(path)}", file=sys.stderr)
             return 1
-        sys.stdout.write(data.decode(errors="replace"))
+        text = data.decode(errors="replace")
+        sys.stdout.write(text if attempt is None else run._attempt_part(text, attempt, rank, point, path))
         sys.stdout.flush()
         return 0
-    return _follow(run, path, rank, point, start_timeout_s)
+    stream = None
+    if attempt is not None:
+        stream = _attempt_stream(run, path, rank, point, attempt)
+    return _follow(run, path, rank, point, start_timeout_s, stream)
+
+
+def _attempt_stream(run: Run, path: Path, rank: int, point: int | None, attempt: int) -> AttemptStream:
+    """``logs -f --attempt K``: only the latest attempt is still written to, so only it can be
+    followed (the run's latest by recovery.json, else the latest the log holds, else 1)."""
+    history = run._log_history(path, point)
+    first = first_attempts(history)
+    if history is not None:
+        latest = history.attempts[-1].number
+    else:
+        data = _read_log(path, rank)
+        latest = attempts_in(data.decode(errors="replace"), first)[-1] if data is not None else 1
+    if attempt != latest:
+        raise UsageError(f"--attempt {attempt} cannot be followed: only the latest attempt ({latest}) is still being "
+                         f"written; print attempt {attempt} without -f/--follow, or follow attempt {latest} "
+                         f"(orchestrator logs -f {run.id} --rank {rank} --attempt {latest})")
+    return AttemptStream(attempt, first)
 
 
 def _read_log(path: Path, rank: int, offset: int = 0) -> bytes | None:
@@ -155,19 +180,31 @@ def _reader_gone() -> bool:
         return False
 
 
-def _follow(run: Run, path: Path, rank: int, point: int | None, start_timeout_s: float) -> int:
-    """Print the log as it grows until the run ends (``Run.tail``); give up if it never starts,
-    and stop when nobody reads any more."""
+def _follow(run: Run, path: Path, rank: int, point: int | None, start_timeout_s: float,
+            stream: AttemptStream | None = None) -> int:
+    """Print the log (or, with ``stream``, one attempt's part of it) as it grows until the run
+    ends (``Run.tail``); give up if it never starts, and stop when nobody reads any more."""
     started = time.monotonic()
     seen = False
     for state, text in run.tail(rank, point):
+        seen = seen or text is not None
+        if stream is not None:
+            text = stream.feed(text or "") + (stream.finish() if state.terminal else "")
         if text:
             sys.stdout.write(text)
             sys.stdout.flush()
-        seen = seen or text is not None
+        if stream is not None and stream.done:
+            later = stream.present[-1]
+            print(f"attempt {stream.attempt} of {run.id} has ended and attempt {later} started; follow it with: "
+                  f"orchestrator logs -f {run.id} --rank {rank} --attempt {later}", file=sys.stderr)
+            return 0
         if state.terminal:
             if not seen:
                 print(f"{run.id} ended {state} without a log for rank {rank} at {shown(path)}", file=sys.stderr)
+                return 1
+            if stream is not None and not stream.found:
+                print(f"{run.id} ended {state}, and rank {rank}'s log {shown(path)} holds no attempt {stream.attempt} "
+                      f"(it holds {held(sorted(stream.present) or [1])})", file=sys.stderr)
                 return 1
             return 0
         if _reader_gone():

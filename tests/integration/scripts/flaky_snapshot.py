@@ -39,6 +39,7 @@ def main() -> None:
     for step in range(start, a.steps):
         if step == a.fail_at and rank == world - 1 and not marker.exists():
             marker.write_text("1")
+            print(f"rank {rank}: failing ({a.mode}) at {time.time():.3f}", flush=True)
             if a.mode == "crash_once":
                 raise RuntimeError(f"injected crash at step {step}")
             if a.mode == "hang_once":

@@ -46,6 +46,7 @@ def print_plan(launch: LaunchPlan, console: Console | None = None, node: int | N
     stall = launch.payload.watchdog.stall_s
     if stall:
         console.print(f"stall watchdog: ends the job when no rank progresses for {stall:g}s", markup=False)
+    console.print(recovery_line(launch), markup=False)
     for note in launch.notes:
         console.print(Text.assemble(("note:", "yellow"), " ", note))
     for index, script in enumerate(launch.sbatch_scripts):
@@ -70,6 +71,22 @@ def print_plan(launch: LaunchPlan, console: Console | None = None, node: int | N
             else:
                 sweep.add_row(str(point.index), Text(" ".join(point.argv)), Text(point.run_dir))
         console.print(sweep)
+
+
+def recovery_line(launch: LaunchPlan) -> str:
+    """What the plan does about failures: the health gate, and restarts (``recovery``)."""
+    r = launch.payload.recovery
+    gate = ("health gate on every node before each attempt" + (f", node_check: {shlex.join(r.node_check)}"
+                                                               if r.node_check else "")) if r.health_check else "no health gate"
+    if not r.max_restarts:
+        return f"recovery: {gate}; no restarts after a failure (recovery.max_restarts: 0)"
+    how = ("restarts the ranks in place" if launch.executor != "slurm" else
+           "requeues the job" + (" without the nodes blamed" if r.exclude_failed_nodes else ""))
+    hang = "" if "hang" not in r.on or launch.payload.watchdog.stall_s else \
+        " (hang: only a missed init deadline, as watchdog.stall_s is off)"
+    return (f"recovery: {gate}; up to {r.max_restarts} restart(s) on {', '.join(r.on)}{hang}: {how}; stops after "
+            f"{r.stop_without_progress} failed attempt(s) in a row without a new checkpoint in "
+            f"{launch.payload.checkpoint.dir}")
 
 
 def print_ranks(launch: LaunchPlan, console: Console, node: int | None = None, rank: int | None = None) -> None:

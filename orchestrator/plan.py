@@ -338,7 +338,7 @@ SLURM_RULES = {
     "interface": "<interface that routes to MASTER_ADDR>",
     "job": "<SLURM_JOB_ID>",
     "restart": "<restart>",
-    "attempt": "<SLURM_RESTART_COUNT: 0, then one more per requeue>",
+    "attempt": "<SLURM_RESTART_COUNT: 0, then one more per requeue or restart>",
     "visible": "<the node's GPUs as SLURM sets them; LOCAL_RANK indexes them>",
 }
 

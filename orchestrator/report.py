@@ -47,6 +47,29 @@ def current_records(records: list[Any]) -> list[dict]:
     return [r for i, r in enumerate(kept) if last[_key(r)] == i]
 
 
+def resumes(run_dir: Path) -> list[tuple[int, int]]:
+    """(step, attempt) where each later attempt of the run started training again, from the
+    ``start`` records of the lowest rank's file that has any (0-based attempts, as the ranks
+    record them); a fresh start (step 0 of the first attempt) is not one."""
+    for records in _read_files(run_dir):
+        starts = [(int(r["step"]), int(r.get("attempt") or 0)) for r in records
+                  if isinstance(r, dict) and r.get("kind") == "start" and _number(r.get("step"))
+                  and _number(r.get("attempt") or 0)]
+        if starts:
+            return [(step, attempt) for i, (step, attempt) in enumerate(starts) if i > 0 or step > 0]
+    return []
+
+
+def _why_restarted(run_dir: Path, attempt: int) -> str:
+    """What ended the attempt before ``attempt`` (counted from 1), from recovery.json."""
+    from orchestrator.recovery import History
+
+    earlier = {a.number: a for a in History.load(run_dir).attempts}.get(attempt - 1)
+    if earlier is None or not earlier.outcome:
+        return ""
+    return {"restart": f"restart after {earlier.outcome}", "requeue": "requeue"}.get(earlier.action, earlier.outcome)
+
+
 def _rolled_back(record: dict, start: dict) -> bool:
     if _number(record.get("step")):
         return record["step"] > start["step"]
@@ -131,6 +154,13 @@ def write_report(ref: str) -> str:
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     axes[0].plot([m["step"] for m in train], [m["loss"] for m in train], label="train (rank 0)")
     axes[0].plot([m["step"] for m in evals], [m["loss"] for m in evals], "o-", label="test")
+    marks = resumes(run_dir)
+    for i, (step, attempt) in enumerate(marks):  # every restart or requeue, where training resumed
+        why = _why_restarted(run_dir, attempt + 1)
+        axes[0].axvline(step, color="grey", linestyle="--", linewidth=1,
+                        label="resumed (restart or requeue)" if i == 0 else None)
+        axes[0].annotate(f"attempt {attempt + 1}" + (f"\n{why}" if why else ""), (step, 0.02), xycoords=("data", "axes fraction"),
+                         fontsize="x-small", ha="right", va="bottom", rotation=90)
     axes[0].set(title="loss", xlabel="step")
     axes[0].legend()
     axes[1].plot([m["epoch"] for m in evals], [m["accuracy"] for m in evals], "o-")
@@ -152,6 +182,9 @@ def write_report(ref: str) -> str:
         lines.append(f"state {rec.state}, {rec.world_size} rank(s), attempt {rec.attempts}")
     if train:
         lines.append(f"steps {train[-1]['step']}, final train loss {train[-1]['loss']:.4f}")
+    for step, attempt in marks:
+        why = _why_restarted(run_dir, attempt + 1)
+        lines.append(f"attempt {attempt + 1} resumed at step {step}" + (f" ({why})" if why else ""))
     if evals:
         best = max(evals, key=lambda m: m["accuracy"])
         lines.append(f"final test accuracy {evals[-1]['accuracy']:.4f} (best {best['accuracy']:.4f} at epoch {best['epoch']})")

@@ -57,7 +57,10 @@ if TYPE_CHECKING:
 
 POLL_S = 0.2
 LOOK_S = 1.0  # the watchdog reads the shared run folder: once a second
-END_GRACE_S = 30.0  # srun ends its tasks (SIGKILL) on SIGTERM; this bounds the wait for it
+#: After a watchdog verdict (the stacks are saved): srun gets SIGTERM and forwards it; a rank still
+#: alive this long after gets SIGKILL (scancel --signal=KILL reaches the job's steps, not this
+#: agent), and srun this long after that: every rank is gone within ~10 s of the decision.
+END_GRACE_S = 5.0
 #: scontrol requeue is retried on failure (a controller restarting, a socket timeout), within a bound.
 SCONTROL_BACKOFF_S = (1.0, 2.0, 4.0, 8.0)
 SCONTROL_RETRY_S = 30.0
@@ -734,9 +737,20 @@ class JobAgent:
                             waits=forensics.waits_of(dumps) if any(dumps.values()) else {})
 
     def _end_ranks(self) -> None:
-        """srun answers SIGTERM by ending every task of the step; bounded, then srun itself goes."""
+        """Two tiers: SIGTERM through srun, then SIGKILL to every rank (a rank that handles or
+        ignores SIGTERM, or is stuck, has END_GRACE_S); srun itself goes last."""
         assert self.srun is not None
         self.srun.send_signal(signal.SIGTERM)
+        try:
+            self.srun.wait(timeout=END_GRACE_S)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+        self._say(f"the ranks did not end within {END_GRACE_S:g}s of SIGTERM: SIGKILL")
+        try:
+            subprocess.run(["scancel", "--signal=KILL", self.job_id], capture_output=True, timeout=SCONTROL_RETRY_S)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
         try:
             self.srun.wait(timeout=END_GRACE_S)
         except subprocess.TimeoutExpired:

@@ -33,6 +33,8 @@ def on_usr2(signum, frame):
     open(os.path.join(out, "child-cleaned-up"), "w").close()
     sys.exit(0 if os.environ.get("CHECKPOINT") == "1" else 1)
 signal.signal(getattr(signal, os.environ.get("NOTICE", "SIGUSR2")), on_usr2)
+if os.environ.get("IGNORE_TERM") == "1":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 open(os.path.join(out, "child-started"), "w").write(str(os.getpid()))
 time.sleep(60)
 """
@@ -316,3 +318,23 @@ def test_ranks_that_end_on_the_cancels_sigterm_before_the_agent_looks_end_cancel
     _, err = proc.communicate(timeout=60)
     assert _scancels(tmp_path) == ["77"] and _calls(tmp_path) == [], err
     assert proc.returncode == 3 and "killed by a signal" not in err, err
+
+
+def test_a_stalled_rank_that_ignores_sigterm_is_killed_within_the_hard_tier(tmp_path: Path) -> None:
+    """After a watchdog verdict the ranks get SIGTERM through srun; one that ignores it gets
+    SIGKILL (scancel --signal=KILL reaches the steps, not the agent) END_GRACE_S later, and srun
+    goes after that: every rank is gone within ~10 s of the decision."""
+    from orchestrator.recovery import History
+    from orchestrator.slurm_job import END_GRACE_S
+
+    proc = _agent(tmp_path, "never", False, spec={"watchdog": {"stall_s": 2}}, child_env={"IGNORE_TERM": "1"})
+    t0 = time.monotonic()
+    _, err = proc.communicate(timeout=60)
+    took = time.monotonic() - t0
+    assert "--signal=KILL 77" in _scancels(tmp_path), err
+    assert took < 2 + 2 * END_GRACE_S + 5, (took, err)  # stall_s, then both tiers
+    child = int((tmp_path / "child-started").read_text())
+    assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split(")")[1][:3]
+    assert proc.returncode == 1
+    (attempt,) = History.load(tmp_path / "run").attempts
+    assert (attempt.outcome, attempt.action) == ("hang", "stop")  # recovery is off: the hang ends the job

@@ -125,6 +125,11 @@ def check_node(node: str, run_dir: str, checkpoint_dir: str, attempt: int, peers
     problems += [p for p in (run_problem, ckpt_problem) if p]
     tokens = health_dir(run_dir, attempt) / "tokens"
     token_written = bool(guarded("token", _write_token, tokens, node, run_problem is not None, problems))
+    # A checkpoint folder outside the run folder must be shared too (else each node resumes from
+    # its own): the same tokens, there.
+    ckpt_tokens = checkpoint_tokens(checkpoint_dir, attempt) if _outside(checkpoint_dir, run_dir) else None
+    ckpt_written = ckpt_tokens is not None and bool(
+        guarded("token", _write_token, ckpt_tokens, node, ckpt_problem is not None, problems))
     token_deadline = time.monotonic() + token_wait_s
     for problem in (guarded("disk", _disk, (run_dir, checkpoint_dir), disk_floor_mb),
                     guarded("interface", _interface, interface),
@@ -132,8 +137,12 @@ def check_node(node: str, run_dir: str, checkpoint_dir: str, attempt: int, peers
                     guarded("node_check", _node_check, node, node_check, env)):
         if problem:
             problems.append(problem)
-    if token_written:
-        problem = guarded("token", _wait_for_peers, tokens, node, peers, run_dir, token_deadline, token_wait_s)
+    waits = [(tokens, run_dir, "runs_dir")] if token_written else []
+    if ckpt_written and ckpt_tokens is not None:
+        waits.append((ckpt_tokens, checkpoint_dir, "checkpoint.dir"))
+    for folder, shown_dir, field_name in waits:
+        problem = guarded("token", _wait_for_peers, folder, node, peers, shown_dir, token_deadline, token_wait_s,
+                          field_name)
         if problem:
             problems.append(problem)
     return NodeHealth(node=node, ok=not problems, problems=tuple(problems),
@@ -197,8 +206,22 @@ def _write_token(tokens: Path, node: str, run_failed: bool, problems: list[str])
     return True
 
 
+def checkpoint_tokens(checkpoint_dir: str, attempt: int) -> Path:
+    """Where the nodes leave their tokens in a checkpoint folder of its own (hidden: a checkpoint
+    reader, and recovery's progress check, skip dot-files). The agent removes it after the gate."""
+    return Path(checkpoint_dir) / ".orch-health" / f"attempt-{attempt}"
+
+
+def _outside(folder: str, run_dir: str) -> bool:
+    a, b = os.path.abspath(folder), os.path.abspath(run_dir)
+    try:
+        return os.path.commonpath([a, b]) != b
+    except ValueError:
+        return True
+
+
 def _wait_for_peers(tokens: Path, node: str, peers: Sequence[str], run_dir: str, deadline: float,
-                    wait_s: float) -> str | None:
+                    wait_s: float, field_name: str = "runs_dir") -> str | None:
     """Poll the tokens folder (a fresh listing each time: on NFS reading the folder revalidates
     it, where a lookup of a missing name may be answered from the client's cache)."""
     wanted = {_file_name(p): p for p in peers}
@@ -215,7 +238,7 @@ def _wait_for_peers(tokens: Path, node: str, peers: Sequence[str], run_dir: str,
         return None
     shown_peers = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
     return (f"{node} does not see the health tokens of node(s) {shown_peers} under {shown(run_dir)} after "
-            f"{wait_s:g}s: is runs_dir shared between the nodes? (or the health check never started there)")
+            f"{wait_s:g}s: is {field_name} shared between the nodes? (or the health check never started there)")
 
 
 # -- 3. free disk --------------------------------------------------------------------------------

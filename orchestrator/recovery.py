@@ -45,14 +45,14 @@ HISTORY_FILE = "recovery.json"
 
 
 def checkpoint_fingerprint(directory: str | Path) -> str:
-    """A digest of the files under the checkpoint folder (path, size, mtime): it changes when a
-    checkpoint is written. '' when the folder is missing or empty."""
+    """A digest of the files under the checkpoint folder (path, size, mtime; hidden ones skipped):
+    it changes when a checkpoint is written. '' when the folder is missing or empty."""
     root = Path(directory)
     entries: list[str] = []
     try:
         for base, dirs, files in os.walk(root):
-            dirs.sort()
-            for name in sorted(files):
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))  # hidden: the health gate's tokens
+            for name in sorted(f for f in files if not f.startswith(".")):
                 path = os.path.join(base, name)
                 try:
                     st = os.stat(path)

@@ -227,8 +227,9 @@ class JobAgent:
         if earlier is not None and (earlier.ended is None or (
                 earlier.job == self.job_id and earlier.action not in ("restart", "requeue"))):
             # The same job runs again though its agent requeued nothing: SLURM did (a node failure
-            # under --requeue; the agent was killed, or took the SIGTERM for a cancel).
-            gone = sorted(set(earlier.nodes) & self._nodes_gone(earlier.nodes))
+            # under --requeue; the agent was killed, or took the SIGTERM for a cancel, or its own
+            # requeue came too late). The nodes it saw lost count, with those SLURM says are gone.
+            gone = sorted(set(earlier.blamed) | (set(earlier.nodes) & self._nodes_gone(earlier.nodes)))
             why = (f"node(s) {', '.join(gone)} failed and SLURM requeued the job" if gone else
                    "SLURM ended the attempt and requeued the job (a node failure)")
             self._say(f"attempt {earlier.number}: {why}")
@@ -256,7 +257,7 @@ class JobAgent:
         why = self.failure.why if self.failure is not None else self.not_requeued
         try:
             self.history.finish(self.attempt, outcome, why, action=self.action, progress=self.attempt.progress,
-                                blamed=self.failure.blamed if self.failure else ())
+                                blamed=self.failure.blamed if self.failure else sorted(self.lost_nodes))
         except OSError as exc:
             self._say(f"could not record the attempt in {self.history.path}: {exc}")
 
@@ -556,6 +557,7 @@ class JobAgent:
         except (OSError, subprocess.TimeoutExpired) as exc:
             self._say(f"health gate: srun did not finish ({exc})")
         bad = health.unhealthy(health.read_results(self.run_dir, number, hosts))
+        shutil.rmtree(health.checkpoint_tokens(p.checkpoint.dir, number).parent, ignore_errors=True)
         self.attempt.health = bad
         if not bad:
             self._say(f"health gate: {len(hosts)} node(s) healthy in {time.monotonic() - started:.1f}s")

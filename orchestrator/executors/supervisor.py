@@ -15,6 +15,7 @@ module only acts on it.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -183,6 +184,7 @@ class Supervisor:
                                    environ={**os.environ, **({"CUDA_VISIBLE_DEVICES": ",".join(map(str, payload.devices))}
                                                            if payload.devices else {})})
         health.write_result(payload.run_dir, attempt, result)
+        shutil.rmtree(health.checkpoint_tokens(payload.checkpoint.dir, attempt).parent, ignore_errors=True)
         if result.ok:
             return True
         why = f"the health gate failed on {node}: {'; '.join(result.problems)}"

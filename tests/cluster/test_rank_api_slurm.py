@@ -11,6 +11,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from orchestrator.executors.slurm import SlurmExecutor
@@ -91,17 +92,29 @@ def _run_releasing_requeues(ex: SlurmExecutor, record: RunRecord, timeout: float
         time.sleep(0.5)
 
 
-def test_a_checkpoint_folder_the_nodes_do_not_share_fails_the_job_naming_the_ranks(cluster: dict[str, str]) -> None:
+@pytest.mark.parametrize("gate", [True, False])
+def test_a_checkpoint_folder_the_nodes_do_not_share_fails_the_job_naming_the_ranks(cluster: dict[str, str],
+                                                                                    gate: bool) -> None:
     """The site profile gives every node its own /mnt/orch-node-local (a node's local disk). With
     the checkpoints there, rank 0 would resume from its own and node 2's ranks from nothing, and
-    the weights would part ways; instead the ranks prove at the start that they all see the
-    folder rank 0 sees, and the job fails at once naming the ranks and the fix."""
-    launch = slurm_plan(cluster, name="nodelocal", entrypoint=EXAMPLE, args=ARGS,
-                        checkpoint={"dir": "/mnt/orch-node-local/ckpt", "interval_steps": 10})
+    the weights would part ways; instead the health gate (each node's token in the folder, read
+    back by the others) fails the job before any rank starts, naming the nodes and the field; with
+    the gate off, the ranks prove at the start that they all see the folder rank 0 sees, and the job
+    fails at once naming the ranks and the fix."""
+    launch = slurm_plan(cluster, name=f"nodelocal-{gate}", entrypoint=EXAMPLE, args=ARGS,
+                        checkpoint={"dir": "/mnt/orch-node-local/ckpt", "interval_steps": 10},
+                        recovery={"health_check": gate})
     record = run(launch)
     logs = "".join(p.read_text() for p in sorted((Path(launch.run_dir) / "slurm").glob("*_log.out")))
     assert record.state == "FAILED", (record.error, logs[-3000:])
-    why = "rank(s) 2, 3 (on node2) cannot see the checkpoint folder /mnt/orch-node-local/ckpt as rank 0 does"
-    assert why in (record.error or "") + logs, (record.error, logs[-3000:])
-    assert "shared filesystem" in (record.error or "") + logs
+    if gate:
+        for node, other in (("node1", "node2"), ("node2", "node1")):
+            why = (f"{node} does not see the health tokens of node(s) {other} under /mnt/orch-node-local/ckpt after "
+                   "60s: is checkpoint.dir shared between the nodes?")
+            assert why in (record.error or ""), (record.error, logs[-3000:])
+        assert "[launcher] rank " not in logs, logs[-3000:]  # no rank started
+    else:
+        why = "rank(s) 2, 3 (on node2) cannot see the checkpoint folder /mnt/orch-node-local/ckpt as rank 0 does"
+        assert why in (record.error or "") + logs, (record.error, logs[-3000:])
+        assert "shared filesystem" in (record.error or "") + logs
     assert no_job_processes()

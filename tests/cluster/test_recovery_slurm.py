@@ -123,7 +123,8 @@ def test_a_node_taken_down_mid_run_is_left_behind(cluster: dict[str, str]) -> No
             subprocess.run(["scontrol", "update", f"nodename={node}", f"state={state}"], capture_output=True)
     assert record.state == "COMPLETED", (record.error, _logs(launch.run_dir)[-4000:])
     first, second = History.load(launch.run_dir).attempts
-    assert (first.outcome, first.action, first.blamed) == ("node_failure", "restart", [node]), first
+    assert (first.outcome, first.action, first.blamed) == ("node_failure", "restart", [node]), \
+        (first, _logs(launch.run_dir)[-3000:])
     assert second.nodes == [_other(node)] and second.outcome == "completed"
     assert json.loads((ckpt / "done.json").read_text())["start"] > 0  # resumed from the snapshot
     assert no_job_processes()

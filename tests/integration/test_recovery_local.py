@@ -76,3 +76,15 @@ def test_a_failing_node_check_fails_before_any_rank_starts(tmp_path: Path) -> No
     assert "GPU 3 has ECC errors" in (record.error or "") and "exit code 4" in (record.error or "")
     assert not ckpt.exists() or not (ckpt / "state.json").exists()  # no rank ran
     assert History.load(launch.run_dir).attempts[0].outcome == "unhealthy"
+
+
+def test_a_rank_api_script_restarts_from_its_checkpoint(tmp_path: Path) -> None:
+    launch = make_plan(tmp_path, entrypoint=str(SCRIPTS / "rank_api_crash_once.py"), nodes=2, cpu_ranks_per_node=1,
+                       checkpoint={"interval_steps": 5}, recovery={"max_restarts": 1})
+    record = run_local(launch)
+    assert record.state == "COMPLETED", record.error
+    logs = "".join(p.read_text() for p in sorted((Path(launch.run_dir) / "logs").glob("rank-*.log")))
+    assert "injected crash at step 7" in logs
+    assert logs.count("resumed at step 5") == 2 and logs.count("finished at step 10") == 2, logs[-2000:]
+    first, second = History.load(launch.run_dir).attempts
+    assert (first.outcome, first.action, first.progress) == ("crash", "restart", True)

@@ -58,9 +58,11 @@ def test_a_run_folder_that_is_a_file_is_named_once(tmp_path: Path) -> None:
     run = tmp_path / "run-file"
     run.write_text("x")
     h = check_node("n1", str(run), str(tmp_path / "ckpt"), 1, ["n1", "n2"], token_wait_s=0.3, environ={})
-    assert not h.ok and len(h.problems) == 1, h
+    assert not h.ok and len(h.problems) == 2, h
     assert "run folder" in h.problems[0] and str(run) in h.problems[0], h
-    assert h.seconds < 0.3, h  # no wait for tokens that cannot be there
+    # the checkpoint folder (outside the run folder) is checked for sharing on its own: n2 never wrote there
+    assert "is checkpoint.dir shared" in h.problems[1] and "runs_dir" not in h.problems[1], h
+    assert h.seconds < 0.6, h  # one wait (the checkpoint folder's), none for the run folder's tokens
 
 
 def test_a_missing_peer_token_is_reported_after_the_wait(tmp_path: Path) -> None:
@@ -89,6 +91,31 @@ def test_two_nodes_sharing_the_run_folder_see_each_other(tmp_path: Path) -> None
     assert results["a"].ok and results["b"].ok, results
     assert time.monotonic() - start < 3.0  # "a" waited for "b"'s token, not the whole 5 s
     assert results["a"].seconds >= 0.2, results  # ...but it did wait for it
+
+
+def test_a_checkpoint_folder_of_its_own_must_be_shared_too(tmp_path: Path) -> None:
+    """Two nodes share the run folder but each has its own checkpoint folder (node-local disk):
+    each names the other and checkpoint.dir; with one shared checkpoint folder both pass."""
+    results: dict[str, NodeHealth] = {}
+
+    def node(name: str, ckpt: Path) -> None:
+        results[name] = _check(tmp_path, node=name, peers=["a", "b"], token_wait_s=1.0, checkpoint_dir=str(ckpt))
+
+    for ckpts in ({"a": tmp_path / "local-a", "b": tmp_path / "local-b"},
+                  {"a": tmp_path / "shared", "b": tmp_path / "shared"}):
+        threads = [threading.Thread(target=node, args=(n, c)) for n, c in ckpts.items()]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if ckpts["a"] != ckpts["b"]:
+            for me, other in (("a", "b"), ("b", "a")):
+                assert results[me].problems == (f"{me} does not see the health tokens of node(s) {other} under "
+                                                f"{ckpts[me]} after 1s: is checkpoint.dir shared between the nodes? "
+                                                "(or the health check never started there)",), results
+        else:
+            assert results["a"].ok and results["b"].ok, results
+            assert health.checkpoint_tokens(str(ckpts["a"]), 1).is_dir()  # hidden, for the agent to remove
 
 
 def test_a_disk_floor_above_the_free_space_is_reported(tmp_path: Path) -> None:

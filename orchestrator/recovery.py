@@ -79,7 +79,8 @@ class Attempt:
     checkpoint_at_start: str = ""
     ended: Optional[float] = None
     #: completed, crash, node_failure, hang, unhealthy, cancelled, timeout, requeued (time limit
-    #: or preemption), or None while it runs (or when its agent died with its node)
+    #: or preemption), lost (its supervisor or agent was killed before it recorded the end), or
+    #: None while it runs
     outcome: Optional[str] = None
     why: str = ""
     blamed: list[str] = field(default_factory=list)
@@ -148,6 +149,16 @@ class History:
         self.attempts.sort(key=lambda a: a.number)
         self.save()
         return attempt
+
+    def close_lost(self, why: str) -> list[Attempt]:
+        """Attempts that never recorded their end (their supervisor or agent was killed) are
+        recorded as lost, never left 'running'. Returns them."""
+        lost = [a for a in self.attempts if a.ended is None]
+        for a in lost:
+            a.ended, a.outcome, a.why = time.time(), "lost", why
+        if lost:
+            self.save()
+        return lost
 
     def progressed(self, attempt: Attempt, checkpoint_dir: str | Path) -> bool:
         now = checkpoint_fingerprint(checkpoint_dir)

@@ -224,8 +224,10 @@ class JobAgent:
         then it died with the job, which SLURM ended for a lost node (NODE_FAIL, and requeued it,
         as --requeue asks) or killed outright."""
         earlier = self.history.attempts[-1] if self.history.attempts else None
-        if earlier is not None and (earlier.ended is None or (
-                earlier.job == self.job_id and earlier.action not in ("restart", "requeue"))):
+        if earlier is not None and earlier.job != self.job_id:  # another submission's: it ended however it did
+            self.history.close_lost(f"job {earlier.job or '?'} ended without its agent recording how "
+                                    "(killed, or its node lost)")
+        elif earlier is not None and (earlier.ended is None or earlier.action not in ("restart", "requeue")):
             # The same job runs again though its agent requeued nothing: SLURM did (a node failure
             # under --requeue; the agent was killed, or took the SIGTERM for a cancel, or its own
             # requeue came too late). The nodes it saw lost count, with those SLURM says are gone.

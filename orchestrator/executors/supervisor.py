@@ -151,6 +151,7 @@ class Supervisor:
         (``orchestrator.recovery.decide``); every attempt is kept in <run>/recovery.json."""
         payload = self.launch.payload_for_point(index)
         history = History.load(payload.run_dir)
+        history.close_lost("the supervisor of this attempt was killed before it recorded the end")
         while True:
             self.failure = None
             attempt = history.begin(self.record.attempts, [socket.gethostname()], payload.checkpoint.dir)

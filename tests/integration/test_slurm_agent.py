@@ -338,3 +338,20 @@ def test_a_stalled_rank_that_ignores_sigterm_is_killed_within_the_hard_tier(tmp_
     assert proc.returncode == 1
     (attempt,) = History.load(tmp_path / "run").attempts
     assert (attempt.outcome, attempt.action) == ("hang", "stop")  # recovery is off: the hang ends the job
+
+
+def test_an_earlier_jobs_attempt_its_agent_never_closed_is_recorded_lost(tmp_path: Path) -> None:
+    """Two submissions of one run: the first job's agent was killed (no end recorded); the second
+    job's agent records that attempt as lost, not as a node failure of its own, and numbers on."""
+    from orchestrator.recovery import History
+
+    (tmp_path / "run").mkdir()
+    History(tmp_path / "run" / "recovery.json").begin(1, ["nodeX"], tmp_path / "ckpt", job="55")
+    proc = _agent(tmp_path, "never", False)
+    proc.send_signal(signal.SIGTERM)  # scancel: the agent notes it...
+    proc.send_signal(signal.SIGUSR2)  # ...and the stand-in rank ends
+    _, err = proc.communicate(timeout=30)
+    first, second = History.load(tmp_path / "run").attempts
+    assert (first.outcome, first.action, first.blamed) == ("lost", "", []), err
+    assert "job 55 ended without its agent recording how" in first.why
+    assert (second.number, second.job, second.outcome) == (2, "77", "cancelled"), err

@@ -102,3 +102,15 @@ def test_history_survives_a_damaged_file_and_is_shown(tmp_path: Path) -> None:
     assert lines[0].startswith("attempts: 2 (1 restart(s), 0 requeue(s)") and "excluded: node1" in lines[0]
     assert "attempt 1 on node1: unhealthy, restarted: gate; blamed: node1" in lines[1]
     assert "unhealthy node1: GPU 0 has ECC errors" in lines[2] and "attempt 2 on node2: running" in lines[3]
+
+
+def test_an_attempt_whose_owner_was_killed_is_recorded_lost_not_running(tmp_path: Path) -> None:
+    h = History(tmp_path / "recovery.json")
+    h.begin(1, ["n1"], tmp_path)  # its supervisor (or agent) was SIGKILLed: no end recorded
+    again = History.load(tmp_path)
+    (lost,) = again.close_lost("the supervisor was killed")
+    assert lost.number == 1 and History.load(tmp_path).attempts[0].outcome == "lost"
+    again.begin(2, ["n1"], tmp_path)
+    lines = describe(History.load(tmp_path))
+    assert "attempt 1 on n1: lost: the supervisor was killed" in lines[1] and "attempt 2 on n1: running" in lines[2]
+    assert History.load(tmp_path).close_lost("x") == [History.load(tmp_path).attempts[1]]

@@ -183,6 +183,7 @@ class JobAgent:
         self.history = History.load(payload.run_dir)  # every attempt of this run (orchestrator.recovery)
         self.attempt: Attempt | None = None
         self.failure: Failure | None = None  # what ended this attempt, for recovery.decide
+        self.over_limit = ""  # SLURM requeued the job after a node failure with no restart left
         self.straggler_outside = False  # the watchdog's straggler was not inside a collective
         self.action = ""  # what this attempt led to: requeue (time limit), restart (a failure), stop
 
@@ -236,6 +237,10 @@ class JobAgent:
                    "SLURM ended the attempt and requeued the job (a node failure)")
             self._say(f"attempt {earlier.number}: {why}")
             self.history.finish(earlier, "node_failure", why, action="restart", blamed=gone)
+            limit = self.payload.recovery.max_restarts
+            if limit and self.history.restarts() > limit:  # SLURM's requeue was one restart too many
+                self.over_limit = (f"{why}; no restarts left ({self.history.restarts() - 1} of {limit} used; "
+                                   "recovery.max_restarts)")
         number = earlier.number + 1 if earlier is not None else 1
         self.attempt = self.history.begin(number, self.slurm.hosts, self.payload.checkpoint.dir, job=self.job_id)
 
@@ -264,6 +269,14 @@ class JobAgent:
             self._say(f"could not record the attempt in {self.history.path}: {exc}")
 
     def _run(self, srun_argv: list[str]) -> int:
+        if self.over_limit:
+            from orchestrator import forensics
+
+            self._say(self.over_limit)
+            self.failure = Failure("node_failure", self.over_limit)
+            self.action = "stop"
+            forensics.write_end(self.run_dir, reason="node_failure", error=self.over_limit)
+            return 1
         if self.payload.recovery.health_check and self.world > 0:
             unhealthy = self._health_gate()
             if unhealthy is not None:

@@ -355,3 +355,29 @@ def test_an_earlier_jobs_attempt_its_agent_never_closed_is_recorded_lost(tmp_pat
     assert (first.outcome, first.action, first.blamed) == ("lost", "", []), err
     assert "job 55 ended without its agent recording how" in first.why
     assert (second.number, second.job, second.outcome) == (2, "77", "cancelled"), err
+
+
+def test_a_node_failure_requeue_past_max_restarts_ends_the_job(tmp_path: Path) -> None:
+    """SLURM requeued the job itself (the agent's node failed) once more than recovery.max_restarts
+    allows: the next attempt records the node failure and ends FAILED without starting the ranks."""
+    from orchestrator.recovery import History
+
+    (tmp_path / "run").mkdir()
+    history = History(tmp_path / "run" / "recovery.json")
+    history.finish(history.begin(1, ["n1"], tmp_path / "ckpt", job="77"), "crash", action="restart")
+    history.begin(2, ["n2"], tmp_path / "ckpt", job="77")  # its agent died with its node
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sinfo").write_text("#!/bin/sh\necho 'n2 down*'\n")
+    (bin_dir / "sinfo").chmod(0o755)
+    _payload(tmp_path, spec={"recovery": {"max_restarts": 1}}, requeue="auto", max_requeues=3,
+             srun=(sys.executable, "-c", "open('ranks-started', 'w')"))
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "2"}
+    out = subprocess.run([sys.executable, "-m", "orchestrator.slurm_job", str(tmp_path / "payload.json")], env=env,
+                         capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert out.returncode == 1, out.stderr
+    assert "no restarts left (1 of 1 used; recovery.max_restarts)" in out.stderr
+    assert not (tmp_path / "ranks-started").exists()
+    a = History.load(tmp_path / "run").attempts
+    assert [(x.outcome, x.action, x.blamed) for x in a] == [("crash", "restart", []), ("node_failure", "restart", ["n2"]),
+                                                            ("node_failure", "stop", [])], a

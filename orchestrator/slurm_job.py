@@ -228,6 +228,10 @@ class JobAgent:
         if earlier is not None and earlier.job != self.job_id:  # another submission's: it ended however it did
             self.history.close_lost(f"job {earlier.job or '?'} ended without its agent recording how "
                                     "(killed, or its node lost)")
+        elif earlier is not None and earlier.outcome == "preempted" and earlier.action != "requeue":
+            # Preempted, and SLURM requeued the job itself (PreemptMode=REQUEUE): a requeue, not a failure.
+            self.history.finish(earlier, "preempted", earlier.why or "preempted; SLURM requeued the job",
+                                action="requeue", progress=earlier.progress)
         elif earlier is not None and (earlier.ended is None or earlier.action not in ("restart", "requeue")):
             # The same job runs again though its agent requeued nothing: SLURM did (a node failure
             # under --requeue; the agent was killed, or took the SIGTERM for a cancel, or its own
@@ -253,6 +257,8 @@ class JobAgent:
             outcome = self.failure.kind
         elif self.phase is Phase.REQUEUED:
             outcome = "requeued"
+        elif self.preempted:
+            outcome = "preempted"
         elif code == 0:
             outcome = "completed"
         elif self.failure is not None:

@@ -381,3 +381,30 @@ def test_a_node_failure_requeue_past_max_restarts_ends_the_job(tmp_path: Path) -
     a = History.load(tmp_path / "run").attempts
     assert [(x.outcome, x.action, x.blamed) for x in a] == [("crash", "restart", []), ("node_failure", "restart", ["n2"]),
                                                             ("node_failure", "stop", [])], a
+
+
+def test_a_preemption_slurm_requeued_itself_is_a_requeue_not_a_node_failure(tmp_path: Path) -> None:
+    """slurm.requeue: never, preempted under PreemptMode=REQUEUE: SLURM requeues the job itself.
+    The attempt is recorded preempted, and the next attempt of the job counts it as a requeue."""
+    from orchestrator.recovery import History
+
+    info = "JobId=77 JobState=RUNNING PreemptTime=2026-11-24T18:00:00"
+    proc = _agent(tmp_path, "never", False, child_env={"NOTICE": "SIGTERM"}, job_info=info)
+    os.killpg(proc.pid, signal.SIGTERM)  # the preemption's SIGTERM, to the agent and the ranks
+    _, err = proc.communicate(timeout=60)
+    (first,) = History.load(tmp_path / "run").attempts
+    assert (first.outcome, first.action) == ("preempted", ""), err
+    (tmp_path / "child-started").unlink()
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "SLURM_JOB_ID": "77",
+           "SLURM_RESTART_COUNT": "1", "NOTICE": "SIGTERM"}
+    again = subprocess.Popen([sys.executable, "-m", "orchestrator.slurm_job", str(tmp_path / "payload.json")], env=env,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "child-started").exists():
+        assert time.monotonic() < deadline and again.poll() is None, "the second attempt never started its ranks"
+        time.sleep(0.05)
+    os.killpg(again.pid, signal.SIGTERM)
+    again.communicate(timeout=60)
+    first, second = History.load(tmp_path / "run").attempts
+    assert (first.outcome, first.action) == ("preempted", "requeue") and second.number == 2
+    assert History.load(tmp_path / "run").restarts() == 0

@@ -516,8 +516,9 @@ class JobAgent:
             self._enter(Phase.NOT_REQUEUED)
             return
         self._say(f"{why}: requeueing {self.job_id} (requeue {used + 1} of {limit})")
-        self.action = "requeue"
         self._scontrol_requeue()
+        if self.phase is Phase.REQUEUED:
+            self.action = "requeue"
 
     def _requeues_used(self) -> int:
         """Time-limit and preemption requeues so far: SLURM's restart count less recovery's

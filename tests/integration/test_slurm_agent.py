@@ -332,7 +332,7 @@ def test_a_stalled_rank_that_ignores_sigterm_is_killed_within_the_hard_tier(tmp_
     _, err = proc.communicate(timeout=60)
     took = time.monotonic() - t0
     assert "--signal=KILL 77" in _scancels(tmp_path), err
-    assert took < 2 + 2 * END_GRACE_S + 5, (took, err)  # stall_s, then both tiers
+    assert took < 2 + 2 * END_GRACE_S + 15, (took, err)  # stall_s, both tiers, and slack for a loaded machine
     child = int((tmp_path / "child-started").read_text())
     assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split(")")[1][:3]
     assert proc.returncode == 1

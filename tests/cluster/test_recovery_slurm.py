@@ -16,10 +16,10 @@ from orchestrator.executors.slurm import SlurmExecutor
 from orchestrator.recovery import History, describe
 from orchestrator.records import RunRecord
 
-from .test_slurm import no_job_processes, slurm_plan, start_held_job
+from .test_rank_api_slurm import _run_releasing_requeues
+from .test_slurm import no_job_processes, slurm_plan
 
 SCRIPT = str(Path(__file__).resolve().parents[1] / "integration" / "scripts" / "flaky_snapshot.py")
-ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY")
 
 
 def _flaky(cluster: dict[str, str], name: str, mode: str, recovery: dict[str, Any], nodes: int = 2,
@@ -32,20 +32,9 @@ def _flaky(cluster: dict[str, str], name: str, mode: str, recovery: dict[str, An
 
 
 def _run_through_restarts(launch: Any, timeout: float = 420, record: RunRecord | None = None) -> RunRecord:
-    """Submit (unless submitted) and wait for the end; SLURM holds a requeued job ~2 minutes
-    (BeginTime): start it at once, as tests/cluster/test_rank_api_slurm.py does."""
+    """Submit (unless submitted) and wait for the end, starting requeued jobs SLURM holds at once."""
     ex = SlurmExecutor()
-    record = record or ex.submit(launch)
-    deadline = time.monotonic() + timeout
-    while True:
-        record = ex.refresh([RunRecord.load(record.run_dir)])[0]
-        if record.state in ENDED:
-            return record
-        assert time.monotonic() < deadline, record
-        job = record.job_ids[0]
-        if "Reason=BeginTime" in subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout:
-            start_held_job(job)
-        time.sleep(0.5)
+    return _run_releasing_requeues(ex, record or ex.submit(launch), timeout)
 
 
 def _logs(run_dir: str) -> str:

@@ -74,6 +74,11 @@ def _agent(tmp: Path, policy: str, checkpoint: bool, restart: int = 0, max_reque
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "77",
            "SLURM_RESTART_COUNT": str(restart), "ORCH_REQUEUE_MARKER": str(marker),
            "CHECKPOINT": "1" if checkpoint else "0", **(child_env or {})}
+    return _start_agent(tmp, env)
+
+
+def _start_agent(tmp: Path, env: dict[str, str]) -> subprocess.Popen:
+    """The agent on tmp's payload, returned once its stand-in srun (the ranks) has started."""
     proc = subprocess.Popen([sys.executable, "-m", "orchestrator.slurm_job", str(tmp / "payload.json")], env=env,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.monotonic() + 30
@@ -397,12 +402,7 @@ def test_a_preemption_slurm_requeued_itself_is_a_requeue_not_a_node_failure(tmp_
     (tmp_path / "child-started").unlink()
     env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "SLURM_JOB_ID": "77",
            "SLURM_RESTART_COUNT": "1", "NOTICE": "SIGTERM"}
-    again = subprocess.Popen([sys.executable, "-m", "orchestrator.slurm_job", str(tmp_path / "payload.json")], env=env,
-                             stderr=subprocess.PIPE, text=True, start_new_session=True)
-    deadline = time.monotonic() + 30
-    while not (tmp_path / "child-started").exists():
-        assert time.monotonic() < deadline and again.poll() is None, "the second attempt never started its ranks"
-        time.sleep(0.05)
+    again = _start_agent(tmp_path, env)  # the job's next attempt
     os.killpg(again.pid, signal.SIGTERM)
     again.communicate(timeout=60)
     first, second = History.load(tmp_path / "run").attempts

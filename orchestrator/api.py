@@ -17,6 +17,7 @@ the fix; the CLI prints the same messages.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 
     from orchestrator.executors.base import Executor, ForegroundExecutor
     from orchestrator.plan import LaunchPlan
+    from orchestrator.snapshot import Snapshot
     from orchestrator.spec import JobSpec
 
 #: What ``run`` and ``submit`` accept: a JobSpec, a mapping of spec fields, a spec file, or a
@@ -64,16 +66,37 @@ def as_spec(spec: SpecLike) -> JobSpec:
 
 
 def plan_for(spec: SpecLike, executor: str | None = None) -> LaunchPlan:
-    """The LaunchPlan (what ``orchestrator plan`` prints): pure, nothing is started or written.
-    Every spec is validated here, whatever made it, so run/submit/plan never act on an unchecked one."""
+    """The LaunchPlan (what ``orchestrator plan`` prints): nothing is started or written (the
+    project is read to show its code snapshot). Every spec is validated here, whatever made it,
+    so run/submit/plan never act on an unchecked one."""
+    return planned(spec, executor)[0]
+
+
+def planned(spec: SpecLike, executor: str | None = None) -> tuple[LaunchPlan, Snapshot | None]:
+    """The plan and the scanned code snapshot it runs (None: live files, ``code.snapshot: false``,
+    the debug executor, or an entrypoint from an installed package)."""
     from orchestrator.plan import plan
 
-    return plan(as_spec(spec), executor)  # type: ignore[arg-type]
+    checked = as_spec(spec)
+    code = scan_code(checked, executor or checked.executor)
+    return plan(checked, executor, code=code), code  # type: ignore[arg-type]
+
+
+def scan_code(spec: JobSpec, executor: str) -> Snapshot | None:
+    """Read and hash the project the spec's entrypoint lives in (``orchestrator.snapshot``)."""
+    if not spec.code.snapshot or executor == "debug":
+        return None
+    from orchestrator.snapshot import scan_project
+
+    extra = [os.path.abspath(p) for p in (spec.checkpoint.dir, spec.distributed.rendezvous_dir) if p]
+    return scan_project(spec.entrypoint, os.getcwd(), spec.runs_dir, ignore_file=spec.code.ignore_file,
+                        max_mb=spec.code.max_mb, exclude=extra)
 
 
 # ---- starting runs -------------------------------------------------------------------------
 def run(spec: SpecLike, wait: bool = True, *, executor: str | None = None, fresh: bool = False,
-        zygote: subprocess.Popen | None = None, on_moved: Callable[[Path], None] | None = None) -> Run:
+        zygote: subprocess.Popen | None = None, on_moved: Callable[[Path], None] | None = None,
+        on_plan: Callable[[LaunchPlan], None] | None = None) -> Run:
     """Run on this machine: ``nodes x ranks`` processes (``executor="local"``), or rank 0 alone
     in this process (``executor="debug"``, for pdb). Default: the spec's executor.
 
@@ -85,9 +108,12 @@ def run(spec: SpecLike, wait: bool = True, *, executor: str | None = None, fresh
     ``on_moved(new_place)`` if there was one to move (the CLI prints it).
 
     ``zygote``: a launcher started early with ``executors.forked.start_zygote()``, so torch
-    imports while the spec is still being loaded (the CLI does this); optional.
+    imports while the spec is still being loaded (the CLI does this); optional. ``on_plan(plan)``
+    is called once the plan is made, before anything starts (the CLI prints whether it resumes).
     """
     launch = plan_for(spec, executor)
+    if on_plan is not None:
+        on_plan(launch)
     if launch.executor == "slurm":
         raise UsageError("'run' is for the local and debug executors: submit to SLURM with 'orchestrator submit' "
                          "(Python: submit(spec)), or pass --executor local (Python: executor='local') "
@@ -106,10 +132,14 @@ def run(spec: SpecLike, wait: bool = True, *, executor: str | None = None, fresh
     return Run(record)
 
 
-def submit(spec: SpecLike, *, executor: str = "slurm") -> Run:
+def submit(spec: SpecLike, *, executor: str = "slurm", on_plan: Callable[[LaunchPlan], None] | None = None) -> Run:
     """Submit to SLURM (one job, or one job array for a sweep) and return at once: the handle's
-    state is PENDING. Follow it with ``.status()``, ``.wait(timeout=...)`` and ``.logs()``."""
+    state is PENDING. Follow it with ``.status()``, ``.wait(timeout=...)`` and ``.logs()``.
+    The project's code is frozen first (``orchestrator.snapshot``): edits made after this call
+    never reach the job, requeues included. ``on_plan`` as for ``run``."""
     launch = plan_for(spec, executor)
+    if on_plan is not None:
+        on_plan(launch)
     return Run(_executor(launch.executor).submit(launch))
 
 

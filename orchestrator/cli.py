@@ -14,6 +14,7 @@ import io
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from orchestrator.errors import OrchestratorError
@@ -107,6 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="write PNG plots and a text summary of a run's metrics")
     p.add_argument("run")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("diff", help="what changed in the project on disk since the run's code snapshot")
+    p.add_argument("run")
+    p.add_argument("--stat", action="store_true", help="only the changed files' names")
+    p.set_defaults(func=cmd_diff)
     return parser
 
 
@@ -144,8 +150,22 @@ def cmd_plan(args: argparse.Namespace) -> int:
     else:
         from orchestrator.display import print_plan
 
-        print_plan(launch, node=args.node, rank=args.rank)
+        print_plan(launch, node=args.node, rank=args.rank, run_lines=_run_lines(launch))
     return 0
+
+
+def _run_lines(launch: Any) -> list[str]:
+    """Whether the spec resumes a run (and from which step) or starts one; other runs of the job's
+    name holding checkpoints, with the fields this spec changed (``orchestrator.identity``)."""
+    from orchestrator.identity import resume_line, sibling_warnings
+    from orchestrator.spec import JobSpec
+
+    lines = [f"identity: {resume_line(launch.run_dir, launch.payload.checkpoint.dir)}"]
+    try:
+        lines += [f"warning: {w}" for w in sibling_warnings(JobSpec.model_validate(launch.spec), launch.run_dir)]
+    except OSError:
+        pass
+    return lines
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
@@ -178,7 +198,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         from orchestrator.api import run
 
         handle = run(_load(args), wait=not args.detach, executor=args.executor, fresh=args.fresh, zygote=zygote,
-                     on_moved=_print_moved)
+                     on_moved=_print_moved, on_plan=None if args.fresh else _say_run_lines)
     if args.detach:
         print(f"started {handle.id} in the background; follow it with: orchestrator logs -f {handle.id}")
         return 0
@@ -207,6 +227,11 @@ def _print_outcome(record: Any) -> None:
         pass
 
 
+def _say_run_lines(launch: Any) -> None:
+    for line in _run_lines(launch):
+        print(line, file=sys.stderr if line.startswith("warning") else sys.stdout, flush=True)
+
+
 def _print_moved(moved: Any) -> None:
     print(f"moved the previous run folder to {moved}")
 
@@ -230,7 +255,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_submit(args: argparse.Namespace) -> int:
     from orchestrator.api import submit
 
-    handle = submit(_load(args), executor=args.executor or "slurm")
+    handle = submit(_load(args), executor=args.executor or "slurm", on_plan=_say_run_lines)
     print(f"submitted {handle.id}: job(s) {', '.join(handle.job_ids) or '-'}; run folder {handle.run_dir}")
     if args.follow or args.wait:
         state = handle.wait(follow=args.follow)
@@ -318,6 +343,34 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     from orchestrator.operations import cancel
 
     return cancel(args.run)
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    """The run's snapshot against the project on disk now: the files added, deleted and modified
+    since, and for each its unified diff (snapshot on the left)."""
+    from orchestrator.api import Run
+    from orchestrator.snapshot import changes_since, unified_diff
+
+    run = Run.get(args.run)
+    path = RunFolder.of(run.run_dir).code
+    if not path.is_file():
+        raise OrchestratorError(f"run {run.id} has no code snapshot (it ran the live files: code.snapshot was false, "
+                                "the entrypoint is an installed package, or an older version ran it)")
+    code = json.loads(path.read_text(encoding="utf-8"))
+    changed, _, frozen = changes_since(code)
+    commit = f", git {code['commit'][:12]}{' + uncommitted changes' if code.get('dirty') else ''}" \
+        if code.get("commit") else ""
+    if not changed:
+        print(f"{code['root']}: no change since snapshot {code['id']}{commit}")
+        return 0
+    print(f"{code['root']}: {len(changed)} file(s) changed since snapshot {code['id']}{commit}")
+    for status, rel in changed:
+        print(f"  {status:9} {rel}")
+    if not args.stat:
+        store_dir = str(Path(code["manifest"]).parent.parent)
+        for status, rel in changed:
+            sys.stdout.write("\n" + unified_diff(store_dir, code["root"], status, rel, frozen.get(rel)))
+    return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -27,8 +27,23 @@ RANK_START = {
 }
 
 
+def code_line(launch: LaunchPlan) -> str:
+    """What the ranks import: the snapshot (files, bytes, what the store still lacks) or the live files."""
+    c = launch.code
+    if c is None:
+        why = "code.snapshot: false" if not launch.spec.get("code", {}).get("snapshot", True) else \
+            "the debug executor" if launch.executor == "debug" else "the entrypoint is an installed package"
+        return f"code: the ranks import the live files ({why})"
+    from orchestrator.snapshot import _human
+
+    git = f", git {c['commit'][:12]}{' + uncommitted changes' if c['dirty'] else ''}" if c.get("commit") else ""
+    new = f"{c['new_files']} new file(s), {_human(c['new_bytes'])} to store" if c["new_files"] else "already stored"
+    return (f"code: snapshot {c['id']} of {c['root']} ({c['how']}{git}): {c['files']} files, {_human(c['bytes'])}; "
+            f"{new}; the ranks import it from {c['tree']}")
+
+
 def print_plan(launch: LaunchPlan, console: Console | None = None, node: int | None = None,
-               rank: int | None = None) -> None:
+               rank: int | None = None, run_lines: list[str] | None = None) -> None:
     if rank is not None and not 0 <= rank < launch.world_size:
         raise PlanQueryError(f"--rank {rank}: the job has ranks 0-{launch.world_size - 1}")
     if node is not None and not 0 <= node < launch.nodes:
@@ -40,6 +55,9 @@ def print_plan(launch: LaunchPlan, console: Console | None = None, node: int | N
                                 f"  executor={launch.executor}  {launch.nodes} node(s) x {launch.ranks_per_node} "
                                 f"rank(s) = {launch.world_size}  backend={launch.backend}"))
     console.print(f"run folder: {launch.run_dir}", markup=False)
+    for line in run_lines or []:
+        console.print(line, markup=False)
+    console.print(code_line(launch), markup=False)
     console.print(f"entrypoint: {launch.payload.entrypoint} {' '.join(launch.payload.argv)}", markup=False)
     console.print(f"working directory of the ranks: {launch.payload.workdir}", markup=False)
     console.print(f"rank processes: {RANK_START[launch.rank_start]}", markup=False)

@@ -31,9 +31,12 @@ from orchestrator.rendezvous import remove_rendezvous_file
 from orchestrator.run_folder import RunFolder
 
 
-def call_entrypoint(entrypoint: str, argv: list[str], source_dir: str | None = None, as_main: bool = True) -> Any:
+def call_entrypoint(entrypoint: str, argv: list[str], source_dir: str | None = None, as_main: bool = True,
+                    snapshot: bool = False) -> Any:
     """``pkg.module:function`` is called with the argument list; a script runs as __main__
-    (``as_main=False``: through ``runpy``, which gives the caller's ``__main__`` back after)."""
+    (``as_main=False``: through ``runpy``, which gives the caller's ``__main__`` back after).
+    ``snapshot``: ``source_dir`` is the CLI's folder in the code snapshot, searched before the
+    working directory (which may be the live project)."""
     if entrypoint.endswith(".py") or ":" not in entrypoint:
         saved = sys.argv
         sys.argv = [entrypoint, *argv]
@@ -53,7 +56,7 @@ def call_entrypoint(entrypoint: str, argv: list[str], source_dir: str | None = N
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     if source_dir and source_dir not in sys.path:  # where the user ran the CLI: their modules
-        sys.path.insert(1, source_dir)
+        sys.path.insert(0 if snapshot else 1, source_dir)
     func = getattr(importlib.import_module(module_name), func_name)
     return func(argv)
 
@@ -127,9 +130,15 @@ def run_rank(payload: Payload, rank: int, own_process: bool = True) -> Any:
     returned: list[bool] = []  # set once the entrypoint has returned normally
     if own_process:
         atexit.register(release_if_returned, returned)  # registered first, so it runs last
+    finder = None
+    if payload.code is not None:  # the project's imports come from the job's code snapshot
+        from orchestrator import code_redirect
+
+        finder = code_redirect.install(payload.code.live_root, payload.code.tree)
     try:
         enter_workdir(payload)
-        result = call_entrypoint(payload.entrypoint, list(payload.argv), payload.source_dir, as_main=own_process)
+        result = call_entrypoint(payload.entrypoint, list(payload.argv), payload.source_dir, as_main=own_process,
+                                 snapshot=payload.code is not None)
     except BaseException as exc:
         if isinstance(exc, SystemExit) and exc.code in (None, 0):
             returned.append(True)  # sys.exit(0) is a normal return
@@ -146,6 +155,10 @@ def run_rank(payload: Payload, rank: int, own_process: bool = True) -> Any:
         raise
     finally:
         remove_rendezvous_file(os.environ.get(OrchVar.INIT_METHOD, ""))
+        if finder is not None and not own_process:
+            from orchestrator import code_redirect
+
+            code_redirect.uninstall(finder)
     if rank == 0:
         write_json_atomic(RunFolder(run_dir).result, {"finished": time.time(), "result": _jsonable(result)})
     returned.append(True)

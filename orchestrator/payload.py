@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
 #: Bumped whenever a field is added, removed or changes meaning.
-PAYLOAD_VERSION = 4
+PAYLOAD_VERSION = 5
 
 
 class Defaults:
@@ -65,6 +65,15 @@ class RecoverySettings:
 
 
 @dataclass(frozen=True)
+class CodeSettings:
+    """The code snapshot the ranks import from (``orchestrator.snapshot``, ``orchestrator.code_redirect``)."""
+
+    id: str
+    live_root: str  # the project as it was on disk; imports that resolve inside it move to the tree
+    tree: str  # the snapshot's folder
+
+
+@dataclass(frozen=True)
 class Payload:
     """Every fact a rank, the local supervisor and the SLURM agent take from the spec, resolved."""
 
@@ -97,6 +106,7 @@ class Payload:
     watchdog: WatchdogSettings
     recovery: RecoverySettings
     python: str  # the interpreter the ranks run
+    code: Optional[CodeSettings] = None  # None: the ranks import the live files (code.snapshot: false)
     srun: Optional[tuple[str, ...]] = None  # SLURM: what the job's agent runs
     rank_log: Optional[str] = None  # SLURM: srun's --output pattern (%j %A %a %t)
     extra: dict[str, Any] = field(default_factory=dict)  # reserved; always empty today
@@ -149,6 +159,7 @@ class Payload:
             rec["on"] = tuple(rec["on"])
             rec["node_check"] = None if rec.get("node_check") is None else tuple(rec["node_check"])
             values["recovery"] = RecoverySettings(**rec)
+            values["code"] = None if values.get("code") is None else CodeSettings(**values["code"])
             values["env"] = dict(values["env"])
         except (TypeError, KeyError) as exc:
             raise PayloadError(f"{where} has a malformed field ({exc}): plan and submit the job again") from None

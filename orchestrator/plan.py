@@ -10,18 +10,18 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
-import hashlib
 import os
 import shlex
 import sys
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from orchestrator.interpreter import module_argv
 from orchestrator.malloc import MALLOC_DEFAULTS
-from orchestrator.payload import PAYLOAD_VERSION, CheckpointSettings, Payload, RecoverySettings, WatchdogSettings
+from orchestrator.payload import (PAYLOAD_VERSION, CheckpointSettings, CodeSettings, Payload, RecoverySettings,
+                                  WatchdogSettings)
 from orchestrator.rank_env import (
     RankEnv,
     installed_torch_version,
@@ -32,6 +32,7 @@ from orchestrator.rank_env import (
 )
 from orchestrator.rendezvous import derive_port, init_url, rendezvous_file
 from orchestrator.run_folder import RunFolder
+from orchestrator.snapshot import Snapshot
 from orchestrator.spec import ExecutorName, JobSpec, render_value
 
 #: SLURM's default MaxArraySize is 1001, so one array holds at most 1000 tasks.
@@ -83,6 +84,14 @@ class LaunchPlan(BaseModel):
     sbatch_script: Optional[str] = None  # the first array chunk's (the only one without a sweep)
     sbatch_scripts: list[str] = Field(default_factory=list)  # every array chunk's script, as submitted
     array_chunks: list[list[int]] = Field(default_factory=list)
+    #: The code snapshot the ranks import (``Snapshot.summary()``); None: they import the live files.
+    code: Optional[dict[str, Any]] = None
+    #: The scanned snapshot itself, which the run's start stores (``executors.base``); not serialised.
+    _snapshot: Optional[Snapshot] = PrivateAttr(default=None)
+
+    @property
+    def snapshot(self) -> Optional[Snapshot]:
+        return self._snapshot
 
     def payload_for_point(self, index: int | None) -> Payload:
         """The rank payload for one sweep point (or the single run)."""
@@ -93,13 +102,11 @@ class LaunchPlan(BaseModel):
 
 
 def run_id_for(spec: JobSpec) -> str:
-    """A stable id: the same resolved spec always maps to the same run folder (and resumes there).
+    """A stable id: a spec that trains the same thing always maps to the same run folder (and
+    resumes there), whatever its operational fields say (``orchestrator.identity`` has the rule)."""
+    from orchestrator.identity import run_id
 
-    Only fields that differ from their defaults are hashed, so a new field with a default (a
-    new release) does not move existing runs to new folders.
-    """
-    digest = hashlib.sha256(spec.model_dump_json(exclude_defaults=True).encode()).hexdigest()[:8]
-    return f"{spec.name}-{digest}"
+    return run_id(spec)
 
 
 def render_argv(args: dict[str, Any], extra: list[str]) -> list[str]:
@@ -111,7 +118,10 @@ def render_argv(args: dict[str, Any], extra: list[str]) -> list[str]:
     return argv + list(extra)
 
 
-def plan(spec: JobSpec, executor: ExecutorName | None = None, max_array_size: int = DEFAULT_MAX_ARRAY_SIZE) -> LaunchPlan:
+def plan(spec: JobSpec, executor: ExecutorName | None = None, max_array_size: int = DEFAULT_MAX_ARRAY_SIZE,
+         code: Snapshot | None = None) -> LaunchPlan:
+    """``code``: the scanned project (``snapshot.scan``); the ranks then import from its tree. The
+    scan reads the disk and runs git, so it is the caller's (``api.plan_for``), not the plan's."""
     executor = executor or spec.executor
     if executor != spec.executor:  # the executor's own rules apply (local caps, node-local paths)
         from orchestrator.loading import spec_from_dict
@@ -130,13 +140,14 @@ def plan(spec: JobSpec, executor: ExecutorName | None = None, max_array_size: in
     if params is not None:
         rank_log = str(RunFolder.of(run_dir).slurm_log("%A_%a" if sweep else "%j", "%t"))
         srun = srun_argv(rank_log, run_dir, python, params["cpus_per_task"])
-    payload = _payload(spec, run_dir, layout, env, python, srun, rank_log)
+    payload = _payload(spec, run_dir, layout, env, python, srun, rank_log, code)
     start, start_note = _rank_start(spec, executor, env)
     common: dict[str, Any] = dict(
         run_id=run_id, run_dir=run_dir, executor=executor, spec=spec.model_dump(mode="json"),
         nodes=layout.nodes, ranks_per_node=layout.ranks_per_node,
         world_size=layout.nodes * layout.ranks_per_node, backend=layout.backend,
         notes=layout.notes + ([start_note] if start_note else []), payload=payload, sweep=sweep, rank_start=start,
+        code=code.summary() if code is not None else None,
     )
     shown = _shown_payload(payload, bool(sweep))
     if params is not None:
@@ -146,11 +157,14 @@ def plan(spec: JobSpec, executor: ExecutorName | None = None, max_array_size: in
                    for chunk in chunks] or [render_sbatch(params, folder, job_command(run_dir, spec.slurm.python))]
         with paused_gc():
             rows = _slurm_rows(spec, shown)
-        return LaunchPlan(**common, ranks=rows, submitit=params, sbatch_script=scripts[0], sbatch_scripts=scripts,
-                          array_chunks=chunks)
-    with paused_gc():
-        rows = _local_rows(run_id, shown)
-    return LaunchPlan(**common, ranks=rows)
+        launch = LaunchPlan(**common, ranks=rows, submitit=params, sbatch_script=scripts[0], sbatch_scripts=scripts,
+                            array_chunks=chunks)
+    else:
+        with paused_gc():
+            rows = _local_rows(run_id, shown)
+        launch = LaunchPlan(**common, ranks=rows)
+    launch._snapshot = code
+    return launch
 
 
 def _rank_start(spec: JobSpec, executor: ExecutorName, env: Mapping[str, str]) -> tuple[str, str | None]:
@@ -261,9 +275,15 @@ def job_environment(spec: JobSpec, run_dir: str, backend: str, threads: int,
 
 
 def _payload(spec: JobSpec, run_dir: str, layout: _Layout, env: dict[str, str], python: str,
-             srun: list[str] | None, rank_log: str | None) -> Payload:
+             srun: list[str] | None, rank_log: str | None, code: Snapshot | None) -> Payload:
     d, c, r = spec.distributed, spec.checkpoint, spec.recovery
     entry = spec.entrypoint if ":" in spec.entrypoint and not spec.entrypoint.endswith(".py") else os.path.abspath(spec.entrypoint)
+    # Relative paths the user wrote are relative to where they ran the CLI; with a snapshot, the
+    # entrypoint and that folder are read from its tree.
+    source_dir = os.getcwd()
+    if code is not None:
+        entry = (code.in_tree(os.path.realpath(entry)) or entry) if entry.startswith("/") else entry
+        source_dir = code.in_tree(os.path.realpath(source_dir)) or source_dir
     folder = RunFolder.of(run_dir)
     return Payload(
         version=PAYLOAD_VERSION,
@@ -291,14 +311,14 @@ def _payload(spec: JobSpec, run_dir: str, layout: _Layout, env: dict[str, str], 
         stop_grace_s=spec.stop_grace_s,
         grad_compression=d.grad_compression,
         env=env,
-        # Relative paths the user wrote are relative to where they ran the CLI.
         workdir=os.path.abspath(spec.workdir) if spec.workdir else os.getcwd(),
-        source_dir=os.getcwd(),
+        source_dir=source_dir,
         watchdog=WatchdogSettings(stall_s=spec.watchdog.stall_s, stacks_on_failure=spec.watchdog.stacks_on_failure),
         recovery=RecoverySettings(max_restarts=r.max_restarts, on=tuple(r.on), exclude_failed_nodes=r.exclude_failed_nodes,
                                   health_check=r.health_check, node_check=tuple(r.node_check) if r.node_check else None,
                                   stop_without_progress=r.stop_without_progress),
         python=python,
+        code=CodeSettings(id=code.id, live_root=code.root, tree=code.tree) if code is not None else None,
         srun=tuple(srun) if srun else None,
         rank_log=rank_log,
     )

@@ -1,6 +1,7 @@
 """Every path of a run folder, named once. Standard library only (ranks use it too).
 
     <run>/record.json  plan.json  payload.json  result.json  spec.yaml  supervisor.log  end.json
+    <run>/code.json                the code snapshot the ranks import (orchestrator.snapshot)
     <run>/lock  lease.json  requests/cancel   the live attempt's lock, its lease, a cancel request
     <run>/logs/rank-N.log          local ranks' output (SLURM: <run>/slurm/<job>_<task>_log.out)
     <run>/errors/rank-N.json       a failing rank's traceback, full and trimmed (this attempt's)
@@ -49,6 +50,11 @@ class RunFolder:
     @property
     def plan(self) -> Path:
         return self.root / "plan.json"
+
+    @property
+    def code(self) -> Path:
+        """The code snapshot the run imports (``orchestrator.snapshot``): its id, tree, commit."""
+        return self.root / "code.json"
 
     @property
     def payload(self) -> Path:

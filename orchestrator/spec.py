@@ -464,6 +464,36 @@ class RecoverySpec(_Model):
         return value
 
 
+class CodeSpec(_Model):
+    """The code snapshot (``orchestrator.snapshot``): what the ranks import, frozen at run/submit."""
+
+    snapshot: bool = Field(
+        True,
+        description="Freeze the job's code when it is run or submitted: the git work tree's tracked files and "
+        "untracked files that are not ignored (the entrypoint's folder when it is outside git), stored "
+        "content-addressed under <runs_dir>/.code. The ranks import from the snapshot on every attempt, "
+        "requeues included, so edits made after submitting never reach a queued or requeued job. false: the "
+        "ranks import the live files.",
+    )
+    max_mb: float = Field(
+        200, gt=0, le=100_000,
+        description="Refuse a snapshot larger than this many MB (data or weights in the tree belong elsewhere: "
+        "list them in the ignore file).",
+    )
+    ignore_file: str = Field(
+        ".orchignore",
+        description="A file at the project's root whose lines (gitignore-style: '#' comments, '*' globs, a "
+        "trailing '/' for folders, a '/' inside anchors at the root) leave paths out of the snapshot.",
+    )
+
+    @field_validator("ignore_file")
+    @classmethod
+    def _ignore_file(cls, value: str) -> str:
+        if not value or value.startswith("/") or ".." in value.split("/"):
+            raise ValueError("must be a path relative to the project's root, e.g. .orchignore")
+        return v.text(value, "code.ignore_file")
+
+
 class JobSpec(_Model):
     """One distributed training (or inference) job."""
 
@@ -511,6 +541,7 @@ class JobSpec(_Model):
         "the directory 'orchestrator run' / 'submit' was called from.",
     )
     watchdog: WatchdogSpec = Field(default_factory=WatchdogSpec, description="Stall watchdog and stack capture.")
+    code: CodeSpec = Field(default_factory=CodeSpec, description="The code snapshot the ranks import.")
     recovery: RecoverySpec = Field(default_factory=RecoverySpec,
                                    description="Health gate and automatic restarts after failures.")
     executor: ExecutorName = Field("local", description="Where it runs: local, slurm or debug.")

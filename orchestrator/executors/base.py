@@ -195,10 +195,15 @@ def _start_attempt(launch: LaunchPlan, run_dir: Path, run: RunFolder, record: Ru
         attempts = old.attempts + 1
     import yaml
 
+    _store_code(launch)
     ownership.forget_requests(run_dir)
     write_text_atomic(run.spec, yaml.safe_dump(launch.spec, sort_keys=False))
     write_json_atomic(run.plan, launch.model_dump(mode="json"))
     write_json_atomic(run.payload, launch.payload.to_dict())
+    if launch.code is not None:
+        write_json_atomic(run.code, launch.code)
+    else:
+        run.code.unlink(missing_ok=True)
     for folder in _point_dirs(run_dir):  # a rerun must never report an earlier attempt's outcome
         folder.forget_attempt()  # nor look at an earlier attempt's ranks (stacks, logs, joins)
         folder.result.unlink(missing_ok=True)
@@ -206,6 +211,20 @@ def _start_attempt(launch: LaunchPlan, run_dir: Path, run: RunFolder, record: Ru
             err.unlink()
     record.attempts, record.folder_id = attempts, ownership.folder_id(run_dir)
     record.save()
+
+
+def _store_code(launch: LaunchPlan) -> None:
+    """Freeze the code the ranks will import (``orchestrator.snapshot.store``), before anything of
+    the attempt is written: a store that fails leaves the run as it was."""
+    if launch.snapshot is None:
+        return
+    from orchestrator.snapshot import store
+
+    try:
+        store(launch.snapshot)
+    except OSError as exc:
+        raise SubmissionError(f"cannot store the code snapshot in {launch.snapshot.store_dir}: {exc}; set runs_dir to "
+                              "a folder you can write, or code.snapshot: false to run the live files") from None
 
 
 def first_error(run_dir: str | Path) -> dict | None:

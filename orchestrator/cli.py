@@ -17,7 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from orchestrator.errors import OrchestratorError
+from orchestrator import __version__
+from orchestrator.errors import OrchestratorError, UsageError
 from orchestrator.run_folder import RunFolder
 from orchestrator.states import State
 
@@ -34,6 +35,11 @@ def _spec_args(p: argparse.ArgumentParser, executor: bool = True) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="orchestrator", description="Typed DDP jobs on SLURM or locally.")
+    parser.add_argument("--remote", metavar="HOST",
+                        help="run submit, status, list, logs, stacks, cancel or report on this login node over SSH "
+                             "(default: remote.host in ~/.config/orchestrator/config.yaml); see README 'Remote'")
+    parser.add_argument("--local", action="store_true", help="ignore remote.host from the config file")
+    parser.add_argument("--client-version", help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("validate", help="check a spec; exit code 2 if it is invalid")
@@ -108,6 +114,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="write PNG plots and a text summary of a run's metrics")
     p.add_argument("run")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("remote-receive")  # the login node's side of --remote submit (remote_receive.py)
+    p.set_defaults(func=cmd_remote_receive)
+    p = sub.add_parser("remote-files")  # the login node sends a run's report PNGs (tar on stdout)
+    p.add_argument("run")
+    p.add_argument("what", choices=["report"])
+    p.set_defaults(func=cmd_remote_files)
 
     p = sub.add_parser("diff", help="what changed in the project on disk since the run's code snapshot")
     p.add_argument("run")
@@ -345,6 +358,54 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return cancel(args.run)
 
 
+def cmd_remote_receive(args: argparse.Namespace) -> int:
+    from orchestrator.remote_receive import serve
+
+    return serve(sys.stdin.buffer, sys.stdout.buffer)
+
+
+def cmd_remote_files(args: argparse.Namespace) -> int:
+    from orchestrator.remote_receive import send_files
+
+    return send_files(args.run, args.what, sys.stdout.buffer)
+
+
+def _remote_target(args: argparse.Namespace) -> str | None:
+    """The login node a command goes to: --remote, else the config file's remote.host for the
+    commands that run there (never with --local, never on the login node itself)."""
+    from orchestrator.remote import REMOTE_COMMANDS, config_path
+
+    if args.command not in REMOTE_COMMANDS or args.local or args.client_version:
+        if args.remote and args.command not in REMOTE_COMMANDS:
+            raise UsageError(f"--remote works with {', '.join(REMOTE_COMMANDS)}; '{args.command}' runs here "
+                             "(plan and validate a SLURM spec here with --executor slurm)")
+        return None
+    if args.remote:
+        return args.remote
+    if config_path().is_file():
+        from orchestrator.remote import load_settings
+
+        return load_settings().host
+    return None
+
+
+def _command_argv(argv: Sequence[str]) -> list[str]:
+    """The command line without the global options (what the login node is given)."""
+    out, skip = [], False
+    for i, word in enumerate(argv):
+        if skip:
+            skip = False
+        elif word in ("--remote",):
+            skip = True
+        elif word.startswith("--remote=") or word == "--local":
+            continue
+        elif not out and not word.startswith("-"):
+            return list(argv[i:])
+        else:
+            out.append(word)
+    return out
+
+
 def cmd_diff(args: argparse.Namespace) -> int:
     """The run's snapshot against the project on disk now: the files added, deleted and modified
     since, and for each its unified diff (snapshot on the left)."""
@@ -387,11 +448,26 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+#: Exit status of a login node whose orchestrator version is not the client's (remote.py).
+VERSION_MISMATCH = 3
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     with _process_streams():
-        args = build_parser().parse_args(argv)
+        words = list(sys.argv[1:] if argv is None else argv)
+        args = build_parser().parse_args(words)
         func: Callable[[argparse.Namespace], int] = args.func
         try:
+            if args.client_version and args.client_version != __version__:
+                print(f"error: this login node runs orchestrator {__version__}, and your machine {args.client_version}: "
+                      f"install the same version on both (pip install ddp-orchestrator=={args.client_version} here, "
+                      "or upgrade your machine's)", file=sys.stderr)
+                return VERSION_MISMATCH
+            host = _remote_target(args)
+            if host:
+                from orchestrator.remote import run_command
+
+                return run_command(host, args.command, _command_argv(words), args)
             return func(args)
         except OrchestratorError as exc:
             print(f"error: {exc}", file=sys.stderr)

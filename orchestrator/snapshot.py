@@ -148,6 +148,9 @@ def project_root(entrypoint: str, cwd: str) -> tuple[Optional[str], str]:
     interpreter finds it, an editable install's project included), then the git work tree
     holding that, else that folder."""
     script = entrypoint.endswith(".py") or ":" not in entrypoint
+    shipped = _shipped_root(os.path.dirname(os.path.abspath(os.path.join(cwd, entrypoint))) if script else cwd)
+    if shipped is not None:  # a project that `--remote submit` shipped here: exactly the files it sent
+        return shipped, "shipped"
     if script:
         start = os.path.dirname(os.path.abspath(os.path.join(cwd, entrypoint)))
         top = _git_toplevel(start)
@@ -176,7 +179,7 @@ def _module_folder(name: str, cwd: str) -> Optional[str]:
     if where is None:
         return None
     parts = Path(where).parts
-    if "site-packages" in parts or "dist-packages" in parts:
+    if "site-packages" in parts or "dist-packages" in parts or _installed(where):
         return None
     folder = os.path.dirname(where)
     return os.path.dirname(folder) if os.path.basename(where) == "__init__.py" else folder
@@ -205,11 +208,18 @@ def scan(root: str, how: str, store_dir: str, *, ignore_file: str = ".orchignore
     root = os.path.realpath(root)
     excluded = [p for p in (os.path.realpath(x) for x in [*exclude, store_dir]) if _relative(p, root) is not None]
     patterns = _ignore_patterns(Path(root) / ignore_file)
+    shipped: dict = {}
     if how == "git":
         names = _git_files(root)
+    elif how == "shipped":
+        shipped = _read_shipped(root)
+        names = sorted(shipped["files"])
     else:
         names = _walk(root)
     cache = _read_index(store_dir, root)
+    for rel, item in shipped.get("files", {}).items():  # hashed when received: trusted while the inode is the same
+        if len(item) > 4 and rel not in cache:
+            cache[rel] = [item[1], None, item[4], item[0]]
     entries: dict[str, Entry] = {}
     hashed: dict[str, tuple[int, int, int]] = {}
     for rel in names:
@@ -232,7 +242,8 @@ def scan(root: str, how: str, store_dir: str, *, ignore_file: str = ".orchignore
         mode = 0o755 if st.st_mode & 0o111 else 0o644
         key = (st.st_size, st.st_mtime_ns, st.st_ino)
         known = cache.get(rel)
-        sha = known[3] if known is not None and tuple(known[:3]) == key else _hash_file(full)
+        fresh = known is not None and known[0] == key[0] and known[2] == key[2] and known[1] in (None, key[1])
+        sha = known[3] if fresh else _hash_file(full)
         entries[rel] = Entry(sha=sha, size=st.st_size, mode=mode)
         hashed[rel] = key
     for path in required:
@@ -247,7 +258,7 @@ def scan(root: str, how: str, store_dir: str, *, ignore_file: str = ".orchignore
         raise SnapshotError(f"the code snapshot of {root} would be {_human(total)} ({len(entries)} files), over "
                             f"code.max_mb={max_mb:g}; the largest: {listed}. List data, weights and outputs in "
                             f"{os.path.join(root, ignore_file)}, raise code.max_mb, or set code.snapshot: false")
-    commit, diff = _git_state(root) if how == "git" else (None, "")
+    commit, diff = _git_state(root) if how == "git" else (shipped.get("commit"), shipped.get("diff") or "")
     blobs = Path(store_dir) / "blobs"
     missing = frozenset(e.sha for e in entries.values() if e.link is None and not (blobs / e.sha[:2] / e.sha).is_file())
     return Snapshot(root=root, how=how, entries=entries, store_dir=str(store_dir), commit=commit, diff=diff,
@@ -261,6 +272,40 @@ def _git(root: str, *args: str) -> Optional[bytes]:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout if out.returncode == 0 else None
+
+
+SHIPPED_NAME = ".orchestrator-shipped.json"
+
+
+def _shipped_root(start: str) -> Optional[str]:
+    """The checkout a remote submission made (``remote_receive``) holding ``start``, if any."""
+    folder = os.path.realpath(start)
+    while True:
+        if os.path.isfile(os.path.join(folder, SHIPPED_NAME)):
+            return folder
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            return None
+        folder = parent
+
+
+def _read_shipped(root: str) -> dict:
+    try:
+        data = json.loads((Path(root) / SHIPPED_NAME).read_text(encoding="utf-8"))
+        assert isinstance(data.get("files"), dict)
+        return data
+    except (OSError, ValueError, AssertionError) as exc:
+        raise SnapshotError(f"cannot read {Path(root) / SHIPPED_NAME} (what a remote submission shipped): {exc}; "
+                            "submit again from your machine") from None
+
+
+def _installed(path: str) -> bool:
+    """Inside this interpreter's own library folders (the standard library, site-packages)."""
+    import sysconfig
+
+    real = os.path.realpath(path)
+    folders = {os.path.realpath(p) for key, p in sysconfig.get_paths().items() if key in ("stdlib", "platstdlib", "purelib", "platlib")}
+    return any(_relative(real, folder) is not None for folder in folders)
 
 
 def _git_toplevel(folder: str) -> Optional[str]:
@@ -374,6 +419,14 @@ def _read_index(store_dir: str, root: str) -> dict[str, list]:
 
 
 # ---- storing ---------------------------------------------------------------------------------
+def write_index(snap: Snapshot) -> None:
+    """Remember each file's hash by its (size, mtime, inode), so the next scan reads only what changed."""
+    from orchestrator.records import write_json_atomic
+
+    index = {rel: [*snap.hashed[rel], e.sha] for rel, e in snap.entries.items() if rel in snap.hashed}
+    write_json_atomic(_index_path(snap.store_dir, snap.root), index)
+
+
 def store(snap: Snapshot) -> str:
     """Write the blobs the store lacks, the manifest and the tree; return the tree. Each blob is
     hashed again while it is copied: a file edited since the scan is refused, never frozen under
@@ -397,8 +450,7 @@ def store(snap: Snapshot) -> str:
     tree = Path(snap.tree)
     if not tree.is_dir():
         _build_tree(snap.entries, blobs, tree)
-    index = {rel: [*snap.hashed[rel], e.sha] for rel, e in snap.entries.items() if rel in snap.hashed}
-    write_json_atomic(_index_path(snap.store_dir, snap.root), index)
+    write_index(snap)
     return str(tree)
 
 

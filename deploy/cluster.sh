@@ -2,10 +2,12 @@
 # A real SLURM cluster on one machine: slurmctld + slurmdbd (private MariaDB) on the host, and
 # N compute nodes, each a network namespace with its own hostname, address and eth0.
 #
-#   deploy/cluster.sh up   [--nodes N] [--cpus C] [--gpus G] [--gpu-type T] [--profile P] [--dir DIR]   (idempotent)
+#   deploy/cluster.sh up   [--nodes N] [--cpus C] [--gpus G] [--gpu-type T] [--profile P] [--dir DIR]
+#                          [--login [--login-user NAME]]                   (idempotent)
 #   deploy/cluster.sh down [--dir DIR]                                     (idempotent)
 #   deploy/cluster.sh status [--dir DIR]
 #   source DIR/env    # exports SLURM_CONF for sbatch, sacct, submitit ...
+#   ssh -F DIR/login/ssh_config orch-login sinfo    # with --login: SLURM as from a laptop
 #
 # Needs root and Debian 12 (it installs slurm-wlm 22.05, munge, slurmdbd and MariaDB itself).
 # Daemons are stopped by the PIDs recorded in DIR only. Fake GPUs are GRES backed by character
@@ -20,10 +22,19 @@
 # GraceTime), KillWait 30 s, memory as a consumable resource, a default time limit, and each node
 # resolving its own name to 127.0.1.1 as Debian's /etc/hosts does. DIR/profile records which.
 # Switching profiles needs `down` first: plugins change only when the daemons restart.
+#
+# --login adds a login node, as users reach a real cluster: a namespace 'login' (orch-login,
+# 10.77.0.250) running its own sshd (DIR/login/sshd_config, host keys and PID file in DIR/login;
+# the host's /etc/ssh and sshd are not used), key authentication only, for one non-root user
+# (--login-user, default orchuser, created if missing with its home in /srv/orch-login-home).
+# Its sessions have SLURM_CONF set; jobs they submit run as that user on the nodes. The host's
+# side is DIR/login/ssh_config (Host orch-login), client_key and known_hosts. `down` removes the
+# user and its home only if `up` created them (DIR/login/created-user, created-home).
 set -euo pipefail
 
 CMD=${1:-}; shift || true
 NODES=2; CPUS=4; GPUS=2; GPU_TYPE=a100; PROFILE=kind; DIR=${ORCH_CLUSTER_DIR:-/var/tmp/orch-cluster}
+LOGIN=0; LOGIN_USER=orchuser; LOGIN_USER_SET=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --nodes) NODES=$2; shift 2 ;;
@@ -32,6 +43,8 @@ while [ $# -gt 0 ]; do
     --gpu-type) GPU_TYPE=$2; shift 2 ;;
     --profile) PROFILE=$2; shift 2 ;;
     --dir) DIR=$2; shift 2 ;;
+    --login) LOGIN=1; shift ;;
+    --login-user) LOGIN_USER=$2; LOGIN_USER_SET=1; shift 2 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -41,7 +54,16 @@ case "$NODES$CPUS$GPUS" in *[!0-9]*|'') echo "--nodes, --cpus and --gpus take wh
   echo "--gpu-type '$GPU_TYPE': use letters, digits, '_', '.' or '-' (e.g. a100), or '' for untyped GPUs" >&2; exit 2; }
 case "$PROFILE" in kind|site) ;; *) echo "--profile '$PROFILE': use kind (the default) or site" >&2; exit 2 ;; esac
 [ "$PROFILE" = kind ] || [ "$CPUS" -ge 1 ] || { echo "--profile site needs --cpus 1 or more" >&2; exit 2; }
+[ "$LOGIN_USER_SET" = 0 ] || [ "$LOGIN" = 1 ] || { echo "--login-user goes with --login" >&2; exit 2; }
+# A plain user name, as useradd takes it; never root: the point is a user without privileges.
+[[ "$LOGIN_USER" =~ ^[a-z_][a-z0-9_-]{0,31}$ && "$LOGIN_USER" != root ]] || {
+  echo "--login-user '$LOGIN_USER': use a lower-case user name other than root (e.g. orchuser)" >&2; exit 2; }
 BRIDGE=orchbr0; NET=10.77.0; CTL_ADDR=$NET.1; CLUSTER=orch; DB_PORT=3307
+# The login node: its namespace, its address (above any node's, NET.(10+i)) and its user's home,
+# on the shared filesystem but outside /tmp and /var/tmp, which the orchestrator treats as
+# node-local (as a site's /home is shared).
+LOGIN_NS=orch-login; LOGIN_ADDR=$NET.250; LOGIN_HOME_BASE=/srv/orch-login-home
+[ "$LOGIN" = 0 ] || [ "$NODES" -lt 240 ] || { echo "--login needs --nodes 239 or fewer (it takes $LOGIN_ADDR)" >&2; exit 2; }
 REAL_MEMORY=8000  # MB per node, as slurm.conf declares it (SlurmdParameters=config_overrides)
 NODE_LOCAL=/mnt/orch-node-local  # site: each node's own scratch folder (a tmpfs per node)
 log() { echo "[cluster] $*" >&2; }
@@ -76,9 +98,10 @@ else
 fi
 
 install_packages() {
-  local need=()
-  for bin in slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client munged:munge slurmdbd:slurmdbd \
-             mariadbd:mariadb-server ip:iproute2 nsenter:util-linux; do
+  local need=() bins=(slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client munged:munge slurmdbd:slurmdbd
+                      mariadbd:mariadb-server ip:iproute2 nsenter:util-linux)
+  [ "$LOGIN" = 0 ] || bins+=(sshd:openssh-server ssh:openssh-client ssh-keygen:openssh-client useradd:passwd)
+  for bin in "${bins[@]}"; do
     command -v "${bin%%:*}" >/dev/null 2>&1 || [ -x "/usr/sbin/${bin%%:*}" ] || need+=("${bin##*:}")
   done
   [ ${#need[@]} -eq 0 ] && return 0
@@ -132,8 +155,13 @@ write_node_hosts() {
     echo "127.0.1.1 node$i"
     echo "$CTL_ADDR $host"
     for j in $(seq 1 "$NODES"); do [ "$j" = "$i" ] || echo "$NET.$((10 + j)) node$j"; done
+    if login_wanted; then echo "$LOGIN_ADDR login"; fi
   } > "$DIR/hosts-node$i"
 }
+
+# Whether this cluster has a login node: asked for now, or set up by an earlier `up --login`
+# (so that an `up` without --login, which rewrites the hosts files, keeps the name 'login').
+login_wanted() { [ "$LOGIN" = 1 ] || [ -d "$DIR/login" ]; }
 
 # The site profile's own slurm.conf lines: preemption, and the limits where kind is kinder.
 site_conf() {
@@ -181,9 +209,15 @@ write_configs() {
     echo "127.0.0.1 localhost"
     echo "$CTL_ADDR $host"
     for i in $(seq 1 "$NODES"); do echo "$NET.$((10 + i)) node$i"; done
+    if login_wanted; then echo "$LOGIN_ADDR login"; fi
   } > "$DIR/hosts"
   if [ "$PROFILE" = site ]; then
     for i in $(seq 1 "$NODES"); do write_node_hosts "$i" "$host"; done
+    # The login node as Debian writes its /etc/hosts, like the nodes': its own name on 127.0.1.1.
+    if login_wanted; then
+      { echo "127.0.0.1 localhost"; echo "127.0.1.1 login"; echo "$CTL_ADDR $host"
+        for i in $(seq 1 "$NODES"); do echo "$NET.$((10 + i)) node$i"; done; } > "$DIR/hosts-login"
+    fi
   fi
   # Nodes resolve names from the hosts file only. The host's DNS server is unreachable from a
   # namespace, and each reverse lookup (c10d does them) would otherwise wait 5 s for a timeout.
@@ -205,6 +239,8 @@ EOF
   local gres="" typed=""
   [ -n "$GPU_TYPE" ] && typed="$GPU_TYPE:"
   [ "$GPUS" -gt 0 ] && gres="Gres=gpu:$typed$GPUS"
+  # AccountingStorageHost is slurmdbd's address on the bridge (it listens on every address), not
+  # localhost: sacct and sacctmgr on the login node and the nodes reach it as on a real cluster.
   cat > "$DIR/slurm.conf" <<EOF
 ClusterName=$CLUSTER
 SlurmctldHost=$host($CTL_ADDR)
@@ -227,7 +263,7 @@ SlurmctldLogFile=$DIR/log/slurmctld.log
 SlurmdLogFile=$DIR/log/slurmd-%n.log
 SchedulerParameters=batch_sched_delay=0,sched_min_interval=0
 AccountingStorageType=accounting_storage/slurmdbd
-AccountingStorageHost=localhost
+AccountingStorageHost=$CTL_ADDR
 JobAcctGatherType=$ACCT_GATHER
 GresTypes=gpu
 SlurmdTimeout=10
@@ -254,25 +290,29 @@ EOF
   echo "export SLURM_CONF=$DIR/slurm.conf" > "$DIR/env"
 }
 
+# A namespace NS with an eth0 at ADDR on the bridge, through the veth pair orchvSUFFIX (host
+# side) / orchpSUFFIX.
+make_netns() {
+  local ns=$1 suffix=$2 addr=$3
+  ip netns list | grep -qw "$ns" || ip netns add "$ns"
+  if ! ip -n "$ns" link show eth0 >/dev/null 2>&1; then
+    ip link del "orchv$suffix" 2>/dev/null || true
+    ip link add "orchv$suffix" type veth peer name "orchp$suffix"
+    ip link set "orchp$suffix" netns "$ns"
+    ip -n "$ns" link set "orchp$suffix" name eth0
+    ip -n "$ns" addr add "$addr/24" dev eth0
+    ip link set "orchv$suffix" master $BRIDGE
+    ip link set "orchv$suffix" up
+  fi
+  ip -n "$ns" link set lo up
+  ip -n "$ns" link set eth0 up
+  ip -n "$ns" route replace default via $CTL_ADDR
+}
+
 make_network() {
   ip link show $BRIDGE >/dev/null 2>&1 || { ip link add $BRIDGE type bridge; ip addr add $CTL_ADDR/24 dev $BRIDGE; }
   ip link set $BRIDGE up
-  for i in $(seq 1 "$NODES"); do
-    local ns=orch-node$i
-    ip netns list | grep -qw "$ns" || ip netns add "$ns"
-    if ! ip -n "$ns" link show eth0 >/dev/null 2>&1; then
-      ip link del "orchv$i" 2>/dev/null || true
-      ip link add "orchv$i" type veth peer name "orchp$i"
-      ip link set "orchp$i" netns "$ns"
-      ip -n "$ns" link set "orchp$i" name eth0
-      ip -n "$ns" addr add "$NET.$((10 + i))/24" dev eth0
-      ip link set "orchv$i" master $BRIDGE
-      ip link set "orchv$i" up
-    fi
-    ip -n "$ns" link set lo up
-    ip -n "$ns" link set eth0 up
-    ip -n "$ns" route replace default via $CTL_ADDR
-  done
+  for i in $(seq 1 "$NODES"); do make_netns "orch-node$i" "$i" "$NET.$((10 + i))"; done
 }
 
 start_slurmd() {
@@ -296,11 +336,181 @@ start_slurmd() {
 # Nodes idle, each counted once: under site every node is listed once per partition.
 idle_nodes() { sinfo -h -N -o '%N %T' 2>/dev/null | awk '$2 ~ /idle/ && !seen[$1]++' | wc -l; }
 
+# ---- The login node (--login) ----
+
+# The login user: created if missing, with its home on the shared filesystem outside the
+# node-local prefixes, as a site's /home. What was created is recorded in DIR/login, so that
+# `down` removes that and nothing else. Its password is '*' (no password matches it), not
+# useradd's '!': sshd without PAM refuses an account locked with '!', even for a key.
+ensure_login_user() {
+  local d=$DIR/login home
+  if ! id -u "$LOGIN_USER" >/dev/null 2>&1; then
+    home=$LOGIN_HOME_BASE/$LOGIN_USER
+    [ ! -e "$home" ] || {
+      echo "$home exists but user $LOGIN_USER does not: remove $home or pick another --login-user" >&2; exit 2; }
+    if [ ! -d "$LOGIN_HOME_BASE" ]; then
+      mkdir -p "$LOGIN_HOME_BASE"
+      echo "$LOGIN_HOME_BASE" > "$d/created-home-base"
+    fi
+    log "creating user $LOGIN_USER (home $home)"
+    useradd --create-home --home-dir "$home" --shell /bin/bash --password '*' \
+      --comment "login node user (deploy/cluster.sh)" "$LOGIN_USER"
+    echo "$LOGIN_USER" > "$d/created-user"
+    echo "$home" > "$d/created-home"
+  fi
+  home=$(getent passwd "$LOGIN_USER" | cut -d: -f6)
+  case "$home" in
+    /tmp|/tmp/*|/var/tmp|/var/tmp/*|/dev/shm|/dev/shm/*) log "warning: $LOGIN_USER's home $home is node-local for the orchestrator" ;;
+  esac
+  case "$(getent shadow "$LOGIN_USER" | cut -d: -f2)" in
+    '!'*) log "warning: $LOGIN_USER's password is locked ('!'): the login node's sshd (no PAM) refuses it; 'usermod -p \* $LOGIN_USER' allows keys" ;;
+  esac
+  echo "$LOGIN_USER" > "$d/user"
+  echo "$home" > "$d/home"
+}
+
+# DIR/login: the login node's host key and sshd_config, the host side's client key, known_hosts
+# and ssh_config. Keys are made once, so known_hosts and authorized keys stay valid across `up`s.
+LOGIN_CONFIG_CHANGED=0
+write_login_files() {
+  local d=$DIR/login
+  [ -s "$d/ssh_host_ed25519_key" ] || ssh-keygen -q -t ed25519 -N '' -C "login host key (deploy/cluster.sh)" -f "$d/ssh_host_ed25519_key"
+  [ -s "$d/client_key" ] || ssh-keygen -q -t ed25519 -N '' -C "orch-login client (deploy/cluster.sh)" -f "$d/client_key"
+  install -m 644 "$d/client_key.pub" "$d/authorized_keys"
+  echo "orch-login,login,$LOGIN_ADDR $(cut -d' ' -f1,2 "$d/ssh_host_ed25519_key.pub")" > "$d/known_hosts"
+  cat > "$d/sshd_config.new" <<EOF
+# The login node's sshd (deploy/cluster.sh up --login): started as 'sshd -f' this file in the
+# $LOGIN_NS namespace; the host's /etc/ssh is not read. What each setting mimics is said above it.
+# Port 22 on the node's own address, as a login node (the namespace has only lo and eth0).
+Port 22
+AddressFamily inet
+ListenAddress 0.0.0.0
+HostKey $d/ssh_host_ed25519_key
+PidFile $d/sshd.pid
+# Keys only, as most sites allow from outside: no passwords, no keyboard-interactive, no root.
+PubkeyAuthentication yes
+AuthorizedKeysFile $d/authorized_keys
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PermitRootLogin no
+AllowUsers $LOGIN_USER
+# No PAM stack: the host's /etc/pam.d/sshd is not used either.
+UsePAM no
+# DIR may lie under /var/tmp, which is world-writable: StrictModes would refuse the keys file.
+StrictModes no
+# Every session, 'ssh login cmd' included (it reads no ~/.profile), finds the cluster, as on a
+# site's login node where slurm.conf is at its default path.
+SetEnv SLURM_CONF=$DIR/slurm.conf
+# Multiplexed sessions per connection (ControlMaster): OpenSSH's default, as at most sites.
+MaxSessions 10
+PrintMotd no
+PrintLastLog no
+X11Forwarding no
+Subsystem sftp internal-sftp
+LogLevel VERBOSE
+EOF
+  if cmp -s "$d/sshd_config.new" "$d/sshd_config"; then
+    rm -f "$d/sshd_config.new"
+  else
+    mv "$d/sshd_config.new" "$d/sshd_config"
+    LOGIN_CONFIG_CHANGED=1
+  fi
+  cat > "$d/ssh_config" <<EOF
+# The host's way to the login node (deploy/cluster.sh up --login), as a laptop's ~/.ssh/config:
+#   ssh -F $d/ssh_config orch-login sinfo
+#   ssh -F $d/ssh_config -M -S SOCK -fN orch-login       # a ControlMaster
+#   ssh -F $d/ssh_config -S SOCK -o BatchMode=yes orch-login squeue
+#   ssh -F $d/ssh_config -S SOCK -O exit orch-login      # closes it
+Host orch-login
+  HostName $LOGIN_ADDR
+  Port 22
+  User $LOGIN_USER
+  IdentityFile $d/client_key
+  IdentitiesOnly yes
+  UserKnownHostsFile $d/known_hosts
+  GlobalKnownHostsFile /dev/null
+  StrictHostKeyChecking yes
+  ConnectTimeout 10
+EOF
+  chmod 644 "$d/ssh_config" "$d/known_hosts" "$d/sshd_config"
+}
+
+# sshd in its namespace, entered as start_slurmd enters a node's (its own hosts file, hostname
+# 'login'); it daemonizes and writes DIR/login/sshd.pid. A running one re-reads a changed config.
+start_login_sshd() {
+  local d=$DIR/login hosts=$DIR/hosts pid
+  if [ "$PROFILE" = site ]; then hosts=$DIR/hosts-login; fi
+  # sshd's privilege separation directory is compiled in; Debian's init script creates it at boot.
+  [ -d /run/sshd ] || install -d -m 755 /run/sshd
+  /usr/sbin/sshd -t -f "$d/sshd_config" || { log "sshd refuses $d/sshd_config"; exit 1; }
+  pid=$(pid_of "$d/sshd.pid")
+  if alive "$pid"; then
+    # sshd re-executes itself on SIGHUP, with the same arguments and in the same namespaces.
+    if [ "$LOGIN_CONFIG_CHANGED" = 1 ]; then log "login: sshd re-reads its config"; kill -HUP "$pid"; fi
+    return 0
+  fi
+  rm -f "$d/sshd.pid"
+  setsid nsenter --net="/run/netns/$LOGIN_NS" unshare --mount --uts sh -c \
+    "mount --bind '$hosts' /etc/hosts && mount --bind '$DIR/resolv.conf' /etc/resolv.conf && hostname login && exec /usr/sbin/sshd -f '$d/sshd_config' -E '$DIR/log/sshd-login.log'" \
+    </dev/null >>"$DIR/log/sshd-login-start.log" 2>&1
+  for _ in $(seq 50); do alive "$(pid_of "$d/sshd.pid")" && return 0; sleep 0.1; done
+  log "the login node's sshd did not start; see $DIR/log/sshd-login.log and sshd-login-start.log"; exit 1
+}
+
+# From the host, as a user would: key login, known host key, SLURM_CONF set, sinfo and sacct
+# answer.
+check_login() {
+  local out=""
+  for _ in $(seq 10); do
+    # shellcheck disable=SC2016  # expanded by the login node's shell, not here
+    out=$(timeout 30 ssh -F "$DIR/login/ssh_config" -o BatchMode=yes orch-login \
+          'echo "$(hostname) $(id -un) $SLURM_CONF"; sinfo -h -o %P >/dev/null && sacct -n -X >/dev/null && echo login-ok' 2>&1) || true
+    [[ "$out" == *login-ok* ]] && break
+    sleep 0.5
+  done
+  [[ "$out" == *login-ok* ]] || { log "ssh to the login node failed: $out (see $DIR/log/sshd-login.log)"; exit 1; }
+  log "login: ${out%%$'\n'*}; ssh -F $DIR/login/ssh_config orch-login"
+}
+
+up_login() {
+  mkdir -p "$DIR/login"
+  ensure_login_user
+  make_netns "$LOGIN_NS" l "$LOGIN_ADDR"
+  write_login_files
+  start_login_sshd
+  check_login
+}
+
+# The user and home `up` created (DIR/login/created-*), once nothing of the user runs any more.
+remove_login_user() {
+  local d=$DIR/login user home base
+  user=$(cat "$d/created-user" 2>/dev/null || true)
+  home=$(cat "$d/created-home" 2>/dev/null || true)
+  base=$(cat "$d/created-home-base" 2>/dev/null || true)
+  if [ -n "$user" ] && id -u "$user" >/dev/null 2>&1; then
+    # userdel refuses while a process of the user lives; the ones just killed may take a moment.
+    for _ in $(seq 50); do userdel "$user" 2>/dev/null && break; sleep 0.1; done
+    if id -u "$user" >/dev/null 2>&1; then
+      log "user $user is still in use, left in place with its home: run 'userdel -r $user' when it is not"; return 0
+    fi
+  fi
+  case "$home" in
+    "") ;;
+    "$LOGIN_HOME_BASE"/?*) rm -rf -- "$home" ;;
+    *) log "not removing $home: not under $LOGIN_HOME_BASE" ;;
+  esac
+  [ -z "$base" ] || rmdir "$base" 2>/dev/null || true
+}
+
 up() {
   [ "$(id -u)" = 0 ] || { echo "deploy/cluster.sh needs root" >&2; exit 1; }
   local was; was=$(cat "$DIR/profile" 2>/dev/null || echo kind)
   if [ "$was" != "$PROFILE" ] && alive "$(pid_of "$DIR/slurmctld.pid")"; then
     echo "the cluster at $DIR is up with --profile $was; run 'deploy/cluster.sh down --dir $DIR' first" >&2; exit 2
+  fi
+  was=$(cat "$DIR/login/user" 2>/dev/null || true)
+  if [ "$LOGIN" = 1 ] && [ -n "$was" ] && [ "$was" != "$LOGIN_USER" ]; then
+    echo "the login node at $DIR is for user $was; run 'deploy/cluster.sh down --dir $DIR' first" >&2; exit 2
   fi
   install_packages
   mkdir -p "$DIR/log"
@@ -308,12 +518,12 @@ up() {
   start_munge
   start_mariadb
   export SLURM_CONF=$DIR/slurm.conf
+  make_network  # before slurmdbd is asked anything: AccountingStorageHost is on the bridge
   if ! alive "$(pid_of "$DIR/slurmdbd.pid")"; then
     slurmdbd
     for _ in $(seq 100); do sacctmgr -n list cluster >/dev/null 2>&1 && break; sleep 0.2; done
   fi
   sacctmgr -n list cluster format=cluster | grep -qw $CLUSTER || sacctmgr -i add cluster $CLUSTER >/dev/null
-  make_network
   alive "$(pid_of "$DIR/slurmctld.pid")" || slurmctld -f "$DIR/slurm.conf"
   for _ in $(seq 100); do scontrol ping 2>/dev/null | grep -q UP && break; sleep 0.2; done
   for i in $(seq 1 "$NODES"); do start_slurmd "$i"; done
@@ -327,6 +537,7 @@ up() {
   sinfo -h -N -o '%N %T' | grep -q idle || { log "nodes did not come up; see $DIR/log"; sinfo -N; exit 1; }
   # Warm-up: the first batch job after slurmctld starts waits ~3 s; pay it here, not in a test.
   sbatch -Q --wait -o /dev/null --wrap true >/dev/null 2>&1 || true
+  if [ "$LOGIN" = 1 ]; then up_login; fi
   log "up: $NODES node(s), ${GPUS} GPU(s) ${GPU_TYPE:-untyped} per node, profile $PROFILE, SLURM_CONF=$DIR/slurm.conf"
 }
 
@@ -342,16 +553,20 @@ kill_pidfile() {
 
 down() {
   [ -d "$DIR" ] || { log "nothing at $DIR"; return 0; }
+  # The login node first: no new sessions or submissions while the rest goes down.
+  kill_pidfile "$DIR/login/sshd.pid"
   for f in "$DIR"/slurmd-node*.pid; do [ -e "$f" ] && kill_pidfile "$f"; done
   kill_pidfile "$DIR/slurmctld.pid"
   kill_pidfile "$DIR/slurmdbd.pid"
   kill_pidfile "$DIR/mysql.pid"
   kill_pidfile "$DIR/munged.pid"
-  # Job steps left behind by a killed slurmd live in the node namespaces: stop them too.
-  for ns in $(ip netns list 2>/dev/null | awk '/^orch-node/ {print $1}'); do
+  # Job steps left behind by a killed slurmd live in the node namespaces, and SSH sessions in
+  # the login node's: stop them too.
+  for ns in $(ip netns list 2>/dev/null | awk '/^orch-(node|login)/ {print $1}'); do
     for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$pid" 2>/dev/null || true; done
     ip netns del "$ns" 2>/dev/null || true
   done
+  remove_login_user
   for _ in $(seq 50); do ip -o link show 2>/dev/null | grep -q "orchv" || break; sleep 0.1; done
   ip link del $BRIDGE 2>/dev/null || true
   rm -rf "$DIR"
@@ -361,6 +576,13 @@ down() {
 status() {
   export SLURM_CONF=$DIR/slurm.conf
   for f in slurmctld slurmdbd mysql; do echo "$f: $(alive "$(pid_of "$DIR/$f.pid")" && echo running || echo stopped)"; done
+  if [ -d "$DIR/login" ]; then
+    if alive "$(pid_of "$DIR/login/sshd.pid")"; then
+      echo "login: running ($LOGIN_NS, $LOGIN_ADDR, user $(cat "$DIR/login/user" 2>/dev/null)): ssh -F $DIR/login/ssh_config orch-login"
+    else
+      echo "login: stopped"
+    fi
+  fi
   sinfo -N 2>/dev/null || true
 }
 
@@ -368,5 +590,5 @@ case "$CMD" in
   up) up ;;
   down) down ;;
   status) status ;;
-  *) echo "usage: deploy/cluster.sh up|down|status [--nodes N] [--cpus C] [--gpus G] [--gpu-type T] [--profile kind|site] [--dir DIR]" >&2; exit 2 ;;
+  *) echo "usage: deploy/cluster.sh up|down|status [--nodes N] [--cpus C] [--gpus G] [--gpu-type T] [--profile kind|site] [--dir DIR] [--login [--login-user NAME]]" >&2; exit 2 ;;
 esac

@@ -241,8 +241,9 @@ def _print_outcome(record: Any) -> None:
 
 
 def _say_run_lines(launch: Any) -> None:
+    """run and submit: the identity line (and warnings) on stderr; stdout stays what scripts parse."""
     for line in _run_lines(launch):
-        print(line, file=sys.stderr if line.startswith("warning") else sys.stdout, flush=True)
+        print(line, file=sys.stderr, flush=True)
 
 
 def _print_moved(moved: Any) -> None:

@@ -17,7 +17,10 @@ CLUSTER_DIR = Path("/var/tmp/orch-test-cluster")
 RUNS_DIR = Path("/srv/orch-test-runs")
 # The site profile (deploy/README.md): tasks bound to their CPUs, requeue only when asked for,
 # preemption, KillWait 30 s, each node's own name on 127.0.1.1; as real sites are, not kinder.
-UP_ARGS = ["up", "--nodes", "2", "--cpus", "4", "--gpus", "2", "--profile", "site", "--dir", str(CLUSTER_DIR)]
+# --login adds a login node reached over SSH as a non-root user (deploy/README.md, "Login node").
+UP_ARGS = ["up", "--nodes", "2", "--cpus", "4", "--gpus", "2", "--profile", "site", "--dir", str(CLUSTER_DIR),
+           "--login"]
+LOGIN_DIR = CLUSTER_DIR / "login"
 
 
 @pytest.fixture(scope="session")
@@ -37,7 +40,11 @@ def cluster() -> Iterator[dict[str, str]]:
     shutil.rmtree(RUNS_DIR, ignore_errors=True)
     RUNS_DIR.mkdir(parents=True)
     try:
-        yield {"SLURM_CONF": conf, "runs_dir": str(RUNS_DIR)}
+        yield {"SLURM_CONF": conf, "runs_dir": str(RUNS_DIR),
+               # ssh -F login_ssh_config login_host CMD runs CMD on the login node as login_user.
+               "login_ssh_config": str(LOGIN_DIR / "ssh_config"), "login_host": "orch-login",
+               "login_user": (LOGIN_DIR / "user").read_text().strip(),
+               "login_home": (LOGIN_DIR / "home").read_text().strip()}
     finally:
         subprocess.run(["bash", str(ROOT / "deploy" / "cluster.sh"), "down", "--dir", str(CLUSTER_DIR)], timeout=300)
         shutil.rmtree(RUNS_DIR, ignore_errors=True)

@@ -99,7 +99,7 @@ def resume_line(run_dir: str, checkpoint_dir: str) -> str:
     if found is None:
         return f"run {run} exists with no checkpoint: starts at step 0"
     name, step = found
-    at = f"step {step}" if step is not None else f"its newest checkpoint"
+    at = f"step {step}" if step is not None else "its newest checkpoint"
     return f"resumes run {run} at {at} ({os.path.join(checkpoint_dir, name)})"
 
 

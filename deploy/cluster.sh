@@ -3,7 +3,7 @@
 # N compute nodes, each a network namespace with its own hostname, address and eth0.
 #
 #   deploy/cluster.sh up   [--nodes N] [--cpus C] [--gpus G] [--gpu-type T] [--profile P] [--dir DIR]
-#                          [--login [--login-user NAME]]                   (idempotent)
+#                          [--login [--login-user NAME] [--login-totp]]    (idempotent)
 #   deploy/cluster.sh down [--dir DIR]                                     (idempotent)
 #   deploy/cluster.sh status [--dir DIR]
 #   source DIR/env    # exports SLURM_CONF for sbatch, sacct, submitit ...
@@ -30,11 +30,14 @@
 # Its sessions have SLURM_CONF set; jobs they submit run as that user on the nodes. The host's
 # side is DIR/login/ssh_config (Host orch-login), client_key and known_hosts. `down` removes the
 # user and its home only if `up` created them (DIR/login/created-user, created-home).
+# --login-totp also asks for a TOTP code after the key (PAM, pam_oath), as clusters with 2FA do;
+# the secret is DIR/login/totp_secret (hex) and totp_secret.base32. `up --login` without it
+# turns the second factor off again.
 set -euo pipefail
 
 CMD=${1:-}; shift || true
 NODES=2; CPUS=4; GPUS=2; GPU_TYPE=a100; PROFILE=kind; DIR=${ORCH_CLUSTER_DIR:-/var/tmp/orch-cluster}
-LOGIN=0; LOGIN_USER=orchuser; LOGIN_USER_SET=0
+LOGIN=0; LOGIN_USER=orchuser; LOGIN_USER_SET=0; LOGIN_TOTP=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --nodes) NODES=$2; shift 2 ;;
@@ -45,6 +48,7 @@ while [ $# -gt 0 ]; do
     --dir) DIR=$2; shift 2 ;;
     --login) LOGIN=1; shift ;;
     --login-user) LOGIN_USER=$2; LOGIN_USER_SET=1; shift 2 ;;
+    --login-totp) LOGIN_TOTP=1; shift ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -55,6 +59,7 @@ case "$NODES$CPUS$GPUS" in *[!0-9]*|'') echo "--nodes, --cpus and --gpus take wh
 case "$PROFILE" in kind|site) ;; *) echo "--profile '$PROFILE': use kind (the default) or site" >&2; exit 2 ;; esac
 [ "$PROFILE" = kind ] || [ "$CPUS" -ge 1 ] || { echo "--profile site needs --cpus 1 or more" >&2; exit 2; }
 [ "$LOGIN_USER_SET" = 0 ] || [ "$LOGIN" = 1 ] || { echo "--login-user goes with --login" >&2; exit 2; }
+[ "$LOGIN_TOTP" = 0 ] || [ "$LOGIN" = 1 ] || { echo "--login-totp goes with --login" >&2; exit 2; }
 # A plain user name, as useradd takes it; never root: the point is a user without privileges.
 [[ "$LOGIN_USER" =~ ^[a-z_][a-z0-9_-]{0,31}$ && "$LOGIN_USER" != root ]] || {
   echo "--login-user '$LOGIN_USER': use a lower-case user name other than root (e.g. orchuser)" >&2; exit 2; }
@@ -104,6 +109,10 @@ install_packages() {
   for bin in "${bins[@]}"; do
     command -v "${bin%%:*}" >/dev/null 2>&1 || [ -x "/usr/sbin/${bin%%:*}" ] || need+=("${bin##*:}")
   done
+  # A PAM module has no command to look for: ask dpkg.
+  if [ "$LOGIN_TOTP" = 1 ] && ! dpkg-query -W -f='${Status}' libpam-oath 2>/dev/null | grep -q 'ok installed'; then
+    need+=(libpam-oath)
+  fi
   [ ${#need[@]} -eq 0 ] && return 0
   log "installing ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -378,6 +387,20 @@ write_login_files() {
   [ -s "$d/client_key" ] || ssh-keygen -q -t ed25519 -N '' -C "orch-login client (deploy/cluster.sh)" -f "$d/client_key"
   install -m 644 "$d/client_key.pub" "$d/authorized_keys"
   echo "orch-login,login,$LOGIN_ADDR $(cut -d' ' -f1,2 "$d/ssh_host_ed25519_key.pub")" > "$d/known_hosts"
+  write_login_pam
+  local auth
+  if [ "$LOGIN_TOTP" = 1 ]; then
+    auth="# --login-totp: the key, then a TOTP code through PAM (pam_oath, DIR/login/pam-sshd, which is
+# /etc/pam.d/sshd in the namespace), as clusters with 2FA ask for it. Commands sent through an open
+# ControlMaster ask for neither; a new connection with BatchMode=yes is refused.
+UsePAM yes
+KbdInteractiveAuthentication yes
+AuthenticationMethods publickey,keyboard-interactive:pam"
+  else
+    auth="KbdInteractiveAuthentication no
+# No PAM stack: the host's /etc/pam.d/sshd is not used either.
+UsePAM no"
+  fi
   cat > "$d/sshd_config.new" <<EOF
 # The login node's sshd (deploy/cluster.sh up --login): started as 'sshd -f' this file in the
 # $LOGIN_NS namespace; the host's /etc/ssh is not read. What each setting mimics is said above it.
@@ -387,15 +410,14 @@ AddressFamily inet
 ListenAddress 0.0.0.0
 HostKey $d/ssh_host_ed25519_key
 PidFile $d/sshd.pid
-# Keys only, as most sites allow from outside: no passwords, no keyboard-interactive, no root.
+# Keys, as most sites require from outside: no passwords, no root; keyboard-interactive only
+# for --login-totp's code (below).
 PubkeyAuthentication yes
 AuthorizedKeysFile $d/authorized_keys
 PasswordAuthentication no
-KbdInteractiveAuthentication no
 PermitRootLogin no
 AllowUsers $LOGIN_USER
-# No PAM stack: the host's /etc/pam.d/sshd is not used either.
-UsePAM no
+$auth
 # DIR may lie under /var/tmp, which is world-writable: StrictModes would refuse the keys file.
 StrictModes no
 # Every session, 'ssh login cmd' included (it reads no ~/.profile), finds the cluster, as on a
@@ -435,13 +457,44 @@ EOF
   chmod 644 "$d/ssh_config" "$d/known_hosts" "$d/sshd_config"
 }
 
+# --login-totp's PAM stack and secret. DIR/login/pam-sshd is bound over /etc/pam.d/sshd in the
+# login namespace only (the host's file is untouched), so it is rewritten in place, never
+# replaced: a bind mount keeps the file it was made with. Without --login-totp sshd uses no PAM.
+# pam_oath keeps the last code used in users.oath and refuses it again (replay).
+write_login_pam() {
+  local d=$DIR/login secret
+  if [ "$LOGIN_TOTP" = 1 ]; then
+    if [ ! -s "$d/totp_secret" ]; then
+      (umask 077; head -c 20 /dev/urandom > "$d/totp.key"
+       od -An -tx1 "$d/totp.key" | tr -d ' \n' > "$d/totp_secret"; base32 "$d/totp.key" > "$d/totp_secret.base32")
+      rm -f "$d/totp.key"
+    fi
+    secret=$(cat "$d/totp_secret")
+    # HOTP/T30/6: TOTP, 30 s steps, 6 digits (RFC 6238's defaults, what authenticator apps use).
+    if [ "$(awk '{print $1, $2, $4}' "$d/users.oath" 2>/dev/null)" != "HOTP/T30/6 $LOGIN_USER $secret" ]; then
+      (umask 077; echo "HOTP/T30/6 $LOGIN_USER - $secret" > "$d/users.oath")
+    fi
+  fi
+  cat > "$d/pam-sshd" <<EOF
+# The login node's /etc/pam.d/sshd (deploy/cluster.sh, bound in the $LOGIN_NS namespace only).
+# Used with --login-totp: the TOTP code is the only PAM auth (the key came first, in sshd).
+auth     required pam_oath.so usersfile=$d/users.oath window=2 digits=6
+account  required pam_unix.so
+session  required pam_permit.so
+password required pam_deny.so
+EOF
+}
+
 # sshd in its namespace, entered as start_slurmd enters a node's (its own hosts file, hostname
-# 'login'); it daemonizes and writes DIR/login/sshd.pid. A running one re-reads a changed config.
+# 'login', and with its own /etc/pam.d/sshd); it daemonizes and writes DIR/login/sshd.pid. A
+# running one re-reads a changed config.
 start_login_sshd() {
   local d=$DIR/login hosts=$DIR/hosts pid
   if [ "$PROFILE" = site ]; then hosts=$DIR/hosts-login; fi
   # sshd's privilege separation directory is compiled in; Debian's init script creates it at boot.
   [ -d /run/sshd ] || install -d -m 755 /run/sshd
+  # openssh-server installs /etc/pam.d/sshd: the mount point for the login node's own.
+  [ -f /etc/pam.d/sshd ] || { log "/etc/pam.d/sshd is missing: reinstall openssh-server"; exit 1; }
   /usr/sbin/sshd -t -f "$d/sshd_config" || { log "sshd refuses $d/sshd_config"; exit 1; }
   pid=$(pid_of "$d/sshd.pid")
   if alive "$pid"; then
@@ -451,16 +504,18 @@ start_login_sshd() {
   fi
   rm -f "$d/sshd.pid"
   setsid nsenter --net="/run/netns/$LOGIN_NS" unshare --mount --uts sh -c \
-    "mount --bind '$hosts' /etc/hosts && mount --bind '$DIR/resolv.conf' /etc/resolv.conf && hostname login && exec /usr/sbin/sshd -f '$d/sshd_config' -E '$DIR/log/sshd-login.log'" \
+    "mount --bind '$hosts' /etc/hosts && mount --bind '$DIR/resolv.conf' /etc/resolv.conf && mount --bind '$d/pam-sshd' /etc/pam.d/sshd && hostname login && exec /usr/sbin/sshd -f '$d/sshd_config' -E '$DIR/log/sshd-login.log'" \
     </dev/null >>"$DIR/log/sshd-login-start.log" 2>&1
   for _ in $(seq 50); do alive "$(pid_of "$d/sshd.pid")" && return 0; sleep 0.1; done
   log "the login node's sshd did not start; see $DIR/log/sshd-login.log and sshd-login-start.log"; exit 1
 }
 
 # From the host, as a user would: key login, known host key, SLURM_CONF set, sinfo and sacct
-# answer.
+# answer. With --login-totp no code is spent here (pam_oath refuses a code twice): the key must
+# be accepted and the code asked for, and the user's SLURM commands are run in the namespace.
 check_login() {
   local out=""
+  if [ "$LOGIN_TOTP" = 1 ]; then check_login_totp; return; fi
   for _ in $(seq 10); do
     # shellcheck disable=SC2016  # expanded by the login node's shell, not here
     out=$(timeout 30 ssh -F "$DIR/login/ssh_config" -o BatchMode=yes orch-login \
@@ -470,6 +525,20 @@ check_login() {
   done
   [[ "$out" == *login-ok* ]] || { log "ssh to the login node failed: $out (see $DIR/log/sshd-login.log)"; exit 1; }
   log "login: ${out%%$'\n'*}; ssh -F $DIR/login/ssh_config orch-login"
+}
+
+check_login_totp() {
+  local out=""
+  for _ in $(seq 10); do
+    out=$(timeout 30 ssh -v -F "$DIR/login/ssh_config" -o BatchMode=yes orch-login true 2>&1) || true
+    [[ "$out" == *"partial success"*"Permission denied (keyboard-interactive)"* ]] && break
+    sleep 0.5
+  done
+  [[ "$out" == *"partial success"*"Permission denied (keyboard-interactive)"* ]] || {
+    log "the login node does not ask for a code after the key: $(echo "$out" | tail -3)"; exit 1; }
+  nsenter --net="/run/netns/$LOGIN_NS" runuser -u "$LOGIN_USER" -- env SLURM_CONF="$DIR/slurm.conf" \
+    sh -c 'sinfo -h -o %P >/dev/null && sacct -n -X >/dev/null' || { log "sinfo or sacct fail for $LOGIN_USER on the login node"; exit 1; }
+  log "login: $LOGIN_USER with key + TOTP code; ssh -F $DIR/login/ssh_config orch-login (code: oathtool --totp \$(cat $DIR/login/totp_secret))"
 }
 
 up_login() {
@@ -578,7 +647,9 @@ status() {
   for f in slurmctld slurmdbd mysql; do echo "$f: $(alive "$(pid_of "$DIR/$f.pid")" && echo running || echo stopped)"; done
   if [ -d "$DIR/login" ]; then
     if alive "$(pid_of "$DIR/login/sshd.pid")"; then
-      echo "login: running ($LOGIN_NS, $LOGIN_ADDR, user $(cat "$DIR/login/user" 2>/dev/null)): ssh -F $DIR/login/ssh_config orch-login"
+      local auth=key
+      if grep -q '^AuthenticationMethods publickey,keyboard-interactive' "$DIR/login/sshd_config"; then auth="key + TOTP"; fi
+      echo "login: running ($LOGIN_NS, $LOGIN_ADDR, user $(cat "$DIR/login/user" 2>/dev/null), $auth): ssh -F $DIR/login/ssh_config orch-login"
     else
       echo "login: stopped"
     fi
@@ -590,5 +661,5 @@ case "$CMD" in
   up) up ;;
   down) down ;;
   status) status ;;
-  *) echo "usage: deploy/cluster.sh up|down|status [--nodes N] [--cpus C] [--gpus G] [--gpu-type T] [--profile kind|site] [--dir DIR] [--login [--login-user NAME]]" >&2; exit 2 ;;
+  *) echo "usage: deploy/cluster.sh up|down|status [--nodes N] [--cpus C] [--gpus G] [--gpu-type T] [--profile kind|site] [--dir DIR] [--login [--login-user NAME] [--login-totp]]" >&2; exit 2 ;;
 esac

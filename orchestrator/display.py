@@ -36,9 +36,9 @@ def code_line(launch: LaunchPlan) -> str:
         return f"code: the ranks import the live files ({why})"
     from orchestrator.snapshot import _human
 
-    git = f", git {c['commit'][:12]}{' + uncommitted changes' if c['dirty'] else ''}" if c.get("commit") else ""
+    how = f"git {c['commit'][:12]}{' + uncommitted changes' if c['dirty'] else ''}" if c.get("commit") else c["how"]
     new = f"{c['new_files']} new file(s), {_human(c['new_bytes'])} to store" if c["new_files"] else "already stored"
-    return (f"code: snapshot {c['id']} of {c['root']} ({c['how']}{git}): {c['files']} files, {_human(c['bytes'])}; "
+    return (f"code: snapshot {c['id']} of {c['root']} ({how}): {c['files']} files, {_human(c['bytes'])}; "
             f"{new}; the ranks import it from {c['tree']}")
 
 

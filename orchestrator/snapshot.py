@@ -26,9 +26,11 @@ A snapshot's id is the hash of its manifest, so the same content is one tree acr
 from __future__ import annotations
 
 import fnmatch
+import functools
 import hashlib
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -135,7 +137,7 @@ class Snapshot:
 
 def snapshot_id(entries: Mapping[str, Entry]) -> str:
     lines = "\n".join(f"{rel}\0{e.sha}\0{e.mode:o}\0{e.link or ''}" for rel, e in sorted(entries.items()))
-    return hashlib.sha256(lines.encode()).hexdigest()[:20]
+    return hashlib.sha256(lines.encode("utf-8", "surrogateescape")).hexdigest()[:20]
 
 
 # ---- scanning (reads only) -------------------------------------------------------------------
@@ -152,15 +154,16 @@ def project_root(entrypoint: str, cwd: str) -> tuple[Optional[str], str]:
     if shipped is not None:  # a project that `--remote submit` shipped here: exactly the files it sent
         return shipped, "shipped"
     if script:
-        start = os.path.dirname(os.path.abspath(os.path.join(cwd, entrypoint)))
+        path = os.path.abspath(os.path.join(cwd, entrypoint))
+        start = os.path.dirname(path)
         top = _git_toplevel(start)
-        return (top, "git") if top is not None else (start, "folder")
+        return (top, "git") if top is not None and not _git_ignores(top, path) else (start, "folder")
     top_module = entrypoint.split(":")[0].split(".")[0]
     location = _module_folder(top_module, cwd)
     if location is None:
         return None, f"{top_module} is an installed package"
     top = _git_toplevel(location)
-    return (top, "git") if top is not None else (location, "folder")
+    return (top, "git") if top is not None and not _git_ignores(top, location) else (location, "folder")
 
 
 def _module_folder(name: str, cwd: str) -> Optional[str]:
@@ -235,7 +238,7 @@ def scan(root: str, how: str, store_dir: str, *, ignore_file: str = ".orchignore
                                 f"list it in {os.path.join(root, ignore_file)}, or set code.snapshot: false") from None
         if stat.S_ISLNK(st.st_mode):
             target = os.readlink(full)
-            entries[rel] = Entry(sha=hashlib.sha256(target.encode()).hexdigest(), size=0, mode=0o777, link=target)
+            entries[rel] = Entry(sha=hashlib.sha256(os.fsencode(target)).hexdigest(), size=0, mode=0o777, link=target)
             continue
         if not stat.S_ISREG(st.st_mode):
             continue  # a submodule's folder, a socket, a fifo
@@ -315,6 +318,17 @@ def _git_toplevel(folder: str) -> Optional[str]:
     return os.path.realpath(out.decode().strip()) if out else None
 
 
+def _git_ignores(root: str, path: str) -> bool:
+    """Git ignores ``path`` (a script in an ignored scratch folder of a larger repository: the
+    project is then the script's own folder, not the repository that ignores it)."""
+    try:
+        out = subprocess.run(["git", "-C", root, "check-ignore", "-q", "--", path], capture_output=True,
+                             timeout=GIT_TIMEOUT_S, env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"})
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return out.returncode == 0
+
+
 def _git_files(root: str) -> list[str]:
     out = _git(root, "ls-files", "-z", "--cached", "--others", "--exclude-standard")
     if out is None:
@@ -327,17 +341,18 @@ def _git_state(root: str) -> tuple[Optional[str], str]:
     head = _git(root, "rev-parse", "--verify", "-q", "HEAD")
     if not head:
         return None, ""
-    diff = _git(root, "diff", "HEAD", "--no-color", "--no-ext-diff", "--binary")
+    diff = _git(root, "diff", "HEAD", "--no-color", "--no-ext-diff")  # binary files: named, not inlined
     return head.decode().strip(), (diff or b"").decode("utf-8", "replace")
 
 
 def _walk(root: str) -> list[str]:
     names = []
     for folder, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in _SKIPPED_DIRS
+        linked = [d for d in dirs if os.path.islink(os.path.join(folder, d))]  # kept as links, as git keeps them
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in _SKIPPED_DIRS and d not in linked
                          and not os.path.exists(os.path.join(folder, d, "pyvenv.cfg")))
         rel_folder = os.path.relpath(folder, root)
-        for name in files:
+        for name in [*files, *linked]:
             if not name.endswith((".pyc", ".pyo")):
                 names.append(name if rel_folder == "." else f"{rel_folder}/{name}".replace(os.sep, "/"))
     return sorted(names)
@@ -366,13 +381,41 @@ def _ignored(rel: str, patterns: list[str]) -> bool:
             candidates = ["/".join(parts[:depth])] if folder or len(parts) > depth else [rel]
             if folder and len(parts) <= depth:
                 continue
-            if any(fnmatch.fnmatchcase(c, pat) for c in candidates) or fnmatch.fnmatchcase(rel, pat):
+            if any(_glob(pat).fullmatch(c) for c in candidates) or _glob(pat).fullmatch(rel):
                 return True
         else:
             names = parts[:-1] if folder else parts
-            if any(fnmatch.fnmatchcase(name, pat) for name in names):
+            if any(_glob(pat).fullmatch(name) for name in names):
                 return True
     return False
+
+
+@functools.lru_cache(maxsize=256)
+def _glob(pattern: str) -> re.Pattern[str]:
+    """A gitignore glob: ``*`` and ``?`` never cross a '/', ``**`` does, ``[...]`` as in fnmatch."""
+    out, i = [], 0
+    while i < len(pattern):
+        if pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif pattern[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif pattern[i] == "?":
+            out.append("[^/]")
+            i += 1
+        elif pattern[i] == "[":
+            end = pattern.find("]", i + 1)
+            if end == -1:
+                out.append(re.escape("["))
+                i += 1
+            else:
+                out.append(fnmatch.translate(pattern[i:end + 1])[4:-3])
+                i = end + 1
+        else:
+            out.append(re.escape(pattern[i]))
+            i += 1
+    return re.compile("".join(out), re.S)
 
 
 def _hash_file(path: str) -> str:
@@ -407,7 +450,7 @@ def _human(n: float) -> str:
 
 
 def _index_path(store_dir: str, root: str) -> Path:
-    return Path(store_dir) / "index" / f"{hashlib.sha256(root.encode()).hexdigest()[:16]}.json"
+    return Path(store_dir) / "index" / f"{hashlib.sha256(os.fsencode(root)).hexdigest()[:16]}.json"
 
 
 def _read_index(store_dir: str, root: str) -> dict[str, list]:

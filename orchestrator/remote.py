@@ -71,7 +71,9 @@ class RemoteSettings(BaseModel):
     @field_validator("host")
     @classmethod
     def _host(cls, value: Optional[str]) -> Optional[str]:
-        if value is not None and not re.fullmatch(r"[A-Za-z0-9_.@%:\[\]-]+", value or "") or (value or "x")[0] == "-":
+        if value is None:
+            return None
+        if value.startswith("-") or not re.fullmatch(r"[A-Za-z0-9_.@%:\[\]-]+", value):
             raise ValueError(f"{value!r} is not an ssh destination (user@host or a Host name of ~/.ssh/config)")
         return value
 
@@ -249,34 +251,50 @@ def submit(ssh: Ssh, args: Any) -> int:
     done = result["submitted"]
     print(f"submitted {done['run']} on {ssh.host}: job(s) {', '.join(done['jobs']) or '-'}; run folder "
           f"{done['run_dir']} (shipped {len(missing)} file(s), {sent} bytes)")
-    if args.follow:
-        code = ssh.follow(["logs", "-f", done["run"]])
+    if args.follow:  # once it left the queue (logs -f gives up on a log that does not start)
+        _status(ssh, done["run"], until_started=True)
+        ssh.follow(["logs", "-f", done["run"]])
     if args.follow or args.wait:
         return wait(ssh, done["run"])
     return 0
 
 
-def wait(ssh: Ssh, run: str, poll_s: float = 5.0) -> int:
-    """Wait for the run to end (one status round trip per poll, surviving drops), print its end."""
+def wait(ssh: Ssh, run: str) -> int:
+    """Wait for the run to end (surviving drops), then print its end as ``submit --wait`` does."""
+    from orchestrator.states import State
+
+    row = _status_row(ssh, run, until=lambda state: state.terminal)
+    state = State(row["state"])
+    print(f"{run}: {state}  (run folder {ssh.host}:{row.get('run_dir', '?')})")
+    if state != State.COMPLETED and row.get("error"):
+        print(row["error"], file=sys.stderr)
+    return 0 if state == State.COMPLETED else 1
+
+
+def _status(ssh: Ssh, run: str, until_started: bool = False) -> Any:
+    from orchestrator.states import State
+
+    return State(_status_row(ssh, run, until=lambda s: s.terminal or not until_started or s != State.PENDING)["state"])
+
+
+def _status_row(ssh: Ssh, run: str, until: Any, poll_s: float = 3.0) -> dict:
+    """Poll the run's status there (one SSH session each) until ``until(state)``."""
+    from orchestrator.states import State
+
     while True:
-        ssh.require_master() if ssh.master_up() else ssh.wait_for_master()
+        if not ssh.master_up():
+            ssh.wait_for_master()
         out = subprocess.run(ssh.orchestrator(["status", "--json", run]), stdin=subprocess.DEVNULL,
                              stdout=subprocess.PIPE)
         if out.returncode == SSH_FAILED:
-            ssh.wait_for_master()
             continue
         try:
             row = json.loads(out.stdout)[0]
+            state = State(row["state"])
         except (ValueError, IndexError, KeyError, TypeError):
             raise RemoteError(f"could not read the status of {run} on {ssh.host}") from None
-        from orchestrator.states import State
-
-        state = State(row["state"])
-        if state.terminal:
-            print(f"{run}: {state}  (run folder {ssh.host}:{row.get('run_dir', '?')})")
-            if row.get("error"):
-                print(row["error"], file=sys.stderr)
-            return 0 if state == State.COMPLETED else 1
+        if until(state):
+            return row
         time.sleep(poll_s)
 
 

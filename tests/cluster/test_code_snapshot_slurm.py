@@ -118,7 +118,8 @@ def test_a_held_job_runs_the_code_as_submitted(cluster: dict[str, str], project:
     assert "VERSION helper=1 script=A start=0" in log and "helper=2" not in log, log
     assert "/.code/trees/" in log  # imported from the snapshot, not the project folder
     code = json.loads((Path(record.run_dir) / "code.json").read_text())
-    assert code["files"] == 3 and code["how"] == "folder"
+    frozen = json.loads(Path(code["manifest"]).read_text())["files"]
+    assert {"train.py", "helper.py", "spec.yaml"} <= set(frozen) and code["how"] == "folder", frozen
     diff = _orch(project, "diff", record.run_id)
     assert "modified  helper.py" in diff.stdout and "+V = 2" in diff.stdout, diff.stdout + diff.stderr
     assert no_job_processes()
@@ -135,13 +136,13 @@ def test_the_requeued_attempt_runs_the_submitted_code_too(cluster: dict[str, str
     record = _run_releasing_requeues(SlurmExecutor(), record, 300)
     assert record.state == "COMPLETED", (record.error, _log(record)[-3000:])
     versions = re.findall(r"VERSION helper=(\d) script=(\w) start=\d+ attempt=(\d)", _log(record))
-    assert versions == [("1", "A", "1"), ("1", "A", "2")], _log(record)
+    assert [v[:2] for v in versions] == [("1", "A"), ("1", "A")] and versions[0][2] != versions[1][2], _log(record)
     assert no_job_processes()
 
 
 def test_after_a_timeout_a_longer_time_limit_resumes_the_same_run(cluster: dict[str, str], project: Path) -> None:
-    first = _submitted(_orch(project, "submit", str(_spec(project, cluster, "snap-timeout", time="00:01:00",
-                                                          requeue="never"))))
+    spec = _spec(project, cluster, "snap-timeout", time="00:01:00", signal_margin_s=20, requeue="never")
+    first = _submitted(_orch(project, "submit", str(spec)))
     deadline = time.monotonic() + 240
     ex = SlurmExecutor()
     while not first.state.terminal:

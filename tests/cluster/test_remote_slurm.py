@@ -35,27 +35,30 @@ for i in range(int(sys.argv[sys.argv.index("--lines") + 1])):
 '''
 
 
-def _as_login(cluster: dict[str, str], *command: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["runuser", "-u", cluster["login_user"], "--", *command], capture_output=True, text=True,
-                          timeout=timeout, cwd="/")
+def install_for_login(login_home: str, login_user: str) -> str:
+    """The login user's own orchestrator: a venv in its home, this tree installed into it (once)."""
+    def as_login(*command: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["runuser", "-u", login_user, "--", *command], capture_output=True, text=True,
+                              timeout=600, cwd="/")
+
+    venv = Path(login_home) / "venv"
+    if not (venv / "bin" / "orchestrator").exists():
+        made = as_login("/usr/bin/python3", "-m", "venv", str(venv))
+        assert made.returncode == 0, made.stderr
+        source = Path(login_home) / "src"
+        shutil.rmtree(source, ignore_errors=True)
+        shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".venv", ".git", ".pytest-tmp", ".whl", "runs",
+                                                                     "__pycache__", "*.egg-info", ".hypothesis"))
+        subprocess.run(["chown", "-R", login_user, str(source)], check=True)
+        pip = as_login(str(venv / "bin" / "pip"), "install", "-q", "-c", str(source / ".ci" / "constraints.txt"),
+                       str(source))
+        assert pip.returncode == 0, pip.stdout + pip.stderr
+    return str(venv / "bin" / "orchestrator")
 
 
 @pytest.fixture(scope="module")
 def login_install(cluster: dict[str, str]) -> str:
-    """The login user's own orchestrator: a venv in its home, this tree installed into it."""
-    venv = Path(cluster["login_home"]) / "venv"
-    if not (venv / "bin" / "orchestrator").exists():
-        made = _as_login(cluster, "/usr/bin/python3", "-m", "venv", str(venv))
-        assert made.returncode == 0, made.stderr
-        source = Path(cluster["login_home"]) / "src"
-        shutil.rmtree(source, ignore_errors=True)
-        shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".venv", ".git", ".pytest-tmp", ".whl", "runs",
-                                                                     "__pycache__", "*.egg-info", ".hypothesis"))
-        subprocess.run(["chown", "-R", cluster["login_user"], str(source)], check=True)
-        pip = _as_login(cluster, str(venv / "bin" / "pip"), "install", "-q", "-c", str(source / ".ci" / "constraints.txt"),
-                        str(source))
-        assert pip.returncode == 0, pip.stdout + pip.stderr
-    return str(venv / "bin" / "orchestrator")
+    return install_for_login(cluster["login_home"], cluster["login_user"])
 
 
 @pytest.fixture

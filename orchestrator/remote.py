@@ -29,6 +29,7 @@ The user's defaults live in ``$ORCHESTRATOR_CONFIG`` (default
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -37,10 +38,9 @@ import subprocess
 import sys
 import tarfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Optional, Sequence
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from orchestrator import __version__
 from orchestrator.errors import OrchestratorError, UsageError
@@ -59,23 +59,41 @@ class RemoteError(OrchestratorError):
     """The login node could not be reached, or refused the command."""
 
 
-class RemoteSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    host: Optional[str] = Field(None, description="ssh destination: user@host, or a Host of ~/.ssh/config")
-    ssh: list[str] = Field(default_factory=lambda: ["ssh"], min_length=1, description="the ssh command and options")
-    control_path: str = Field("~/.ssh/orchestrator-%C", description="the ControlMaster socket (ssh tokens allowed)")
-    command: list[str] = Field(default_factory=lambda: ["orchestrator"], min_length=1,
-                               description="the orchestrator's command on the login node")
-    reconnect_s: float = Field(600, ge=0, le=86400, description="how long a follow waits for the connection")
+@dataclass(frozen=True)
+class RemoteSettings:
+    """The ``remote:`` section of the user's config (a dataclass, not a pydantic model: every
+    remote command pays for its import, and the fields are few)."""
 
-    @field_validator("host")
+    host: Optional[str] = None  # ssh destination: user@host, or a Host of ~/.ssh/config
+    ssh: tuple[str, ...] = ("ssh",)  # the ssh command and its options
+    control_path: str = "~/.ssh/orchestrator-%C"  # the ControlMaster socket (ssh tokens allowed)
+    command: tuple[str, ...] = ("orchestrator",)  # the orchestrator's command on the login node
+    reconnect_s: float = 600.0  # how long a follow waits for the connection to come back
+
     @classmethod
-    def _host(cls, value: Optional[str]) -> Optional[str]:
-        if value is None:
-            return None
-        if value.startswith("-") or not re.fullmatch(r"[A-Za-z0-9_.@%:\[\]-]+", value):
-            raise ValueError(f"{value!r} is not an ssh destination (user@host or a Host name of ~/.ssh/config)")
-        return value
+    def parse(cls, data: dict[str, Any]) -> RemoteSettings:
+        """Checked field by field; raises ValueError("field: why")."""
+        unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(f"{unknown[0]}: unknown setting (known: host, ssh, control_path, command, reconnect_s)")
+        host = data.get("host")
+        if host is not None and (not isinstance(host, str) or host.startswith("-")
+                                 or not re.fullmatch(r"[A-Za-z0-9_.@%:\[\]-]+", host)):
+            raise ValueError(f"host: {host!r} is not an ssh destination (user@host or a Host name of ~/.ssh/config)")
+        words = {}
+        for name in ("ssh", "command"):
+            value = data.get(name, getattr(cls, name))
+            if not isinstance(value, (list, tuple)) or not value or not all(isinstance(w, str) and w for w in value):
+                raise ValueError(f"{name}: give a non-empty list of words, e.g. [{getattr(cls, name)[0]}]")
+            words[name] = tuple(value)
+        control = data.get("control_path", cls.control_path)
+        if not isinstance(control, str) or not control:
+            raise ValueError("control_path: give a path, e.g. ~/.ssh/orchestrator-%C")
+        reconnect = data.get("reconnect_s", cls.reconnect_s)
+        if isinstance(reconnect, bool) or not isinstance(reconnect, (int, float)) or not 0 <= reconnect <= 86400:
+            raise ValueError("reconnect_s: give a number of seconds from 0 to 86400")
+        return cls(host=host, ssh=words["ssh"], control_path=control, command=words["command"],
+                   reconnect_s=float(reconnect))
 
 
 def config_path() -> Path:
@@ -103,12 +121,10 @@ def load_settings(host: Optional[str] = None) -> RemoteSettings:
     if host:
         data["host"] = host
     try:
-        return RemoteSettings(**data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(x) for x in first["loc"])
-        raise UsageError(f"{'--remote' if where == 'host' and host else f'{path}: remote.{where}'}: "
-                         f"{first['msg']}") from None
+        return RemoteSettings.parse(data)
+    except ValueError as exc:
+        where = "--remote" if host and str(exc).startswith("host:") else f"{path}: remote."
+        raise UsageError(f"{where}{str(exc) if where.endswith('.') else str(exc)[len('host'):]}") from None
 
 
 class Ssh:

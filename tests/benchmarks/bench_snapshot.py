@@ -69,6 +69,8 @@ def peer(root: Path, target: Path) -> float:
 
 
 def add_changes(root: Path, mb: int, round_: int) -> None:
+    """``mb`` MB of new files in place of the previous round's (the project stays its size)."""
+    shutil.rmtree(root / "data-changes", ignore_errors=True)
     folder = root / "data-changes" / f"r{round_}"
     folder.mkdir(parents=True)
     for i in range(max(1, mb // 10)):
@@ -99,7 +101,6 @@ def main() -> None:
         for r in range(min(a.rounds, 3)):
             add_changes(root, a.changed_mb, r)
             times["ours changed"].append(ours(root))  # the store lacks the new blobs
-            shutil.rmtree(base / "peer-warm", ignore_errors=True)
             times["peer changed"].append(peer(root, base / f"peer-c{r}"))
             for folder in base.glob("peer-*"):
                 shutil.rmtree(folder)  # keep the disk use bounded

@@ -1,0 +1,112 @@
+"""``--remote`` without a network: the settings, the ssh command line (every word reaches the remote
+shell as one word), the CLI's own options stripped, and the login node's side of a submission
+(refused paths, a checkout made exactly the shipped files)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orchestrator.cli import _command_argv
+from orchestrator.errors import UsageError
+from orchestrator.remote import RemoteSettings, Ssh, load_settings, unpack_pngs
+from orchestrator.remote_receive import _header, update_checkout
+from orchestrator.snapshot import SHIPPED_NAME
+
+WORDS = st.lists(st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"), min_size=0,
+                         max_size=12), min_size=1, max_size=6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(WORDS)
+def test_every_word_reaches_the_remote_shell_as_one_word(words: list[str]) -> None:
+    """ssh hands its last argument to the user's shell: each word must arrive whole, whatever it holds."""
+    argv = Ssh(RemoteSettings(host="login")).argv(["printf", "%s\\0", *words])
+    assert argv[argv.index("--") + 1] == "login" and len(argv) == argv.index("--") + 3
+    out = subprocess.run(["sh", "-c", argv[-1]], capture_output=True, check=True).stdout
+    assert out.split(b"\0")[:-1] == [w.encode() for w in words]
+
+
+def test_the_ssh_command_goes_through_the_master_in_batch_mode() -> None:
+    ssh = Ssh(RemoteSettings(host="me@login", ssh=("ssh", "-F", "/cfg"), control_path="/s/%C"))
+    argv = ssh.argv(["true"])
+    assert argv[:3] == ["ssh", "-F", "/cfg"]
+    assert "BatchMode=yes" in argv and "ControlMaster=no" in argv and "ControlPath=/s/%C" in argv
+    assert "ssh -F /cfg -o ControlPath=/s/%C -M -o ControlPersist=yes -fN -- me@login" == ssh.open_command()
+
+
+@pytest.mark.parametrize("host", ["-oProxyCommand=sh", "a b", "x;y", "$(id)", "login\n"])
+def test_a_host_that_is_not_an_ssh_destination_is_refused(host: str, monkeypatch: pytest.MonkeyPatch,
+                                                          tmp_path: Path) -> None:
+    monkeypatch.setenv("ORCHESTRATOR_CONFIG", str(tmp_path / "none.yaml"))
+    with pytest.raises(UsageError, match="--remote: .* is not an ssh destination"):
+        load_settings(host)
+
+
+def test_the_config_file_is_read_and_its_mistakes_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "config.yaml"
+    monkeypatch.setenv("ORCHESTRATOR_CONFIG", str(config))
+    config.write_text("remote:\n  host: login\n  command: [/opt/venv/bin/orchestrator]\n  reconnect_s: 5\n")
+    assert load_settings() == RemoteSettings(host="login", command=("/opt/venv/bin/orchestrator",), reconnect_s=5.0)
+    assert load_settings("other").host == "other"
+    config.write_text("remote:\n  host: login\n  comand: [x]\n")
+    with pytest.raises(UsageError, match=r"remote\.comand: unknown setting"):
+        load_settings()
+    config.write_text("remote:\n  ssh: []\n")
+    with pytest.raises(UsageError, match=r"remote\.ssh: give a non-empty list"):
+        load_settings()
+
+
+def test_the_login_node_gets_the_command_without_the_global_options() -> None:
+    assert _command_argv(["--remote", "login", "status", "--json", "r1"]) == ["status", "--json", "r1"]
+    assert _command_argv(["--remote=login", "--local", "logs", "-f", "r"]) == ["logs", "-f", "r"]
+    assert _command_argv(["submit", "spec.yaml", "--set", "a=--remote"]) == ["submit", "spec.yaml", "--set", "a=--remote"]
+
+
+def _entry(data: bytes, mode: str = "0o644") -> list:
+    return [hashlib.sha256(data).hexdigest(), len(data), mode]
+
+
+@pytest.mark.parametrize("path", ["../x.py", "/etc/passwd", "a/../../b", "a//b", "./a", ""])
+def test_a_shipped_path_outside_the_project_is_refused(path: str) -> None:
+    header = {"protocol": 1, "spec": {}, "project": "p-1", "cwd": ".", "files": {path: _entry(b"x")}}
+    with pytest.raises(UsageError, match="refusing the shipped path|malformed"):
+        _header(json.dumps(header).encode())
+
+
+def test_a_checkout_becomes_exactly_what_was_shipped_and_keeps_what_jobs_wrote(tmp_path: Path) -> None:
+    blobs, checkout = tmp_path / "blobs", tmp_path / "checkout"
+    checkout.mkdir()
+
+    def blob(data: bytes) -> list:
+        entry = _entry(data)
+        (blobs / entry[0][:2]).mkdir(parents=True, exist_ok=True)
+        (blobs / entry[0][:2] / entry[0]).write_bytes(data)
+        return entry
+
+    update_checkout(checkout, {"train.py": blob(b"v1"), "old.py": blob(b"old")}, blobs, "abc", "")
+    (checkout / "outputs.txt").write_text("written by a job")
+    update_checkout(checkout, {"train.py": blob(b"v2"), "pkg/new.py": blob(b"new")}, blobs, None, "")
+    assert (checkout / "train.py").read_bytes() == b"v2" and (checkout / "pkg" / "new.py").read_bytes() == b"new"
+    assert not (checkout / "old.py").exists() and (checkout / "outputs.txt").exists()
+    shipped = json.loads((checkout / SHIPPED_NAME).read_text())
+    assert sorted(shipped["files"]) == ["pkg/new.py", "train.py"]
+
+
+def test_only_plain_png_files_are_unpacked(tmp_path: Path) -> None:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:") as tar:
+        for name, data in (("loss.png", b"png"), ("../evil.png", b"x"), ("sub/a.png", b"y"), ("notes.txt", b"z")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    assert unpack_pngs(buffer.getvalue(), tmp_path / "out") == ["loss.png"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["loss.png"]

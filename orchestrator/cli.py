@@ -34,7 +34,8 @@ def _spec_args(p: argparse.ArgumentParser, executor: bool = True) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="orchestrator", description="Typed DDP jobs on SLURM or locally.")
+    parser = argparse.ArgumentParser(prog="orchestrator", description="Typed DDP jobs on SLURM or locally.",
+                                     allow_abbrev=False)  # --rem would reach a login node as written
     parser.add_argument("--remote", metavar="HOST",
                         help="run submit, status, list, logs, stacks, cancel or report on this login node over SSH "
                              "(default: remote.host in ~/.config/orchestrator/config.yaml); see README 'Remote'")
@@ -168,17 +169,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _run_lines(launch: Any) -> list[str]:
-    """Whether the spec resumes a run (and from which step) or starts one; other runs of the job's
-    name holding checkpoints, with the fields this spec changed (``orchestrator.identity``)."""
-    from orchestrator.identity import resume_line, sibling_warnings
-    from orchestrator.spec import JobSpec
+    from orchestrator.identity import plan_lines
 
-    lines = [f"identity: {resume_line(launch.run_dir, launch.payload.checkpoint.dir)}"]
-    try:
-        lines += [f"warning: {w}" for w in sibling_warnings(JobSpec.model_validate(launch.spec), launch.run_dir)]
-    except OSError:
-        pass
-    return lines
+    return plan_lines(launch)
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
@@ -210,10 +203,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     with _early_zygote(args.executor in (None, "local") and not args.detach) as zygote:
         from orchestrator.api import run
 
+        said: list[str] = []
+        # In the foreground the identity line comes first (what follows may be a long run); a
+        # detached run says it after it started, so a refusal stays one line.
+        on_plan = _say_run_lines if not args.detach else (lambda launch: said.extend(_run_lines(launch)))
         handle = run(_load(args), wait=not args.detach, executor=args.executor, fresh=args.fresh, zygote=zygote,
-                     on_moved=_print_moved, on_plan=None if args.fresh else _say_run_lines)
+                     on_moved=_print_moved, on_plan=None if args.fresh else on_plan)
     if args.detach:
         print(f"started {handle.id} in the background; follow it with: orchestrator logs -f {handle.id}")
+        _say(said)
         return 0
     _print_outcome(handle.record)
     return 0 if handle.state == State.COMPLETED else 1
@@ -241,8 +239,12 @@ def _print_outcome(record: Any) -> None:
 
 
 def _say_run_lines(launch: Any) -> None:
+    _say(_run_lines(launch))
+
+
+def _say(lines: list[str]) -> None:
     """run and submit: the identity line (and warnings) on stderr; stdout stays what scripts parse."""
-    for line in _run_lines(launch):
+    for line in lines:
         print(line, file=sys.stderr, flush=True)
 
 
@@ -269,8 +271,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_submit(args: argparse.Namespace) -> int:
     from orchestrator.api import submit
 
-    handle = submit(_load(args), executor=args.executor or "slurm", on_plan=_say_run_lines)
-    print(f"submitted {handle.id}: job(s) {', '.join(handle.job_ids) or '-'}; run folder {handle.run_dir}")
+    said: list[str] = []
+    handle = submit(_load(args), executor=args.executor or "slurm",
+                    on_plan=lambda launch: said.extend(_run_lines(launch)))
+    print(f"submitted {handle.id}: job(s) {', '.join(handle.job_ids) or '-'}; run folder {handle.run_dir}", flush=True)
+    _say(said)  # after the submission: a refused one stays one line
     if args.follow or args.wait:
         state = handle.wait(follow=args.follow)
         _print_outcome(handle.record)
@@ -456,14 +461,17 @@ VERSION_MISMATCH = 3
 def main(argv: Sequence[str] | None = None) -> int:
     with _process_streams():
         words = list(sys.argv[1:] if argv is None else argv)
+        client = words[1] if words[:1] == ["--client-version"] and len(words) > 1 else None
+        if client is not None and client != __version__:  # before parsing: a newer client's options are unknown here
+            print(f"error: this login node runs orchestrator {__version__}, and your machine {client}: install the "
+                  f"same version on both (pip install ddp-orchestrator=={client} here, or {__version__} there)",
+                  file=sys.stderr)
+            return VERSION_MISMATCH
         args = build_parser().parse_args(words)
         func: Callable[[argparse.Namespace], int] = args.func
         try:
-            if args.client_version and args.client_version != __version__:
-                print(f"error: this login node runs orchestrator {__version__}, and your machine {args.client_version}: "
-                      f"install the same version on both (pip install ddp-orchestrator=={args.client_version} here, "
-                      "or upgrade your machine's)", file=sys.stderr)
-                return VERSION_MISMATCH
+            if args.remote and args.local:
+                raise UsageError("--remote and --local contradict each other: give one")
             host = _remote_target(args)
             if host:
                 from orchestrator.remote import run_command

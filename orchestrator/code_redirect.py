@@ -7,9 +7,11 @@ on ``sys.path`` for a module entrypoint), a ``.pth`` line or an editable install
 -e .``, whose finder maps the package to the live folder). One finder, first on ``sys.meta_path``,
 asks the others where a top-level module is and, when the answer lies inside the live project and
 the snapshot has that file, loads the snapshot's file instead. Submodules follow their package's
-``__path__``, so a package taken from the snapshot is whole from the snapshot; a package imported
-before (the orchestrator itself) is left alone. A file the snapshot lacks (a build product git
-ignores, a compiled extension) is imported live, and said once on stderr.
+``__path__`` (the tree's folder, then the live one), so a package taken from the snapshot is
+from the snapshot; a package imported before (the orchestrator itself) is left alone. A file the
+snapshot lacks (a build product git ignores, a compiled extension) is imported live: a top-level
+one is said once on stderr. The tree's folder also goes first on ``sys.path`` and ``PYTHONPATH``
+for the rank's children, which start without the finder.
 
 Standard library only: it runs before the user's code and torch.
 """
@@ -66,7 +68,11 @@ class SnapshotFinder(importlib.abc.MetaPathFinder):
             if moved is None:
                 self._say_live(name, spec.origin)
                 return None
-            new_locations = [m for m in (self._in_tree(loc) for loc in locations) if m] if locations else None
+            # A package searches the tree first, then its live folder: a submodule the snapshot lacks
+            # (a generated _version.py, an extension built in place) is still found, live.
+            new_locations = [*(m for m in (self._in_tree(loc) for loc in locations) if m), *locations] \
+                if locations else None
+            self._share(os.path.dirname(os.path.dirname(moved)) if locations else os.path.dirname(moved))
             return importlib.util.spec_from_file_location(name, moved, submodule_search_locations=new_locations)
         if locations:  # a namespace package: its portions inside the project move
             moved_locs = [self._in_tree(loc) or loc for loc in locations]
@@ -75,6 +81,16 @@ class SnapshotFinder(importlib.abc.MetaPathFinder):
                 new.submodule_search_locations = moved_locs
                 return new
         return None
+
+    def _share(self, folder: str) -> None:
+        """The tree folder a module moved to goes first on ``sys.path`` and on ``PYTHONPATH``: the
+        rank's own children (spawned DataLoader workers, ``mp.spawn``, a subprocess) have no finder,
+        and find it there before the live project (an editable install's finder comes after)."""
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+        paths = os.environ.get("PYTHONPATH", "")
+        if folder not in paths.split(os.pathsep):
+            os.environ["PYTHONPATH"] = folder + (os.pathsep + paths if paths else "")
 
     def _say_live(self, name: str, origin: str) -> None:
         real = os.path.realpath(origin)

@@ -7,7 +7,9 @@ executor: a local dry run never resumes a SLURM run's checkpoints, nor the other
 
 Everything else is *operational*: how long, where and how it is scheduled and watched
 (``slurm.*``, ``local.*``, ``watchdog.*``, ``recovery.*``, ``stop_grace_s``), the rendezvous
-(``distributed.*`` but gradient compression), checkpoint cadence and place (``checkpoint.*``),
+(``distributed.*`` but gradient compression), checkpoint cadence and place (``checkpoint.*`` but
+``resume``: a run that starts over must not write its checkpoints among the old ones, whose higher
+steps would win the next resume),
 ``env`` (debugging switches: NCCL_DEBUG, TORCH_*...; a value that changes the training belongs in
 ``args``), ``workdir``, ``runs_dir`` and the code snapshot (``code.*``; the code itself is not
 part of the identity either: fixing a bug and submitting again resumes). Changing an operational
@@ -30,14 +32,15 @@ from orchestrator.spec import JobSpec
 #: Top-level fields (or dotted sub-fields) that name the run.
 TRAINING: tuple[str, ...] = (
     "name", "entrypoint", "args", "extra_args", "sweep", "nodes", "gpus_per_node", "cpu_ranks_per_node",
-    "strategy", "executor", "distributed.grad_compression",
+    "strategy", "executor", "distributed.grad_compression", "checkpoint.resume",
 )
 #: The rest: changing one resumes the same run.
 OPERATIONAL: tuple[str, ...] = (
     "distributed.backend", "distributed.init_method", "distributed.port", "distributed.rendezvous_dir",
     "distributed.rendezvous_dir_is_shared", "distributed.interface", "distributed.init_timeout_s",
     "distributed.collective_timeout_s", "distributed.nccl_async_error_handling", "distributed.nccl_flight_recorder",
-    "checkpoint", "slurm", "local", "env", "workdir", "watchdog", "recovery", "code", "stop_grace_s", "runs_dir",
+    "checkpoint.dir", "checkpoint.interval_steps", "checkpoint.keep_last",
+    "slurm", "local", "env", "workdir", "watchdog", "recovery", "code", "stop_grace_s", "runs_dir",
 )
 
 _RUN_NAME = re.compile(r"^(?P<name>.+)-(?P<hash>[0-9a-f]{8})$")
@@ -90,17 +93,24 @@ def latest_checkpoint(folder: str | Path) -> Optional[tuple[str, Optional[int]]]
     return newest.name, (int(step[1]) if step else None)
 
 
-def resume_line(run_dir: str, checkpoint_dir: str) -> str:
-    """``plan``'s line: does this spec resume a run, and from where."""
+def resume_line(run_dir: str, checkpoint_dir: str, points: int = 0, resume: bool = True) -> str:
+    """``plan``'s line: does this spec resume a run, and from where (a sweep: its points' folders)."""
     run = os.path.basename(run_dir)
-    if not os.path.isdir(run_dir):
-        return f"new run {run}"
-    found = latest_checkpoint(checkpoint_dir)
-    if found is None:
-        return f"run {run} exists with no checkpoint: starts at step 0"
-    name, step = found
-    at = f"step {step}" if step is not None else "its newest checkpoint"
-    return f"resumes run {run} at {at} ({os.path.join(checkpoint_dir, name)})"
+    folders = [os.path.join(checkpoint_dir, f"point-{i:04d}") for i in range(points)] if points else [checkpoint_dir]
+    found = [(f, c) for f in folders if (c := latest_checkpoint(f)) is not None]
+    exists = os.path.isdir(run_dir)
+    if not found:
+        return f"run {run} exists with no checkpoint: starts at step 0" if exists else f"new run {run}"
+    if not resume:
+        return (f"{'run ' + run if exists else 'new run ' + run}: starts at step 0 (checkpoint.resume: false), "
+                f"though {checkpoint_dir} holds checkpoints")
+    steps = [c[1] for _, c in found if c[1] is not None]
+    at = f"step {max(steps)}" if steps else "its newest checkpoint"
+    if points:
+        return f"resumes run {run}: {len(found)} of {points} points hold checkpoints (up to {at})"
+    where = os.path.join(found[0][0], found[0][1][0])
+    return (f"resumes run {run} at {at} ({where})" if exists else
+            f"new run {run}, but checkpoint.dir holds {at} ({where}): the ranks resume from it")
 
 
 def sibling_warnings(spec: JobSpec, run_dir: str, limit: int = 3) -> list[str]:
@@ -138,3 +148,16 @@ def sibling_warnings(spec: JobSpec, run_dir: str, limit: int = 3) -> list[str]:
         if len(out) >= limit:
             break
     return out
+
+
+def plan_lines(launch: Any) -> list[str]:
+    """What ``plan``, ``run`` and ``submit`` say about the run's identity: whether the spec resumes
+    a run (and from which step) or starts one, and other runs of the job's name holding
+    checkpoints, with the fields this spec changed."""
+    ckpt = launch.payload.checkpoint
+    lines = [f"identity: {resume_line(launch.run_dir, ckpt.dir, len(launch.sweep), ckpt.resume)}"]
+    try:
+        lines += [f"warning: {w}" for w in sibling_warnings(JobSpec.model_validate(launch.spec), launch.run_dir)]
+    except OSError:
+        pass
+    return lines

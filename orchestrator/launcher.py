@@ -32,15 +32,18 @@ from orchestrator.run_folder import RunFolder
 
 
 def call_entrypoint(entrypoint: str, argv: list[str], source_dir: str | None = None, as_main: bool = True,
-                    snapshot: bool = False) -> Any:
+                    snapshot: bool = False, live_folder: str | None = None) -> Any:
     """``pkg.module:function`` is called with the argument list; a script runs as __main__
     (``as_main=False``: through ``runpy``, which gives the caller's ``__main__`` back after).
     ``snapshot``: ``source_dir`` is the CLI's folder in the code snapshot, searched before the
-    working directory (which may be the live project)."""
+    working directory (which may be the live project). ``live_folder``: a script's folder in the
+    live project, searched after its folder in the snapshot (for what the snapshot lacks)."""
     if entrypoint.endswith(".py") or ":" not in entrypoint:
         saved = sys.argv
         sys.argv = [entrypoint, *argv]
         sys.path.insert(0, str(Path(entrypoint).parent))
+        if live_folder and live_folder not in sys.path:
+            sys.path.insert(1, live_folder)
         try:
             if as_main:
                 run_script(entrypoint)
@@ -138,7 +141,7 @@ def run_rank(payload: Payload, rank: int, own_process: bool = True) -> Any:
     try:
         enter_workdir(payload)
         result = call_entrypoint(payload.entrypoint, list(payload.argv), payload.source_dir, as_main=own_process,
-                                 snapshot=payload.code is not None)
+                                 snapshot=payload.code is not None, live_folder=_live_folder(payload))
     except BaseException as exc:
         if isinstance(exc, SystemExit) and exc.code in (None, 0):
             returned.append(True)  # sys.exit(0) is a normal return
@@ -163,6 +166,14 @@ def run_rank(payload: Payload, rank: int, own_process: bool = True) -> Any:
         write_json_atomic(RunFolder(run_dir).result, {"finished": time.time(), "result": _jsonable(result)})
     returned.append(True)
     return result
+
+
+def _live_folder(payload: Payload) -> str | None:
+    """A script entrypoint's folder in the live project, when it runs from the code snapshot."""
+    code = payload.code
+    if code is None or not payload.entrypoint.startswith(code.tree + os.sep):
+        return None
+    return os.path.join(code.live_root, os.path.relpath(os.path.dirname(payload.entrypoint), code.tree))
 
 
 def release_if_returned(returned: list[bool]) -> None:

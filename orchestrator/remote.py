@@ -182,6 +182,7 @@ class Ssh:
         """Run a command whose output is a growing file's (``logs -f``), reconnecting when the
         connection drops and skipping what was already printed."""
         printed = 0
+        failures = 0
         while True:
             self.require_master()
             proc = subprocess.Popen(self.orchestrator(args), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
@@ -198,7 +199,21 @@ class Ssh:
             code = proc.wait()
             if code != SSH_FAILED:
                 return code
+            failures = self.after_failure(failures)
+
+    def after_failure(self, failures: int, limit: int = 5) -> int:
+        """A session ended with ssh's 255: wait for the master if it is gone; if it is up (the remote
+        command itself died, or the login node refuses sessions), back off, and give up after
+        ``limit`` in a row. Returns the new count."""
+        if not self.master_up():
             self.wait_for_master()
+            return 0
+        failures += 1
+        if failures >= limit:
+            raise RemoteError(f"{limit} sessions in a row to {self.host} failed although the master connection is up "
+                              "(ssh's messages are above); the job goes on there")
+        time.sleep(min(2.0 ** failures, 30.0))
+        return failures
 
     def wait_for_master(self) -> None:
         """The connection dropped: wait (bounded) for the master to be up again."""
@@ -258,8 +273,8 @@ def submit(ssh: Ssh, args: Any) -> int:
         proc.stdin.write(b"END\n")
         proc.stdin.close()
         result = _read_message(proc.stdout, ssh)
-    except BrokenPipeError:
-        result = {}
+    except BrokenPipeError:  # the login node stopped reading: its reason is on its stdout
+        result = _read_message(proc.stdout, ssh)
     code = proc.wait()
     ssh._check(code)
     if "submitted" not in result:
@@ -297,13 +312,16 @@ def _status_row(ssh: Ssh, run: str, until: Any, poll_s: float = 3.0) -> dict:
     """Poll the run's status there (one SSH session each) until ``until(state)``."""
     from orchestrator.states import State
 
+    failures = 0
     while True:
         if not ssh.master_up():
             ssh.wait_for_master()
         out = subprocess.run(ssh.orchestrator(["status", "--json", run]), stdin=subprocess.DEVNULL,
                              stdout=subprocess.PIPE)
         if out.returncode == SSH_FAILED:
+            failures = ssh.after_failure(failures)
             continue
+        failures = 0
         try:
             row = json.loads(out.stdout)[0]
             state = State(row["state"])
@@ -331,7 +349,9 @@ def unpack_pngs(data: bytes, target: Path) -> list[str]:
     """Extract the PNGs of a tar stream into ``target`` (plain files with plain names only)."""
     import io
 
-    names = []
+    names: list[str] = []
+    if not data:
+        return names
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
         for member in tar.getmembers():
             name = os.path.basename(member.name)
@@ -370,7 +390,10 @@ def shipment(spec: Any) -> tuple[dict, dict[str, str]]:
     root, how = project_root(spec.entrypoint, cwd)
     header: dict[str, Any] = {"protocol": PROTOCOL, "version": __version__, "spec": data, "files": {}, "cwd": "."}
     sources: dict[str, str] = {}
-    if root is None or not spec.code.snapshot:
+    if not spec.code.snapshot:
+        raise UsageError("--remote submit ships the code snapshot, and this spec sets code.snapshot: false; remove "
+                         "it (the login node then runs what you shipped), or submit on the login node itself")
+    if root is None:  # a module of an installed package: nothing of the user's to ship
         return header, sources
     runs = os.path.abspath(os.path.expanduser(spec.runs_dir))
     cache = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "orchestrator", "ship")

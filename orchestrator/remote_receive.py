@@ -165,9 +165,9 @@ def _submit(header: dict, base: Path, blobs: Path) -> dict:
 
 
 def _say_plan(launch: Any) -> None:
-    from orchestrator.cli import _run_lines
+    from orchestrator.identity import plan_lines
 
-    for line in _run_lines(launch):
+    for line in plan_lines(launch):
         print(line, file=sys.stderr, flush=True)
 
 
@@ -182,9 +182,12 @@ def update_checkout(checkout: Path, files: dict[str, list], blobs: Path, commit:
     except (OSError, ValueError, AttributeError):
         before = set()
     recorded: dict[str, list] = {}
+    real = os.path.realpath(checkout)
     for rel, item in sorted(files.items()):
         dest = checkout / rel
+        _check_inside(dest, real, rel)
         dest.parent.mkdir(parents=True, exist_ok=True)
+        _check_inside(dest, real, rel)  # a folder created above may be a link that was shipped before
         link = item[3] if len(item) > 3 else None
         if link is not None:
             if not (dest.is_symlink() and os.readlink(dest) == link):
@@ -197,20 +200,32 @@ def update_checkout(checkout: Path, files: dict[str, list], blobs: Path, commit:
         if st is None or st.st_ino != os.stat(blob).st_ino or executable:
             _replace(dest, lambda tmp: _link_or_copy(blob, tmp, executable))
         recorded[rel] = [item[0], int(item[1]), item[2], None, os.lstat(dest).st_ino]
-    for rel in sorted(before - set(files)):
+    for rel in sorted(before - set(files)):  # what the last shipment had and this one lacks (never a folder)
         gone = checkout / rel
-        if gone.is_file() or gone.is_symlink():
-            gone.unlink()
+        if os.path.realpath(gone.parent).startswith(real + os.sep) or os.path.realpath(gone.parent) == real:
+            if gone.is_symlink() or gone.is_file():
+                gone.unlink()
     write_json_atomic(marker, {"files": recorded, "commit": commit, "diff": diff})
 
 
+def _check_inside(dest: Path, real_checkout: str, rel: str) -> None:
+    """Every write stays inside the checkout: no folder on the way may be a link leading out."""
+    parent = os.path.realpath(dest.parent) if dest.parent.exists() else None
+    if parent is not None and parent != real_checkout and not parent.startswith(real_checkout + os.sep):
+        raise UsageError(f"refusing to write {rel}: a folder on its way in the login node's checkout is a link "
+                         f"leading out of it ({parent}); remove that link there, or stop shipping it")
+
+
 def _replace(dest: Path, make: Any) -> None:
+    """Put a new file or link at ``dest`` atomically. A folder there is never removed: it holds
+    what jobs wrote (or a run folder), so the shipment is refused instead."""
+    if dest.is_dir() and not dest.is_symlink():
+        raise UsageError(f"{dest} is a folder in the login node's checkout, and a file or link in what you "
+                         "shipped; move that folder aside there (it may hold runs or outputs), then submit again")
     tmp = dest.with_name(f".{dest.name}.orch-tmp-{os.getpid()}")
     if tmp.exists() or tmp.is_symlink():
         tmp.unlink()
     make(tmp)
-    if dest.is_dir() and not dest.is_symlink():
-        shutil.rmtree(dest)
     os.replace(tmp, dest)
 
 

@@ -44,8 +44,8 @@ from orchestrator.errors import OrchestratorError
 STORE_NAME = ".code"
 GIT_TIMEOUT_S = 30.0
 _CHUNK = 1 << 20
-#: Folders never walked outside git: version control, caches, virtual environments' usual names.
-_SKIPPED_DIRS = frozenset({"__pycache__", "node_modules", "venv", "env"})
+#: Folders never walked outside git (besides hidden ones and virtual environments).
+_SKIPPED_DIRS = frozenset({"__pycache__", "node_modules"})  # and any folder holding pyvenv.cfg
 
 
 class SnapshotError(OrchestratorError):
@@ -209,11 +209,12 @@ def scan(root: str, how: str, store_dir: str, *, ignore_file: str = ".orchignore
     frozen (the runs folder); ``required``: absolute files that must be in it (the entrypoint).
     Files unchanged since the last ``store`` (same size, mtime and inode) are not read again."""
     root = os.path.realpath(root)
-    excluded = [p for p in (os.path.realpath(x) for x in [*exclude, store_dir]) if _relative(p, root) is not None]
+    forms = {f for x in [*exclude, store_dir] for f in (os.path.abspath(x), os.path.realpath(x))}
+    excluded = [p for p in forms if _relative(p, root) is not None]  # a link named runs/ too, not only its target
     patterns = _ignore_patterns(Path(root) / ignore_file)
     shipped: dict = {}
     if how == "git":
-        names = _git_files(root)
+        names = _git_files(root, [_relative(p, root) or "" for p in excluded])
     elif how == "shipped":
         shipped = _read_shipped(root)
         names = sorted(shipped["files"])
@@ -225,7 +226,8 @@ def scan(root: str, how: str, store_dir: str, *, ignore_file: str = ".orchignore
             cache[rel] = [item[1], None, item[4], item[0]]
     entries: dict[str, Entry] = {}
     hashed: dict[str, tuple[int, int, int]] = {}
-    for rel in names:
+    files: list[tuple[str, os.stat_result]] = []
+    for rel in names:  # first every file's size: a project over the limit is refused before it is read
         full = os.path.join(root, rel)
         if any(_relative(full, x) is not None for x in excluded) or _ignored(rel, patterns):
             continue
@@ -237,16 +239,23 @@ def scan(root: str, how: str, store_dir: str, *, ignore_file: str = ".orchignore
             raise SnapshotError(f"cannot read {full} for the code snapshot: {exc.strerror}; fix its permissions, "
                                 f"list it in {os.path.join(root, ignore_file)}, or set code.snapshot: false") from None
         if stat.S_ISLNK(st.st_mode):
-            target = os.readlink(full)
+            target = _kept_link(os.readlink(full), rel, root)
             entries[rel] = Entry(sha=hashlib.sha256(os.fsencode(target)).hexdigest(), size=0, mode=0o777, link=target)
-            continue
-        if not stat.S_ISREG(st.st_mode):
-            continue  # a submodule's folder, a socket, a fifo
+        elif stat.S_ISREG(st.st_mode):  # not a socket, a fifo or a folder
+            files.append((rel, st))
+    total = sum(st.st_size for _, st in files)
+    if total > max_mb * 1e6:
+        biggest = sorted(files, key=lambda f: -f[1].st_size)[:5]
+        listed = ", ".join(f"{rel} ({_human(st.st_size)})" for rel, st in biggest)
+        raise SnapshotError(f"the code snapshot of {root} would be {_human(total)} ({len(files)} files), over "
+                            f"code.max_mb={max_mb:g}; the largest: {listed}. List data, weights and outputs in "
+                            f"{os.path.join(root, ignore_file)}, raise code.max_mb, or set code.snapshot: false")
+    for rel, st in files:
         mode = 0o755 if st.st_mode & 0o111 else 0o644
         key = (st.st_size, st.st_mtime_ns, st.st_ino)
         known = cache.get(rel)
         fresh = known is not None and known[0] == key[0] and known[2] == key[2] and known[1] in (None, key[1])
-        sha = known[3] if fresh else _hash_file(full)
+        sha = known[3] if fresh else _hash_file(os.path.join(root, rel))
         entries[rel] = Entry(sha=sha, size=st.st_size, mode=mode)
         hashed[rel] = key
     for path in required:
@@ -254,13 +263,6 @@ def scan(root: str, how: str, store_dir: str, *, ignore_file: str = ".orchignore
         if rel is not None and rel not in entries:
             raise SnapshotError(f"{path} is not in the code snapshot (git ignores it, or {ignore_file} lists it): "
                                 f"the ranks could not run it; track it, or set code.snapshot: false")
-    total = sum(e.size for e in entries.values())
-    if total > max_mb * 1e6:
-        biggest = sorted(entries.items(), key=lambda kv: -kv[1].size)[:5]
-        listed = ", ".join(f"{rel} ({_human(e.size)})" for rel, e in biggest)
-        raise SnapshotError(f"the code snapshot of {root} would be {_human(total)} ({len(entries)} files), over "
-                            f"code.max_mb={max_mb:g}; the largest: {listed}. List data, weights and outputs in "
-                            f"{os.path.join(root, ignore_file)}, raise code.max_mb, or set code.snapshot: false")
     commit, diff = _git_state(root) if how == "git" else (shipped.get("commit"), shipped.get("diff") or "")
     blobs = Path(store_dir) / "blobs"
     missing = frozenset(e.sha for e in entries.values() if e.link is None and not (blobs / e.sha[:2] / e.sha).is_file())
@@ -329,12 +331,31 @@ def _git_ignores(root: str, path: str) -> bool:
     return out.returncode == 0
 
 
-def _git_files(root: str) -> list[str]:
-    out = _git(root, "ls-files", "-z", "--cached", "--others", "--exclude-standard")
+def _git_files(root: str, excluded: Iterable[str] = ()) -> list[str]:
+    """Tracked files and untracked ones git does not ignore, never listing inside ``excluded``
+    (relative folders: the runs folder, which git may not ignore and which grows with every run);
+    a git submodule's own files under its folder."""
+    skip = [f":(exclude,literal){rel}" for rel in excluded if rel and rel != "."]
+    out = _git(root, "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", ".", *skip)
     if out is None:
         raise SnapshotError(f"git could not list the files of {root}; check 'git -C {root} status', "
                             "or set code.snapshot: false")
-    return sorted({name for name in out.decode("utf-8", "surrogateescape").split("\0") if name})
+    names = {name for name in out.decode("utf-8", "surrogateescape").split("\0") if name}
+    for name in sorted(names):
+        folder = os.path.join(root, name)
+        if os.path.isdir(folder) and not os.path.islink(folder) and os.path.exists(os.path.join(folder, ".git")):
+            names.discard(name)  # a submodule (a gitlink): its files, not the link
+            names.update(f"{name}/{sub}" for sub in _git_files(folder))
+    return sorted(names)
+
+
+def _kept_link(target: str, rel: str, root: str) -> str:
+    """A symlink's target as the tree keeps it: a relative one that leads out of the project is
+    made absolute (in the tree it would lead somewhere else)."""
+    if os.path.isabs(target):
+        return target
+    resolved = os.path.normpath(os.path.join(root, os.path.dirname(rel), target))
+    return target if _relative(resolved, root) is not None else resolved
 
 
 def _git_state(root: str) -> tuple[Optional[str], str]:

@@ -197,6 +197,8 @@ def test_cancel_and_a_dropped_connection_during_a_follow(cluster: dict[str, str]
         time.sleep(3)
         _open(remote)  # the user reopens it
         time.sleep(5)
+        stacks = _orch(remote, "stacks", run_id, "--rank", "0")
+        assert stacks.returncode == 0 and "train.py" in stacks.stdout, stacks.stdout + stacks.stderr
         cancelled = _orch(remote, "cancel", run_id)
         assert cancelled.returncode == 0 and "CANCELLED" in cancelled.stdout, cancelled.stdout + cancelled.stderr
         rest, err = follow.communicate(timeout=120)

@@ -34,7 +34,7 @@ def test_run_shows_the_first_failure_once_without_our_frames(tmp_path: Path, abo
     assert "in load_shard" in shown and "user_crash.py" in shown
     for ours in ("orchestrator/launcher.py", "runpy", "zygote.py"):
         assert ours not in shown, f"{ours} in the output:\n{shown[-3000:]}"
-    run_dir = next((tmp_path / "runs").iterdir())
+    run_dir = next(p for p in (tmp_path / "runs").iterdir() if not p.name.startswith("."))  # .code: the snapshots
     full = json.loads((run_dir / "errors" / "rank-1.json").read_text())
     assert "orchestrator/launcher.py" in full["traceback"] and "launcher.py" not in full["user_traceback"]
     log = (run_dir / "logs" / "rank-1.log").read_text()

@@ -107,3 +107,17 @@ def test_install_is_idempotent_and_uninstall_removes_it(tmp_path: Path, isolated
     assert sum(isinstance(f, code_redirect.SnapshotFinder) for f in sys.meta_path) == 1
     code_redirect.uninstall(first)
     assert not any(isinstance(f, code_redirect.SnapshotFinder) for f in sys.meta_path)
+
+
+def test_a_submodule_the_tree_lacks_is_found_live_and_children_find_the_tree(tmp_path: Path, isolated: None,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    live, tree = _projects(tmp_path, "genpkg")
+    _write(live, {"src/genpkg/_version.py": "VERSION = '1.2.3'\n"})  # generated, git-ignored: not in the tree
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    sys.meta_path.append(EditableFinder({"genpkg": str(live / "src" / "genpkg")}))
+    code_redirect.install(str(live), str(tree))
+    pkg = importlib.import_module("genpkg")
+    assert pkg.WHO == "frozen" and importlib.import_module("genpkg._version").VERSION == "1.2.3"
+    import os
+
+    assert sys.path[0] == str(tree / "src") and os.environ["PYTHONPATH"] == f"{tree / 'src'}{os.pathsep}/elsewhere"

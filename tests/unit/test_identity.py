@@ -94,7 +94,7 @@ OPERATIONAL_CHANGES: dict[str, st.SearchStrategy[Any]] = {
     # every time over the largest signal margin (an hour), which the spec checks against it
     "slurm.time": st.sampled_from(["120", "90:00", "02:00:00", "12:00:00", "2-00:00:00", "1-12"]),
     "slurm.max_requeues": st.integers(0, 1000),
-    "slurm.signal_margin_s": st.integers(10, 3600),
+    "slurm.signal_margin_s": st.integers(10, 3599),  # below the default slurm.time (1 h)
     "env": st.dictionaries(_env_names, _env_values, max_size=3),
     "watchdog.stall_s": st.one_of(st.none(), st.floats(1, 10_000)),
     "local.timeout_s": st.one_of(st.none(), st.floats(1, 10_000)),
@@ -258,3 +258,20 @@ def test_sibling_warnings_name_several_fields_and_stop_at_the_limit(tmp_path: Pa
     assert len(warnings) == 3
     assert all("args.lr" in w and "nodes" in w for w in warnings)
     assert sibling_warnings(mine, str(runs / run_id(mine)), limit=10).__len__() == 5
+
+
+def test_resume_line_reads_sweep_points_an_explicit_folder_and_resume_false(tmp_path: Path) -> None:
+    run, ckpt = tmp_path / "runs" / "job-0123abcd", tmp_path / "ckpts"
+    (ckpt / "point-0001").mkdir(parents=True)
+    (ckpt / "point-0001" / "ckpt-0000000040.pt").write_text("x")
+    assert "1 of 3 points hold checkpoints (up to step 40)" in resume_line(str(run), str(ckpt), points=3)
+    (ckpt / "ckpt-0000000007.pt").write_text("x")
+    assert resume_line(str(run), str(ckpt)).startswith("new run job-0123abcd, but checkpoint.dir holds step 7")
+    run.mkdir(parents=True)
+    line = resume_line(str(run), str(ckpt), resume=False)
+    assert "starts at step 0 (checkpoint.resume: false)" in line
+
+
+def test_resume_false_is_another_run() -> None:
+    base = {"name": "j", "entrypoint": "jobs.train:main"}
+    assert run_id(spec_from_dict(base)) != run_id(spec_from_dict({**base, "checkpoint": {"resume": False}}))

@@ -110,3 +110,64 @@ def test_only_plain_png_files_are_unpacked(tmp_path: Path) -> None:
             tar.addfile(info, io.BytesIO(data))
     assert unpack_pngs(buffer.getvalue(), tmp_path / "out") == ["loss.png"]
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["loss.png"]
+
+
+def _blob(blobs: Path, data: bytes) -> list:
+    entry = _entry(data)
+    (blobs / entry[0][:2]).mkdir(parents=True, exist_ok=True)
+    (blobs / entry[0][:2] / entry[0]).write_bytes(data)
+    return entry
+
+
+def test_a_folder_in_the_checkout_is_never_removed_for_a_shipped_file(tmp_path: Path) -> None:
+    """runs/ on the laptop became a link (git tracks it): the checkout's runs/ holds every cluster run."""
+    blobs, checkout = tmp_path / "blobs", tmp_path / "checkout"
+    (checkout / "runs" / "r1").mkdir(parents=True)
+    (checkout / "runs" / "r1" / "ckpt.pt").write_text("precious")
+    link = [hashlib.sha256(b"/mnt/ext/runs").hexdigest(), 0, "0o777", "/mnt/ext/runs"]
+    with pytest.raises(UsageError, match="is a folder in the login node's checkout"):
+        update_checkout(checkout, {"train.py": _blob(blobs, b"x"), "runs": link}, blobs, None, "")
+    assert (checkout / "runs" / "r1" / "ckpt.pt").read_text() == "precious"
+
+
+def test_nothing_is_written_or_removed_through_a_link_leading_out_of_the_checkout(tmp_path: Path) -> None:
+    blobs, checkout, outside = tmp_path / "blobs", tmp_path / "checkout", tmp_path / "outside"
+    outside.mkdir()
+    (outside / "prep.py").write_text("someone else's")
+    checkout.mkdir()
+    update_checkout(checkout, {"data/prep.py": _blob(blobs, b"v1")}, blobs, None, "")
+    # data/ became a link to a folder outside: the old data/prep.py is not removed through it
+    (checkout / "data" / "prep.py").unlink()
+    (checkout / "data").rmdir()
+    (checkout / "data").symlink_to(outside)
+    link = [hashlib.sha256(str(outside).encode()).hexdigest(), 0, "0o777", str(outside)]
+    update_checkout(checkout, {"data": link}, blobs, None, "")
+    assert (outside / "prep.py").read_text() == "someone else's"
+    with pytest.raises(UsageError, match="link leading out"):
+        update_checkout(checkout, {"data/new.py": _blob(blobs, b"n")}, blobs, None, "")
+    assert not (outside / "new.py").exists()
+
+
+def test_a_login_node_of_another_version_says_so_before_parsing(capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestrator.cli import VERSION_MISMATCH, main
+
+    assert main(["--client-version", "9.9.9", "submit", "--an-option-from-the-future", "x"]) == VERSION_MISMATCH
+    assert "install the same version on both" in capsys.readouterr().err
+
+
+def test_options_are_never_abbreviated() -> None:
+    from orchestrator.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--rem", "login", "status"])
+
+
+def test_remote_and_local_together_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestrator.cli import main
+
+    assert main(["--remote", "login", "--local", "status"]) == 2
+    assert "contradict" in capsys.readouterr().err
+
+
+def test_an_empty_report_stream_unpacks_nothing(tmp_path: Path) -> None:
+    assert unpack_pngs(b"", tmp_path / "out") == []

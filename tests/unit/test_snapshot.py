@@ -177,7 +177,8 @@ def test_outside_git_the_entrypoints_folder_less_hidden_folders_caches_and_venvs
     })
     snap = scan_project("train.py", str(proj), "runs")
     assert snap is not None and (snap.root, snap.how) == (os.path.realpath(proj), "folder")
-    assert sorted(snap.entries) == [".hidden_file", "lib/util.py", "train.py"]
+    # a folder named venv/ without pyvenv.cfg is code, not a virtual environment
+    assert sorted(snap.entries) == [".hidden_file", "lib/util.py", "train.py", "venv/z.py"]
     assert (snap.commit, snap.diff) == (None, "")
 
 
@@ -533,3 +534,44 @@ def test_project_root_of_a_stdlib_or_installed_module_is_none(tmp_path: Path, en
 def test_project_root_of_jobs_in_this_checkout_is_the_checkout() -> None:
     checkout = Path(__file__).resolve().parents[2]
     assert project_root("jobs.train:main", str(checkout)) == (os.path.realpath(checkout), "git")
+
+
+def test_a_project_over_the_limit_is_refused_before_any_file_is_read(no_outer_git: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    proj = no_outer_git / "big"
+    write(proj, {"train.py": "x", "weights.bin": b"\0" * 3_000_000})
+    calls: list[str] = []
+    monkeypatch.setattr(snap_mod, "_hash_file", lambda path: calls.append(path) or "0" * 64)
+    with pytest.raises(SnapshotError, match="over code.max_mb=1"):
+        scan_project("train.py", str(proj), "runs", max_mb=1)
+    assert calls == []
+
+
+def test_a_relative_link_leading_out_of_the_project_is_kept_absolute(no_outer_git: Path) -> None:
+    proj = no_outer_git / "proj"
+    write(proj, {"train.py": "x"})
+    (no_outer_git / "datasets").mkdir()
+    (proj / "data").symlink_to("../datasets")
+    (proj / "inside").symlink_to("train.py")
+    snap = scan_project("train.py", str(proj), "runs")
+    assert snap is not None
+    assert snap.entries["data"].link == str((no_outer_git / "datasets").resolve())
+    assert snap.entries["inside"].link == "train.py"
+    tree = Path(store(snap))
+    assert (tree / "data").resolve() == (no_outer_git / "datasets").resolve()
+
+
+def test_a_package_named_venv_is_kept_when_it_is_not_a_virtual_environment(no_outer_git: Path) -> None:
+    proj = no_outer_git / "proj"
+    write(proj, {"train.py": "x", "env/__init__.py": "", "venv/real/pyvenv.cfg": "home = /usr"})
+    (proj / "venv" / "pyvenv.cfg").write_text("home = /usr\n")
+    snap = scan_project("train.py", str(proj), "runs")
+    assert snap is not None and "env/__init__.py" in snap.entries
+    assert not any(rel.startswith("venv/") for rel in snap.entries)
+
+
+def test_git_never_lists_the_runs_folder_when_it_is_not_ignored(tmp_path: Path) -> None:
+    repo = git_repo(tmp_path / "proj", {"train.py": "x"})
+    write(repo, {"runs/.code/trees/abc/train.py": "x", "runs/job-1/log.txt": "y"})
+    names = snap_mod._git_files(str(repo.resolve()), ["runs"])
+    assert names == ["train.py"]

@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -186,13 +187,14 @@ def test_cancel_and_a_dropped_connection_during_a_follow(cluster: dict[str, str]
     run_id = re.search(r"submitted (\S+) on ", out.stdout)[1]  # type: ignore[index]
     follow = subprocess.Popen([sys.executable, "-m", "orchestrator", "logs", "-f", run_id], cwd="/", text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=json.loads(remote["env"]))
+    lines: list[str] = []  # read by one thread from start to end (communicate() would skip what readline buffered)
+    reader = threading.Thread(target=lambda: lines.extend(iter(follow.stdout.readline, "")), daemon=True)  # type: ignore[union-attr]
+    reader.start()
     try:
         deadline = time.monotonic() + 120
-        seen = ""
-        assert follow.stdout is not None
-        while "line 5" not in seen:
-            assert time.monotonic() < deadline, seen
-            seen += follow.stdout.readline()
+        while "line 5\n" not in lines:
+            assert time.monotonic() < deadline, lines
+            time.sleep(0.1)
         _master(remote, "-O", "exit")  # the connection drops
         time.sleep(3)
         _open(remote)  # the user reopens it
@@ -201,11 +203,13 @@ def test_cancel_and_a_dropped_connection_during_a_follow(cluster: dict[str, str]
         assert stacks.returncode == 0 and "train.py" in stacks.stdout, stacks.stdout + stacks.stderr
         cancelled = _orch(remote, "cancel", run_id)
         assert cancelled.returncode == 0 and "CANCELLED" in cancelled.stdout, cancelled.stdout + cancelled.stderr
-        rest, err = follow.communicate(timeout=120)
+        follow.wait(timeout=120)
+        reader.join(timeout=30)
+        err = follow.stderr.read()  # type: ignore[union-attr]
     finally:
         if follow.poll() is None:
             follow.kill()
-    text = seen + rest
+    text = "".join(lines)
     assert "dropped" in err and "reconnected" in err, err
     numbers = [int(n) for n in re.findall(r"^line (\d+)$", text, re.M)]
     assert numbers == list(range(len(numbers))) and len(numbers) > 6, numbers  # nothing repeated, nothing lost

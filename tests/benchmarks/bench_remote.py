@@ -22,6 +22,7 @@ The count of SSH sessions each remote command opened (``-O check`` excluded) is 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -132,6 +133,8 @@ def main() -> None:
         subprocess.run(["ssh", "-F", ssh_config, "-o", f"ControlPath={control}", "-O", "exit", "--", "orch-login"],
                        capture_output=True, timeout=30)
         shutil.rmtree(base, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            base.parent.rmdir()
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ this tree (Debian's python3, the package's dependencies from PyPI)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -116,6 +117,8 @@ def project(cluster: dict[str, str]) -> Iterator[Path]:
         yield folder
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            PROJECTS.rmdir()  # the last one out removes the shared parent
 
 
 def test_without_a_master_the_error_gives_the_ssh_command(cluster: dict[str, str], remote: dict[str, str]) -> None:

@@ -34,11 +34,11 @@ def code_line(launch: LaunchPlan) -> str:
         why = "code.snapshot: false" if not launch.spec.get("code", {}).get("snapshot", True) else \
             "the debug executor" if launch.executor == "debug" else "the entrypoint is an installed package"
         return f"code: the ranks import the live files ({why})"
-    from orchestrator.snapshot import _human
+    from orchestrator.snapshot import human_size
 
     how = f"git {c['commit'][:12]}{' + uncommitted changes' if c['dirty'] else ''}" if c.get("commit") else c["how"]
-    new = f"{c['new_files']} new file(s), {_human(c['new_bytes'])} to store" if c["new_files"] else "already stored"
-    return (f"code: snapshot {c['id']} of {c['root']} ({how}): {c['files']} files, {_human(c['bytes'])}; "
+    new = f"{c['new_files']} new file(s), {human_size(c['new_bytes'])} to store" if c["new_files"] else "already stored"
+    return (f"code: snapshot {c['id']} of {c['root']} ({how}): {c['files']} files, {human_size(c['bytes'])}; "
             f"{new}; the ranks import it from {c['tree']}")
 
 

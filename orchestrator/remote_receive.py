@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import io
 import json
 import os
@@ -28,11 +27,11 @@ import re
 import shutil
 import sys
 import tarfile
-import tempfile
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Iterator
 
 from orchestrator.errors import OrchestratorError, UsageError
+from orchestrator.snapshot import put_blob
 
 _SHA = re.compile(r"^[0-9a-f]{64}$")
 _PROJECT = re.compile(r"^[A-Za-z0-9_.-]{1,120}$")
@@ -111,28 +110,20 @@ def _receive_blobs(stdin: IO[bytes], blobs: Path, wanted: set[str]) -> None:
             raise UsageError(f"malformed blob header {line[:80]!r}") from None
         if sha not in wanted:
             raise UsageError(f"received {sha}, which was not asked for")
-        target = blobs / sha[:2] / sha
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
-        digest = hashlib.sha256()
-        try:
-            with os.fdopen(fd, "wb") as out:
-                left = size
-                while left:
-                    chunk = stdin.read(min(left, 1 << 20))
-                    if not chunk:
-                        raise UsageError("the connection closed in the middle of a file; submit again")
-                    digest.update(chunk)
-                    out.write(chunk)
-                    left -= len(chunk)
-            if digest.hexdigest() != sha:
-                raise UsageError(f"a file arrived damaged (its hash is not {sha}); submit again")
-            os.chmod(tmp, 0o444)
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        put_blob(blobs / sha[:2] / sha, sha, _framed(stdin, size),
+                 UsageError(f"a file arrived damaged (its hash is not {sha}); submit again"))
         wanted.discard(sha)
+
+
+def _framed(stdin: IO[bytes], size: int) -> Iterator[bytes]:
+    """The next ``size`` bytes of the stream, in chunks; a stream that ends first is an error."""
+    left = size
+    while left:
+        chunk = stdin.read(min(left, 1 << 20))
+        if not chunk:
+            raise UsageError("the connection closed in the middle of a file; submit again")
+        left -= len(chunk)
+        yield chunk
 
 
 def _submit(header: dict, base: Path, blobs: Path) -> dict:

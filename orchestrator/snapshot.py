@@ -246,8 +246,8 @@ def scan(root: str, how: str, store_dir: str, *, ignore_file: str = ".orchignore
     total = sum(st.st_size for _, st in files)
     if total > max_mb * 1e6:
         biggest = sorted(files, key=lambda f: -f[1].st_size)[:5]
-        listed = ", ".join(f"{rel} ({_human(st.st_size)})" for rel, st in biggest)
-        raise SnapshotError(f"the code snapshot of {root} would be {_human(total)} ({len(files)} files), over "
+        listed = ", ".join(f"{rel} ({human_size(st.st_size)})" for rel, st in biggest)
+        raise SnapshotError(f"the code snapshot of {root} would be {human_size(total)} ({len(files)} files), over "
                             f"code.max_mb={max_mb:g}; the largest: {listed}. List data, weights and outputs in "
                             f"{os.path.join(root, ignore_file)}, raise code.max_mb, or set code.snapshot: false")
     for rel, st in files:
@@ -462,7 +462,7 @@ def _relative(path: str, root: str) -> Optional[str]:
     return rel.replace(os.sep, "/")
 
 
-def _human(n: float) -> str:
+def human_size(n: float) -> str:
     for unit in ("B", "kB", "MB", "GB"):
         if n < 1000 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -506,7 +506,7 @@ def store(snap: Snapshot) -> str:
         digest = snap.diff_sha or ""
         target = blobs / digest[:2] / digest
         if not target.is_file():
-            _write_blob(target, snap.diff.encode())
+            put_blob(target, digest, [snap.diff.encode()], SnapshotError("the diff changed while it was stored"))
     manifest = Path(snap.manifest_path)
     if not manifest.is_file():
         write_json_atomic(manifest, {"id": snap.id, "root": snap.root,
@@ -521,30 +521,30 @@ def store(snap: Snapshot) -> str:
 def _store_blob(source: Path, sha: str, target: Path) -> None:
     if target.is_file():
         return
+    with open(source, "rb") as f:
+        put_blob(target, sha, iter(lambda: f.read(_CHUNK), b""),
+                 SnapshotError(f"{source} changed while it was being frozen; run or submit again once it is saved"))
+
+
+def put_blob(target: Path, sha: str, chunks: Iterable[bytes], mismatch: Exception) -> None:
+    """Write ``chunks`` as the read-only blob ``target``, hashing them on the way: content that
+    does not hash to ``sha`` raises ``mismatch`` and leaves nothing behind; a complete blob
+    appears at once (renamed into place), so two writers of one blob never clash."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
     digest = hashlib.sha256()
     try:
-        with os.fdopen(fd, "wb") as out, open(source, "rb") as f:
-            while chunk := f.read(_CHUNK):
+        with os.fdopen(fd, "wb") as out:
+            for chunk in chunks:
                 digest.update(chunk)
                 out.write(chunk)
         if digest.hexdigest() != sha:
-            raise SnapshotError(f"{source} changed while it was being frozen; run or submit again once it is saved")
+            raise mismatch
         os.chmod(tmp, 0o444)
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-
-
-def _write_blob(target: Path, data: bytes) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
-    with os.fdopen(fd, "wb") as out:
-        out.write(data)
-    os.chmod(tmp, 0o444)
-    os.replace(tmp, target)
 
 
 def _build_tree(entries: Mapping[str, Entry], blobs: Path, tree: Path) -> None:

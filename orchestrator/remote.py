@@ -40,7 +40,7 @@ import tarfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Optional, Sequence
+from typing import IO, Any, Callable, Optional, Sequence
 
 from orchestrator import __version__
 from orchestrator.errors import OrchestratorError, UsageError
@@ -283,7 +283,9 @@ def submit(ssh: Ssh, args: Any) -> int:
     print(f"submitted {done['run']} on {ssh.host}: job(s) {', '.join(done['jobs']) or '-'}; run folder "
           f"{done['run_dir']} (shipped {len(missing)} file(s), {sent} bytes)")
     if args.follow:  # once it left the queue (logs -f gives up on a log that does not start)
-        _status(ssh, done["run"], until_started=True)
+        from orchestrator.states import State
+
+        _status_row(ssh, done["run"], until=lambda state: state != State.PENDING)
         ssh.follow(["logs", "-f", done["run"]])
     if args.follow or args.wait:
         return wait(ssh, done["run"])
@@ -302,13 +304,7 @@ def wait(ssh: Ssh, run: str) -> int:
     return 0 if state == State.COMPLETED else 1
 
 
-def _status(ssh: Ssh, run: str, until_started: bool = False) -> Any:
-    from orchestrator.states import State
-
-    return State(_status_row(ssh, run, until=lambda s: s.terminal or not until_started or s != State.PENDING)["state"])
-
-
-def _status_row(ssh: Ssh, run: str, until: Any, poll_s: float = 3.0) -> dict:
+def _status_row(ssh: Ssh, run: str, until: Callable[[Any], bool], poll_s: float = 3.0) -> dict:
     """Poll the run's status there (one SSH session each) until ``until(state)``."""
     from orchestrator.states import State
 

@@ -32,7 +32,7 @@ from orchestrator.spec import JobSpec
 #: Top-level fields (or dotted sub-fields) that name the run.
 TRAINING: tuple[str, ...] = (
     "name", "entrypoint", "args", "extra_args", "sweep", "nodes", "gpus_per_node", "cpu_ranks_per_node",
-    "strategy", "executor", "distributed.grad_compression", "checkpoint.resume",
+    "strategy", "executor", "distributed.grad_compression", "checkpoint.resume", "framework", "bool_args",
 )
 #: The rest: changing one resumes the same run.
 OPERATIONAL: tuple[str, ...] = (
@@ -41,7 +41,11 @@ OPERATIONAL: tuple[str, ...] = (
     "distributed.collective_timeout_s", "distributed.nccl_async_error_handling", "distributed.nccl_flight_recorder",
     "checkpoint.dir", "checkpoint.interval_steps", "checkpoint.keep_last",
     "slurm", "local", "env", "workdir", "watchdog", "recovery", "code", "stop_grace_s", "runs_dir",
+    "container", "after", "tracking",
 )
+#: Training fields added after run ids were first handed out: left out of the hash while they hold
+#: their default, so a spec that does not use them keeps the run id it had.
+LATER_TRAINING_DEFAULTS: dict[str, Any] = {"framework": None, "bool_args": "flag"}
 
 _RUN_NAME = re.compile(r"^(?P<name>.+)-(?P<hash>[0-9a-f]{8})$")
 
@@ -55,6 +59,8 @@ def identity_fields(spec: JobSpec) -> dict[str, Any]:
         value: Any = data
         for part in dotted.split("."):
             value = value[part]
+        if dotted in LATER_TRAINING_DEFAULTS and value == LATER_TRAINING_DEFAULTS[dotted]:
+            continue
         out[dotted] = value
     if spec.executor == "local":  # the world the local executor will actually run
         out["local_shape"] = list(spec.local_shape())

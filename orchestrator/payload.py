@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
 #: Bumped whenever a field is added, removed or changes meaning.
-PAYLOAD_VERSION = 5
+PAYLOAD_VERSION = 6
 
 
 class Defaults:
@@ -74,6 +74,27 @@ class CodeSettings:
 
 
 @dataclass(frozen=True)
+class ContainerSettings:
+    """The spec's ``container`` section (``orchestrator.container`` wraps the rank command with it)."""
+
+    runtime: str  # apptainer, pyxis or oci
+    image: str
+    mounts: tuple[str, ...]  # SRC:DST[:ro], the automatic ones included
+    python: str  # the interpreter inside the image
+    options: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class TrackingSettings:
+    """Which trackers get their defaults (``orchestrator.tracking``); plan turns one off when the
+    user set its variables already (the spec's env, or the submitting shell)."""
+
+    wandb: bool
+    tensorboard: bool
+    mlflow: bool
+
+
+@dataclass(frozen=True)
 class Payload:
     """Every fact a rank, the local supervisor and the SLURM agent take from the spec, resolved."""
 
@@ -106,6 +127,10 @@ class Payload:
     watchdog: WatchdogSettings
     recovery: RecoverySettings
     python: str  # the interpreter the ranks run
+    run_id: str  # ORCH_RUN_ID: the run's identity (a sweep point's adds its index); the same on every attempt
+    tracking: TrackingSettings
+    framework: Optional[str]  # lightning, fabric, accelerate, transformers (orchestrator.frameworks)
+    container: Optional[ContainerSettings] = None  # None: the ranks run on the host
     code: Optional[CodeSettings] = None  # None: the ranks import the live files (code.snapshot: false)
     srun: Optional[tuple[str, ...]] = None  # SLURM: what the job's agent runs
     rank_log: Optional[str] = None  # SLURM: srun's --output pattern (%j %A %a %t)
@@ -121,9 +146,11 @@ class Payload:
         return self.nodes * self.ranks_per_node
 
     def for_point(self, index: int, argv: list[str], run_dir: str) -> Payload:
-        """The payload of one sweep point: its arguments, its folder, its own checkpoints."""
+        """The payload of one sweep point: its arguments, its folder, its own checkpoints, its own
+        run id (so each point is its own tracker run)."""
         ckpt = dataclasses.replace(self.checkpoint, dir=os.path.join(self.checkpoint.dir, f"point-{index:04d}"))
-        return dataclasses.replace(self, argv=tuple(argv), run_dir=run_dir, checkpoint=ckpt)
+        return dataclasses.replace(self, argv=tuple(argv), run_dir=run_dir, checkpoint=ckpt,
+                                   run_id=f"{self.run_id}-point-{index:04d}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -160,6 +187,10 @@ class Payload:
             rec["node_check"] = None if rec.get("node_check") is None else tuple(rec["node_check"])
             values["recovery"] = RecoverySettings(**rec)
             values["code"] = None if values.get("code") is None else CodeSettings(**values["code"])
+            values["container"] = None if values.get("container") is None else ContainerSettings(
+                **{**values["container"], "mounts": tuple(values["container"]["mounts"]),
+                   "options": tuple(values["container"]["options"])})
+            values["tracking"] = TrackingSettings(**values["tracking"])
             values["env"] = dict(values["env"])
         except (TypeError, KeyError) as exc:
             raise PayloadError(f"{where} has a malformed field ({exc}): plan and submit the job again") from None

@@ -18,6 +18,8 @@ from typing import Any, Iterator, Mapping, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
+from orchestrator import tracking
+from orchestrator.container import container_settings
 from orchestrator.interpreter import module_argv
 from orchestrator.malloc import MALLOC_DEFAULTS
 from orchestrator.payload import (PAYLOAD_VERSION, CheckpointSettings, CodeSettings, Payload, RecoverySettings,
@@ -109,12 +111,13 @@ def run_id_for(spec: JobSpec) -> str:
     return run_id(spec)
 
 
-def render_argv(args: dict[str, Any], extra: list[str]) -> list[str]:
-    """{'lr': 0.1, 'amp': True, 'sizes': [1, 2]} -> ['--lr', '0.1', '--amp', '--sizes', '1', '2']."""
+def render_argv(args: dict[str, Any], extra: list[str], bools: str = "flag") -> list[str]:
+    """{'lr': 0.1, 'amp': True, 'sizes': [1, 2]} -> ['--lr', '0.1', '--amp', '--sizes', '1', '2'].
+    ``bools``: the spec's ``bool_args``; with 'value', {'amp': False} -> ['--amp', 'false']."""
     argv: list[str] = []
     for key, value in args.items():
-        if value is not False:
-            argv += [f"--{key}", *render_value(value)]
+        if value is not False or bools == "value":
+            argv += [f"--{key}", *render_value(value, bools)]
     return argv + list(extra)
 
 
@@ -140,7 +143,7 @@ def plan(spec: JobSpec, executor: ExecutorName | None = None, max_array_size: in
     if params is not None:
         rank_log = str(RunFolder.of(run_dir).slurm_log("%A_%a" if sweep else "%j", "%t"))
         srun = srun_argv(rank_log, run_dir, python, params["cpus_per_task"])
-    payload = _payload(spec, run_dir, layout, env, python, srun, rank_log, code)
+    payload = _payload(spec, run_id, run_dir, layout, env, python, srun, rank_log, code)
     start, start_note = _rank_start(spec, executor, env)
     common: dict[str, Any] = dict(
         run_id=run_id, run_dir=run_dir, executor=executor, spec=spec.model_dump(mode="json"),
@@ -274,7 +277,7 @@ def job_environment(spec: JobSpec, run_dir: str, backend: str, threads: int,
     return env
 
 
-def _payload(spec: JobSpec, run_dir: str, layout: _Layout, env: dict[str, str], python: str,
+def _payload(spec: JobSpec, run_id: str, run_dir: str, layout: _Layout, env: dict[str, str], python: str,
              srun: list[str] | None, rank_log: str | None, code: Snapshot | None) -> Payload:
     d, c, r = spec.distributed, spec.checkpoint, spec.recovery
     entry = spec.entrypoint if ":" in spec.entrypoint and not spec.entrypoint.endswith(".py") else os.path.abspath(spec.entrypoint)
@@ -289,7 +292,7 @@ def _payload(spec: JobSpec, run_dir: str, layout: _Layout, env: dict[str, str], 
         version=PAYLOAD_VERSION,
         job_name=spec.name,
         entrypoint=entry,
-        argv=tuple(render_argv(dict(spec.args), spec.extra_args)),
+        argv=tuple(render_argv(dict(spec.args), spec.extra_args, spec.bool_args)),
         strategy=spec.strategy,
         nodes=layout.nodes,
         ranks_per_node=layout.ranks_per_node,
@@ -319,6 +322,10 @@ def _payload(spec: JobSpec, run_dir: str, layout: _Layout, env: dict[str, str], 
                                   stop_without_progress=r.stop_without_progress),
         python=python,
         code=CodeSettings(id=code.id, live_root=code.root, tree=code.tree) if code is not None else None,
+        run_id=run_id,
+        tracking=tracking.settings(spec.tracking, spec.env, os.environ),
+        framework=spec.framework,
+        container=container_settings(spec, run_dir, code),
         srun=tuple(srun) if srun else None,
         rank_log=rank_log,
     )
@@ -330,7 +337,7 @@ def _sweep(spec: JobSpec, run_dir: str) -> list[SweepPoint]:
     out = []
     for i, point in enumerate(spec.sweep_points()):
         args = {**spec.args, **point}
-        out.append(SweepPoint(index=i, args=args, argv=render_argv(args, spec.extra_args),
+        out.append(SweepPoint(index=i, args=args, argv=render_argv(args, spec.extra_args, spec.bool_args),
                               run_dir=str(RunFolder.of(run_dir).point(i).root)))
     return out
 

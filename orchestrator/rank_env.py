@@ -44,6 +44,8 @@ class OrchVar:
     ATTEMPT = "ORCH_ATTEMPT"
     REQUEUE_MARKER = "ORCH_REQUEUE_MARKER"
     STOP_SIGNAL = "ORCH_STOP_SIGNAL"
+    RUN_ID = "ORCH_RUN_ID"
+    TENSORBOARD_DIR = "ORCH_TENSORBOARD_DIR"
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,7 @@ def job_settings(payload: Payload) -> dict[str, str]:
     c = payload.checkpoint
     return {
         OrchVar.JOB_NAME: payload.job_name,
+        OrchVar.RUN_ID: payload.run_id,
         OrchVar.BACKEND: payload.backend,
         OrchVar.STRATEGY: payload.strategy,
         OrchVar.INIT_TIMEOUT_S: str(payload.init_timeout_s),
@@ -140,11 +143,15 @@ def rank_environment(rank: RankEnv, payload: Payload, attempt: Value, requeue_ma
     then the job's variables (the defaults and the spec's ``env:``, which ``env:`` may not use to
     override the contract), and, for a torch older than 2.8, the old names of the flight
     recorder's variables."""
+    from orchestrator import frameworks, tracking
+
     env = rank.to_environ()
     env.update(job_settings(payload))
     env[OrchVar.ATTEMPT] = str(attempt)
     if requeue_marker is not None:
         env[OrchVar.REQUEUE_MARKER] = requeue_marker
+    env.update(tracking.environment(payload))
+    env.update(frameworks.environment(payload, env))
     env.update(payload.env)
     env.update(flight_recorder_aliases(env, torch_version))
     return env

@@ -96,12 +96,13 @@ def _scalar(value: Any, what: str) -> Any:
     raise ValueError(f"{what} must be text, a number or true/false, got {type(value).__name__}{hint}")
 
 
-def render_value(value: Any) -> list[str]:
-    """How one argument value appears after '--key' on the command line (true: nothing)."""
-    if value is True:
-        return []
+def render_value(value: Any, bools: str = "flag") -> list[str]:
+    """How one argument value appears after '--key' on the command line. ``bools`` is the spec's
+    ``bool_args``: 'flag' gives nothing for true (the flag alone), 'value' gives 'true'/'false'."""
+    if isinstance(value, bool):
+        return [] if bools == "flag" else ["true" if value else "false"]
     if isinstance(value, list):
-        return [str(x) for x in value]
+        return [str(x).lower() if isinstance(x, bool) and bools == "value" else str(x) for x in value]
     return [str(value)]
 
 
@@ -494,6 +495,79 @@ class CodeSpec(_Model):
         return v.text(value, "code.ignore_file")
 
 
+class ContainerSpec(_Model):
+    """Run every rank inside a container (``orchestrator.container``). The job's agent stays on the
+    host (it needs srun and scontrol); only the rank command is wrapped."""
+
+    runtime: Literal["apptainer", "pyxis", "oci"] = Field(
+        description="apptainer: 'apptainer exec' around each rank (also locally when apptainer is installed). "
+        "pyxis: srun's --container-image (SLURM with the pyxis plugin; enroot images). oci: SLURM's own "
+        "'srun --container' (SLURM >= 21.08 with oci.conf and runc/crun); image is an OCI bundle folder.",
+    )
+    image: str = Field(
+        description="apptainer: a .sif file or a docker:// / oras:// URI. pyxis: an image name "
+        "(nvcr.io#nvidia/pytorch:24.05-py3) or a .sqsh file. oci: the bundle folder (config.json and rootfs/), "
+        "readable on every node.",
+    )
+    mounts: list[str] = Field(
+        default_factory=list,
+        description="Host folders to bind inside, 'SRC:DST' or 'SRC:DST:ro' (SRC absolute). The run folder, the "
+        "code snapshot and the orchestrator's own package are bound automatically.",
+    )
+    python: str = Field(
+        "python3",
+        description="The interpreter inside the image that runs each rank (it needs Python >= 3.10; the rank "
+        "entry uses the standard library only, the user's code whatever the image has).",
+    )
+    options: list[str] = Field(
+        default_factory=list,
+        description="Extra options for the runtime, as written: apptainer exec's (['--cleanenv']) or srun's "
+        "pyxis options (['--container-writable']).",
+    )
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("is empty: give the image (a .sif path, a registry name or an OCI bundle folder)")
+        return value
+
+    @field_validator("mounts")
+    @classmethod
+    def _mounts(cls, value: list[str]) -> list[str]:
+        for item in value:
+            parts = item.split(":")
+            if len(parts) not in (2, 3) or not parts[0].startswith("/") or not parts[1].startswith("/") \
+                    or (len(parts) == 3 and parts[2] not in ("ro", "rw")):
+                raise ValueError(f"{v.shown(item)} is not 'SRC:DST' or 'SRC:DST:ro' with absolute paths, e.g. "
+                                 "'/scratch/data:/data:ro'")
+        return value
+
+
+class AfterSpec(_Model):
+    """A run this job waits for (``orchestrator.pipeline``)."""
+
+    run: str = Field(description="The run it waits for: a run id (<name>-<hash>, as `orchestrator list` shows it) "
+                     "or the path of that run's spec file.")
+    when: Literal["ok", "any", "notok"] = Field(
+        "ok",
+        description="ok: start after it completed (and never, if it fails: this job is cancelled). any: after "
+        "it ended in any state. notok: only if it failed (a cleanup or report job).",
+    )
+
+
+class TrackingSpec(_Model):
+    """Experiment trackers' defaults (``orchestrator.tracking``): one tracker run per orchestrator run,
+    across attempts, requeues and restarts. A variable the spec's env (or the submitting shell) sets wins."""
+
+    wandb: bool = Field(True, description="Set WANDB_RUN_ID (from ORCH_RUN_ID), WANDB_RESUME=allow and WANDB_DIR "
+                        "(<run folder>/wandb). Offline runs (WANDB_MODE=offline) are pushed with `orchestrator sync`.")
+    tensorboard: bool = Field(True, description="Set ORCH_TENSORBOARD_DIR (<run folder>/tensorboard); "
+                              "jobs.MetricsWriter writes TensorBoard events there.")
+    mlflow: bool = Field(True, description="Set MLFLOW_TRACKING_URI to a file store under the run folder "
+                         "(<run folder>/mlruns) and MLFLOW_EXPERIMENT_NAME to the job name.")
+
+
 class JobSpec(_Model):
     """One distributed training (or inference) job."""
 
@@ -552,6 +626,25 @@ class JobSpec(_Model):
         "scancel or the time limit uses the site's KillWait instead.",
     )
     runs_dir: str = Field("runs", description="Where run folders are created; must be shared on a cluster.")
+    container: ContainerSpec | None = Field(
+        None, description="Run the ranks inside a container (apptainer, pyxis or SLURM's OCI support).")
+    after: list[AfterSpec] = Field(
+        default_factory=list,
+        description="Runs this job waits for (SLURM --dependency, with --kill-on-invalid-dep=yes; locally they "
+        "must have ended as 'when' asks). `orchestrator pipeline FILE` submits a whole graph.",
+    )
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec, description="Experiment trackers' defaults.")
+    framework: Literal["lightning", "fabric", "accelerate", "transformers"] | None = Field(
+        None,
+        description="The training framework the entrypoint uses: each rank gets what that framework's own "
+        "launcher would export, and the spec's shape is checked against the framework's settings in args.",
+    )
+    bool_args: Literal["flag", "value"] = Field(
+        "flag",
+        description="How true/false in args are passed. flag: '--key' for true, nothing for false (argparse "
+        "store_true). value: '--key true' / '--key false' (jsonargparse, LightningCLI, HfArgumentParser). One "
+        "argument can always be passed as text instead: key: 'false'.",
+    )
 
     @field_validator("name")
     @classmethod

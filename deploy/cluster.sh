@@ -3,7 +3,7 @@
 # N compute nodes, each a network namespace with its own hostname, address and eth0.
 #
 #   deploy/cluster.sh up   [--nodes N] [--cpus C] [--gpus G] [--gpu-type T] [--profile P] [--dir DIR]
-#                          [--login [--login-user NAME] [--login-totp]]    (idempotent)
+#                          [--login [--login-user NAME] [--login-totp]] [--oci]    (idempotent)
 #   deploy/cluster.sh down [--dir DIR]                                     (idempotent)
 #   deploy/cluster.sh status [--dir DIR]
 #   source DIR/env    # exports SLURM_CONF for sbatch, sacct, submitit ...
@@ -33,11 +33,18 @@
 # --login-totp also asks for a TOTP code after the key (PAM, pam_oath), as clusters with 2FA do;
 # the secret is DIR/login/totp_secret (hex) and totp_secret.base32. `up --login` without it
 # turns the second factor off again.
+#
+# --oci sets up SLURM's own OCI containers (srun --container=BUNDLE): installs runc, writes
+# DIR/oci.conf next to slurm.conf (runc run/state/kill/delete, state in DIR/oci-state), and builds
+# a small bundle at DIR/oci-bundle (config.json from 'runc spec', host network and IPC, /dev/shm
+# shared; rootfs: this machine's Debian python3.11 with its standard library and libraries, a marker
+# file /orch-oci-marker and an /etc/os-release of its own, ID=orch-oci). A spec's
+# container: {runtime: oci, image: DIR/oci-bundle} runs its ranks in it (deploy/README.md).
 set -euo pipefail
 
 CMD=${1:-}; shift || true
 NODES=2; CPUS=4; GPUS=2; GPU_TYPE=a100; PROFILE=kind; DIR=${ORCH_CLUSTER_DIR:-/var/tmp/orch-cluster}
-LOGIN=0; LOGIN_USER=orchuser; LOGIN_USER_SET=0; LOGIN_TOTP=0
+LOGIN=0; LOGIN_USER=orchuser; LOGIN_USER_SET=0; LOGIN_TOTP=0; OCI=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --nodes) NODES=$2; shift 2 ;;
@@ -49,6 +56,7 @@ while [ $# -gt 0 ]; do
     --login) LOGIN=1; shift ;;
     --login-user) LOGIN_USER=$2; LOGIN_USER_SET=1; shift 2 ;;
     --login-totp) LOGIN_TOTP=1; shift ;;
+    --oci) OCI=1; shift ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -106,6 +114,7 @@ install_packages() {
   local need=() bins=(slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client munged:munge slurmdbd:slurmdbd
                       mariadbd:mariadb-server ip:iproute2 nsenter:util-linux)
   [ "$LOGIN" = 0 ] || bins+=(sshd:openssh-server ssh:openssh-client ssh-keygen:openssh-client useradd:passwd)
+  [ "$OCI" = 0 ] || bins+=(runc:runc)
   for bin in "${bins[@]}"; do
     command -v "${bin%%:*}" >/dev/null 2>&1 || [ -x "/usr/sbin/${bin%%:*}" ] || need+=("${bin##*:}")
   done
@@ -344,6 +353,66 @@ start_slurmd() {
 
 # Nodes idle, each counted once: under site every node is listed once per partition.
 idle_nodes() { sinfo -h -N -o '%N %T' 2>/dev/null | awk '$2 ~ /idle/ && !seen[$1]++' | wc -l; }
+
+# ---- OCI containers (--oci) ----
+
+# oci.conf, which SLURM reads next to slurm.conf: each task is one 'runc run' of the bundle that
+# slurmstepd derives from the step's (its config.json with the task's args and environment). The
+# container id is unique per node, job, step and task. crun 1.8 refuses this machine's hybrid
+# cgroup v1/v2 layout ("cgroups in hybrid mode not supported"); runc 1.1 runs.
+write_oci_conf() {
+  local runc="runc --root=$DIR/oci-state" id="%n.%u.%j.%s.%t"
+  mkdir -p "$DIR/oci-state"
+  cat > "$DIR/oci.conf" <<EOF
+# SLURM's OCI support (deploy/cluster.sh up --oci): srun --container=BUNDLE runs each task in runc.
+RunTimeQuery="$runc state $id"
+RunTimeKill="$runc kill -a $id"
+RunTimeDelete="$runc delete --force $id"
+RunTimeRun="$runc run $id -b %b"
+EOF
+}
+
+# A small bundle at DIR/oci-bundle, built from this machine (no registry needed): the Debian
+# python3.11, its standard library and the libraries it and its extension modules link, a marker
+# file and an os-release of its own (so a job can tell it runs inside). config.json is runc's
+# default with the host's network, IPC and hostname (DDP ranks reach each other as on the node) and
+# the node's /dev/shm bound in (NCCL's shared memory between a node's ranks).
+build_oci_bundle() {
+  local b=$DIR/oci-bundle py=/usr/bin/python3.11 lib
+  [ -s "$b/config.json" ] && [ -x "$b/rootfs$py" ] && return 0
+  [ -x "$py" ] || { log "--oci builds its bundle from $py: install python3.11"; exit 1; }
+  log "building the OCI bundle $b"
+  rm -rf "$b.new"; mkdir -p "$b.new/rootfs"/{usr/bin,usr/lib,etc,tmp,proc,sys,dev}
+  cp -a "$py" "$b.new/rootfs/usr/bin/"; ln -s python3.11 "$b.new/rootfs/usr/bin/python3"
+  cp -a /usr/lib/python3.11 "$b.new/rootfs/usr/lib/"
+  for lib in $( { ldd "$py"; for so in /usr/lib/python3.11/lib-dynload/*.so; do ldd "$so"; done; } | grep -o '/[^ ]*' | sort -u); do
+    mkdir -p "$b.new/rootfs$(dirname "$lib")"; cp -L "$lib" "$b.new/rootfs$lib"
+  done
+  echo "this file exists only inside the OCI bundle built by deploy/cluster.sh up --oci" > "$b.new/rootfs/orch-oci-marker"
+  printf 'ID=orch-oci\nNAME="orchestrator OCI test rootfs (deploy/cluster.sh)"\n' > "$b.new/rootfs/etc/os-release"
+  (cd "$b.new" && runc spec)
+  "$py" - "$b.new/config.json" <<'PY'
+import json, sys
+path = sys.argv[1]
+with open(path) as f:
+    c = json.load(f)
+c["process"]["terminal"] = False
+c["process"]["args"] = ["/usr/bin/python3", "-c", "print('orch-oci bundle')"]
+c["root"]["readonly"] = False
+c.pop("hostname", None)
+c["linux"]["namespaces"] = [n for n in c["linux"]["namespaces"] if n["type"] not in ("network", "ipc", "uts")]
+c["mounts"] = [m for m in c["mounts"] if m["destination"] != "/dev/shm"]
+c["mounts"].append({"destination": "/dev/shm", "type": "bind", "source": "/dev/shm", "options": ["rbind", "rw"]})
+with open(path, "w") as f:
+    json.dump(c, f, indent=1)
+PY
+  rm -rf "$b"; mv "$b.new" "$b"
+}
+
+up_oci() {
+  write_oci_conf
+  build_oci_bundle
+}
 
 # ---- The login node (--login) ----
 
@@ -606,6 +675,7 @@ up() {
   sinfo -h -N -o '%N %T' | grep -q idle || { log "nodes did not come up; see $DIR/log"; sinfo -N; exit 1; }
   # Warm-up: the first batch job after slurmctld starts waits ~3 s; pay it here, not in a test.
   sbatch -Q --wait -o /dev/null --wrap true >/dev/null 2>&1 || true
+  if [ "$OCI" = 1 ]; then up_oci; fi
   if [ "$LOGIN" = 1 ]; then up_login; fi
   log "up: $NODES node(s), ${GPUS} GPU(s) ${GPU_TYPE:-untyped} per node, profile $PROFILE, SLURM_CONF=$DIR/slurm.conf"
 }
@@ -661,5 +731,5 @@ case "$CMD" in
   up) up ;;
   down) down ;;
   status) status ;;
-  *) echo "usage: deploy/cluster.sh up|down|status [--nodes N] [--cpus C] [--gpus G] [--gpu-type T] [--profile kind|site] [--dir DIR] [--login [--login-user NAME] [--login-totp]]" >&2; exit 2 ;;
+  *) echo "usage: deploy/cluster.sh up|down|status [--nodes N] [--cpus C] [--gpus G] [--gpu-type T] [--profile kind|site] [--dir DIR] [--login [--login-user NAME] [--login-totp]] [--oci]" >&2; exit 2 ;;
 esac

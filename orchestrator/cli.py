@@ -76,6 +76,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--follow", action="store_true", help="stream rank 0's log until the job ends")
     p.set_defaults(func=cmd_submit)
 
+    p = sub.add_parser("pipeline", help="submit a graph of specs to SLURM at once (locally: run them in order); "
+                                        "stages that completed are skipped")
+    p.add_argument("file", help="the pipeline file (YAML): stages: {NAME: {spec: FILE, after: [STAGE], set: [K=V]}}")
+    p.add_argument("--executor", choices=EXECUTORS, help="override every stage's executor")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--plan", action="store_true", help="what would be submitted, skipped or waited for; start nothing")
+    mode.add_argument("--status", action="store_true", help="each stage's run, state and what it waits for")
+    p.add_argument("--json", action="store_true", help="with --plan or --status: print the stages as JSON")
+    p.set_defaults(func=cmd_pipeline)
+
     p = sub.add_parser("preflight", help="run the all-reduce bandwidth check on a spec's nodes and ranks, and report it")
     _spec_args(p)
     p.add_argument("--sizes-mb", type=float, nargs="+", default=[1.0, 16.0, 64.0], help="message sizes")
@@ -127,6 +137,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run")
     p.add_argument("--stat", action="store_true", help="only the changed files' names")
     p.set_defaults(func=cmd_diff)
+
+    p = sub.add_parser("sync", help="push a run's offline W&B runs (WANDB_MODE=offline) with wandb sync; "
+                                    "say how to open its TensorBoard and MLflow folders")
+    p.add_argument("run", help="run id (or a unique prefix) or run folder")
+    p.add_argument("--dry-run", action="store_true", help="list the offline W&B folders and the command; push nothing")
+    p.set_defaults(func=cmd_sync)
     return parser
 
 
@@ -281,6 +297,22 @@ def cmd_submit(args: argparse.Namespace) -> int:
         _print_outcome(handle.record)
         return 0 if state == State.COMPLETED else 1
     return 0
+
+
+def cmd_pipeline(args: argparse.Namespace) -> int:
+    from orchestrator import pipeline
+
+    if args.plan or args.status:
+        results = pipeline.plan_pipeline(args.file, args.executor)
+        if args.json:
+            from dataclasses import asdict
+
+            print(json.dumps([asdict(r) for r in results], indent=2, default=str))
+        else:
+            pipeline.print_lines(pipeline.table_lines(results, args.file))
+        return 0
+    results = pipeline.run_pipeline(args.file, args.executor, say=lambda line: print(line, flush=True))
+    return 0 if pipeline.succeeded(results) else 1
 
 
 def _print_waits(record: Any) -> None:
@@ -438,6 +470,14 @@ def cmd_diff(args: argparse.Namespace) -> int:
         for status, rel in changed:
             sys.stdout.write("\n" + unified_diff(store_dir, code["root"], status, rel, frozen.get(rel)))
     return 0
+
+
+def cmd_sync(args: argparse.Namespace) -> int:
+    from orchestrator.api import Run
+    from orchestrator.sync import sync
+
+    run = Run.get(args.run)
+    return sync(run.run_dir, run.id, dry_run=args.dry_run)
 
 
 def cmd_report(args: argparse.Namespace) -> int:

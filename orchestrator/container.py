@@ -1,22 +1,378 @@
-"""Containers (``container:``): the rank command wrapped for apptainer, pyxis or SLURM's OCI support.
+"""Containers (``container:``): every rank runs inside a container; the job's agent stays on the host.
 
-Filled in by the containers work of issue 22.
+The agent (``orchestrator.slurm_job``) needs srun and scontrol, so only the rank command it runs
+is wrapped. Inside the image the rank entry needs only a Python >= 3.10 and this package, which
+is bound in read-only at ``PACKAGE_DST`` (never the host's site-packages: the image's own torch
+must win) and put first on ``sys.path`` and ``PYTHONPATH`` by the rank's bootstrap (no ``env``
+binary needed in the image). The job's folders are bound at their host paths (the payload names
+them), so nothing in the payload is rewritten:
+
+- apptainer: ``srun ... apptainer exec [--nv] --bind SRC:DST[:ro],... [options] IMAGE python ...``
+- pyxis: ``srun ... --container-image=IMAGE --container-mounts=... --container-workdir=W [options]
+  python ...`` (NVIDIA/pyxis's srun options; enroot images)
+- oci: ``srun ... --container=RUN/container/oci-bundle [options] python ...`` (SLURM's own OCI
+  support, oci.conf next to slurm.conf, runc or crun). SLURM takes mounts only from the bundle's
+  config.json (and uses ``<bundle>/rootfs`` as the root), so the agent writes a bundle of its
+  own in the run folder (``prepare``): the image's config.json, the image's rootfs bound at ``/``
+  first, then the mounts.
+
+The job's variables reach the ranks as on the host: the agent exports them to srun, apptainer and
+pyxis pass the environment through, and SLURM's OCI support writes the step's environment into
+the container's config. This module is imported by the agent, so it is standard library only.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+import json
+import os
+import shlex
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from orchestrator.payload import ContainerSettings
 
 if TYPE_CHECKING:
+    from orchestrator.payload import Payload
     from orchestrator.snapshot import Snapshot
-    from orchestrator.spec import JobSpec
+
+#: ``orchestrator.spec.JobSpec``, not imported even for type checking: spec.py calls ``problems``,
+#: and plan.py (the ``LaunchPlan`` that ``plan_lines`` reads) imports this module; imports must not cycle.
+JobSpec = Any
+
+#: Where this package's folder is bound inside the image (``PACKAGE_DST/orchestrator``).
+PACKAGE_DST = "/opt/orchestrator"
+#: The bundle the agent writes for SLURM's OCI support, inside the run folder.
+OCI_BUNDLE = "container/oci-bundle"
+
+#: Like ``interpreter.BOOTSTRAP``, with this package's mount first on sys.path and on PYTHONPATH
+#: (for interpreters the rank starts itself). Double quotes only, so shlex shows one word.
+BOOTSTRAP = ('import os, sys; sys.path[:1] == [""] and sys.path.pop(0); sys.path.insert(0, "' + PACKAGE_DST + '"); '
+             'os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, ["' + PACKAGE_DST + '", '
+             'os.environ.get("PYTHONPATH")])); '
+             'import runpy; runpy.run_module(sys.argv.pop(1), run_name="__main__")')
+
+
+def package_source() -> str:
+    """The host folder of the installed ``orchestrator`` package (this file's folder)."""
+    return os.path.dirname(os.path.abspath(__file__))
+
+
+# ---- settings ------------------------------------------------------------------------------
+def _same_path_mounts(paths: Sequence[tuple[str, str]]) -> list[str]:
+    """``SRC:SRC[:ro]`` for each (path, mode), parents first; a path inside one already bound
+    read-write, or bound the same way, is left out (binding it again would change nothing)."""
+    out: list[tuple[str, str]] = []
+    for path, mode in sorted({(os.path.normpath(p), m) for p, m in paths},
+                             key=lambda pm: (pm[0].count("/"), pm[0], pm[1] != "rw")):
+        if any((path == q or path.startswith(q.rstrip("/") + "/")) and m in ("rw", mode) for q, m in out):
+            continue
+        out.append((path, mode))
+    return [f"{p}:{p}" + (":ro" if m == "ro" else "") for p, m in out]
+
+
+def automatic_mounts(spec: JobSpec, run_dir: str, code: Optional[Snapshot]) -> list[str]:
+    """What every rank needs inside: this package (read-only, at PACKAGE_DST), and at their host
+    paths the run folder, the code snapshot store (read-only), the workdir, and the rendezvous and
+    checkpoint folders when the spec puts them elsewhere; where the CLI ran and the entrypoint
+    script's folder when the ranks read the live files (no snapshot)."""
+    workdir = os.path.abspath(spec.workdir) if spec.workdir else os.getcwd()
+    paths = [(run_dir, "rw"), (workdir, "rw")]
+    if spec.distributed.rendezvous_dir:
+        paths.append((os.path.abspath(spec.distributed.rendezvous_dir), "rw"))
+    if spec.checkpoint.dir:
+        paths.append((os.path.abspath(spec.checkpoint.dir), "rw"))
+    if code is not None:
+        paths.append((code.store_dir, "ro"))
+    else:  # the live files: where the CLI ran (the payload's source_dir) and the script's folder
+        paths.append((os.getcwd(), "ro"))
+        if spec.entrypoint.endswith(".py") or ":" not in spec.entrypoint:
+            paths.append((os.path.dirname(os.path.abspath(spec.entrypoint)), "ro"))
+    # apptainer and enroot (pyxis) bind the node's name resolution in by themselves; an OCI
+    # bundle's rootfs has its own (often empty) files, and ranks must resolve the master's name.
+    resolve = ["/etc/hosts:/etc/hosts:ro", "/etc/resolv.conf:/etc/resolv.conf:ro"] \
+        if spec.container is not None and spec.container.runtime == "oci" else []
+    return [f"{package_source()}:{PACKAGE_DST}/orchestrator:ro", *_same_path_mounts(paths), *resolve]
 
 
 def container_settings(spec: JobSpec, run_dir: str, code: Optional[Snapshot]) -> Optional[ContainerSettings]:
+    """The spec's ``container`` section with the automatic mounts before the user's own."""
     c = spec.container
     if c is None:
         return None
-    return ContainerSettings(runtime=c.runtime, image=c.image, mounts=tuple(c.mounts), python=c.python,
-                             options=tuple(c.options))
+    return ContainerSettings(runtime=c.runtime, image=c.image, mounts=(*automatic_mounts(spec, run_dir, code),
+                                                                       *c.mounts),
+                             python=c.python, options=tuple(c.options))
+
+
+def problems(spec: JobSpec) -> list[str]:
+    """Spec-level rules (``spec.cross_field_problems``); each says which field to change."""
+    c = spec.container
+    if c is None:
+        return []
+    out: list[str] = []
+    for item in c.mounts:
+        dst = item.split(":")[1]
+        if dst == PACKAGE_DST or dst.startswith(PACKAGE_DST + "/"):
+            out.append(f"container.mounts: {item!r} binds over {PACKAGE_DST}, where the orchestrator's own package "
+                       "is bound; choose another destination")
+    if c.runtime == "oci" and not c.image.startswith("/"):
+        out.append(f"container.image: {c.image!r}: SLURM's OCI support takes a bundle folder (config.json and "
+                   "rootfs/) by its absolute path, readable on every node")
+    if c.runtime == "oci" and spec.ranks_per_node > 1:
+        out.append(f"container.runtime: oci runs one rank per node (SLURM 22.05's OCI support starts one container "
+                   f"task per node, without its rank), but the job has {spec.ranks_per_node} per node; use "
+                   "cpu_ranks_per_node/gpus_per_node of 1, or runtime apptainer or pyxis")
+    if c.runtime == "apptainer" and "://" not in c.image and not c.image.startswith("/"):
+        out.append(f"container.image: {c.image!r}: give the .sif file's absolute path (every node reads it), or a "
+                   "docker:// / oras:// URI")
+    return out
+
+
+# ---- the rank command ----------------------------------------------------------------------
+def rank_argv(settings: ContainerSettings, payload_path: str) -> list[str]:
+    """The image's interpreter running the SLURM rank entry, this package first on its path."""
+    entry = "orchestrator.container" if settings.runtime == "oci" else "orchestrator.slurm_rank"
+    return [settings.python, "-u", "-c", BOOTSTRAP, entry, payload_path]
+
+
+def oci_bundle(run_dir: str) -> str:
+    return os.path.join(run_dir, OCI_BUNDLE)
+
+
+def _mount_parts(item: str) -> tuple[str, str, bool]:
+    parts = item.split(":")
+    return parts[0], parts[1], len(parts) == 3 and parts[2] == "ro"
+
+
+def srun_options(settings: ContainerSettings, run_dir: str, workdir: str) -> list[str]:
+    """srun's own options for the runtime (pyxis, oci); apptainer needs none."""
+    if settings.runtime == "pyxis":
+        return [f"--container-image={settings.image}", f"--container-mounts={','.join(settings.mounts)}",
+                f"--container-workdir={workdir}", *settings.options]
+    if settings.runtime == "oci":
+        return [f"--container={oci_bundle(run_dir)}", *settings.options]
+    return []
+
+
+def wrap(settings: ContainerSettings, argv: list[str], gpus_per_node: int = 0) -> list[str]:
+    """The rank command as srun starts it: ``apptainer exec`` around it, or as it is (pyxis and
+    oci put the task itself inside through srun's options)."""
+    if settings.runtime != "apptainer":
+        return list(argv)
+    return ["apptainer", "exec", *(["--nv"] if gpus_per_node > 0 else []), "--bind", ",".join(settings.mounts),
+            *settings.options, settings.image, *argv]
+
+
+def srun_tail(settings: ContainerSettings, run_dir: str, workdir: str, payload_path: str,
+              gpus_per_node: int = 0) -> list[str]:
+    """Everything after srun's own resource options: the runtime's options, then the rank command."""
+    rank = wrap(settings, rank_argv(settings, payload_path), gpus_per_node)
+    return [*srun_options(settings, run_dir, workdir), *rank]
+
+
+# ---- OCI: the run's own bundle -------------------------------------------------------------
+def oci_config(image: str, mounts: Sequence[str]) -> dict[str, Any]:
+    """The image bundle's config.json for the run's own bundle. SLURM 22.05 points ``root.path`` at
+    ``<bundle>/rootfs`` whatever config.json says, and runc refuses a rootfs that is a symlink, so
+    the run's bundle has an empty rootfs/ and the image's rootfs is bound over it as the first
+    mount (runc mounts in order: /proc, /dev and the rest land on top of it), then the mounts."""
+    path = os.path.join(image, "config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except FileNotFoundError:
+        raise OSError(f"container.image: {path} does not exist on {os.uname().nodename}: the OCI bundle must be a "
+                      "folder with config.json and rootfs/ that every node reads (runc spec makes a config.json)"
+                      ) from None
+    except (OSError, ValueError) as exc:
+        raise OSError(f"container.image: cannot read {path}: {exc}") from None
+    if not isinstance(config, dict):
+        raise OSError(f"container.image: {path} is not a JSON object")
+    root = config.setdefault("root", {})
+    rootfs = os.path.join(image, root.get("path") or "rootfs")
+    root["path"] = "rootfs"
+    added = [{"destination": "/", "type": "bind", "source": rootfs, "options": ["rbind", "rw"]},
+             *list(config.get("mounts") or [])]
+    for item in mounts:
+        src, dst, ro = _mount_parts(item)
+        added.append({"destination": dst, "type": "bind", "source": src, "options": ["rbind", "ro" if ro else "rw"]})
+    config["mounts"] = added
+    return config
+
+
+def prepare(payload: Payload) -> None:
+    """Before srun (the agent, on the host): write the run's OCI bundle, with this run's mounts.
+    Written whole and renamed into place, so array tasks writing it at once all read a whole one."""
+    c = payload.container
+    if c is None or c.runtime != "oci" or not payload.srun:
+        return
+    bundle = next((a.split("=", 1)[1] for a in payload.srun if a.startswith("--container=")), None)
+    if bundle is None:
+        return
+    import tempfile
+
+    config = oci_config(c.image, c.mounts)
+    os.makedirs(os.path.join(bundle, "rootfs"), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=bundle, prefix=".config.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(config, f, indent=1)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, os.path.join(bundle, "config.json"))
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+# ---- the plan's lines ----------------------------------------------------------------------
+_WHAT = {"apptainer": "apptainer image", "pyxis": "pyxis image", "oci": "OCI bundle"}
+
+
+def plan_lines(launch: Any) -> list[str]:
+    """What ``orchestrator plan`` says about the container (``launch``: a LaunchPlan or its Payload):
+    the image, the command each rank runs inside, the mounts, and that the agent stays on the host
+    (or that a local run does not use it)."""
+    payload = getattr(launch, "payload", launch)
+    c = payload.container
+    if c is None:
+        return []
+    what = f"container: {c.runtime} ({_WHAT.get(c.runtime, 'image')} {c.image})"
+    if not payload.srun:
+        return [f"{what} is not used by this executor: the ranks run on the host with {payload.python}; the "
+                "container is used on SLURM (--executor slurm)"]
+    inside = shlex.join([c.python, "-m", rank_argv(c, "")[4], *payload.srun[-1:]])
+    lines = [f"{what}: ranks run `{inside}` inside; the job's agent runs on the host (srun, scontrol)"]
+    if c.runtime == "oci":
+        bundle = next((a.split("=", 1)[1] for a in payload.srun if a.startswith("--container=")), "")
+        lines.append(f"container: the agent writes {bundle}/config.json at each start: {c.image}/config.json, with "
+                     f"{c.image}/rootfs bound at / and then the mounts below")
+    lines.append("container mounts: " + ", ".join(c.mounts))
+    lines.append(f"container: {PACKAGE_DST} (this orchestrator's package) goes first on the ranks' sys.path; "
+                 "the job's env reaches the ranks inside")
+    return lines
+
+
+# ---- validate --cluster: the image on one node ---------------------------------------------
+PYTHON_CHECK = "import sys; assert sys.version_info >= (3, 10), sys.version"
+
+
+def node_check_argv(spec: JobSpec, launch_srun: Sequence[str] | None = None) -> list[list[str]]:
+    """Two one-task sruns on one node: the mounts' sources and the image exist there (on the
+    host), then the image's python runs and is >= 3.10 (inside, as the ranks will run)."""
+    c = spec.container
+    assert c is not None
+    s = spec.slurm
+    base = ["srun", "--nodes=1", "--ntasks=1", "--time=5", "--job-name=orch-container-check",
+            *([f"--partition={s.partition}"] if s.partition else []),
+            *([f"--account={s.account}"] if s.account else []),
+            *([f"--qos={s.qos}"] if s.qos else []), *([f"--nodelist={s.nodelist.split(',')[0]}"] if s.nodelist else [])]
+    sources = [item.split(":")[0] for item in c.mounts] + [package_source()]
+    if c.runtime == "oci":
+        sources += [os.path.join(c.image, "config.json")]
+    elif "://" not in c.image and c.runtime == "apptainer":
+        sources.append(c.image)
+    script = 'for p in "$@"; do [ -e "$p" ] || echo "missing on $(hostname): $p"; done'
+    exists = [*base, "sh", "-c", script, "sh", *sources]
+    probe = [c.python, "-c", PYTHON_CHECK]
+    if c.runtime == "apptainer":
+        inside = [*base, "apptainer", "exec", *c.options, c.image, *probe]
+    elif c.runtime == "pyxis":
+        inside = [*base, f"--container-image={c.image}", *c.options, *probe]
+    else:
+        inside = [*base, f"--container={c.image}", *c.options, *probe]
+    return [exists, inside]
+
+
+def check_on_node(spec: JobSpec, timeout_s: float = 300) -> list[str]:
+    """Problems with the container on one of the cluster's nodes (``validate --cluster``)."""
+    import subprocess
+
+    if spec.container is None:
+        return []
+    exists, inside = node_check_argv(spec)
+    out: list[str] = []
+    try:
+        r = subprocess.run(exists, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return [f"container: could not run srun to check the image on a node ({exc})"]
+    missing = [line for line in r.stdout.splitlines() if line.startswith("missing on")]
+    if r.returncode != 0:
+        out.append(f"container: srun on one node failed ({r.stderr.strip()[-300:]})")
+    out += [f"container: {line} (container.image or container.mounts: every node must see it)" for line in missing]
+    if out:
+        return out
+    try:
+        r = subprocess.run(inside, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return [f"container: could not run the image's python on a node ({exc})"]
+    if r.returncode != 0:
+        said = (r.stderr.strip() or r.stdout.strip())[-400:]
+        out.append(f"container: `{shlex.join(inside[inside.index(spec.container.python):])}` inside "
+                   f"{spec.container.image} failed on a node ({said}); the ranks need container.python to name a "
+                   "Python >= 3.10 in the image")
+    return out
+
+
+# ---- inside an OCI container: the task's own identity --------------------------------------
+def _hosts(text: str) -> list[str]:
+    """A SLURM host list ('node[1-3,7],gpu01') as names, in order (standard library only: the
+    rank has no scontrol inside the image)."""
+    import re
+
+    hosts: list[str] = []
+    for item in re.findall(r"[^,\[]+(?:\[[^\]]*\][^,\[]*)*", text):
+        names = [""]
+        for literal, body in re.findall(r"([^\[\]]*)(?:\[([^\]]*)\])?", item):
+            values = [""]
+            if body:
+                values = []
+                for part in body.split(","):
+                    lo, _, hi = part.partition("-")
+                    values += [str(n).zfill(len(lo)) for n in range(int(lo), int(hi or lo) + 1)]
+            names = [n + literal + v for n in names for v in values]
+        hosts += names
+    return [h for h in hosts if h]
+
+
+def oci_task_identity(environ: dict[str, str], hostname: str) -> dict[str, str]:
+    """SLURM 22.05 writes the step's environment into an OCI container, not the task's: no
+    SLURM_PROCID, SLURM_LOCALID or SLURM_NODEID of its own (those present are the batch step's,
+    which the agent's srun passed on: 0 on every node), and it runs one task per node. So each
+    task is its node's only one, and its rank is its node's place in the step's node list."""
+    per_node = environ.get("SLURM_STEP_TASKS_PER_NODE", "1")
+    if any(part.split("(")[0] != "1" for part in per_node.split(",")):
+        raise RuntimeError(f"SLURM's OCI containers run one task per node here (SLURM_STEP_TASKS_PER_NODE="
+                           f"{per_node}); use cpu_ranks_per_node/gpus_per_node of 1, or container.runtime apptainer "
+                           "or pyxis")
+    hosts = _hosts(environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST", ""))
+    short = hostname.split(".")[0]
+    if short not in hosts:
+        raise RuntimeError(f"this container's host name {hostname!r} is not in the step's nodes {hosts}: the OCI "
+                           "bundle must share the node's UTS namespace (no 'uts' in linux.namespaces)")
+    node = str(hosts.index(short))
+    return {"SLURM_PROCID": node, "SLURM_NODEID": node, "SLURM_LOCALID": "0", "SLURMD_NODENAME": short}
+
+
+def main(args: list[str]) -> int:
+    """``python -m orchestrator.container PAYLOAD [...]``: the OCI rank entry; the task's identity
+    first (``oci_task_identity``), then ``orchestrator.slurm_rank`` as on the host."""
+    import runpy
+    import socket
+    import sys
+
+    try:
+        os.environ.update(oci_task_identity(dict(os.environ), socket.gethostname()))
+    except RuntimeError as exc:
+        print(f"[launcher] {exc}", file=sys.stderr, flush=True)
+        return 1
+    sys.argv = [sys.argv[0], *args]
+    runpy.run_module("orchestrator.slurm_rank", run_name="__main__")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

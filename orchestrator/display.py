@@ -42,6 +42,16 @@ def code_line(launch: LaunchPlan) -> str:
             f"{new}; the ranks import it from {c['tree']}")
 
 
+def integration_lines(launch: LaunchPlan) -> list[str]:
+    """What the plan says about the tools around the job: the container the ranks run in, the
+    runs it waits for (``after:``), the framework's launcher variables and the trackers' defaults.
+    Each module words its own lines."""
+    from orchestrator import after, container, frameworks, tracking
+
+    return [*container.plan_lines(launch), *after.after_lines(launch), *frameworks.plan_lines(launch),
+            *tracking.plan_lines(launch)]
+
+
 def print_plan(launch: LaunchPlan, console: Console | None = None, node: int | None = None,
                rank: int | None = None, run_lines: list[str] | None = None) -> None:
     if rank is not None and not 0 <= rank < launch.world_size:
@@ -58,6 +68,8 @@ def print_plan(launch: LaunchPlan, console: Console | None = None, node: int | N
     for line in run_lines or []:
         console.print(line, markup=False)
     console.print(code_line(launch), markup=False)
+    for line in integration_lines(launch):
+        console.print(line, markup=False)
     console.print(f"entrypoint: {launch.payload.entrypoint} {' '.join(launch.payload.argv)}", markup=False)
     console.print(f"working directory of the ranks: {launch.payload.workdir}", markup=False)
     console.print(f"rank processes: {RANK_START[launch.rank_start]}", markup=False)

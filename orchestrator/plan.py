@@ -19,11 +19,11 @@ from typing import Any, Iterator, Mapping, Optional
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from orchestrator import tracking
-from orchestrator.container import container_settings
+from orchestrator.container import container_settings, srun_tail
 from orchestrator.interpreter import module_argv
 from orchestrator.malloc import MALLOC_DEFAULTS
-from orchestrator.payload import (PAYLOAD_VERSION, CheckpointSettings, CodeSettings, Payload, RecoverySettings,
-                                  WatchdogSettings)
+from orchestrator.payload import (PAYLOAD_VERSION, CheckpointSettings, CodeSettings, ContainerSettings, Payload,
+                                  RecoverySettings, WatchdogSettings)
 from orchestrator.rank_env import (
     RankEnv,
     installed_torch_version,
@@ -142,7 +142,8 @@ def plan(spec: JobSpec, executor: ExecutorName | None = None, max_array_size: in
     srun = rank_log = None
     if params is not None:
         rank_log = str(RunFolder.of(run_dir).slurm_log("%A_%a" if sweep else "%j", "%t"))
-        srun = srun_argv(rank_log, run_dir, python, params["cpus_per_task"])
+        srun = srun_argv(rank_log, run_dir, python, params["cpus_per_task"], container_settings(spec, run_dir, code),
+                         spec.gpus_per_node, os.path.abspath(spec.workdir) if spec.workdir else os.getcwd())
     payload = _payload(spec, run_id, run_dir, layout, env, python, srun, rank_log, code)
     start, start_note = _rank_start(spec, executor, env)
     common: dict[str, Any] = dict(
@@ -469,15 +470,21 @@ def job_command(run_dir: str, python: str | None, point_base: int = 0) -> str:
     return " ".join(words + ([f"--point-base {point_base}"] if point_base else []))
 
 
-def srun_argv(rank_log: str, run_dir: str, python: str, cpus_per_task: int = 1) -> list[str]:
+def srun_argv(rank_log: str, run_dir: str, python: str, cpus_per_task: int = 1,
+              container: ContainerSettings | None = None, gpus_per_node: int = 0, workdir: str = "") -> list[str]:
     """What the agent runs: one srun task per rank, each the stdlib-only SLURM rank entry. An argv,
     never a shell line. Logs are named as submitit names them (<job>_<task>_log.out).
 
     ``--cpus-per-task`` again: since SLURM 22.05 srun no longer inherits it from the batch job,
     so under task/affinity every rank would be bound to one CPU while OMP_NUM_THREADS says more
-    (and its DataLoader workers would inherit that one-CPU mask)."""
-    return ["srun", "--unbuffered", "--output", rank_log, "--kill-on-bad-exit=1", f"--cpus-per-task={cpus_per_task}",
-            *module_argv(python, "orchestrator.slurm_rank", str(RunFolder.of(run_dir).payload))]
+    (and its DataLoader workers would inherit that one-CPU mask).
+
+    ``container``: the rank runs inside it (``orchestrator.container``); srun and the agent stay on the host."""
+    head = ["srun", "--unbuffered", "--output", rank_log, "--kill-on-bad-exit=1", f"--cpus-per-task={cpus_per_task}"]
+    payload = str(RunFolder.of(run_dir).payload)
+    if container is not None:
+        return head + srun_tail(container, run_dir, workdir or os.getcwd(), payload, gpus_per_node)
+    return head + module_argv(python, "orchestrator.slurm_rank", payload)
 
 
 def render_sbatch(params: dict[str, Any], folder: str, command: str, n_points: int = 0) -> str:

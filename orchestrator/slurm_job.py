@@ -44,6 +44,7 @@ import threading
 import time
 from typing import IO, TYPE_CHECKING, Mapping
 
+from orchestrator import container
 from orchestrator.payload import Payload
 from orchestrator.recovery import HARDWARE_SIGNALS, Attempt, Failure, History, decide
 from orchestrator.run_folder import RunFolder
@@ -808,6 +809,11 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     srun = list(payload.srun) + (["--point-base", str(point_base(args))] if point_base(args) else [])
+    try:  # container.runtime oci: the run's bundle, with this run's mounts (orchestrator.container)
+        container.prepare(payload)
+    except OSError as exc:
+        print(f"[agent] {exc}", file=sys.stderr)
+        return 1
     return JobAgent(payload, os.environ).run(srun)
 
 

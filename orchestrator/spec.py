@@ -32,6 +32,8 @@ RESERVED_SBATCH = frozenset(
         # answers (submission must get a job id back, at once).
         "mem-per-cpu", "mem-per-gpu", "gpus-per-task", "cpus-per-gpu", "ntasks-per-gpu",
         "requeue", "no-requeue", "wait", "test-only", "parsable", "help", "usage", "version",
+        # What a job waits for: the spec's after: (orchestrator.after), resolved at submission.
+        "dependency", "kill-on-invalid-dep",
     }
 )
 #: Most items a list or mapping field may hold (arguments, setup lines, sbatch options).
@@ -500,9 +502,10 @@ class ContainerSpec(_Model):
     host (it needs srun and scontrol); only the rank command is wrapped."""
 
     runtime: Literal["apptainer", "pyxis", "oci"] = Field(
-        description="apptainer: 'apptainer exec' around each rank (also locally when apptainer is installed). "
-        "pyxis: srun's --container-image (SLURM with the pyxis plugin; enroot images). oci: SLURM's own "
-        "'srun --container' (SLURM >= 21.08 with oci.conf and runc/crun); image is an OCI bundle folder.",
+        description="apptainer: 'apptainer exec' around each rank. pyxis: srun's --container-image (SLURM with "
+        "the pyxis plugin; enroot images). oci: SLURM's own 'srun --container' (SLURM >= 21.08 with oci.conf and "
+        "runc; one rank per node); image is an OCI bundle folder. The local and debug executors run the ranks on "
+        "the host.",
     )
     image: str = Field(
         description="apptainer: a .sif file or a docker:// / oras:// URI. pyxis: an image name "
@@ -813,12 +816,17 @@ def cross_field_problems(spec: JobSpec) -> list[str]:
             problems.append(f"distributed.interface: {exc}")
     if isinstance(d.interface, list) and any(n.startswith("^") for n in d.interface):
         problems.append("distributed.interface: an exclusion ('^a,b') must be the only entry, not part of a list")
+    from orchestrator.container import problems as container_problems
+
+    problems += container_problems(spec)
     both = [k for k in spec.sweep if k in spec.args]
     if both:
         problems.append(
             f"sweep.{both[0]}: also set in args; the sweep overrides it per point, so remove it from args"
         )
-    return problems
+    from orchestrator import frameworks  # the framework's world settings against the shape (stdlib only)
+
+    return problems + frameworks.problems(spec)
 
 
 def _hostlist_problems(spec: JobSpec) -> list[str]:

@@ -94,27 +94,37 @@ def check_version(installed: str | None = None) -> str:
     return version
 
 
-def render_sbatch(params: dict[str, Any], folder: str, command: str, n_points: int = 0) -> str:
+def with_sbatch(params: dict[str, Any], extra_sbatch: dict[str, Any] | None) -> dict[str, Any]:
+    """``params`` with more sbatch options known only at submission (``--dependency`` and
+    ``--kill-on-invalid-dep`` of ``after:``, ``orchestrator.after``) in its additional_parameters."""
+    if not extra_sbatch:
+        return params
+    return {**params, "additional_parameters": {**(params.get("additional_parameters") or {}), **extra_sbatch}}
+
+
+def render_sbatch(params: dict[str, Any], folder: str, command: str, n_points: int = 0,
+                  extra_sbatch: dict[str, Any] | None = None) -> str:
     """The sbatch script, rendered with submitit's own template exactly as ``submit`` will send
-    it: ``params`` by submitit's parameter names, ``command`` its last line, and for a sweep an
-    array of ``n_points`` tasks."""
+    it: ``params`` by submitit's parameter names, ``command`` its last line, for a sweep an
+    array of ``n_points`` tasks, and ``extra_sbatch`` as ``submit`` adds it."""
     check_version()
     from submitit.slurm.slurm import _make_sbatch_string
 
     extra = {"map_count": n_points} if n_points else {}
-    return _make_sbatch_string(command=command, folder=folder, **params, **extra)
+    return _make_sbatch_string(command=command, folder=folder, **with_sbatch(params, extra_sbatch), **extra)
 
 
-def submit(folder: Path, params: dict[str, Any], command: str, n_points: int = 0) -> str:
-    """sbatch the script ``render_sbatch(params, folder, command, n_points)`` renders, through
-    submitit (which writes it into ``folder`` and names the logs), and return the job id (for an
-    array, its base id: task i is ``<id>_<i>``). submitit's errors pass through as it raises them
-    (``submitit.core.utils.FailedJobError`` with sbatch's stderr)."""
+def submit(folder: Path, params: dict[str, Any], command: str, n_points: int = 0,
+           extra_sbatch: dict[str, Any] | None = None) -> str:
+    """sbatch the script ``render_sbatch(params, folder, command, n_points, extra_sbatch)``
+    renders, through submitit (which writes it into ``folder`` and names the logs), and return
+    the job id (for an array, its base id: task i is ``<id>_<i>``). submitit's errors pass through
+    as it raises them (``submitit.core.utils.FailedJobError`` with sbatch's stderr)."""
     check_version()
     import submitit
 
     executor = submitit.SlurmExecutor(folder=folder)
-    executor.update_parameters(**params)
+    executor.update_parameters(**with_sbatch(params, extra_sbatch))
     if n_points:  # an array of n_points tasks, as submitit asks for one itself
         executor.parameters["map_count"] = n_points
     job = executor._submit_command(command)

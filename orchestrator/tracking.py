@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
 
 from orchestrator.payload import TrackingSettings
 
@@ -65,5 +65,59 @@ def environment(payload: Payload) -> dict[str, str]:
     if t.tensorboard:
         env["ORCH_TENSORBOARD_DIR"] = where["tensorboard"]
     if t.mlflow:
-        env.update(MLFLOW_TRACKING_URI="file://" + where["mlflow"], MLFLOW_EXPERIMENT_NAME=payload.job_name)
+        # MLflow 3 refuses a file store unless told that it is wanted: it is here (one folder per run,
+        # no server and no database on a shared filesystem).
+        env.update(MLFLOW_TRACKING_URI="file://" + where["mlflow"], MLFLOW_EXPERIMENT_NAME=payload.job_name,
+                   MLFLOW_ALLOW_FILE_STORE="true")
     return env
+
+
+class _Launch(Protocol):
+    """What ``plan_lines`` reads of a LaunchPlan (``orchestrator.plan`` imports this module: no import back)."""
+
+    run_id: str
+    run_dir: str
+    spec: dict[str, Any]
+    payload: Payload
+    sweep: Sequence[Any]
+
+    def payload_for_point(self, index: int | None) -> Payload: ...
+
+
+def plan_lines(launch: _Launch, environ: Mapping[str, str] | None = None) -> list[str]:
+    """What ``plan`` says about the trackers: where each one's defaults point, and which are off and why
+    (the spec's tracking section, or a variable the user set: then theirs are used as they are)."""
+    environ = os.environ if environ is None else environ
+    p = launch.payload_for_point(0) if launch.sweep else launch.payload  # a point's: its own id and folders
+    where = folders(p.run_dir)
+    points = f" (sweep point 0 of {len(launch.sweep)}: each point has its own, under points/NNNN/)" if launch.sweep else ""
+    on = []
+    if p.tracking.wandb:
+        on.append(f"W&B run {wandb_run_id(p.run_id)} (WANDB_RESUME=allow) in {where['wandb']}")
+    if p.tracking.tensorboard:
+        on.append(f"TensorBoard {where['tensorboard']}")
+    if p.tracking.mlflow:
+        on.append(f"MLflow file:{where['mlflow']} (experiment {p.job_name})")
+    lines = [f"tracking: {'; '.join(on)}{points}"] if on else []
+    off = [why for why in (_off_reason(launch.spec, environ, name, label, names) for name, label, names in
+                           (("wandb", "W&B", WANDB_VARS), ("tensorboard", "TensorBoard", TENSORBOARD_VARS),
+                            ("mlflow", "MLflow", MLFLOW_VARS)) if not getattr(p.tracking, name)) if why]
+    if off:
+        lines.append("tracking off: " + "; ".join(off))
+    if p.tracking.wandb or p.tracking.tensorboard:
+        lines.append("tracking: jobs.MetricsWriter writes TensorBoard events, and W&B when WANDB_MODE or WANDB_API_KEY "
+                     f"is set; push offline W&B runs with `orchestrator sync {launch.run_id}`")
+    return lines
+
+
+def _off_reason(spec: Mapping[str, Any], environ: Mapping[str, str], name: str, label: str,
+                names: tuple[str, ...]) -> str:
+    """Why one tracker's defaults are off: the spec turned them off, or whose variable is set."""
+    if not spec.get("tracking", {}).get(name, True):
+        return f"{label} (tracking.{name}: false)"
+    env = spec.get("env") or {}
+    mine = [n for n in names if n in env]
+    if mine:
+        return f"{label} (the spec's env sets {', '.join(mine)}: yours are used)"
+    shell = [n for n in names if n in environ]
+    return f"{label} (your shell sets {', '.join(shell)}: yours are used)" if shell else f"{label}"

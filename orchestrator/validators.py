@@ -262,6 +262,9 @@ _SBATCH_FIELDS = {
     "cpus-per-task": "set slurm.cpus_per_task",
     "gpus-per-node": "set gpus_per_node (and slurm.gpu_type)",
     "gres": "set gpus_per_node (and slurm.gpu_type)",
+    "dependency": "list the runs it waits for in after: ([{run: RUN_ID_OR_SPEC, when: ok}]), or submit them "
+                  "together with 'orchestrator pipeline FILE'",
+    "kill-on-invalid-dep": "after: always sets --kill-on-invalid-dep=yes",
 }
 
 

@@ -15,14 +15,16 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 from orchestrator import ownership, submitit_adapter
+from orchestrator.after import dependency_options, resolve, slurm_dependencies
 from orchestrator.errors import SubmissionError
 from orchestrator.executors.base import CANCEL_SLACK_S, first_error, prepare_run_dir, stop_grace_s
 from orchestrator.plan import DEFAULT_MAX_ARRAY_SIZE, LaunchPlan, array_chunks, job_command
 from orchestrator.records import RunRecord, point_dir, write_json_atomic
 from orchestrator.run_folder import RunFolder
+from orchestrator.spec import AfterSpec
 from orchestrator.states import State
 
 #: sacct/squeue state -> our state. One table, tested; nothing is folded into FAILED.
@@ -216,19 +218,35 @@ def sacct_states(job_ids: list[str]) -> dict[str, State]:
 
 
 class SlurmExecutor:
-    def submit(self, launch: LaunchPlan) -> RunRecord:
+    def submit(self, launch: LaunchPlan, after: Sequence[tuple[str, Sequence[str]]] = ()) -> RunRecord:
         """sbatch through submitit, with the script the plan rendered: the batch script runs the
         job's agent, which runs one srun task per rank on a payload file (no pickled callable). A sweep is one array per
-        chunk of MaxArraySize; each array task finds its point's payload by its task id."""
+        chunk of MaxArraySize; each array task finds its point's payload by its task id.
+
+        ``after``: (when, job ids) the job also waits for (``orchestrator.pipeline``'s edges); the
+        spec's own ``after:`` runs are resolved here from their records. Both become one
+        ``--dependency`` with ``--kill-on-invalid-dep=yes``, known only now, so added at submission."""
         if launch.submitit is None:
             raise SubmissionError("this plan was not made for the slurm executor; plan it with --executor slurm")
         submitit_adapter.check_version()  # before a run folder is made
         check_slurm_conf()
+        extra = self.dependency(launch, after)
         record, lock = prepare_run_dir(launch)
         with lock:  # until the scheduler has the job: then the job is the live attempt
-            return self._submit_locked(launch, record)
+            return self._submit_locked(launch, record, extra)
 
-    def _submit_locked(self, launch: LaunchPlan, record: RunRecord) -> RunRecord:
+    def dependency(self, launch: LaunchPlan, after: Sequence[tuple[str, Sequence[str]]] = ()) -> dict[str, str]:
+        """The sbatch options for what the job waits for (``orchestrator.after``); {} for nothing."""
+        entries = [AfterSpec.model_validate(e) for e in launch.spec.get("after") or []]
+        parents = resolve(entries, "slurm", self._refresh_slurm, launch.run_id) if entries else []
+        return dependency_options([*after, *slurm_dependencies(parents)])
+
+    def _refresh_slurm(self, records: list[RunRecord]) -> list[RunRecord]:
+        slurm = [r for r in records if r.executor == "slurm"]
+        fresh = {r.run_dir: r for r in (self.refresh(slurm) if slurm else [])}
+        return [fresh.get(r.run_dir, r) for r in records]
+
+    def _submit_locked(self, launch: LaunchPlan, record: RunRecord, extra: dict[str, str] | None = None) -> RunRecord:
         folder = RunFolder.of(launch.run_dir).slurm
         rotate_folder(folder)
         folder.mkdir(parents=True, exist_ok=True)
@@ -244,7 +262,8 @@ class SlurmExecutor:
             with clean_submission_env(), contextlib.redirect_stderr(sbatch_stderr):
                 for chunk in chunks:  # a chunk: an array of len(chunk) tasks
                     job_id = submitit_adapter.submit(folder, launch.submitit, job_command(
-                        launch.run_dir, python, chunk[0] if chunk else 0), n_points=len(chunk) if chunk else 0)
+                        launch.run_dir, python, chunk[0] if chunk else 0), n_points=len(chunk) if chunk else 0,
+                        extra_sbatch=extra)
                     job_ids += [f"{job_id}_{i}" for i in range(len(chunk))] if chunk else [job_id]
         except Exception as exc:
             record.update(state=State.FAILED, error=f"submission failed: {exc}", ended=time.time())

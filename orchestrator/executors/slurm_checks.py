@@ -1,7 +1,9 @@
 """`validate --cluster`: check a spec against the live cluster before anything is queued.
 
 Two scheduler queries (``scontrol show partition`` and ``scontrol show node``) plus the
-config's MaxArraySize. Problems are reported like spec errors (exit code 2), naming the field.
+config's MaxArraySize; with ``container:``, two one-task sruns on one node (the image and the
+mounts' sources are there, and the image's python is >= 3.10: ``container.check_on_node``).
+Problems are reported like spec errors (exit code 2), naming the field.
 
 What sbatch 22.05 itself says for the mistakes checked here is no help: a GPU type the nodes lack
 (or spelled in another case: types match case-sensitively), more GPUs than a node has, or an
@@ -243,6 +245,10 @@ def check_against_cluster(spec: JobSpec) -> None:
         n = len(spec.sweep_points())
         if n > limit - 1:
             print(f"note: the sweep of {n} points will be split into {-(-n // (limit - 1))} arrays (MaxArraySize={limit})")
+    if spec.container is not None and not problems:  # one srun on one node: worth it only for a job that fits
+        from orchestrator.container import check_on_node
+
+        problems += check_on_node(spec)
     if problems:
         raise SpecError(problems, source="cluster check")
 

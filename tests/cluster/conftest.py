@@ -18,8 +18,9 @@ RUNS_DIR = Path("/srv/orch-test-runs")
 # The site profile (deploy/README.md): tasks bound to their CPUs, requeue only when asked for,
 # preemption, KillWait 30 s, each node's own name on 127.0.1.1; as real sites are, not kinder.
 # --login adds a login node reached over SSH as a non-root user (deploy/README.md, "Login node").
+# --oci: SLURM's own OCI containers (runc, DIR/oci.conf) and a small bundle at DIR/oci-bundle.
 UP_ARGS = ["up", "--nodes", "2", "--cpus", "4", "--gpus", "2", "--profile", "site", "--dir", str(CLUSTER_DIR),
-           "--login"]
+           "--login", "--oci"]
 LOGIN_DIR = CLUSTER_DIR / "login"
 
 
@@ -40,7 +41,7 @@ def cluster() -> Iterator[dict[str, str]]:
     shutil.rmtree(RUNS_DIR, ignore_errors=True)
     RUNS_DIR.mkdir(parents=True)
     try:
-        yield {"SLURM_CONF": conf, "runs_dir": str(RUNS_DIR),
+        yield {"SLURM_CONF": conf, "runs_dir": str(RUNS_DIR), "oci_bundle": str(CLUSTER_DIR / "oci-bundle"),
                # ssh -F login_ssh_config login_host CMD runs CMD on the login node as login_user.
                "login_ssh_config": str(LOGIN_DIR / "ssh_config"), "login_host": "orch-login",
                "login_user": (LOGIN_DIR / "user").read_text().strip(),

@@ -1,0 +1,511 @@
+"""Pipelines: a graph of specs (prepare, then train, then evaluate) run as one.
+
+A pipeline file (YAML)::
+
+    stages:
+      prep:  {spec: prep.yaml}
+      train: {spec: [base.yaml, train.yaml], after: [prep], set: ["args.lr=0.1"]}
+      eval:  {spec: eval.yaml, after: [{stage: train, when: ok}]}
+      report: {spec: report.yaml, after: [{stage: train, when: notok}]}
+
+``spec``: one spec file or a list merged in order (as ``orchestrator run a.yaml b.yaml``), relative
+to the pipeline file; ``set``: ``--set`` overrides for that stage; ``after``: the stages it waits
+for, by name, or ``{stage: NAME, when: ok | any | notok}`` (default ok). A stage's own spec may
+also have ``after:`` entries (``orchestrator.after``); those that name another stage's run order
+the graph too.
+
+On SLURM every stage is submitted at once, parents first, each child with
+``--dependency=afterok:J1:J2`` (afterany / afternotok) and ``--kill-on-invalid-dep=yes``, so a
+failed parent cancels its ``ok`` dependents instead of leaving them pending. Locally the stages
+run one after the other in the same order, through ``api.run``. Either way a stage whose run
+(same identity: ``identity.run_id``) already COMPLETED is skipped, and one queued or running is
+waited for, not started again.
+
+From Python::
+
+    from orchestrator.pipeline import pipeline_status, plan_pipeline, run_pipeline, succeeded
+
+    results = run_pipeline("pipeline.yaml")          # [StageResult(name, run_id, action, state, ...)]
+    succeeded(results), pipeline_status("pipeline.yaml")
+
+The parsing, the order and every decision are pure functions (``parse_pipeline``,
+``topological_order``, ``decide``, ``decide_all``); reading files and records, submitting and
+running are in the functions below the line that says so.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Literal, Mapping, Optional, Sequence
+
+from orchestrator.after import after_lines, edge_status  # after_lines: plan's line for a spec's after:
+from orchestrator.errors import SpecError, SubmissionError, UsageError
+from orchestrator.records import RunRecord
+from orchestrator.states import State
+
+__all__ = ["PipelineError", "Pipeline", "StageDef", "Edge", "Decision", "Stage", "StageResult", "parse_pipeline",
+           "topological_order", "decide", "decide_all", "load_pipeline", "load_stages", "run_pipeline",
+           "plan_pipeline", "pipeline_status", "succeeded", "table_lines", "after_lines"]
+
+WHEN = ("ok", "any", "notok")
+_STAGE_KEYS = ("spec", "after", "set")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+Action = Literal["skip", "wait", "submit", "never"]
+
+
+# ---- the file, as data ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Edge:
+    """The stage waits for ``stage`` to end as ``when`` asks."""
+
+    stage: str
+    when: str = "ok"
+
+
+@dataclass(frozen=True)
+class StageDef:
+    name: str
+    specs: tuple[str, ...]
+    overrides: tuple[str, ...] = ()
+    after: tuple[Edge, ...] = ()
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    source: str
+    stages: tuple[StageDef, ...]
+
+    def stage(self, name: str) -> StageDef:
+        return next(s for s in self.stages if s.name == name)
+
+
+class PipelineError(SpecError):
+    """A pipeline file that cannot run (a SpecError: exit code 2), said as such."""
+
+    def __init__(self, problems: list[str], source: str | None = None) -> None:
+        super().__init__(problems, source)
+        self.args = (str(self).replace("invalid job spec", "invalid pipeline", 1),)
+
+
+class CycleError(ValueError):
+    """Stages that wait for each other; ``cycle`` names them in order, the first one repeated."""
+
+    def __init__(self, cycle: list[str]) -> None:
+        self.cycle = cycle
+        super().__init__(" -> ".join(cycle))
+
+
+def _text_list(value: Any, where: str, what: str, problems: list[str]) -> tuple[str, ...]:
+    """One text or a list of texts."""
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not items and what == "spec" or \
+            not all(isinstance(x, str) and x.strip() for x in items):
+        problems.append(f"{where}: give {'a spec file or a list of them' if what == 'spec' else 'a list of KEY=VALUE texts'}"
+                        f", e.g. {what}: {'train.yaml' if what == 'spec' else '[args.lr=0.1]'}")
+        return ()
+    return tuple(items)
+
+
+def _edges(value: Any, where: str, problems: list[str]) -> tuple[Edge, ...]:
+    """``after``: a stage name, or a list of names and {stage, when} mappings."""
+    items = [value] if isinstance(value, (str, dict)) else value
+    if not isinstance(items, list):
+        problems.append(f"{where}: give a list of stage names or {{stage: NAME, when: ok|any|notok}}, e.g. after: [prep]")
+        return ()
+    out = []
+    for i, item in enumerate(items):
+        at = f"{where}[{i}]"
+        if isinstance(item, str):
+            out.append(Edge(item))
+        elif isinstance(item, dict) and isinstance(item.get("stage"), str) and set(item) <= {"stage", "when"}:
+            when = item.get("when", "ok")
+            if when not in WHEN:
+                problems.append(f"{at}.when: {when!r} is not one of ok, any, notok")
+                continue
+            out.append(Edge(item["stage"], when))
+        else:
+            problems.append(f"{at}: give a stage name, or {{stage: NAME, when: ok|any|notok}}")
+    return tuple(out)
+
+
+def _stage(name: Any, body: Any, base_dir: str, problems: list[str]) -> Optional[StageDef]:
+    where = f"stages.{name}"
+    if not isinstance(name, str) or not _NAME.match(name):
+        problems.append(f"{where}: a stage name is letters, digits, '_', '.' and '-' (up to 64), e.g. train")
+        return None
+    if isinstance(body, str):  # a stage can be just its spec file
+        body = {"spec": body}
+    if not isinstance(body, dict):
+        problems.append(f"{where}: give a mapping with spec (and after, set), e.g. {{spec: train.yaml, after: [prep]}}")
+        return None
+    unknown = sorted(str(k) for k in body if k not in _STAGE_KEYS)
+    if unknown:
+        problems.append(f"{where}: unknown key(s) {', '.join(unknown)}; a stage has {', '.join(_STAGE_KEYS)}")
+    if "spec" not in body:
+        problems.append(f"{where}: no spec; give its spec file, e.g. spec: {name}.yaml")
+    specs = _text_list(body.get("spec"), f"{where}.spec", "spec", problems) if "spec" in body else ()
+    specs = tuple(os.path.normpath(os.path.join(base_dir, os.path.expanduser(s))) for s in specs)
+    overrides = _text_list(body.get("set", []), f"{where}.set", "set", problems)
+    return StageDef(name, specs, overrides, _edges(body.get("after", []), f"{where}.after", problems))
+
+
+def parse_pipeline(data: Any, source: str, base_dir: str) -> Pipeline:
+    """A pipeline file's data -> a Pipeline (spec paths made relative to ``base_dir``). Every
+    problem (an unknown key or stage, a stage waiting for itself, a cycle) is collected into one
+    SpecError naming the stage and the fix. Pure."""
+    problems: list[str] = []
+    if not isinstance(data, dict) or not isinstance(data.get("stages"), dict) or not data["stages"]:
+        raise PipelineError(["give 'stages:', a mapping of stage name -> {spec: FILE, after: [STAGE], set: [K=V]}"],
+                        source=source)
+    extra = sorted(str(k) for k in data if k != "stages")
+    if extra:
+        problems.append(f"unknown key(s) {', '.join(extra)}; a pipeline file has only 'stages'")
+    stages = [s for name, body in data["stages"].items() if (s := _stage(name, body, base_dir, problems))]
+    names = [s.name for s in stages]
+    for s in stages:
+        for edge in s.after:
+            if edge.stage == s.name:
+                problems.append(f"stages.{s.name}.after: {s.name} waits for itself; remove that entry")
+            elif edge.stage not in names:
+                problems.append(f"stages.{s.name}.after: {edge.stage!r} is not a stage of this pipeline (its stages: "
+                                f"{', '.join(names)}); fix the name or add that stage")
+    if not problems:
+        try:
+            topological_order({s.name: [e.stage for e in s.after] for s in stages})
+        except CycleError as exc:
+            problems.append(f"stages.{exc.cycle[0]}.after: the stages {exc} wait for each other (a cycle); "
+                            "remove one of these after: entries")
+    if problems:
+        raise PipelineError(problems, source=source)
+    return Pipeline(source, tuple(stages))
+
+
+def topological_order(deps: Mapping[str, Sequence[str]]) -> list[str]:
+    """Every stage after the stages it waits for; among stages free to go, the order they were
+    written in (so the order is stable and readable). Raises CycleError naming a cycle. Pure."""
+    order: list[str] = []
+    done: set[str] = set()
+    remaining = list(deps)
+    while remaining:
+        ready = [n for n in remaining if all(d in done or d not in deps for d in deps[n])]
+        if not ready:
+            raise CycleError(_cycle(deps, remaining))
+        order.append(ready[0])
+        done.add(ready[0])
+        remaining.remove(ready[0])
+    return order
+
+
+def _cycle(deps: Mapping[str, Sequence[str]], stuck: list[str]) -> list[str]:
+    """One cycle among stages that cannot go: follow a parent still stuck until one repeats."""
+    path = [stuck[0]]
+    while True:
+        nxt = next(d for d in deps[path[-1]] if d in stuck)
+        if nxt in path:
+            return path[path.index(nxt):] + [nxt]
+        path.append(nxt)
+
+
+# ---- decisions (pure) ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Decision:
+    """What to do with one stage. skip: its run COMPLETED already. wait: its run is queued or
+    running (depended on, not started again). submit: start it, once ``depends`` (when, job ids)
+    have ended (SLURM; locally it is empty). never: a stage it waits for ended so that it cannot
+    run (reported CANCELLED, as SLURM's --kill-on-invalid-dep would)."""
+
+    action: Action
+    reason: str
+    depends: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+
+@dataclass(frozen=True)
+class ParentView:
+    """A parent stage as its child sees it: the state it is (or will be) in, and its job ids."""
+
+    name: str
+    when: str
+    state: Optional[State]  # None: not ended (about to be submitted, queued or running)
+    job_ids: tuple[str, ...] = ()
+
+
+def decide(observed: Optional[State], parents: Sequence[ParentView]) -> Decision:
+    """One stage: ``observed`` is the state its run folder holds now (None: no run yet)."""
+    if observed == State.COMPLETED:
+        return Decision("skip", "COMPLETED earlier (same run identity): not run again")
+    if observed is not None and not observed.terminal:
+        return Decision("wait", f"already {observed}: waited for, not submitted again")
+    depends = []
+    for p in parents:
+        status = edge_status(p.when, p.state)
+        if status == "never":
+            need = {"ok": "it to complete", "notok": "it to fail", "any": "it to end"}[p.when]
+            return Decision("never", f"{p.name} ended {p.state}, and when: {p.when} needs {need}")
+        if status == "wait":
+            depends.append((p.when, p.job_ids))
+    why = ", ".join(f"{p.name} ({p.when})" for p in parents)
+    return Decision("submit", f"after {why}" if why else "no dependency", tuple(depends))
+
+
+def effective_state(decision: Decision, observed: Optional[State]) -> Optional[State]:
+    """The state a stage's children can count on when their turn comes (SLURM: all submitted at
+    once): skip -> COMPLETED; never -> CANCELLED (what SLURM makes of it); else not ended."""
+    if decision.action == "skip":
+        return State.COMPLETED
+    if decision.action == "never":
+        return State.CANCELLED
+    return None
+
+
+def decide_all(order: Sequence[str], edges: Mapping[str, Sequence[Edge]], observed: Mapping[str, Optional[State]],
+               job_ids: Mapping[str, Sequence[str]] | None = None) -> dict[str, Decision]:
+    """Every stage's decision before anything is submitted (``--plan``, and SLURM's submission):
+    a parent that will be submitted or is queued counts as not ended; ``job_ids``: the job ids of
+    those known so far (queued ones, or submitted ones). Pure."""
+    job_ids = job_ids or {}
+    out: dict[str, Decision] = {}
+    states: dict[str, Optional[State]] = {}
+    for name in order:
+        parents = [ParentView(e.stage, e.when, states[e.stage], tuple(job_ids.get(e.stage, ()))) for e in edges[name]]
+        out[name] = decide(observed.get(name), parents)
+        states[name] = effective_state(out[name], observed.get(name))
+    return out
+
+
+# ---- side effects: files, records, the scheduler ----------------------------------------------------
+@dataclass(frozen=True)
+class Stage:
+    """A stage with its spec loaded: its run id and folder, and every stage it waits for (the
+    pipeline's edges and its spec's after: entries that name another stage's run)."""
+
+    name: str
+    spec: Any  # JobSpec
+    run_id: str
+    run_dir: str
+    edges: tuple[Edge, ...]
+
+
+@dataclass
+class StageResult:
+    """What happened to one stage (or would: ``plan_pipeline``)."""
+
+    name: str
+    run_id: str
+    action: str  # skip, wait, submit, never (plan); skipped, waited, submitted, ran, cancelled (done)
+    state: Optional[State]
+    reason: str
+    job_ids: list[str] = field(default_factory=list)
+    after: list[str] = field(default_factory=list)  # "train (ok)"
+
+
+def load_pipeline(path: str | Path) -> Pipeline:
+    """Read and check a pipeline file (SpecError naming the file, the stage and the fix)."""
+    from orchestrator.loading import read_spec_file
+
+    try:
+        data = read_spec_file(path)
+    except SpecError as exc:  # unreadable, not YAML, a stage named twice: the pipeline file's problem
+        raise PipelineError(exc.problems, source=exc.source) from None
+    return parse_pipeline(data, str(path), str(Path(path).resolve().parent))
+
+
+def load_stages(pipeline: Pipeline, executor: str | None = None) -> list[Stage]:
+    """Load every stage's spec (``executor`` overrides theirs), in the order they run. All specs are
+    checked before anything runs; the stages must share one executor and be different runs."""
+    from orchestrator.after import is_spec_path, run_id_of
+    from orchestrator.identity import run_id
+    from orchestrator.loading import load_spec
+
+    specs = {}
+    for s in pipeline.stages:
+        try:
+            specs[s.name] = load_spec(*s.specs, overrides=s.overrides, executor=executor)
+        except SpecError as exc:  # name the stage: its overrides come from the pipeline file
+            raise SpecError([f"stage {s.name}: {p}" for p in exc.problems], source=exc.source) from None
+    executors = {name: spec.executor for name, spec in specs.items()}
+    if len(set(executors.values())) > 1:
+        raise UsageError(f"{pipeline.source}: a pipeline runs on one executor, and its stages name several ("
+                         + ", ".join(f"{n}: {e}" for n, e in executors.items()) +
+                         "): set executor in the specs, or pass --executor")
+    ids = {name: run_id(spec) for name, spec in specs.items()}
+    by_id: dict[str, str] = {}
+    for name, rid in ids.items():
+        if rid in by_id:
+            raise PipelineError([f"stages {by_id[rid]} and {name} are the same run ({rid}): one run folder cannot be two "
+                             "stages; give one of them a different name or args"], source=pipeline.source)
+        by_id[rid] = name
+    edges = {}
+    for s in pipeline.stages:
+        own = []
+        for entry in specs[s.name].after:  # the spec's own after: naming a stage of this pipeline
+            rid = run_id_of(entry.run, specs[s.name].executor) if is_spec_path(entry.run) else entry.run
+            if rid in by_id and by_id[rid] != s.name:
+                own.append(Edge(by_id[rid], entry.when))
+        edges[s.name] = tuple(dict.fromkeys([*s.after, *own]))
+    try:
+        order = topological_order({n: [e.stage for e in es] for n, es in edges.items()})
+    except CycleError as exc:
+        raise PipelineError([f"stages.{exc.cycle[0]}: with their specs' after: entries, the stages {exc} wait for each "
+                         "other (a cycle); remove one of these entries"], source=pipeline.source) from None
+    return [Stage(n, specs[n], ids[n], _run_dir(specs[n], ids[n]), edges[n]) for n in order]
+
+
+def _run_dir(spec: Any, rid: str) -> str:
+    """Where the stage's run folder is (as ``plan`` places it)."""
+    return os.path.abspath(os.path.join(os.path.expanduser(spec.runs_dir), rid))
+
+
+def observe(stages: Sequence[Stage]) -> dict[str, Optional[RunRecord]]:
+    """Each stage's run record now, refreshed from its scheduler (one query for all); None: no run."""
+    from orchestrator import api
+    from orchestrator.run_folder import RunFolder
+
+    found = {}
+    for s in stages:
+        if RunFolder.of(s.run_dir).record.is_file():
+            found[s.name] = api.Run(RunRecord.load(s.run_dir))
+    fresh = {r.run_dir: r for r in api.refresh(list(found.values()))} if found else {}
+    return {s.name: (fresh[found[s.name].run_dir].record if s.name in found else None) for s in stages}
+
+
+def _states(records: Mapping[str, Optional[RunRecord]]) -> dict[str, Optional[State]]:
+    return {n: (r.state if r is not None else None) for n, r in records.items()}
+
+
+def _after(stage: Stage) -> list[str]:
+    return [f"{e.stage} ({e.when})" for e in stage.edges]
+
+
+def plan_pipeline(path: str | Path, executor: str | None = None) -> list[StageResult]:
+    """What ``run_pipeline`` would do now, stage by stage: nothing is submitted or run."""
+    stages = load_stages(load_pipeline(path), executor)
+    records = observe(stages)
+    live = {n: r.job_ids for n, r in records.items() if r is not None}
+    decisions = decide_all([s.name for s in stages], {s.name: s.edges for s in stages}, _states(records), live)
+    return [StageResult(s.name, s.run_id, decisions[s.name].action, _states(records)[s.name], decisions[s.name].reason,
+                        list(live.get(s.name, [])), _after(s)) for s in stages]
+
+
+def pipeline_status(path: str | Path, executor: str | None = None) -> list[StageResult]:
+    """Each stage's run and its state now (from its folder and its scheduler), what it waits for,
+    and for a stage not started what would become of it (``action``)."""
+    return plan_pipeline(path, executor)
+
+
+def run_pipeline(path: str | Path, executor: str | None = None,
+                 say: Callable[[str], None] | None = None) -> list[StageResult]:
+    """Submit the pipeline to SLURM (every stage at once, with dependencies), or run it locally
+    stage by stage in the foreground. Returns what became of each stage. ``say``: progress lines."""
+    stages = load_stages(load_pipeline(path), executor)
+    say = say or (lambda line: None)
+    if stages[0].spec.executor == "slurm":
+        return _submit_all(stages, say)
+    return _run_in_order(stages, say)
+
+
+def _submit_all(stages: Sequence[Stage], say: Callable[[str], None]) -> list[StageResult]:
+    """SLURM: parents first, each child submitted with the job ids of the parents it waits for."""
+    from orchestrator.api import plan_for
+    from orchestrator.executors.slurm import SlurmExecutor
+
+    records = observe(stages)
+    observed = _states(records)
+    job_ids: dict[str, list[str]] = {n: list(r.job_ids) for n, r in records.items() if r is not None}
+    states: dict[str, Optional[State]] = {}
+    out = []
+    for s in stages:
+        parents = [ParentView(e.stage, e.when, states[e.stage], tuple(job_ids.get(e.stage, ()))) for e in s.edges]
+        decision = decide(observed[s.name], parents)
+        states[s.name] = effective_state(decision, observed[s.name])
+        result = StageResult(s.name, s.run_id, decision.action, observed[s.name], decision.reason,
+                             job_ids.get(s.name, []), _after(s))
+        if decision.action == "submit":
+            _check_known_jobs(s, decision, parents)
+            record = SlurmExecutor().submit(plan_for(s.spec, "slurm"), after=decision.depends)
+            job_ids[s.name] = list(record.job_ids)
+            result = StageResult(s.name, s.run_id, "submitted", record.state, decision.reason, list(record.job_ids),
+                                 _after(s))
+        else:
+            result.action = {"skip": "skipped", "wait": "waited", "never": "cancelled"}[decision.action]
+            if decision.action == "never":
+                result.state = State.CANCELLED
+        say(_result_line(result))
+        out.append(result)
+    return out
+
+
+def _check_known_jobs(stage: Stage, decision: Decision, parents: Sequence[ParentView]) -> None:
+    """A parent not ended must have job ids to wait for: without them the child would not wait."""
+    for p in parents:
+        if edge_status(p.when, p.state) == "wait" and not p.job_ids:
+            raise SubmissionError(f"stage {stage.name} waits for {p.name}, whose run is not ended but has no SLURM job "
+                                  f"id (its submission was cut short?): check 'orchestrator status' for it, cancel or "
+                                  "move its run folder aside, then submit the pipeline again")
+
+
+def _run_in_order(stages: Sequence[Stage], say: Callable[[str], None]) -> list[StageResult]:
+    """Local (or debug): one stage after the other, in the foreground, each once its parents have
+    ended; a stage whose parents ended so that it cannot run is not started (CANCELLED)."""
+    from orchestrator.api import run
+
+    observed = _states(observe(stages))
+    ended: dict[str, State] = {}
+    out = []
+    for s in stages:
+        parents = [ParentView(e.stage, e.when, ended[e.stage]) for e in s.edges]
+        decision = decide(observed[s.name], parents)
+        if decision.action == "wait":
+            raise UsageError(f"stage {s.name}: its run {s.run_id} is {observed[s.name]} (started outside this "
+                             f"pipeline): wait for it to end (orchestrator status {s.run_id}), then run the pipeline again")
+        if decision.action == "submit":
+            say(f"[pipeline] stage {s.name}: running {s.run_id} ({decision.reason})")
+            handle = run(s.spec, wait=True)
+            result = StageResult(s.name, s.run_id, "ran", handle.state, decision.reason, [], _after(s))
+        elif decision.action == "skip":
+            result = StageResult(s.name, s.run_id, "skipped", State.COMPLETED, decision.reason, [], _after(s))
+        else:
+            result = StageResult(s.name, s.run_id, "cancelled", State.CANCELLED, decision.reason, [], _after(s))
+        ended[s.name] = result.state  # type: ignore[assignment]
+        say(_result_line(result))
+        out.append(result)
+    return out
+
+
+def succeeded(results: Sequence[StageResult]) -> bool:
+    """A pipeline run (local) went well when every stage that ran COMPLETED. A stage not started
+    is the consequence of one that did not (or a ``notok`` stage not needed): never counted twice."""
+    return all(r.state == State.COMPLETED for r in results if r.action == "ran")
+
+
+# ---- lines, as the CLI prints them ---------------------------------------------------------------
+def _result_line(r: StageResult) -> str:
+    jobs = f" job(s) {', '.join(r.job_ids)}" if r.job_ids else ""
+    return f"{r.name}: {r.action} {r.run_id}{jobs}: {r.state or 'no run'} ({r.reason})"
+
+
+def table_lines(results: Sequence[StageResult], source: str) -> list[str]:
+    """The graph as ``pipeline --status`` and ``--plan`` print it: each stage, its run, its state,
+    its jobs, what it waits for, and what would become of it."""
+    width = max(len(r.name) for r in results)
+    rid = max(len(r.run_id) for r in results)
+    lines = [f"pipeline {source}: {len(results)} stage(s), in order"]
+    for r in results:
+        jobs = ",".join(r.job_ids) if len(r.job_ids) <= 3 else f"{r.job_ids[0]}..{r.job_ids[-1]}"
+        lines.append(f"  {r.name:{width}}  {r.run_id:{rid}}  {str(r.state or '-'):11} jobs={jobs or '-':10} "
+                     f"after: {', '.join(r.after) or '-'}")
+        lines.append(f"  {'':{width}}  next run: {_NEXT.get(r.action, r.action)} ({r.reason})")
+    return lines
+
+
+_NEXT = {"skip": "skipped", "wait": "depended on, not started again", "submit": "started",
+         "never": "not started (CANCELLED)"}
+
+
+def print_lines(lines: Sequence[str], stream: Any = None) -> None:
+    for line in lines:
+        print(line, file=stream or sys.stdout)

@@ -1,0 +1,116 @@
+"""container: the rank command each runtime gets (apptainer and pyxis are not installed here, so
+their argv is what is checked), the automatic mounts, the OCI run bundle, and the spec's rules."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator import container
+from orchestrator.errors import SpecError
+from orchestrator.loading import spec_from_dict
+from orchestrator.plan import plan
+
+PKG = os.path.dirname(os.path.abspath(container.__file__))
+
+
+def _launch(tmp_path: Path, runtime: str, image: str, **extra: object):  # type: ignore[no-untyped-def]
+    spec = spec_from_dict({"name": "ct", "entrypoint": "pkg.mod:main", "executor": "slurm", "nodes": 2,
+                           "runs_dir": str(tmp_path / "runs"), "workdir": str(tmp_path / "work"),
+                           "code": {"snapshot": False},
+                           "container": {"runtime": runtime, "image": image, "mounts": ["/data:/data:ro"],
+                                         "options": ["--opt"]}, **extra})
+    return plan(spec)
+
+
+def test_each_runtime_wraps_only_the_rank_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")  # where the CLI ran: the workdir's mount covers it
+    head = ["--kill-on-bad-exit=1", "--cpus-per-task=1"]
+    launch = _launch(tmp_path, "apptainer", "/img/ddp.sif", cpu_ranks_per_node=1)
+    run, payload = launch.run_dir, f"{launch.run_dir}/payload.json"
+    mounts = f"{PKG}:/opt/orchestrator/orchestrator:ro,{tmp_path}/work:{tmp_path}/work,{run}:{run},/data:/data:ro"
+    rank = ["python3", "-u", "-c", container.BOOTSTRAP, "orchestrator.slurm_rank", payload]
+    srun = list(launch.payload.srun or ())
+    assert srun[srun.index(head[0]):] == [*head, "apptainer", "exec", "--bind", mounts, "--opt", "/img/ddp.sif", *rank]
+    assert container.wrap(launch.payload.container, ["x"], gpus_per_node=2)[:3] == ["apptainer", "exec", "--nv"]
+    assert srun[0] == "srun" and launch.payload.python == sys.executable  # the agent: the host's python
+
+    launch = _launch(tmp_path, "pyxis", "nvcr.io#nvidia/pytorch:24.05-py3")
+    assert launch.run_dir == run  # the container is not part of the run's identity
+    srun = list(launch.payload.srun or ())
+    assert srun[srun.index(head[0]):] == [*head, "--container-image=nvcr.io#nvidia/pytorch:24.05-py3",
+                                          f"--container-mounts={mounts}", f"--container-workdir={tmp_path}/work",
+                                          "--opt", *rank]
+
+    launch = _launch(tmp_path, "oci", "/srv/bundle", cpu_ranks_per_node=1)
+    srun = list(launch.payload.srun or ())
+    assert srun[srun.index(head[0]):] == [*head, f"--container={run}/container/oci-bundle", "--opt",
+                                          *rank[:4], "orchestrator.container", payload]
+    # OCI images have their own /etc files: the node's name resolution is bound in.
+    assert launch.payload.container.mounts[-3:] == ("/etc/hosts:/etc/hosts:ro", "/etc/resolv.conf:/etc/resolv.conf:ro",
+                                                    "/data:/data:ro")
+    lines = container.plan_lines(launch)
+    assert "ranks run `python3 -m orchestrator.container" in lines[0] and "agent runs on the host" in lines[0]
+    local = container.plan_lines(plan(spec_from_dict({**launch.spec, "executor": "local"})))
+    assert len(local) == 1 and "the ranks run on the host" in local[0], local
+
+
+def test_mounts_bind_each_folder_once_parents_first() -> None:
+    got = container._same_path_mounts([("/a/b", "ro"), ("/a", "rw"), ("/c/d", "rw"), ("/c", "ro"), ("/c", "rw"),
+                                       ("/e/", "ro"), ("/e/f", "ro")])
+    assert got == ["/a:/a", "/c:/c", "/e:/e:ro"]
+
+
+def test_the_bootstrap_puts_the_package_mount_first(tmp_path: Path) -> None:
+    (tmp_path / "probe.py").write_text("import json, os, sys\n"
+                                       "print(json.dumps([sys.path[0], os.environ['PYTHONPATH'], sys.argv[1:]]))\n")
+    out = subprocess.run([sys.executable, "-c", container.BOOTSTRAP, "probe", "x"], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(tmp_path)}, timeout=30, check=True)
+    assert json.loads(out.stdout) == ["/opt/orchestrator", f"/opt/orchestrator{os.pathsep}{tmp_path}", ["x"]]
+
+
+def test_the_oci_run_bundle_binds_the_image_rootfs_first(tmp_path: Path) -> None:
+    image = tmp_path / "image"
+    (image / "rootfs").mkdir(parents=True)
+    (image / "config.json").write_text(json.dumps({"root": {"path": "rootfs"}, "process": {"args": ["sh"]},
+                                                   "mounts": [{"destination": "/proc", "type": "proc"}]}))
+    launch = _launch(tmp_path, "oci", str(image), cpu_ranks_per_node=1)
+    container.prepare(launch.payload)
+    bundle = Path(launch.run_dir) / "container" / "oci-bundle"
+    config = json.loads((bundle / "config.json").read_text())
+    assert (bundle / "rootfs").is_dir() and config["root"]["path"] == "rootfs"  # SLURM 22.05 uses <bundle>/rootfs
+    assert config["mounts"][0] == {"destination": "/", "type": "bind", "source": str(image / "rootfs"),
+                                   "options": ["rbind", "rw"]}
+    assert config["mounts"][1]["destination"] == "/proc"
+    assert {"destination": "/data", "type": "bind", "source": "/data", "options": ["rbind", "ro"]} in config["mounts"]
+    (image / "config.json").unlink()
+    with pytest.raises(OSError, match="config.json does not exist"):
+        container.prepare(launch.payload)
+
+
+def test_oci_tasks_take_their_rank_from_the_node_list() -> None:
+    env = {"SLURM_STEP_TASKS_PER_NODE": "1(x3)", "SLURM_STEP_NODELIST": "gpu[01-02],cpu7", "SLURM_PROCID": "0"}
+    assert container.oci_task_identity(env, "gpu02.cluster")["SLURM_PROCID"] == "1"
+    assert container.oci_task_identity(env, "cpu7")["SLURM_NODEID"] == "2"
+    with pytest.raises(RuntimeError, match="not in the step's nodes"):
+        container.oci_task_identity(env, "login")
+    with pytest.raises(RuntimeError, match="one task per node"):
+        container.oci_task_identity({**env, "SLURM_STEP_TASKS_PER_NODE": "2,1"}, "gpu01")
+
+
+def test_the_spec_refuses_what_cannot_run(tmp_path: Path) -> None:
+    base = {"name": "ct", "entrypoint": "m:f", "executor": "slurm", "runs_dir": str(tmp_path)}
+    cases = [({"runtime": "oci", "image": "bundle"}, {}, "absolute path"),
+             ({"runtime": "oci", "image": "/b"}, {"cpu_ranks_per_node": 2}, "one rank per node"),
+             ({"runtime": "apptainer", "image": "img.sif"}, {}, "absolute path"),
+             ({"runtime": "pyxis", "image": "x", "mounts": ["/a:/opt/orchestrator"]}, {}, "binds over")]
+    for section, extra, said in cases:
+        with pytest.raises(SpecError, match=said):
+            spec_from_dict({**base, **extra, "container": section})
+    spec_from_dict({**base, "container": {"runtime": "apptainer", "image": "docker://pytorch/pytorch"}})

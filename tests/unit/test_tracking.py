@@ -1,0 +1,153 @@
+"""The trackers' defaults (orchestrator.tracking), what plan says of them, and sync's listing."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings as hsettings
+from hypothesis import strategies as st
+
+from orchestrator import sync, tracking
+from orchestrator.errors import OrchestratorError
+from orchestrator.loading import spec_from_dict
+from orchestrator.plan import plan
+from orchestrator.spec import TrackingSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+USER_VARS = tracking.WANDB_VARS + tracking.TENSORBOARD_VARS + tracking.MLFLOW_VARS
+
+
+@pytest.fixture(autouse=True)
+def _no_user_trackers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """plan reads the submitting shell's variables: this one's must not decide the tests."""
+    for name in USER_VARS:
+        monkeypatch.delenv(name, raising=False)
+
+
+def _plan(tmp_path: Path, **fields: object):  # -> LaunchPlan
+    spec = {"name": "trk", "entrypoint": "jobs.train:main", "runs_dir": str(tmp_path / "runs"), **fields}
+    return plan(spec_from_dict(spec), "local")
+
+
+def test_settings_a_variable_the_user_set_wins_over_the_defaults() -> None:
+    on = TrackingSpec()
+    assert tracking.settings(on, {}, {}) == tracking.TrackingSettings(True, True, True)
+    # any one of a tracker's variables, in the spec's env or the shell, turns off all of that tracker's
+    assert tracking.settings(on, {"WANDB_DIR": "/x"}, {}).wandb is False
+    assert tracking.settings(on, {}, {"WANDB_RESUME": "never"}).wandb is False
+    assert tracking.settings(on, {}, {"ORCH_TENSORBOARD_DIR": "/tb"}) == tracking.TrackingSettings(True, False, True)
+    assert tracking.settings(on, {"MLFLOW_TRACKING_URI": "http://x"}, {}).mlflow is False
+    # unrelated variables change nothing; the spec turns one off on its own
+    assert tracking.settings(on, {"WANDB_MODE": "offline", "WANDB_PROJECT": "p"}, {}).wandb is True
+    assert tracking.settings(TrackingSpec(wandb=False), {}, {}) == tracking.TrackingSettings(False, True, True)
+
+
+def test_a_run_id_that_fits_stays_as_it_is() -> None:
+    assert tracking.wandb_run_id("resnet50-2x8-1a2b3c4d") == "resnet50-2x8-1a2b3c4d"
+    assert tracking.wandb_run_id("a-1a2b3c4d-point-0003") == "a-1a2b3c4d-point-0003"
+
+
+@hsettings(max_examples=150, deadline=None)
+@given(st.text(min_size=1, max_size=300), st.text(min_size=1, max_size=300))
+def test_any_run_id_becomes_a_valid_stable_wandb_id(a: str, b: str) -> None:
+    short = tracking.wandb_run_id(a)
+    assert 0 < len(short) <= tracking.WANDB_ID_MAX
+    assert re.fullmatch(r"[A-Za-z0-9_.-]+", short), short  # none of W&B's forbidden / \ # ? % : and no space
+    assert tracking.wandb_run_id(a) == short  # stable: every attempt computes the same
+    assert (tracking.wandb_run_id(b) == short) == (a == b)  # two runs never share one W&B run
+
+
+def test_a_long_or_odd_run_id_is_shortened_with_a_hash() -> None:
+    long = "x" * 100 + "-0123abcd"
+    short = tracking.wandb_run_id(long)
+    assert len(short) == tracking.WANDB_ID_MAX and short.startswith("x" * 20)
+    assert tracking.wandb_run_id("a/b:c") != tracking.wandb_run_id("a_b_c")  # cleaning alone would collide
+
+
+def test_the_rank_environment_from_plan_shows_the_defaults(tmp_path: Path) -> None:
+    launch = _plan(tmp_path)
+    env, run = launch.ranks[0].env, launch.run_dir
+    assert env["ORCH_RUN_ID"] == launch.run_id
+    assert (env["WANDB_RUN_ID"], env["WANDB_RESUME"], env["WANDB_DIR"]) == (launch.run_id, "allow", f"{run}/wandb")
+    assert env["ORCH_TENSORBOARD_DIR"] == f"{run}/tensorboard"
+    assert env["MLFLOW_TRACKING_URI"] == f"file://{run}/mlruns" and env["MLFLOW_EXPERIMENT_NAME"] == "trk"
+    assert env["MLFLOW_ALLOW_FILE_STORE"] == "true"  # MLflow 3 refuses a file store without it
+    lines = tracking.plan_lines(launch, environ={})
+    assert lines[0] == (f"tracking: W&B run {launch.run_id} (WANDB_RESUME=allow) in {run}/wandb; TensorBoard "
+                        f"{run}/tensorboard; MLflow file:{run}/mlruns (experiment trk)")
+    assert f"orchestrator sync {launch.run_id}" in lines[-1]
+
+
+def test_the_users_own_variables_are_kept_and_plan_says_why_a_tracker_is_off(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow.example:5000")
+    launch = _plan(tmp_path, env={"WANDB_DIR": "/scratch/wb"}, tracking={"tensorboard": False})
+    env = launch.ranks[0].env
+    assert env["WANDB_DIR"] == "/scratch/wb" and "WANDB_RUN_ID" not in env and "ORCH_TENSORBOARD_DIR" not in env
+    assert "MLFLOW_TRACKING_URI" not in env  # the shell's reaches the ranks as it is (they inherit it)
+    lines = tracking.plan_lines(launch)
+    assert lines == ["tracking off: W&B (the spec's env sets WANDB_DIR: yours are used); TensorBoard "
+                     "(tracking.tensorboard: false); MLflow (your shell sets MLFLOW_TRACKING_URI: yours are used)"]
+
+
+def test_each_sweep_point_is_its_own_tracker_run(tmp_path: Path) -> None:
+    launch = _plan(tmp_path, sweep={"lr": [0.1, 0.2]})
+    envs = [tracking.environment(launch.payload_for_point(i)) for i in range(2)]
+    assert [e["WANDB_RUN_ID"] for e in envs] == [f"{launch.run_id}-point-0000", f"{launch.run_id}-point-0001"]
+    assert [e["WANDB_DIR"] for e in envs] == [f"{launch.run_dir}/points/{i:04d}/wandb" for i in range(2)]
+    assert envs[1]["ORCH_TENSORBOARD_DIR"] == f"{launch.run_dir}/points/0001/tensorboard"
+    assert envs[1]["MLFLOW_TRACKING_URI"] == f"file://{launch.run_dir}/points/0001/mlruns"
+    assert envs == [tracking.environment(launch.payload_for_point(i)) for i in range(2)]  # the same every attempt
+    line = tracking.plan_lines(launch, environ={})[0]
+    assert f"W&B run {launch.run_id}-point-0000" in line and f"{launch.run_dir}/points/0000/tensorboard" in line
+    assert "sweep point 0 of 2" in line
+
+
+def _offline(root: Path, stamp: str, run_id: str) -> Path:
+    folder = root / "wandb" / "wandb" / f"offline-run-{stamp}-{run_id}"
+    folder.mkdir(parents=True)
+    (folder / f"run-{run_id}.wandb").write_bytes(b"")
+    return folder
+
+
+def test_sync_lists_every_attempts_folder_with_the_sweep_points(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "job-0123abcd"
+    first, second = _offline(run, "20260101_000000", "job-0123abcd"), _offline(run, "20260101_000100", "job-0123abcd")
+    point = _offline(run / "points" / "0001", "20260101_000000", "job-0123abcd-point-0001")
+    (second / "run-job-0123abcd.wandb.synced").write_text("")
+    (run / "wandb" / "wandb" / "run-20260101_000200-online1").mkdir()  # an online run: not for sync
+    (run / "tensorboard").mkdir()
+    runs = sync.offline_runs(run)
+    assert [r.path for r in runs] == [first, second, point]
+    assert [r.run_id for r in runs] == ["job-0123abcd", "job-0123abcd", "job-0123abcd-point-0001"]
+    assert [r.synced for r in runs] == [False, True, False]
+    assert sync.sync(run, "job-0123abcd", dry_run=True) == 0
+    out = capsys.readouterr().out
+    assert "would run: " in out and f"sync {first} {second} {point}" in out and "synced already" in out
+    assert f"tensorboard --logdir {run}" in out and "mlflow" not in out  # no mlruns folder: nothing to say
+
+
+def test_sync_says_when_a_run_has_nothing_offline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "mlruns").mkdir()
+    with pytest.raises(OrchestratorError, match="no offline W&B runs .* WANDB_MODE=offline"):
+        sync.sync(tmp_path, "quiet", dry_run=True)
+    assert f"--backend-store-uri file:{tmp_path}/mlruns" in capsys.readouterr().out
+
+
+def test_metrics_writer_imports_no_tracker_unless_asked(tmp_path: Path) -> None:
+    """Without ORCH_TENSORBOARD_DIR, WANDB_MODE and WANDB_API_KEY, a rank never pays for (or depends on)
+    tensorboard or wandb; WANDB_MODE=disabled is off too."""
+    code = ("import sys, jobs\n"
+            "with jobs.MetricsWriter(sys.argv[1], 0, start_step=0) as m:\n"
+            "    m.train(0, 1.0); m.evaluation(1, 1, 0.5, 1.0); m.throughput(0, 8, 1.0)\n"
+            "print(sorted(n for n in ('tensorboard', 'wandb', 'torch') if n in sys.modules))\n")
+    env = {"PATH": "/usr/bin:/bin", "WANDB_MODE": "disabled", "WANDB_API_KEY": "x" * 40}
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, cwd=ROOT,
+                         env=env, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr
+    assert (tmp_path / "metrics" / "rank-0.jsonl").read_text().count("\n") == 4

@@ -302,6 +302,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
 def cmd_pipeline(args: argparse.Namespace) -> int:
     from orchestrator import pipeline
 
+    if args.json and not (args.plan or args.status):
+        raise UsageError("pipeline --json goes with --plan or --status; without them the pipeline is run, not shown")
     if args.plan or args.status:
         results = pipeline.plan_pipeline(args.file, args.executor)
         if args.json:

@@ -90,7 +90,12 @@ def automatic_mounts(spec: JobSpec, run_dir: str, code: Optional[Snapshot]) -> l
     # bundle's rootfs has its own (often empty) files, and ranks must resolve the master's name.
     resolve = ["/etc/hosts:/etc/hosts:ro", "/etc/resolv.conf:/etc/resolv.conf:ro"] \
         if spec.container is not None and spec.container.runtime == "oci" else []
-    return [f"{package_source()}:{PACKAGE_DST}/orchestrator:ro", *_same_path_mounts(paths), *resolve]
+    # The rank API (jobs/) ships in the same distribution, next to this package: scripts that use
+    # it (jobs.MetricsWriter, jobs.train) find it inside an image that has no orchestrator of its own.
+    jobs = os.path.join(os.path.dirname(package_source()), "jobs")
+    ours = [f"{package_source()}:{PACKAGE_DST}/orchestrator:ro"] + \
+        ([f"{jobs}:{PACKAGE_DST}/jobs:ro"] if os.path.isfile(os.path.join(jobs, "__init__.py")) else [])
+    return [*ours, *_same_path_mounts(paths), *resolve]
 
 
 def container_settings(spec: JobSpec, run_dir: str, code: Optional[Snapshot]) -> Optional[ContainerSettings]:
@@ -121,6 +126,10 @@ def problems(spec: JobSpec) -> list[str]:
         out.append(f"container.runtime: oci runs one rank per node (SLURM 22.05's OCI support starts one container "
                    f"task per node, without its rank), but the job has {spec.ranks_per_node} per node; use "
                    "cpu_ranks_per_node/gpus_per_node of 1, or runtime apptainer or pyxis")
+    clearing = sorted({o for o in c.options if o in ("--cleanenv", "-e", "--containall", "-C")})
+    if c.runtime == "apptainer" and clearing:
+        out.append(f"container.options: {', '.join(clearing)} clears the environment inside, and each rank finds its "
+                   "place from SLURM's variables (SLURM_PROCID...); leave it out (the spec's env is set inside anyway)")
     if c.runtime == "apptainer" and "://" not in c.image and not c.image.startswith("/"):
         out.append(f"container.image: {c.image!r}: give the .sif file's absolute path (every node reads it), or a "
                    "docker:// / oras:// URI")
@@ -267,7 +276,7 @@ def node_check_argv(spec: JobSpec, launch_srun: Sequence[str] | None = None) -> 
     base = ["srun", "--nodes=1", "--ntasks=1", "--time=5", "--job-name=orch-container-check",
             *([f"--partition={s.partition}"] if s.partition else []),
             *([f"--account={s.account}"] if s.account else []),
-            *([f"--qos={s.qos}"] if s.qos else []), *([f"--nodelist={s.nodelist.split(',')[0]}"] if s.nodelist else [])]
+            *([f"--qos={s.qos}"] if s.qos else []), *([f"--nodelist={_hosts(s.nodelist)[0]}"] if s.nodelist else [])]
     sources = [item.split(":")[0] for item in c.mounts] + [package_source()]
     if c.runtime == "oci":
         sources += [os.path.join(c.image, "config.json")]

@@ -61,10 +61,17 @@ def identity_fields(spec: JobSpec) -> dict[str, Any]:
             value = value[part]
         if dotted in LATER_TRAINING_DEFAULTS and value == LATER_TRAINING_DEFAULTS[dotted]:
             continue
+        if dotted == "bool_args" and not _has_bool(data["args"], data["sweep"]):
+            continue  # no true/false to pass: the command line is the same either way
         out[dotted] = value
     if spec.executor == "local":  # the world the local executor will actually run
         out["local_shape"] = list(spec.local_shape())
     return out
+
+
+def _has_bool(args: dict[str, Any], sweep: dict[str, list[Any]]) -> bool:
+    values = [*args.values(), *(x for xs in sweep.values() for x in xs)]
+    return any(isinstance(x, bool) or (isinstance(x, list) and any(isinstance(y, bool) for y in x)) for x in values)
 
 
 def run_id(spec: JobSpec) -> str:

@@ -339,13 +339,23 @@ def load_stages(pipeline: Pipeline, executor: str | None = None) -> list[Stage]:
             raise PipelineError([f"stages {by_id[rid]} and {name} are the same run ({rid}): one run folder cannot be two "
                              "stages; give one of them a different name or args"], source=pipeline.source)
         by_id[rid] = name
+    # A stage's spec file names that stage (with the stage's own overrides, whatever the file alone gives).
+    by_file = {os.path.realpath(s.specs[0]): s.name for s in pipeline.stages if len(s.specs) == 1}
     edges = {}
     for s in pipeline.stages:
-        own = []
+        own, outside = [], []
         for entry in specs[s.name].after:  # the spec's own after: naming a stage of this pipeline
-            rid = run_id_of(entry.run, specs[s.name].executor) if is_spec_path(entry.run) else entry.run
-            if rid in by_id and by_id[rid] != s.name:
-                own.append(Edge(by_id[rid], entry.when))
+            if is_spec_path(entry.run) and os.path.realpath(entry.run) in by_file:
+                parent: Optional[str] = by_file[os.path.realpath(entry.run)]
+            else:
+                rid = run_id_of(entry.run, specs[s.name].executor) if is_spec_path(entry.run) else entry.run
+                parent = by_id.get(rid)
+            if parent is None:
+                outside.append(entry)
+            elif parent != s.name:
+                own.append(Edge(parent, entry.when))
+        if len(outside) != len(specs[s.name].after):  # the pipeline orders these: the stage waits through its edges
+            specs[s.name] = specs[s.name].model_copy(update={"after": outside})
         edges[s.name] = tuple(dict.fromkeys([*s.after, *own]))
     try:
         order = topological_order({n: [e.stage for e in es] for n, es in edges.items()})
@@ -403,9 +413,38 @@ def run_pipeline(path: str | Path, executor: str | None = None,
     stage by stage in the foreground. Returns what became of each stage. ``say``: progress lines."""
     stages = load_stages(load_pipeline(path), executor)
     say = say or (lambda line: None)
+    _refuse_before_starting(stages)
     if stages[0].spec.executor == "slurm":
         return _submit_all(stages, say)
     return _run_in_order(stages, say)
+
+
+def _refuse_before_starting(stages: Sequence[Stage]) -> None:
+    """Everything that would stop the pipeline halfway, found before any stage runs or is submitted:
+    a stage started outside the pipeline (locally it cannot be waited for), and runs outside the
+    pipeline that a stage's own ``after:`` names and that are missing or can never be waited for."""
+    from orchestrator.after import local_problems, resolve, slurm_dependencies
+
+    slurm = stages[0].spec.executor == "slurm"
+    observed = _states(observe(stages))
+    problems = []
+    for s in stages:
+        state = observed[s.name]
+        if not slurm and state is not None and not state.terminal:
+            problems.append(f"stage {s.name}: its run {s.run_id} is {state} (started outside this pipeline): wait "
+                            f"for it to end (orchestrator status {s.run_id}), then run the pipeline again")
+        if not s.spec.after or state == State.COMPLETED:
+            continue
+        parents = resolve(s.spec.after, s.spec.executor, None, s.run_id)
+        if slurm:
+            try:
+                slurm_dependencies(parents)
+            except SubmissionError as exc:
+                problems.append(f"stage {s.name}: {exc}")
+        else:
+            problems += [f"stage {s.name}: {p}" for p in local_problems(parents)]
+    if problems:
+        raise UsageError("the pipeline was not started; nothing ran or was submitted:\n  " + "\n  ".join(problems))
 
 
 def _submit_all(stages: Sequence[Stage], say: Callable[[str], None]) -> list[StageResult]:

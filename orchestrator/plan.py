@@ -197,6 +197,7 @@ def _shown_payload(payload: Payload, sweep: bool) -> Payload:
         return payload
     index = "<point index, 4 digits>"
     return dataclasses.replace(payload, run_dir=str(RunFolder.of(payload.run_dir).points / index),
+                               run_id=f"{payload.run_id}-point-{index}",
                                checkpoint=dataclasses.replace(payload.checkpoint,
                                                               dir=os.path.join(payload.checkpoint.dir, f"point-{index}")))
 

@@ -524,8 +524,8 @@ class ContainerSpec(_Model):
     )
     options: list[str] = Field(
         default_factory=list,
-        description="Extra options for the runtime, as written: apptainer exec's (['--cleanenv']) or srun's "
-        "pyxis options (['--container-writable']).",
+        description="Extra options for the runtime, as written: apptainer exec's (['--writable-tmpfs']; not "
+        "--cleanenv, which hides SLURM's variables from the ranks) or srun's pyxis options (['--container-writable']).",
     )
 
     @field_validator("image")
@@ -777,6 +777,12 @@ def cross_field_problems(spec: JobSpec) -> list[str]:
     """Rules that span fields. Each message says which field to change."""
     problems: list[str] = []
     d = spec.distributed
+    if spec.bool_args == "value":  # true and 'true' are one command line then (the sweep check used 'flag')
+        for key, values in spec.sweep.items():
+            argvs = [tuple(render_value(x, "value")) for x in values]
+            if len(set(argvs)) < len(argvs):
+                problems.append(f"sweep.{key}: with bool_args: value, {v.shown(values)} gives the same command line "
+                                "twice (true and 'true' both pass 'true'); each point must differ")
     if d.backend == "nccl" and spec.gpus_per_node == 0:
         problems.append(
             "distributed.backend: nccl needs GPUs but gpus_per_node is 0; set gpus_per_node, "

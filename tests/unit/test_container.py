@@ -17,6 +17,7 @@ from orchestrator.loading import spec_from_dict
 from orchestrator.plan import plan
 
 PKG = os.path.dirname(os.path.abspath(container.__file__))
+JOBS = os.path.join(os.path.dirname(PKG), "jobs")
 
 
 def _launch(tmp_path: Path, runtime: str, image: str, **extra: object):  # type: ignore[no-untyped-def]
@@ -34,7 +35,7 @@ def test_each_runtime_wraps_only_the_rank_command(tmp_path: Path, monkeypatch: p
     head = ["--kill-on-bad-exit=1", "--cpus-per-task=1"]
     launch = _launch(tmp_path, "apptainer", "/img/ddp.sif", cpu_ranks_per_node=1)
     run, payload = launch.run_dir, f"{launch.run_dir}/payload.json"
-    mounts = f"{PKG}:/opt/orchestrator/orchestrator:ro,{tmp_path}/work:{tmp_path}/work,{run}:{run},/data:/data:ro"
+    mounts = f"{PKG}:/opt/orchestrator/orchestrator:ro,{JOBS}:/opt/orchestrator/jobs:ro,{tmp_path}/work:{tmp_path}/work,{run}:{run},/data:/data:ro"
     rank = ["python3", "-u", "-c", container.BOOTSTRAP, "orchestrator.slurm_rank", payload]
     srun = list(launch.payload.srun or ())
     assert srun[srun.index(head[0]):] == [*head, "apptainer", "exec", "--bind", mounts, "--opt", "/img/ddp.sif", *rank]
@@ -109,7 +110,8 @@ def test_the_spec_refuses_what_cannot_run(tmp_path: Path) -> None:
     cases = [({"runtime": "oci", "image": "bundle"}, {}, "absolute path"),
              ({"runtime": "oci", "image": "/b"}, {"cpu_ranks_per_node": 2}, "one rank per node"),
              ({"runtime": "apptainer", "image": "img.sif"}, {}, "absolute path"),
-             ({"runtime": "pyxis", "image": "x", "mounts": ["/a:/opt/orchestrator"]}, {}, "binds over")]
+             ({"runtime": "pyxis", "image": "x", "mounts": ["/a:/opt/orchestrator"]}, {}, "binds over"),
+             ({"runtime": "apptainer", "image": "/i.sif", "options": ["--cleanenv"]}, {}, "SLURM_PROCID")]
     for section, extra, said in cases:
         with pytest.raises(SpecError, match=said):
             spec_from_dict({**base, **extra, "container": section})

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from orchestrator.after import (Parent, after_lines, dependency_options, edge_status, local_problems,
                                 slurm_dependencies)
 from orchestrator.errors import SpecError, SubmissionError, UsageError
+from orchestrator.loading import load_spec
 from orchestrator.pipeline import (CycleError, Edge, ParentView, decide, decide_all, load_pipeline, load_stages,
                                    parse_pipeline, topological_order)
 from orchestrator.records import RunRecord, register
@@ -213,8 +214,10 @@ def test_stages_load_with_identities_and_spec_after_entries_become_edges(tmp_pat
     assert [s.name for s in stages] == ["prep", "train"]  # the spec's after: ordered them
     assert stages[1].edges == (Edge("prep", "any"),)
     assert stages[0].run_dir == str(tmp_path / "runs" / stages[0].run_id) and stages[0].run_id.startswith("prep-")
-    lines = after_lines(stages[1].spec)
-    assert lines == [f"after: {stages[0].run_id} [prep.yaml] (any; no run yet) (checked before it starts)"]
+    # The pipeline orders that entry through the edge: the stage's spec no longer waits on its own.
+    assert after_lines(stages[1].spec) == [] and stages[1].spec.after == []
+    assert after_lines(load_spec(tmp_path / "train.yaml")) == \
+        [f"after: {stages[0].run_id} [prep.yaml] (any; no run yet) (checked before it starts)"]
 
     (tmp_path / "p.yaml").write_text("stages:\n  a: prep.yaml\n  b: {spec: prep.yaml, set: [executor=local]}\n")
     with pytest.raises(SpecError, match="stages a and b are the same run"):
@@ -222,3 +225,27 @@ def test_stages_load_with_identities_and_spec_after_entries_become_edges(tmp_pat
     (tmp_path / "p.yaml").write_text("stages:\n  a: prep.yaml\n  b: {spec: prep.yaml, set: [executor=slurm, name=b]}\n")
     with pytest.raises(UsageError, match="one executor"):
         load_stages(load_pipeline(tmp_path / "p.yaml"))
+
+
+def test_a_spec_after_naming_a_stage_file_follows_that_stage_overrides_and_all(tmp_path: Path) -> None:
+    """The parent stage runs with its pipeline overrides (another run id than its file alone gives):
+    the child's own after: entry naming that file is still that stage, ordered by an edge."""
+    _spec(tmp_path, "prep")
+    _spec(tmp_path, "train", after=[{"run": str(tmp_path / "prep.yaml")}])
+    (tmp_path / "p.yaml").write_text("stages:\n  train: train.yaml\n  prep: {spec: prep.yaml, set: [args.lr=0.1]}\n")
+    stages = load_stages(load_pipeline(tmp_path / "p.yaml"))
+    assert [s.name for s in stages] == ["prep", "train"] and stages[1].edges == (Edge("prep", "ok"),)
+    assert stages[1].spec.after == []
+
+
+def test_a_pipeline_whose_stage_waits_for_a_missing_run_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    from orchestrator.pipeline import run_pipeline
+
+    (tmp_path / "never.py").write_text("raise SystemExit('the pipeline ran a stage before refusing')\n")
+    _spec(tmp_path, "prep", executor="local", entrypoint=str(tmp_path / "never.py"))
+    _spec(tmp_path, "train", executor="local", after=[{"run": "elsewhere-0123abcd"}])
+    (tmp_path / "p.yaml").write_text("stages:\n  prep: prep.yaml\n  train: {spec: train.yaml, after: [prep]}\n")
+    with pytest.raises(UsageError, match="nothing ran or was submitted") as err:
+        run_pipeline(tmp_path / "p.yaml")
+    assert "elsewhere-0123abcd has no run yet" in str(err.value)
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").glob("prep-*"))

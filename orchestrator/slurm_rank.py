@@ -72,6 +72,9 @@ def main(args: list[str]) -> int:
     task = SlurmTask.from_environ(os.environ)
     job = task.job
     payload = Payload.load(job.payload_path(args[0], point_base(args)))
+    # At once, not after the set-up below: the notice can come while a slow start is still under way
+    # (its default action would end the rank, and the job would fail instead of running on).
+    keep_running_on_time_limit_notice(int(task.procid), signal.Signals[payload.stop_signal])
     try:
         rank = rank_env_from_slurm(task, payload, master_port(args))
     except Exception as exc:  # before the entrypoint (a named interface missing on this node...)
@@ -89,7 +92,6 @@ def main(args: list[str]) -> int:
             for path in remove_earlier_files(payload.rendezvous_dir, job.job_id, job.restart):
                 print(f"[launcher] removed the previous attempt's rendezvous file {path}", flush=True)
         os.makedirs(payload.rendezvous_dir, exist_ok=True)
-    keep_running_on_time_limit_notice(int(rank.rank), signal.Signals[payload.stop_signal])
     return exit_code_of(run_rank, payload, int(rank.rank))
 
 

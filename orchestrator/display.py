@@ -38,8 +38,14 @@ def code_line(launch: LaunchPlan) -> str:
 
     how = f"git {c['commit'][:12]}{' + uncommitted changes' if c['dirty'] else ''}" if c.get("commit") else c["how"]
     new = f"{c['new_files']} new file(s), {human_size(c['new_bytes'])} to store" if c["new_files"] else "already stored"
-    return (f"code: snapshot {c['id']} of {c['root']} ({how}): {c['files']} files, {human_size(c['bytes'])}; "
+    line = (f"code: snapshot {c['id']} of {c['root']} ({how}): {c['files']} files, {human_size(c['bytes'])}; "
             f"{new}; the ranks import it from {c['tree']}")
+    left = c.get("left_out") or {}
+    if left:
+        parts = [f"{v['count']} {why} ({', '.join(v['examples'][:3])}{', ...' if v['count'] > 3 else ''})"
+                 for why, v in left.items()]
+        line += "\n      left out, found live at the same place: " + "; ".join(parts)
+    return line
 
 
 def integration_lines(launch: LaunchPlan) -> list[str]:

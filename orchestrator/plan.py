@@ -136,6 +136,7 @@ def plan(spec: JobSpec, executor: ExecutorName | None = None, max_array_size: in
     threads = spec.slurm.cpus_per_task if executor == "slurm" else \
         thread_count_local(usable_cpus(), layout.nodes * layout.ranks_per_node)
     env = job_environment(spec, run_dir, layout.backend, threads, os.environ)
+    env.update(snapshot_variables(code, env, os.environ))
     sweep = _sweep(spec, run_dir)
     python = spec.slurm.python if executor == "slurm" and spec.slurm.python is not None else sys.executable
     params = submitit_parameters(spec, n_points=len(sweep)) if executor == "slurm" else None
@@ -252,6 +253,17 @@ def _layout(spec: JobSpec, executor: ExecutorName) -> _Layout:
         notes.append("local dry run: the file:// rendezvous is on this machine, which every emulated node shares")
     return _Layout(nodes=nodes, ranks_per_node=rpn, backend=backend, interface="lo",
                    devices=spec.local.devices, notes=notes)
+
+
+def snapshot_variables(code: Snapshot | None, env: Mapping[str, str], environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables the code snapshot rewrites, as every rank gets them: a ``PYTHONPATH`` (the
+    spec's, else the one exported here, which reaches the ranks) naming folders of the project
+    names their place in the tree first, so the ranks, their children and ``plan`` agree."""
+    value = env.get("PYTHONPATH", environ.get("PYTHONPATH"))
+    if code is None or not value:
+        return {}
+    moved = code.pythonpath(value)
+    return {"PYTHONPATH": moved} if moved != value else {}
 
 
 #: PyTorch's NCCL debugging aids that jobs get by default (each can be turned off in the spec).

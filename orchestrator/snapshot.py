@@ -2,25 +2,43 @@
 
 A queued job starts hours after ``submit``, and a requeued one starts again later still; ranks
 that imported the live files would run whatever is on disk by then. So ``run`` and ``submit``
-freeze the project: ``scan`` lists and hashes it (reads only: ``plan`` shows the result),
-``store`` writes what the store lacks and builds the tree the ranks import from
-(``code_redirect`` points their imports there).
+freeze the project: ``scan`` lists and hashes it (``plan`` shows the result; ``run``/``submit``
+copy each new file into the store while hashing it, so what is frozen is exactly what was
+hashed), ``store`` builds the tree the ranks import from (``code_redirect`` points their imports
+there).
 
-What is frozen, the *project*: the git work tree holding the entrypoint (a module entrypoint:
-holding the folder the CLI runs in), its tracked files plus untracked files git does not ignore;
-outside git, the entrypoint's folder (hidden folders, ``__pycache__`` and virtual environments
-left out). The run folders, the store itself, and whatever the ignore file lists are never part
-of it, and a project over ``code.max_mb`` is refused with its largest files named.
+The *project*: the git work tree holding the entrypoint (a module entrypoint: holding the folder
+the CLI runs in), else the entrypoint's folder. What is frozen of it (the rule the README states):
+
+- in git, every tracked file, and untracked files git does not ignore *when they are code*;
+- outside git, the files that are code;
+- *code*: Python and C/CUDA sources (``SOURCE_SUFFIXES``), and configuration files
+  (``CONFIG_SUFFIXES``) up to ``CONFIG_MAX_BYTES`` each (a larger one is data). Never frozen
+  unless tracked: hidden folders, virtual environments, ``__pycache__``, the trackers' and
+  frameworks' output folders (``OUTPUT_DIRS``), run folders; never at all: the runs folder, the
+  store, ``ORCHESTRATOR_HOME``, what the ignore file or ``code.exclude`` lists.
+  ``code.include`` patterns freeze files the rule leaves out.
+
+A file that changes while it is read is read again (three tries), then left out with a warning
+naming it; only the entrypoint itself is ever refused. Whatever is left out is still found at
+the same place: every folder of the tree links the live files and folders it lacks, and the tree
+mirrors the project's parent and grandparent folders the same way, so a script reading
+``Path(__file__).parent / "data"`` or ``../../Datasets`` finds them.
 
 The store, under ``<runs_dir>/.code`` (shared with the nodes wherever the runs are)::
 
     blobs/ab/<sha256>       each file's content, once, read-only (content-addressed)
     manifests/<id>.json     one snapshot: path -> [sha256, size, mode] (or a symlink's target)
-    trees/<id>/             the snapshot as a folder of hard links to the blobs: the ranks' import root
-    index/<root hash>.json  (size, mtime, inode) -> sha256 of the last scan, so an unchanged tree
+    trees/<id>-<root hash>/<grandparent>/<parent>/<project>/
+                            the snapshot as a folder of read-only *copies* of the blobs (a rank
+                            writing there never reaches a blob), checked against the manifest each
+                            time it is used and rebuilt when damaged; the ranks' import root
+    index/<root hash>.json  (size, mtime, inode) -> sha256 of the last scan, so an unchanged file
                             is not read again
 
-A snapshot's id is the hash of its manifest, so the same content is one tree across runs.
+A blob is verified whenever it is copied: one that does not hash to its name is stored again from
+the project when the project still holds that content, else the run is refused naming the file.
+A snapshot's id is the hash of its manifest, so the same content is one blob set across runs.
 """
 
 from __future__ import annotations
@@ -44,8 +62,30 @@ from orchestrator.errors import OrchestratorError
 STORE_NAME = ".code"
 GIT_TIMEOUT_S = 30.0
 _CHUNK = 1 << 20
-#: Folders never walked outside git (besides hidden ones and virtual environments).
-_SKIPPED_DIRS = frozenset({"__pycache__", "node_modules"})  # and any folder holding pyvenv.cfg
+#: Sources: always code, whatever their size.
+SOURCE_SUFFIXES = frozenset({".py", ".pyi", ".pyx", ".pxd", ".pxi", ".c", ".cc", ".cpp", ".cxx", ".h", ".hpp",
+                             ".cu", ".cuh"})
+#: Configuration: code up to CONFIG_MAX_BYTES (a 50 MB ``.json`` is a dataset, not a setting).
+CONFIG_SUFFIXES = frozenset({".yaml", ".yml", ".toml", ".cfg", ".ini", ".json", ".conf", ".sh", ".txt", ".jinja",
+                             ".j2", ".env"})
+CONFIG_MAX_BYTES = 1_000_000
+#: Folders that hold what jobs and tools write, never frozen unless git tracks their files.
+OUTPUT_DIRS = frozenset({"__pycache__", "node_modules", "lightning_logs", "wandb", "mlruns", "tb_logs",
+                         "tensorboard", "outputs", "multirun", "checkpoints"})
+#: How many folders above the project the tree mirrors with links (``../../Datasets``).
+MIRRORED_LEVELS = 2
+#: An ancestor folder with more entries than this is not mirrored (a login node's /home).
+MIRROR_MAX_ENTRIES = 1000
+_READ_TRIES = 3
+_TREE_STAMP = ".orchestrator-tree"
+
+# Reasons a file is left out, as plan names them.
+LEFT_IGNORED = "listed in the ignore file or code.exclude"
+LEFT_NOT_CODE = "not code (neither a source nor a configuration file)"
+LEFT_BIG_CONFIG = f"configuration over {CONFIG_MAX_BYTES // 1_000_000} MB (data)"
+LEFT_OUTPUT = "an output, hidden or environment folder"
+LEFT_CHANGING = "changed while it was read"
+LEFT_RUN = "a run folder or the orchestrator's home"
 
 
 class SnapshotError(OrchestratorError):
@@ -87,14 +127,24 @@ class Snapshot:
     ignore_file: str = ".orchignore"
     exclude: tuple[str, ...] = ()  # folders left out (the runs folder...)
     hashed: Mapping[str, tuple[int, int, int]] = field(default_factory=dict)  # rel -> (size, mtime_ns, ino) as hashed
+    left_out: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # reason -> paths (a folder ends in '/')
+    include: tuple[str, ...] = ()  # code.include
+    exclude_patterns: tuple[str, ...] = ()  # code.exclude
 
     @property
     def id(self) -> str:
         return snapshot_id(self.entries)
 
     @property
+    def view(self) -> str:
+        """The folder holding this project's tree and its mirrored parents (one per id and root:
+        the live links differ between roots)."""
+        key = hashlib.sha256(os.fsencode(self.root)).hexdigest()[:8]
+        return str(Path(self.store_dir) / "trees" / f"{self.id}-{key}")
+
+    @property
     def tree(self) -> str:
-        return str(Path(self.store_dir) / "trees" / self.id)
+        return str(Path(self.view, *_mirror_names(self.root)))
 
     @property
     def manifest_path(self) -> str:
@@ -122,17 +172,37 @@ class Snapshot:
     def diff_sha(self) -> Optional[str]:
         return hashlib.sha256(self.diff.encode()).hexdigest() if self.diff else None
 
+    @property
+    def warnings(self) -> list[str]:
+        """One line per file that kept changing while it was read (left out, found live)."""
+        return [f"{rel} changed while it was read and is not frozen: the ranks read it live"
+                for rel in self.left_out.get(LEFT_CHANGING, ())]
+
     def in_tree(self, live_path: str) -> Optional[str]:
         """Where a live path inside the project lies in the snapshot's tree (None: outside it)."""
         rel = _relative(live_path, self.root)
         return None if rel is None else (self.tree if rel == "." else str(Path(self.tree) / rel))
+
+    def pythonpath(self, value: str) -> str:
+        """``PYTHONPATH`` as the ranks get it: each entry inside the project is preceded by its
+        place in the tree (what the ranks' imports and their children then find first)."""
+        out: list[str] = []
+        for item in value.split(os.pathsep):
+            moved = self.in_tree(os.path.realpath(item)) if item and os.path.isabs(item) else None
+            if moved is not None and moved not in out:
+                out.append(moved)
+            out.append(item)
+        return os.pathsep.join(out)
 
     def summary(self) -> dict:
         """What the run records (``<run>/code.json``) and the plan carries."""
         return {"id": self.id, "root": self.root, "how": self.how, "tree": self.tree, "manifest": self.manifest_path,
                 "commit": self.commit, "dirty": bool(self.diff), "diff": self.diff_sha, "files": self.files,
                 "bytes": self.bytes, "new_files": len(self.missing), "new_bytes": self.new_bytes,
-                "ignore_file": self.ignore_file, "exclude": list(self.exclude)}
+                "ignore_file": self.ignore_file, "exclude": list(self.exclude), "include": list(self.include),
+                "exclude_patterns": list(self.exclude_patterns),
+                "left_out": {why: {"count": len(paths), "examples": list(paths[:5])}
+                             for why, paths in self.left_out.items() if paths}}
 
 
 def snapshot_id(entries: Mapping[str, Entry]) -> str:
@@ -140,7 +210,28 @@ def snapshot_id(entries: Mapping[str, Entry]) -> str:
     return hashlib.sha256(lines.encode("utf-8", "surrogateescape")).hexdigest()[:20]
 
 
-# ---- scanning (reads only) -------------------------------------------------------------------
+def _mirror_names(root: str) -> list[str]:
+    """The last folders of ``root``'s path: its mirrored ancestors and itself."""
+    parts = [p for p in Path(root).parts[1:]] or ["_"]
+    return parts[-(MIRRORED_LEVELS + 1):]
+
+
+def is_code(rel: str, size: int) -> Optional[str]:
+    """None when ``rel`` (a file of ``size`` bytes) is code by the rule, else why it is not."""
+    suffix = os.path.splitext(rel)[1].lower()
+    if suffix in SOURCE_SUFFIXES:
+        return None
+    if suffix in CONFIG_SUFFIXES:
+        return None if size <= CONFIG_MAX_BYTES else LEFT_BIG_CONFIG
+    return LEFT_NOT_CODE
+
+
+def _output_part(rel: str) -> bool:
+    """A path under a hidden, output or cache folder (its folders only, not its own name)."""
+    return any(p.startswith(".") or p in OUTPUT_DIRS for p in rel.split("/")[:-1])
+
+
+# ---- scanning (reads only, but for the blobs ``stage`` copies) --------------------------------
 def project_root(entrypoint: str, cwd: str) -> tuple[Optional[str], str]:
     """The folder to freeze and how it was found ("git" | "folder"), or (None, why): a module
     entrypoint of an installed package has nothing of the user's to freeze.
@@ -189,10 +280,11 @@ def _module_folder(name: str, cwd: str) -> Optional[str]:
 
 
 def scan_project(entrypoint: str, cwd: str, runs_dir: str, *, ignore_file: str = ".orchignore", max_mb: float = 200,
-                 exclude: Iterable[str] = ()) -> Optional[Snapshot]:
+                 exclude: Iterable[str] = (), include_patterns: Iterable[str] = (),
+                 exclude_patterns: Iterable[str] = (), stage: bool = False) -> Optional[Snapshot]:
     """The snapshot of the project holding ``entrypoint`` (None: a module of an installed package,
     nothing of the user's to freeze). The store lives in ``<runs_dir>/.code``; the runs folder and
-    ``exclude`` are never frozen."""
+    ``exclude`` are never frozen. ``stage``: copy new files into the store while hashing them."""
     root, how = project_root(entrypoint, cwd)
     if root is None:
         return None
@@ -200,44 +292,68 @@ def scan_project(entrypoint: str, cwd: str, runs_dir: str, *, ignore_file: str =
     script = entrypoint.endswith(".py") or ":" not in entrypoint
     required = [os.path.abspath(os.path.join(cwd, entrypoint))] if script else []
     return scan(root, how, os.path.join(runs, STORE_NAME), ignore_file=ignore_file, max_mb=max_mb,
-                exclude=[runs, *exclude], required=required)
+                exclude=[runs, *exclude], required=required, include_patterns=include_patterns,
+                exclude_patterns=exclude_patterns, stage=stage)
+
+
+def _home_dir() -> Optional[str]:
+    try:
+        from orchestrator.records import home
+
+        return str(home())
+    except OrchestratorError:
+        return None
 
 
 def scan(root: str, how: str, store_dir: str, *, ignore_file: str = ".orchignore", max_mb: float = 200,
-         exclude: Iterable[str] = (), required: Iterable[str] = ()) -> Snapshot:
+         exclude: Iterable[str] = (), required: Iterable[str] = (), include_patterns: Iterable[str] = (),
+         exclude_patterns: Iterable[str] = (), stage: bool = False) -> Snapshot:
     """List and hash the project (see the module's doc). ``exclude``: absolute folders never
-    frozen (the runs folder); ``required``: absolute files that must be in it (the entrypoint).
-    Files unchanged since the last ``store`` (same size, mtime and inode) are not read again."""
+    frozen (the runs folder); ``required``: absolute files that must be in it (the entrypoint);
+    ``include_patterns``/``exclude_patterns``: ``code.include``/``code.exclude``. Files unchanged
+    since the last ``store`` (same size, mtime and inode) are not read again; ``stage`` copies
+    each file the store lacks into it while hashing it."""
     root = os.path.realpath(root)
-    forms = {f for x in [*exclude, store_dir] for f in (os.path.abspath(x), os.path.realpath(x))}
-    excluded = [p for p in forms if _relative(p, root) is not None]  # a link named runs/ too, not only its target
-    patterns = _ignore_patterns(Path(root) / ignore_file)
+    home = _home_dir()
+    forms = {f for x in [*exclude, store_dir, *([home] if home else [])] for f in (os.path.abspath(x), os.path.realpath(x))}
+    excluded = sorted(p for p in forms if _relative(p, root) is not None)  # a link named runs/ too, not only its target
+    exclude_patterns, include = tuple(exclude_patterns), tuple(include_patterns)
+    ignore = [*_ignore_patterns(Path(root) / ignore_file), *exclude_patterns]
+    left: dict[str, list[str]] = {}
     shipped: dict = {}
     if how == "git":
-        names = _git_files(root, [_relative(p, root) or "" for p in excluded])
+        tracked, others = _git_files(root, [_relative(p, root) or "" for p in excluded])
     elif how == "shipped":
         shipped = _read_shipped(root)
-        names = sorted(shipped["files"])
+        tracked, others = sorted(shipped["files"]), []
     else:
-        names = _walk(root)
+        tracked, others = [], _walk(root, excluded, prune=not include, left=left)
     cache = _read_index(store_dir, root)
     for rel, item in shipped.get("files", {}).items():  # hashed when received: trusted while the inode is the same
         if len(item) > 4 and rel not in cache:
             cache[rel] = [item[1], None, item[4], item[0]]
     entries: dict[str, Entry] = {}
-    hashed: dict[str, tuple[int, int, int]] = {}
     files: list[tuple[str, os.stat_result]] = []
-    for rel in names:  # first every file's size: a project over the limit is refused before it is read
+    chosen = [(rel, True) for rel in tracked] + [(rel, False) for rel in others]
+    for rel, declared in sorted(chosen):  # first every file's size: a project over the limit is refused before it is read
         full = os.path.join(root, rel)
-        if any(_relative(full, x) is not None for x in excluded) or _ignored(rel, patterns):
+        if any(_relative(full, x) is not None for x in excluded):
+            continue
+        if _ignored(rel, ignore):
+            left.setdefault(LEFT_IGNORED, []).append(rel)
             continue
         try:
             st = os.lstat(full)
-        except FileNotFoundError:  # tracked but deleted in the work tree
+        except FileNotFoundError:  # tracked but deleted in the work tree, or gone since it was listed
             continue
         except OSError as exc:
             raise SnapshotError(f"cannot read {full} for the code snapshot: {exc.strerror}; fix its permissions, "
                                 f"list it in {os.path.join(root, ignore_file)}, or set code.snapshot: false") from None
+        if not declared and not _ignored(rel, list(include)):
+            why = LEFT_OUTPUT if _output_part(rel) else is_code(rel, 0 if stat.S_ISLNK(st.st_mode) else st.st_size)
+            if why is not None:
+                left.setdefault(why, []).append(rel)
+                continue
         if stat.S_ISLNK(st.st_mode):
             target = _kept_link(os.readlink(full), rel, root)
             entries[rel] = Entry(sha=hashlib.sha256(os.fsencode(target)).hexdigest(), size=0, mode=0o777, link=target)
@@ -249,25 +365,110 @@ def scan(root: str, how: str, store_dir: str, *, ignore_file: str = ".orchignore
         listed = ", ".join(f"{rel} ({human_size(st.st_size)})" for rel, st in biggest)
         raise SnapshotError(f"the code snapshot of {root} would be {human_size(total)} ({len(files)} files), over "
                             f"code.max_mb={max_mb:g}; the largest: {listed}. List data, weights and outputs in "
-                            f"{os.path.join(root, ignore_file)}, raise code.max_mb, or set code.snapshot: false")
+                            f"{os.path.join(root, ignore_file)} or code.exclude, raise code.max_mb, or set "
+                            "code.snapshot: false")
+    blobs = Path(store_dir) / "blobs"
+    hashed = _hash_files(root, files, cache, blobs if stage else None, entries, left)
+    required_rel = {_relative(os.path.realpath(path), root): path for path in required}
+    for rel, path in required_rel.items():
+        if rel is not None and rel not in entries:
+            if rel in left.get(LEFT_CHANGING, ()):
+                raise SnapshotError(f"{path} kept changing while it was read: save it, then run or submit again")
+            raise SnapshotError(f"{path} is not in the code snapshot (git ignores it, or {ignore_file} or "
+                                "code.exclude lists it): the ranks could not run it; track it, or set "
+                                "code.snapshot: false")
+    commit, diff = _git_state(root) if how == "git" else (shipped.get("commit"), shipped.get("diff") or "")
+    missing = frozenset(e.sha for e in entries.values() if e.link is None and not (blobs / e.sha[:2] / e.sha).is_file())
+    return Snapshot(root=root, how=how, entries=entries, store_dir=str(store_dir), commit=commit, diff=diff,
+                    missing=missing, hashed=hashed, ignore_file=ignore_file, exclude=tuple(excluded),
+                    left_out={why: tuple(sorted(paths)) for why, paths in left.items()}, include=tuple(include),
+                    exclude_patterns=tuple(exclude_patterns))
+
+
+def _hash_files(root: str, files: list[tuple[str, os.stat_result]], cache: Mapping[str, list],
+                blobs: Optional[Path], entries: dict[str, Entry], left: dict[str, list[str]]) -> dict:
+    """Hash each file (the index's hash when its size, mtime and inode are the same), add it to
+    ``entries`` and return what each was hashed as; a file that never reads the same twice goes
+    to ``left``. ``blobs``: copy each file the store lacks there while hashing it."""
+    hashed: dict[str, tuple[int, int, int]] = {}
     for rel, st in files:
-        mode = 0o755 if st.st_mode & 0o111 else 0o644
         key = (st.st_size, st.st_mtime_ns, st.st_ino)
         known = cache.get(rel)
         fresh = known is not None and known[0] == key[0] and known[2] == key[2] and known[1] in (None, key[1])
-        sha = known[3] if fresh else _hash_file(os.path.join(root, rel))
-        entries[rel] = Entry(sha=sha, size=st.st_size, mode=mode)
+        if fresh and (blobs is None or (blobs / known[3][:2] / known[3]).is_file()):
+            sha = known[3]
+        else:
+            read = _read_stable(os.path.join(root, rel), blobs)
+            if read is None:
+                left.setdefault(LEFT_CHANGING, []).append(rel)
+                continue
+            sha, st = read
+            key = (st.st_size, st.st_mtime_ns, st.st_ino)
+        entries[rel] = Entry(sha=sha, size=key[0], mode=0o755 if st.st_mode & 0o111 else 0o644)
         hashed[rel] = key
-    for path in required:
-        rel = _relative(os.path.realpath(path), root)
-        if rel is not None and rel not in entries:
-            raise SnapshotError(f"{path} is not in the code snapshot (git ignores it, or {ignore_file} lists it): "
-                                f"the ranks could not run it; track it, or set code.snapshot: false")
-    commit, diff = _git_state(root) if how == "git" else (shipped.get("commit"), shipped.get("diff") or "")
-    blobs = Path(store_dir) / "blobs"
-    missing = frozenset(e.sha for e in entries.values() if e.link is None and not (blobs / e.sha[:2] / e.sha).is_file())
-    return Snapshot(root=root, how=how, entries=entries, store_dir=str(store_dir), commit=commit, diff=diff,
-                    missing=missing, hashed=hashed, ignore_file=ignore_file, exclude=tuple(excluded))
+    return hashed
+
+
+def _read_stable(path: str, blobs: Optional[Path]) -> Optional[tuple[str, os.stat_result]]:
+    """The file's hash and its stat, from a read during which it did not change (its size, mtime
+    and inode the same before and after, and as many bytes read as it holds); with ``blobs``,
+    the bytes read are stored as that blob. None: it changed during every try, or vanished."""
+    for _ in range(_READ_TRIES):
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise SnapshotError(f"cannot read {path} for the code snapshot: {exc.strerror}; fix its permissions, "
+                                "list it in the ignore file or code.exclude, or set code.snapshot: false") from None
+        with os.fdopen(fd, "rb") as f:
+            before = os.fstat(f.fileno())
+            digest, size, tmp = _copy_hashing(f, blobs, path)
+            after = os.fstat(f.fileno())
+        stable = (before.st_size, before.st_mtime_ns, before.st_ino) == (after.st_size, after.st_mtime_ns, after.st_ino) \
+            and size == after.st_size
+        sha = digest.hexdigest()
+        if tmp is not None:
+            _settle_blob(tmp, blobs / sha[:2] / sha if stable and blobs is not None else None)
+        if stable:
+            return sha, after
+    return None
+
+
+def _copy_hashing(f, blobs: Optional[Path], path: str):
+    """Read ``f`` to its end, hashing it (and writing it to a temporary blob when ``blobs``)."""
+    digest, size, tmp = hashlib.sha256(), 0, None
+    out = None
+    try:
+        if blobs is not None:
+            blobs.mkdir(parents=True, exist_ok=True)
+            handle, tmp = tempfile.mkstemp(dir=blobs, prefix=".tmp-")
+            out = os.fdopen(handle, "wb")
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+            if out is not None:
+                out.write(chunk)
+        if out is not None:
+            out.close()
+    except OSError as exc:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        where = f"the code store {blobs}" if blobs is not None else path
+        raise SnapshotError(f"cannot copy {path} into {where}: {exc.strerror}; set runs_dir to a folder you can "
+                            "write, or code.snapshot: false") from None
+    return digest, size, tmp
+
+
+def _settle_blob(tmp: str, target: Optional[Path]) -> None:
+    """Rename a temporary blob into place, read-only (a verified copy replaces whatever is
+    there), or drop it (``target`` None: its read was torn)."""
+    if target is None:
+        Path(tmp).unlink(missing_ok=True)
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(tmp, 0o444)
+    os.replace(tmp, target)
 
 
 def _git(root: str, *args: str) -> Optional[bytes]:
@@ -331,22 +532,25 @@ def _git_ignores(root: str, path: str) -> bool:
     return out.returncode == 0
 
 
-def _git_files(root: str, excluded: Iterable[str] = ()) -> list[str]:
-    """Tracked files and untracked ones git does not ignore, never listing inside ``excluded``
+def _git_files(root: str, excluded: Iterable[str] = ()) -> tuple[list[str], list[str]]:
+    """(tracked files, untracked files git does not ignore), never listing inside ``excluded``
     (relative folders: the runs folder, which git may not ignore and which grows with every run);
     a git submodule's own files under its folder."""
     skip = [f":(exclude,literal){rel}" for rel in excluded if rel and rel != "."]
-    out = _git(root, "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", ".", *skip)
-    if out is None:
+    lists = [_git(root, "ls-files", "-z", "--cached", "--", ".", *skip),
+             _git(root, "ls-files", "-z", "--others", "--exclude-standard", "--", ".", *skip)]
+    if lists[0] is None or lists[1] is None:
         raise SnapshotError(f"git could not list the files of {root}; check 'git -C {root} status', "
                             "or set code.snapshot: false")
-    names = {name for name in out.decode("utf-8", "surrogateescape").split("\0") if name}
-    for name in sorted(names):
+    tracked, others = ({n for n in out.decode("utf-8", "surrogateescape").split("\0") if n} for out in lists)
+    for name in sorted(tracked):
         folder = os.path.join(root, name)
         if os.path.isdir(folder) and not os.path.islink(folder) and os.path.exists(os.path.join(folder, ".git")):
-            names.discard(name)  # a submodule (a gitlink): its files, not the link
-            names.update(f"{name}/{sub}" for sub in _git_files(folder))
-    return sorted(names)
+            tracked.discard(name)  # a submodule (a gitlink): its files, not the link
+            sub_tracked, sub_others = _git_files(folder)
+            tracked.update(f"{name}/{sub}" for sub in sub_tracked)
+            others.update(f"{name}/{sub}" for sub in sub_others)
+    return sorted(tracked), sorted(others - tracked)
 
 
 def _kept_link(target: str, rel: str, root: str) -> str:
@@ -366,13 +570,31 @@ def _git_state(root: str) -> tuple[Optional[str], str]:
     return head.decode().strip(), (diff or b"").decode("utf-8", "replace")
 
 
-def _walk(root: str) -> list[str]:
+def _is_run_folder(folder: str) -> bool:
+    return os.path.isfile(os.path.join(folder, "record.json")) and os.path.isfile(os.path.join(folder, "payload.json"))
+
+
+def _walk(root: str, excluded: Iterable[str] = (), *, prune: bool = True,
+          left: Optional[dict[str, list[str]]] = None) -> list[str]:
+    """Every file under ``root`` but inside ``excluded`` and virtual environments, and (``prune``)
+    hidden, output and run folders, which go to ``left``; symlinked folders are kept as links."""
+    skip = {os.path.realpath(x) for x in excluded} | {os.path.abspath(x) for x in excluded}
     names = []
     for folder, dirs, files in os.walk(root):
-        linked = [d for d in dirs if os.path.islink(os.path.join(folder, d))]  # kept as links, as git keeps them
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in _SKIPPED_DIRS and d not in linked
-                         and not os.path.exists(os.path.join(folder, d, "pyvenv.cfg")))
         rel_folder = os.path.relpath(folder, root)
+        linked = [d for d in dirs if os.path.islink(os.path.join(folder, d))]  # kept as links, as git keeps them
+        kept = []
+        for d in sorted(set(dirs) - set(linked)):
+            full = os.path.join(folder, d)
+            rel = d if rel_folder == "." else f"{rel_folder}/{d}".replace(os.sep, "/")
+            if full in skip or os.path.exists(os.path.join(full, "pyvenv.cfg")):
+                continue
+            if prune and (d.startswith(".") or d in OUTPUT_DIRS or _is_run_folder(full)):
+                if left is not None:
+                    left.setdefault(LEFT_RUN if _is_run_folder(full) else LEFT_OUTPUT, []).append(rel + "/")
+                continue
+            kept.append(d)
+        dirs[:] = kept
         for name in [*files, *linked]:
             if not name.endswith((".pyc", ".pyo")):
                 names.append(name if rel_folder == "." else f"{rel_folder}/{name}".replace(os.sep, "/"))
@@ -391,24 +613,31 @@ def _ignore_patterns(path: Path) -> list[str]:
 
 def _ignored(rel: str, patterns: list[str]) -> bool:
     """gitignore's common forms: ``name`` or ``*.ext`` matches at any depth, ``dir/`` a folder at
-    any depth, a pattern with a '/' inside (or leading) is anchored at the root."""
-    parts = rel.split("/")
+    any depth, a pattern with a '/' inside (or leading) is anchored at the root, ``!pattern``
+    takes a path back in; the last pattern that matches decides."""
+    ignored = False
     for pattern in patterns:
-        folder = pattern.endswith("/")
-        pat = pattern.rstrip("/")
-        if "/" in pat:  # anchored
-            pat = pat.lstrip("/")
-            depth = pat.count("/") + 1
-            candidates = ["/".join(parts[:depth])] if folder or len(parts) > depth else [rel]
-            if folder and len(parts) <= depth:
-                continue
-            if any(_glob(pat).fullmatch(c) for c in candidates) or _glob(pat).fullmatch(rel):
-                return True
-        else:
-            names = parts[:-1] if folder else parts
-            if any(_glob(pat).fullmatch(name) for name in names):
-                return True
-    return False
+        negated = pattern.startswith("!")
+        if (negated if ignored else not negated) and _matches(rel, pattern[1:] if negated else pattern):
+            ignored = not negated
+    return ignored
+
+
+def _matches(rel: str, pattern: str) -> bool:
+    parts = rel.split("/")
+    folder = pattern.endswith("/")
+    pat = pattern.rstrip("/")
+    if not pat:
+        return False
+    if "/" in pat:  # anchored
+        pat = pat.lstrip("/")
+        depth = pat.count("/") + 1
+        if folder and len(parts) <= depth:
+            return False
+        candidates = ["/".join(parts[:depth])] if folder or len(parts) > depth else [rel]
+        return any(_glob(pat).fullmatch(c) for c in candidates) or bool(_glob(pat).fullmatch(rel))
+    names = parts[:-1] if folder else parts
+    return any(_glob(pat).fullmatch(name) for name in names)
 
 
 @functools.lru_cache(maxsize=256)
@@ -439,15 +668,15 @@ def _glob(pattern: str) -> re.Pattern[str]:
     return re.compile("".join(out), re.S)
 
 
-def _hash_file(path: str) -> str:
+def _hash_file(path: str | Path) -> Optional[str]:
+    """The file's sha256, or None when it cannot be read."""
     digest = hashlib.sha256()
     try:
         with open(path, "rb") as f:
             while chunk := f.read(_CHUNK):
                 digest.update(chunk)
-    except OSError as exc:
-        raise SnapshotError(f"cannot read {path} for the code snapshot: {exc.strerror}; fix its permissions, "
-                            "list it in the ignore file, or set code.snapshot: false") from None
+    except OSError:
+        return None
     return digest.hexdigest()
 
 
@@ -479,7 +708,10 @@ def _read_index(store_dir: str, root: str) -> dict[str, list]:
         data = json.loads(_index_path(store_dir, root).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
-    return data if isinstance(data, dict) else {}
+    if not isinstance(data, dict):
+        return {}
+    return {rel: item for rel, item in data.items() if isinstance(item, list) and len(item) == 4
+            and isinstance(item[3], str) and re.fullmatch(r"[0-9a-f]{64}", item[3])}
 
 
 # ---- storing ---------------------------------------------------------------------------------
@@ -492,15 +724,16 @@ def write_index(snap: Snapshot) -> None:
 
 
 def store(snap: Snapshot) -> str:
-    """Write the blobs the store lacks, the manifest and the tree; return the tree. Each blob is
-    hashed again while it is copied: a file edited since the scan is refused, never frozen under
-    another file's hash. Safe to run twice at once (every write is a rename into place)."""
+    """Write the blobs the store lacks, the manifest and the tree; return the tree. A blob is
+    copied from the project only when it still hashes to what was scanned; a tree already there
+    is checked against the manifest and rebuilt when damaged. Safe to run twice at once (every
+    write is a rename into place)."""
     from orchestrator.records import write_json_atomic
 
     store_dir = Path(snap.store_dir)
     blobs = store_dir / "blobs"
     for rel, entry in sorted(snap.entries.items()):
-        if entry.link is None and entry.sha in snap.missing:
+        if entry.link is None and not (blobs / entry.sha[:2] / entry.sha).is_file():
             _store_blob(Path(snap.root) / rel, entry.sha, blobs / entry.sha[:2] / entry.sha)
     if snap.diff:
         digest = snap.diff_sha or ""
@@ -512,18 +745,20 @@ def store(snap: Snapshot) -> str:
         write_json_atomic(manifest, {"id": snap.id, "root": snap.root,
                                      "files": {rel: e.to_json() for rel, e in sorted(snap.entries.items())}})
     tree = Path(snap.tree)
-    if not tree.is_dir():
-        _build_tree(snap.entries, blobs, tree)
+    if not tree.is_dir() or _damaged(snap.entries, tree):
+        _build_view(snap, blobs)
+    _link_live(snap)
     write_index(snap)
     return str(tree)
 
 
 def _store_blob(source: Path, sha: str, target: Path) -> None:
-    if target.is_file():
-        return
-    with open(source, "rb") as f:
-        put_blob(target, sha, iter(lambda: f.read(_CHUNK), b""),
-                 SnapshotError(f"{source} changed while it was being frozen; run or submit again once it is saved"))
+    try:
+        with open(source, "rb") as f:
+            put_blob(target, sha, iter(lambda: f.read(_CHUNK), b""),
+                     SnapshotError(f"{source} changed while it was being frozen; run or submit again"))
+    except FileNotFoundError:
+        raise SnapshotError(f"{source} was removed while it was being frozen; run or submit again") from None
 
 
 def put_blob(target: Path, sha: str, chunks: Iterable[bytes], mismatch: Exception) -> None:
@@ -547,39 +782,122 @@ def put_blob(target: Path, sha: str, chunks: Iterable[bytes], mismatch: Exceptio
         raise
 
 
-def _build_tree(entries: Mapping[str, Entry], blobs: Path, tree: Path) -> None:
-    """The snapshot as a folder: hard links to the read-only blobs (a copy where a link cannot be
-    made: another filesystem, the link limit, an executable file's own mode), built aside and
-    renamed into place, so a rank never sees half a tree."""
-    tree.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=tree.parent, prefix=f".tmp-{tree.name}-"))
+def _damaged(entries: Mapping[str, Entry], tree: Path) -> bool:
+    """A tree file that no longer matches the manifest (a rank wrote into it), or is gone."""
+    for rel, entry in entries.items():
+        path = tree / rel
+        if entry.link is not None:
+            try:
+                if os.readlink(path) != entry.link:
+                    return True
+            except OSError:
+                return True
+        elif os.path.islink(path) or _hash_file(path) != entry.sha:
+            return True
+    return False
+
+
+def _build_view(snap: Snapshot, blobs: Path) -> None:
+    """The snapshot as a folder of read-only copies of its verified blobs, built aside and
+    renamed into place (replacing a damaged one), so a rank never sees half a tree."""
+    view = Path(snap.view)
+    view.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=view.parent, prefix=f".tmp-{view.name}-"))
+    trash: Optional[Path] = None
     try:
-        for rel, entry in sorted(entries.items()):
-            dest = tmp / rel
+        tree = tmp.joinpath(*_mirror_names(snap.root))
+        tree.mkdir(parents=True)
+        for rel, entry in sorted(snap.entries.items()):
+            dest = tree / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
             if entry.link is not None:
                 os.symlink(entry.link, dest)
-                continue
-            blob = blobs / entry.sha[:2] / entry.sha
-            if entry.mode & 0o111:
-                shutil.copyfile(blob, dest)
-                os.chmod(dest, 0o555)
-                continue
-            try:
-                os.link(blob, dest)
-            except OSError:
-                shutil.copyfile(blob, dest)
-                os.chmod(dest, 0o444)
-        os.chmod(tmp, 0o755)
+            else:
+                _copy_verified(snap, rel, entry, blobs, dest)
+        for folder in [tmp, *(p for p in tmp.rglob("*") if p.is_dir() and not p.is_symlink())]:
+            os.chmod(folder, 0o755)
+        if view.is_dir():  # damaged: set aside, replaced at once
+            trash = view.with_name(f".trash-{view.name}-{os.getpid()}")
+            os.rename(view, trash)
         try:
-            os.rename(tmp, tree)
+            os.rename(tmp, view)
         except OSError:
-            if not tree.is_dir():  # not another start that built the same tree first
+            if not view.is_dir():  # not another start that built the same tree first
                 raise
-            shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    finally:
+        for leftover in (tmp, trash):
+            if leftover is not None and leftover.exists():
+                _remove_tree(leftover)
+
+
+def _remove_tree(path: Path) -> None:
+    def writable(func, p, _exc):  # noqa: ANN001 - shutil's onerror signature
+        try:
+            os.chmod(os.path.dirname(p), 0o755)
+            func(p)
+        except OSError:
+            pass
+
+    shutil.rmtree(path, onerror=writable)
+
+
+def _copy_verified(snap: Snapshot, rel: str, entry: Entry, blobs: Path, dest: Path) -> None:
+    """Copy blob ``entry.sha`` to ``dest`` (read-only), checking its hash on the way: a damaged
+    blob is stored again from the project while the project still holds that content."""
+    blob = blobs / entry.sha[:2] / entry.sha
+    for attempt in range(2):
+        digest = hashlib.sha256()
+        try:
+            with open(blob, "rb") as src, open(dest, "wb") as out:
+                while chunk := src.read(_CHUNK):
+                    digest.update(chunk)
+                    out.write(chunk)
+        except FileNotFoundError:
+            pass
+        if digest.hexdigest() == entry.sha and blob.is_file():
+            os.chmod(dest, 0o555 if entry.mode & 0o111 else 0o444)
+            return
+        if attempt == 0:
+            blob.unlink(missing_ok=True)
+            try:
+                _store_blob(Path(snap.root) / rel, entry.sha, blob)
+            except SnapshotError:
+                break
+    raise SnapshotError(f"the stored copy of {rel} ({blob}) is damaged and {Path(snap.root) / rel} no longer "
+                        "holds that content: run or submit again to freeze the project as it is now")
+
+
+def _link_live(snap: Snapshot) -> None:
+    """In every folder of the tree, and in the mirrored parents of the project, a link to each
+    live file or folder the tree lacks (left out of the snapshot, or made since): a script finds
+    its data beside ``__file__`` or above it as it would in the project. The runs folder and the
+    store are never linked."""
+    tree = Path(snap.tree)
+    skip = {os.path.realpath(x) for x in snap.exclude} | {os.path.realpath(snap.store_dir)}
+    folders = sorted({os.path.dirname(rel) for rel in snap.entries if "/" in rel} | {""})
+    for rel in folders:
+        _link_missing(tree / rel if rel else tree, Path(snap.root) / rel if rel else Path(snap.root), skip, None)
+    names = _mirror_names(snap.root)
+    live, mirrored = Path(snap.root), tree
+    for _ in names[:-1]:
+        live, mirrored, keep = live.parent, mirrored.parent, live.name
+        _link_missing(mirrored, live, skip, MIRROR_MAX_ENTRIES, keep)
+
+
+def _link_missing(folder: Path, live: Path, skip: set[str], limit: Optional[int], keep: Optional[str] = None) -> None:
+    try:
+        names = os.listdir(live)
+    except OSError:
+        return
+    if limit is not None and len(names) > limit:
+        return
+    for name in names:
+        if name == keep or os.path.realpath(live / name) in skip or os.path.lexists(folder / name):
+            continue
+        try:
+            os.symlink(live / name, folder / name)
+        except OSError:  # made by another start just now, or a read-only store
+            pass
 
 
 # ---- reading a stored snapshot ---------------------------------------------------------------
@@ -587,7 +905,7 @@ def load_manifest(path: str | Path) -> dict[str, Entry]:
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
         return {rel: Entry.from_json(item) for rel, item in data["files"].items()}
-    except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
         raise SnapshotError(f"cannot read the snapshot's manifest {path}: {exc}") from None
 
 
@@ -599,13 +917,18 @@ def blob_path(store_dir: str | Path, sha: str) -> Path:
 def changes_since(code: Mapping) -> tuple[list[tuple[str, str]], Snapshot, dict[str, Entry]]:
     """Compare a run's snapshot (its ``code.json``) with its project on disk now:
     [(status, path)] with status added / deleted / modified, the live scan and the frozen entries."""
-    frozen = load_manifest(code["manifest"])
-    root = code["root"]
+    try:
+        manifest, root = str(code["manifest"]), str(code["root"])
+    except (KeyError, TypeError):
+        raise SnapshotError("the run's code.json is damaged (no manifest or root): the snapshot cannot be "
+                            "compared") from None
+    frozen = load_manifest(manifest)
     if not os.path.isdir(root):
-        raise SnapshotError(f"the project {root} is no longer there; the snapshot itself is in {code['tree']}")
-    store_dir = str(Path(code["manifest"]).parent.parent)
+        raise SnapshotError(f"the project {root} is no longer there; the snapshot itself is in {code.get('tree')}")
+    store_dir = str(Path(manifest).parent.parent)
     live = scan(root, code.get("how", "folder"), store_dir, ignore_file=code.get("ignore_file", ".orchignore"),
-                max_mb=float("inf"), exclude=[*code.get("exclude", []), str(Path(store_dir).parent)])
+                max_mb=float("inf"), exclude=[*code.get("exclude", []), str(Path(store_dir).parent)],
+                include_patterns=code.get("include", []), exclude_patterns=code.get("exclude_patterns", []))
     out: list[tuple[str, str]] = []
     for rel in sorted(set(frozen) | set(live.entries)):
         before, after = frozen.get(rel), live.entries.get(rel)
@@ -619,7 +942,8 @@ def changes_since(code: Mapping) -> tuple[list[tuple[str, str]], Snapshot, dict[
 
 
 def unified_diff(store_dir: str, root: str, status: str, rel: str, frozen: Optional[Entry]) -> str:
-    """One file's change as ``diff -u`` shows it (the snapshot on the left, the disk on the right)."""
+    """One file's change as ``diff -u`` shows it (the snapshot on the left, the disk on the right);
+    a stored copy that is gone or damaged, or a file that cannot be read, is said in one line."""
     import difflib
 
     def lines(data: Optional[bytes]) -> Optional[list[str]]:
@@ -630,10 +954,19 @@ def unified_diff(store_dir: str, root: str, status: str, rel: str, frozen: Optio
         except UnicodeDecodeError:
             return None
 
-    old = None if status == "added" or frozen is None or frozen.link is not None else \
-        blob_path(store_dir, frozen.sha).read_bytes()
+    old: Optional[bytes] = None
+    if status != "added" and frozen is not None and frozen.link is None:
+        try:
+            old = blob_path(store_dir, frozen.sha).read_bytes()
+        except OSError as exc:
+            return f"{rel}: the snapshot's copy cannot be read ({exc.strerror}): {status}\n"
+        if hashlib.sha256(old).hexdigest() != frozen.sha:
+            return f"{rel}: the snapshot's copy is damaged (it no longer matches its hash): {status}\n"
     new_path = Path(root) / rel
-    new = None if status == "deleted" or new_path.is_symlink() else new_path.read_bytes()
+    try:
+        new = None if status == "deleted" or new_path.is_symlink() else new_path.read_bytes()
+    except OSError as exc:
+        return f"{rel}: cannot be read on disk ({exc.strerror}): {status}\n"
     a, b = lines(old), lines(new)
     if a is None or b is None:
         return f"Binary file {rel} {status}\n"

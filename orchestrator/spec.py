@@ -473,7 +473,10 @@ class CodeSpec(_Model):
     snapshot: bool = Field(
         True,
         description="Freeze the job's code when it is run or submitted: the git work tree's tracked files and "
-        "untracked files that are not ignored (the entrypoint's folder when it is outside git), stored "
+        "the untracked files git does not ignore that are code (outside git, the code of the entrypoint's "
+        "folder): Python and C/CUDA sources, and configuration files (.yaml, .json, .toml, .cfg, .txt...) up "
+        "to 1 MB; never outputs, logs, datasets, hidden folders or run folders. What is left out stays "
+        "reachable at the same place beside the frozen files. Stored "
         "content-addressed under <runs_dir>/.code. The ranks import from the snapshot on every attempt, "
         "requeues included, so edits made after submitting never reach a queued or requeued job. false: the "
         "ranks import the live files.",
@@ -486,8 +489,30 @@ class CodeSpec(_Model):
     ignore_file: str = Field(
         ".orchignore",
         description="A file at the project's root whose lines (gitignore-style: '#' comments, '*' globs, a "
-        "trailing '/' for folders, a '/' inside anchors at the root) leave paths out of the snapshot.",
+        "trailing '/' for folders, a '/' inside anchors at the root, '!pattern' takes a path back in, the last "
+        "match wins) leave paths out of the snapshot.",
     )
+
+    include: list[str] = Field(
+        default_factory=list,
+        description="Patterns (gitignore-style, as the ignore file) of files to freeze although the rule leaves "
+        "them out (untracked files that are not sources or configuration, or are under an output or hidden "
+        "folder), e.g. ['assets/*.bin', 'prompts/'].",
+    )
+    exclude: list[str] = Field(
+        default_factory=list,
+        description="Patterns (gitignore-style) of files never to freeze, tracked ones included, like the "
+        "ignore file's lines ('!pattern' takes a path back). Left out is never lost: the ranks find it live, "
+        "at the same place.",
+    )
+
+    @field_validator("include", "exclude")
+    @classmethod
+    def _patterns(cls, value: list[str]) -> list[str]:
+        for pattern in value:
+            if not pattern.strip() or ".." in pattern.split("/"):
+                raise ValueError(f"{pattern!r} is not a pattern inside the project; write e.g. 'data/' or '*.bin'")
+        return value
 
     @field_validator("ignore_file")
     @classmethod

@@ -57,16 +57,41 @@ def package_source() -> str:
 
 
 # ---- settings ------------------------------------------------------------------------------
-def _same_path_mounts(paths: Sequence[tuple[str, str]]) -> list[str]:
-    """``SRC:SRC[:ro]`` for each (path, mode), parents first; a path inside one already bound
-    read-write, or bound the same way, is left out (binding it again would change nothing)."""
+def _same_path_folders(paths: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The (path, mode) pairs to bind, parents first; a path inside one already bound read-write,
+    or bound the same way, is left out (binding it again would change nothing)."""
     out: list[tuple[str, str]] = []
     for path, mode in sorted({(os.path.normpath(p), m) for p, m in paths},
                              key=lambda pm: (pm[0].count("/"), pm[0], pm[1] != "rw")):
         if any((path == q or path.startswith(q.rstrip("/") + "/")) and m in ("rw", mode) for q, m in out):
             continue
         out.append((path, mode))
-    return [f"{p}:{p}" + (":ro" if m == "ro" else "") for p, m in out]
+    return out
+
+
+def _same_path_mounts(paths: Sequence[tuple[str, str]]) -> list[str]:
+    """``SRC:SRC[:ro]`` for each folder ``_same_path_folders`` keeps."""
+    return [f"{p}:{p}" + (":ro" if m == "ro" else "") for p, m in _same_path_folders(paths)]
+
+
+def _bound_folders(spec: JobSpec, run_dir: str, store_dir: Optional[str]) -> list[tuple[str, str, str]]:
+    """(the field that names it, path, mode) for each host folder the ranks need at its host path:
+    the run folder, the workdir, the rendezvous and checkpoint folders when the spec puts them
+    elsewhere, and the code snapshot store (``store_dir``), or without one the live files."""
+    workdir = os.path.abspath(spec.workdir) if spec.workdir else os.getcwd()
+    paths = [("runs_dir", run_dir, "rw"),
+             ("workdir" if spec.workdir else "workdir (unset: the folder the CLI runs in)", workdir, "rw")]
+    if spec.distributed.rendezvous_dir:
+        paths.append(("distributed.rendezvous_dir", os.path.abspath(spec.distributed.rendezvous_dir), "rw"))
+    if spec.checkpoint.dir:
+        paths.append(("checkpoint.dir", os.path.abspath(spec.checkpoint.dir), "rw"))
+    if store_dir is not None:
+        paths.append(("runs_dir", store_dir, "ro"))
+    else:  # the live files: where the CLI ran (the payload's source_dir) and the script's folder
+        paths.append(("code.snapshot (false: the folder the CLI runs in is bound)", os.getcwd(), "ro"))
+        if spec.entrypoint.endswith(".py") or ":" not in spec.entrypoint:
+            paths.append(("entrypoint", os.path.dirname(os.path.abspath(spec.entrypoint)), "ro"))
+    return paths
 
 
 def automatic_mounts(spec: JobSpec, run_dir: str, code: Optional[Snapshot]) -> list[str]:
@@ -74,18 +99,7 @@ def automatic_mounts(spec: JobSpec, run_dir: str, code: Optional[Snapshot]) -> l
     paths the run folder, the code snapshot store (read-only), the workdir, and the rendezvous and
     checkpoint folders when the spec puts them elsewhere; where the CLI ran and the entrypoint
     script's folder when the ranks read the live files (no snapshot)."""
-    workdir = os.path.abspath(spec.workdir) if spec.workdir else os.getcwd()
-    paths = [(run_dir, "rw"), (workdir, "rw")]
-    if spec.distributed.rendezvous_dir:
-        paths.append((os.path.abspath(spec.distributed.rendezvous_dir), "rw"))
-    if spec.checkpoint.dir:
-        paths.append((os.path.abspath(spec.checkpoint.dir), "rw"))
-    if code is not None:
-        paths.append((code.store_dir, "ro"))
-    else:  # the live files: where the CLI ran (the payload's source_dir) and the script's folder
-        paths.append((os.getcwd(), "ro"))
-        if spec.entrypoint.endswith(".py") or ":" not in spec.entrypoint:
-            paths.append((os.path.dirname(os.path.abspath(spec.entrypoint)), "ro"))
+    paths = [(path, mode) for _, path, mode in _bound_folders(spec, run_dir, code.store_dir if code else None)]
     # apptainer and enroot (pyxis) bind the node's name resolution in by themselves; an OCI
     # bundle's rootfs has its own (often empty) files, and ranks must resolve the master's name.
     resolve = ["/etc/hosts:/etc/hosts:ro", "/etc/resolv.conf:/etc/resolv.conf:ro"] \
@@ -108,6 +122,96 @@ def container_settings(spec: JobSpec, run_dir: str, code: Optional[Snapshot]) ->
                              python=c.python, options=tuple(c.options))
 
 
+# ---- options and paths the runtime must not be given -------------------------------------------
+_CLEARS_ENV = ("clears the environment inside, and each rank finds its place from SLURM's variables (SLURM_PROCID...); "
+               "leave it out (the spec's env is set inside anyway)")
+_RANK_LOGS = ("sends the ranks' output away from their log files (<run>/slurm/...), which status, logs and the failure "
+              "verdict read; leave it out")
+#: srun's options that the agent's rank step sets itself or takes from the job's shape (pyxis and
+#: oci options are srun's own): (long name, short name, why and the fix).
+_SRUN_RESERVED = (
+    ("--output", "-o", _RANK_LOGS),
+    ("--error", "-e", _RANK_LOGS),
+    ("--kill-on-bad-exit", "-K", "is set by the orchestrator (a failed rank ends the step, so none waits forever); "
+                                 "leave it out"),
+    ("--cpus-per-task", "-c", "is set by the orchestrator from the spec; set slurm.cpus_per_task instead"),
+    ("--export", None, "decides which of the job's variables reach the ranks (NONE drops them all: the spec's env, "
+                       "the rank contract's); set variables in the spec's env instead"),
+    ("--nodes", "-N", "sets the job's shape, which comes from the spec; set nodes instead"),
+    ("--ntasks", "-n", "sets the job's shape, which comes from the spec; set nodes and gpus_per_node (or "
+                       "cpu_ranks_per_node) instead"),
+    ("--ntasks-per-node", None, "sets the job's shape, which comes from the spec; set gpus_per_node (or "
+                                "cpu_ranks_per_node) instead"),
+)
+#: Per runtime, the options that override the orchestrator's own flags or undo what the ranks need,
+#: refused in container.options in every form: ``--opt value``, ``--opt=value``, a short ``-x``, and
+#: a short one inside a group (``-ec``); for srun also an abbreviation (``--container-im=x``).
+RESERVED_OPTIONS: dict[str, tuple[tuple[str, Optional[str], str], ...]] = {
+    "apptainer": (
+        ("--cleanenv", "-e", _CLEARS_ENV),
+        ("--containall", "-C", _CLEARS_ENV),
+    ),
+    "pyxis": (
+        ("--container-image", None, "is set by the orchestrator from container.image; set container.image instead"),
+        ("--container-mounts", None, "is set by the orchestrator (the run folder, the code snapshot and the "
+                                     "orchestrator's package; a second one would replace them); list your binds in "
+                                     "container.mounts instead"),
+        ("--container-workdir", None, "is set by the orchestrator to the job's workdir; set workdir instead"),
+        ("--container", None, "is SLURM's own OCI support, not pyxis; use container.runtime: oci instead"),
+        *_SRUN_RESERVED,
+    ),
+    "oci": (
+        ("--container", None, "is set by the orchestrator to the run's own bundle, built from container.image; set "
+                              "container.image to your bundle folder instead"),
+        *_SRUN_RESERVED,
+    ),
+}
+#: Short options that take a value: in a group (``-wB/a:/a``) the rest of the word is that value.
+_SHORT_WITH_VALUE = {"apptainer": "BHoSW", "pyxis": "ABcCdDegGiIJKLmMnNopPrStTwWx",
+                     "oci": "ABcCdDegGiIJKLmMnNopPrStTwWx"}
+#: srun reads an unambiguous prefix of a long option as that option (getopt_long); apptainer does not.
+_TAKES_PREFIXES = {"apptainer": False, "pyxis": True, "oci": True}
+#: What separates the mounts in the runtime's own list (one argument), besides ':' inside each one.
+_MOUNT_LIST = {"apptainer": "apptainer's --bind list", "pyxis": "pyxis's --container-mounts list", "oci": ""}
+
+
+def reserved_options(runtime: str, options: Sequence[str]) -> list[tuple[str, str, str]]:
+    """(the option as written, the reserved option it gives, why and the fix) for each item of
+    ``options`` that gives one of ``RESERVED_OPTIONS[runtime]``."""
+    table = RESERVED_OPTIONS.get(runtime, ())
+    longs = {name: why for name, _, why in table}
+    shorts = {short: (name, why) for name, short, why in table if short}
+    found: list[tuple[str, str, str]] = []
+    for item in options:
+        if item.startswith("--"):
+            name = item.split("=", 1)[0]
+            if name in longs:
+                found.append((item, name, longs[name]))
+            elif _TAKES_PREFIXES.get(runtime) and len(name) > 2:
+                covered = [long for long in longs if long.startswith(name)]
+                if covered:  # srun takes a unique prefix as the option (an ambiguous one it refuses)
+                    found.append((item, covered[0], longs[covered[0]]))
+        elif item.startswith("-") and len(item) > 1:
+            for letter in item[1:]:
+                if f"-{letter}" in shorts:
+                    name, why = shorts[f"-{letter}"]
+                    found.append((item, name, why))
+                    break
+                if letter in _SHORT_WITH_VALUE.get(runtime, ""):
+                    break  # the rest of the word is this option's value
+    return found
+
+
+def mount_path_problem(path: str, runtime: str) -> Optional[str]:
+    """Why a host path cannot be bound at its own path: ':' splits SRC:DST[:ro], and ',' splits
+    apptainer's and pyxis's mount list (one argument). None when it can."""
+    bad = [ch for ch in (":", ",") if ch in path and (ch == ":" or _MOUNT_LIST.get(runtime))]
+    if not bad:
+        return None
+    where = " and ".join(["SRC:DST[:ro]" if ch == ":" else _MOUNT_LIST[runtime] for ch in bad])
+    return f"{path!r} holds {' and '.join(repr(ch) for ch in bad)}, which splits {where}"
+
+
 def problems(spec: JobSpec) -> list[str]:
     """Spec-level rules (``spec.cross_field_problems``); each says which field to change."""
     c = spec.container
@@ -119,6 +223,29 @@ def problems(spec: JobSpec) -> list[str]:
         if dst == PACKAGE_DST or dst.startswith(PACKAGE_DST + "/"):
             out.append(f"container.mounts: {item!r} binds over {PACKAGE_DST}, where the orchestrator's own package "
                        "is bound; choose another destination")
+        if "," in item and _MOUNT_LIST[c.runtime]:
+            out.append(f"container.mounts: {item!r} holds ',', which separates the mounts in {_MOUNT_LIST[c.runtime]}, "
+                       "so the container would bind the wrong folders; bind a folder whose path has no ','")
+    if spec.executor == "slurm":  # where the container is used: the folders bound at their host paths
+        runs = os.path.abspath(os.path.expanduser(spec.runs_dir))  # the run folder's ':' or ',' would be here
+        folders = _bound_folders(spec, runs, os.path.join(runs, ".code") if spec.code.snapshot else None)
+        bound = {p for p, _ in _same_path_folders([(p, m) for _, p, m in folders])}  # none inside another one
+        said: set[str] = set()
+        for field, path, _ in [*((f, p, m) for f, p, m in folders if os.path.normpath(p) in bound),
+                               ("the orchestrator's installed package", package_source(), "ro")]:
+            why = mount_path_problem(path, c.runtime)
+            if why and field not in said and path not in said:
+                said |= {field, path}
+                out.append(f"{field}: {why}, and the container binds this folder at its host path; use one "
+                           "without ':' or ','")
+    for written, name, why in reserved_options(c.runtime, c.options):
+        given = written.split("=", 1)[0]
+        if given == name:
+            out.append(f"container.options: {written!r}: {name} {why}")
+        elif given.startswith("--"):
+            out.append(f"container.options: {written!r}: srun reads this abbreviation as {name}, which {why}")
+        else:
+            out.append(f"container.options: {written!r} gives {name}, which {why}")
     if c.runtime == "oci" and not c.image.startswith("/"):
         out.append(f"container.image: {c.image!r}: SLURM's OCI support takes a bundle folder (config.json and "
                    "rootfs/) by its absolute path, readable on every node")
@@ -126,10 +253,6 @@ def problems(spec: JobSpec) -> list[str]:
         out.append(f"container.runtime: oci runs one rank per node (SLURM 22.05's OCI support starts one container "
                    f"task per node, without its rank), but the job has {spec.ranks_per_node} per node; use "
                    "cpu_ranks_per_node/gpus_per_node of 1, or runtime apptainer or pyxis")
-    clearing = sorted({o for o in c.options if o in ("--cleanenv", "-e", "--containall", "-C")})
-    if c.runtime == "apptainer" and clearing:
-        out.append(f"container.options: {', '.join(clearing)} clears the environment inside, and each rank finds its "
-                   "place from SLURM's variables (SLURM_PROCID...); leave it out (the spec's env is set inside anyway)")
     if c.runtime == "apptainer" and "://" not in c.image and not c.image.startswith("/"):
         out.append(f"container.image: {c.image!r}: give the .sif file's absolute path (every node reads it), or a "
                    "docker:// / oras:// URI")
@@ -174,8 +297,24 @@ def wrap(settings: ContainerSettings, argv: list[str], gpus_per_node: int = 0) -
 def srun_tail(settings: ContainerSettings, run_dir: str, workdir: str, payload_path: str,
               gpus_per_node: int = 0) -> list[str]:
     """Everything after srun's own resource options: the runtime's options, then the rank command."""
+    _check_mount_list(settings)
     rank = wrap(settings, rank_argv(settings, payload_path), gpus_per_node)
     return [*srun_options(settings, run_dir, workdir), *rank]
+
+
+def _check_mount_list(settings: ContainerSettings) -> None:
+    """The plan's last word on the mounts (``problems`` names the fields first): each one must read
+    back as the SRC:DST[:ro] it was made from, and the runtime's list must split into exactly them."""
+    for item in settings.mounts:
+        parts = item.split(":")
+        if len(parts) in (2, 3) and (len(parts) == 2 or parts[2] in ("ro", "rw")) \
+                and not ("," in item and _MOUNT_LIST.get(settings.runtime)):
+            continue
+        from orchestrator.errors import SpecError
+
+        raise SpecError([f"container: the mount {item!r} cannot be given to {settings.runtime}: a folder the ranks need "
+                         "at its host path holds ':' or ',', which separate mounts; run from (and use) folders "
+                         "without them"])
 
 
 # ---- OCI: the run's own bundle -------------------------------------------------------------

@@ -16,10 +16,10 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence, get_args, get_origin
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from orchestrator.errors import SpecError, UsageError
 from orchestrator.spec import JobSpec
@@ -31,8 +31,26 @@ from orchestrator.validators import shown
 MAX_FILE_BYTES = 1024 * 1024
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """YAML's safe loader, refusing a key given twice in one mapping (the last would silently win)."""
+_YAML_BOOL = "tag:yaml.org,2002:bool"
+#: YAML 1.2's core schema: only these plain scalars are booleans. PyYAML follows YAML 1.1, where
+#: yes/no/on/off (any case) are booleans too, so ``recovery: {on: [crash]}`` became ``{True: [crash]}``.
+_YAML12_BOOL = re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$")
+#: The words YAML 1.1 (and so PyYAML's own loaders) read as booleans that YAML 1.2 reads as text.
+YAML11_BOOLEANS = {**dict.fromkeys(("yes", "Yes", "YES", "on", "On", "ON"), True),
+                   **dict.fromkeys(("no", "No", "NO", "off", "Off", "OFF"), False)}
+
+
+class SpecLoader(yaml.SafeLoader):
+    """The one YAML loader for what users write (spec files, pipeline files, ``--set`` values):
+    YAML's safe loader with YAML 1.2's booleans (only true/false in its three spellings; yes, no,
+    on, off stay text), refusing a key given twice in one mapping (the last would silently win)."""
+
+    # Every other implicit type (ints, floats, nulls, timestamps) as SafeLoader has them, in order.
+    yaml_implicit_resolvers = {
+        first: [(tag, _YAML12_BOOL if tag == _YAML_BOOL else regexp) for tag, regexp in resolvers
+                if tag != _YAML_BOOL or first in "tTfF"]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
@@ -86,7 +104,7 @@ def _load_yaml(text: str) -> Any:
     """``yaml.load`` in two steps: compose the node graph (aliases are references in it, merge keys
     not yet applied), check it (``_check_yaml_graph``), and only then construct the data, which
     is when aliases and merge keys expand."""
-    loader = _UniqueKeyLoader(text)
+    loader = SpecLoader(text)
     try:
         node = loader.get_single_node()
         if node is None:
@@ -106,8 +124,8 @@ def _check_yaml_graph(root: yaml.Node) -> None:
     of what it names every time it is used, and a merge key (``<<: *a``, ``<<: [*a, *b]``) the pairs
     it copies in (PyYAML copies them into the mapping, so a chain of merges multiplies like an alias
     bomb while the mapping it builds stays small). One pass over the graph, each node sized once.
-    Also refuses a key that YAML did not read as text (``off:`` is the boolean False), naming what
-    was written."""
+    Also refuses a key that YAML did not read as text (``true:`` is the boolean True, ``1:`` a
+    number), naming what was written."""
     sized: dict[int, tuple[int, int]] = {}  # id(node) -> (expanded size, expanded height)
     active: set[int] = set()
 
@@ -149,8 +167,8 @@ def _check_yaml_graph(root: yaml.Node) -> None:
 
 
 def _check_yaml_key(node: yaml.Node, path: str) -> None:
-    """A mapping key must be text. YAML 1.1 reads some unquoted keys as other things: say what the
-    user wrote and what it became."""
+    """A mapping key must be text. YAML reads some unquoted keys as other things (true, numbers,
+    null, dates): say what the user wrote and what it became."""
     if node.tag == _YAML_STR:
         return
     if not isinstance(node, yaml.ScalarNode):
@@ -159,9 +177,8 @@ def _check_yaml_key(node: yaml.Node, path: str) -> None:
     written = node.value
     kind = node.tag.rsplit(":", 1)[-1]
     if kind == "bool":
-        became = yaml.SafeLoader.bool_values.get(written.lower())
-        why = (f"became the boolean {became}, because YAML reads yes/no/on/off and true/false unquoted as "
-               "booleans")
+        became = SpecLoader.bool_values.get(written.lower())
+        why = f"became the boolean {became}, because YAML reads true/false unquoted as booleans"
     elif kind in ("int", "float"):
         why = "became a number, not text"
     elif kind == "null":
@@ -284,18 +301,48 @@ def load_spec(*sources: Any, overrides: Iterable[str] = (), executor: str | None
             name = "<mapping>"
             data = deep_merge(data, plain_data(source, name))
         elif isinstance(source, (str, Path)):
-            data, name = deep_merge(data, read_spec_file(source)), str(source)
+            found = read_spec_file(source)
+            if Path(source).suffix.lower() != ".json":
+                found = yaml11_booleans(found, JobSpec)
+            data, name = deep_merge(data, found), str(source)
         else:
             raise UsageError(f"load_spec takes spec files, mappings or JobSpecs, not {type(source).__name__}")
         names.append(name)
     applied: list[tuple[str, str]] = []  # (the dotted path it sets, the override as given)
     for item in list(overrides):
         path, value = parse_override(item)
-        data = apply_override(data, path, value)
+        data = deep_merge(data, yaml11_booleans(apply_override({}, path, value), JobSpec))
         applied.append((".".join(path), item))
     if executor is not None:
         data["executor"] = executor
     return spec_from_dict(data, source=", ".join(names) or None, overrides=applied)
+
+
+def yaml11_booleans(data: Any, model: type[BaseModel]) -> Any:
+    """``data`` (read from YAML) with yes/no/on/off as the booleans YAML 1.1 made of them, but only
+    in fields that are true/false (``recovery.health_check: off``, ``--set slurm.exclusive=yes``):
+    there they can mean nothing else, and specs written for YAML 1.1 keep working. Everywhere else
+    (keys, args, env, extra_sbatch) the loader's YAML 1.2 text stays text."""
+    if not isinstance(data, dict):
+        return data
+    out = dict(data)
+    for name, field in model.model_fields.items():
+        key = field.alias or name
+        if key not in out:
+            continue
+        value, kind = out[key], field.annotation
+        inner = [kind] if get_origin(kind) is None else list(get_args(kind))
+        if set(inner) - {type(None)} == {bool} and isinstance(value, str) and value in YAML11_BOOLEANS:
+            out[key] = YAML11_BOOLEANS[value]  # bool, or bool | None
+            continue
+        models = [t for t in inner if isinstance(t, type) and issubclass(t, BaseModel)]
+        if len(models) != 1:
+            continue
+        if get_origin(kind) is list and isinstance(value, list):
+            out[key] = [yaml11_booleans(item, models[0]) for item in value]
+        else:
+            out[key] = yaml11_booleans(value, models[0])
+    return out
 
 
 def spec_from_dict(data: dict[str, Any], source: str | None = None,

@@ -539,8 +539,9 @@ class ContainerSpec(_Model):
     )
     mounts: list[str] = Field(
         default_factory=list,
-        description="Host folders to bind inside, 'SRC:DST' or 'SRC:DST:ro' (SRC absolute). The run folder, the "
-        "code snapshot and the orchestrator's own package are bound automatically.",
+        description="Host folders to bind inside, 'SRC:DST' or 'SRC:DST:ro' (SRC absolute; no ',' in either, as "
+        "apptainer and pyxis read one list). The run folder, the code snapshot and the orchestrator's own package are "
+        "bound automatically.",
     )
     python: str = Field(
         "python3",
@@ -550,7 +551,9 @@ class ContainerSpec(_Model):
     options: list[str] = Field(
         default_factory=list,
         description="Extra options for the runtime, as written: apptainer exec's (['--writable-tmpfs']; not "
-        "--cleanenv, which hides SLURM's variables from the ranks) or srun's pyxis options (['--container-writable']).",
+        "--cleanenv or --containall, which hide SLURM's variables from the ranks) or srun's pyxis options "
+        "(['--container-writable']). Options the orchestrator sets itself are refused, in any form (--container-image, "
+        "--container-mounts, --container-workdir, srun's --output, --ntasks...): set the spec's field instead.",
     )
 
     @field_validator("image")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
 
 from orchestrator.payload import TrackingSettings
@@ -56,6 +57,13 @@ def folders(run_dir: str) -> dict[str, str]:
             "mlflow": os.path.join(run_dir, "mlruns")}
 
 
+def file_uri(path: str) -> str:
+    """``path`` as a file:// URI, percent-encoded: a '#', '?', '%' or space in a folder's name is
+    part of the path, not a fragment, a query or an escape (MLflow reads the URI back with
+    urllib, which would otherwise drop or decode them and write somewhere else)."""
+    return PurePosixPath(os.path.abspath(path)).as_uri()
+
+
 def environment(payload: Payload) -> dict[str, str]:
     """The trackers' variables for a rank of this payload (its run id and folder: a sweep point's own)."""
     t, where = payload.tracking, folders(payload.run_dir)
@@ -67,7 +75,7 @@ def environment(payload: Payload) -> dict[str, str]:
     if t.mlflow:
         # MLflow 3 refuses a file store unless told that it is wanted: it is here (one folder per run,
         # no server and no database on a shared filesystem).
-        env.update(MLFLOW_TRACKING_URI="file://" + where["mlflow"], MLFLOW_EXPERIMENT_NAME=payload.job_name,
+        env.update(MLFLOW_TRACKING_URI=file_uri(where["mlflow"]), MLFLOW_EXPERIMENT_NAME=payload.job_name,
                    MLFLOW_ALLOW_FILE_STORE="true")
     return env
 
@@ -97,7 +105,7 @@ def plan_lines(launch: _Launch, environ: Mapping[str, str] | None = None) -> lis
     if p.tracking.tensorboard:
         on.append(f"TensorBoard {where['tensorboard']}")
     if p.tracking.mlflow:
-        on.append(f"MLflow file:{where['mlflow']} (experiment {p.job_name})")
+        on.append(f"MLflow {file_uri(where['mlflow'])} (experiment {p.job_name})")
     lines = [f"tracking: {'; '.join(on)}{points}"] if on else []
     off = [why for why in (_off_reason(launch.spec, environ, name, label, names) for name, label, names in
                            (("wandb", "W&B", WANDB_VARS), ("tensorboard", "TensorBoard", TENSORBOARD_VARS),

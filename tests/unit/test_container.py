@@ -116,3 +116,122 @@ def test_the_spec_refuses_what_cannot_run(tmp_path: Path) -> None:
         with pytest.raises(SpecError, match=said):
             spec_from_dict({**base, **extra, "container": section})
     spec_from_dict({**base, "container": {"runtime": "apptainer", "image": "docker://pytorch/pytorch"}})
+
+
+# ---- options the orchestrator sets itself, and paths that would split the mount list --------------
+def _problems(tmp_path: Path, runtime: str, image: str, **section: object) -> list[str]:
+    spec = {"name": "ct", "entrypoint": "m:f", "executor": "slurm", "runs_dir": str(tmp_path / "runs"),
+            "workdir": str(tmp_path), "container": {"runtime": runtime, "image": image, **section}}
+    try:
+        spec_from_dict(spec)
+    except SpecError as exc:
+        return exc.problems
+    return []
+
+
+@pytest.mark.parametrize("runtime, image, options, reserved", [
+    # pyxis: srun's options; the orchestrator's own flags in both forms, and abbreviated (getopt_long)
+    ("pyxis", "img", ["--container-image=other"], "--container-image"),
+    ("pyxis", "img", ["--container-image", "other"], "--container-image"),
+    ("pyxis", "img", ["--container-mounts=/a:/a"], "--container-mounts"),
+    ("pyxis", "img", ["--container-mounts", "/a:/a"], "--container-mounts"),
+    ("pyxis", "img", ["--container-workdir=/w"], "--container-workdir"),
+    ("pyxis", "img", ["--container-im=other"], "--container-image"),
+    ("pyxis", "img", ["--container=/bundle"], "--container"),
+    ("pyxis", "img", ["--output=/tmp/x.log"], "--output"),
+    ("pyxis", "img", ["-o", "/tmp/x.log"], "--output"),
+    ("pyxis", "img", ["--ntasks", "1"], "--ntasks"),
+    ("pyxis", "img", ["-n1"], "--ntasks"),
+    ("pyxis", "img", ["-lK0"], "--kill-on-bad-exit"),
+    ("pyxis", "img", ["--kill-on-bad-exit=0"], "--kill-on-bad-exit"),
+    ("oci", "/bundle", ["--container=/other"], "--container"),
+    ("oci", "/bundle", ["--cpus-per-task=8"], "--cpus-per-task"),
+    ("oci", "/bundle", ["--export=NONE"], "--export"),
+    # apptainer: what clears the environment, long, short and in a group of short flags
+    ("apptainer", "/i.sif", ["--cleanenv"], "--cleanenv"),
+    ("apptainer", "/i.sif", ["--cleanenv=true"], "--cleanenv"),
+    ("apptainer", "/i.sif", ["-e"], "--cleanenv"),
+    ("apptainer", "/i.sif", ["-ce"], "--cleanenv"),
+    ("apptainer", "/i.sif", ["--writable-tmpfs", "-wC"], "--containall"),
+    ("apptainer", "/i.sif", ["--containall"], "--containall"),
+])
+def test_options_the_orchestrator_sets_are_refused_in_every_form(tmp_path: Path, runtime: str, image: str,
+                                                                 options: list[str], reserved: str) -> None:
+    found = [p for p in _problems(tmp_path, runtime, image, options=options) if p.startswith("container.options: ")]
+    assert len(found) == 1, found
+    assert reserved in found[0] and any(f"{o!r}" in found[0] for o in options), found
+    assert found[0].endswith(" instead") or found[0].endswith("leave it out (the spec's env is set inside anyway)") \
+        or found[0].endswith("; leave it out"), found
+
+
+@pytest.mark.parametrize("runtime, image, options", [
+    ("apptainer", "/i.sif", ["--bind", "/a:/a", "-B", "/b:/b", "--writable-tmpfs", "--nv", "-c", "--env", "A=-e"]),
+    ("apptainer", "/i.sif", ["-B/x:/e", "-Hhome-e", "--no-home", "--pwd", "/w"]),  # a value holding 'e' is no flag
+    ("pyxis", "img", ["--container-writable", "--container-remap-root", "--container-env=A,B", "--container-name=x",
+                      "--no-container-mount-home", "--container-mount-home", "-l", "--mpi=pmix"]),
+    ("oci", "/bundle", ["--label", "--mpi", "pmix"]),
+])
+def test_other_options_pass(tmp_path: Path, runtime: str, image: str, options: list[str]) -> None:
+    assert not [p for p in _problems(tmp_path, runtime, image, options=options) if "container.options" in p]
+
+
+def test_the_reserved_table_is_applied_per_runtime(tmp_path: Path) -> None:
+    """An option is reserved for the runtime it goes to: -e is apptainer's --cleanenv but srun's
+    --error; pyxis's flags mean nothing to apptainer exec (it would refuse them itself)."""
+    assert "--error" in _problems(tmp_path, "pyxis", "img", options=["-e", "/x"])[0]
+    assert "--cleanenv" in _problems(tmp_path, "apptainer", "/i.sif", options=["-e"])[0]
+    for runtime, table in container.RESERVED_OPTIONS.items():
+        for name, short, _ in table:
+            for form in [[name, "x"], [f"{name}=x"], *([[short]] if short else [])]:
+                assert container.reserved_options(runtime, form)[0][1] == name, (runtime, form)
+
+
+@pytest.mark.parametrize("runtime", ["apptainer", "pyxis"])
+def test_a_mount_holding_a_comma_is_refused(tmp_path: Path, runtime: str) -> None:
+    image = "/i.sif" if runtime == "apptainer" else "img"
+    found = _problems(tmp_path, runtime, image, mounts=["/data/a,b:/data"])
+    assert any(p.startswith("container.mounts: '/data/a,b:/data' holds ','") for p in found), found
+    assert any("'/data:/data,x'" in p for p in _problems(tmp_path, runtime, image, mounts=["/data:/data,x"]))
+    assert not _problems(tmp_path, runtime, image, mounts=["/data:/data:ro", "/scratch:/scratch:rw"])
+
+
+def test_oci_takes_a_comma_in_a_mount(tmp_path: Path) -> None:
+    """The OCI bundle's config.json lists each mount apart: a ',' splits nothing there."""
+    assert not _problems(tmp_path, "oci", "/bundle", mounts=["/data/a,b:/data"])
+
+
+@pytest.mark.parametrize("field, char", [("runs_dir", ","), ("runs_dir", ":"), ("workdir", ","),
+                                         ("checkpoint.dir", ":"), ("distributed.rendezvous_dir", ",")])
+def test_a_folder_bound_at_its_host_path_must_not_split_the_mount_list(tmp_path: Path, field: str, char: str) -> None:
+    spec: dict = {"name": "ct", "entrypoint": "m:f", "executor": "slurm", "runs_dir": str(tmp_path / "runs"),
+                  "workdir": str(tmp_path / "work"), "container": {"runtime": "apptainer", "image": "/i.sif"}}
+    path = str(tmp_path / f"a{char}b")  # not inside the workdir (that one is bound whole)
+    section, _, last = field.rpartition(".")
+    (spec.setdefault(section, {}) if section else spec)[last] = path
+    with pytest.raises(SpecError) as info:
+        spec_from_dict(spec)
+    line = next(p for p in info.value.problems if p.startswith(f"{field}: "))
+    assert repr(char) in line and "use one without ':' or ','" in line, line
+    if char == ",":  # only apptainer's and pyxis's lists are split at ','
+        spec_from_dict({**spec, "container": {"runtime": "oci", "image": "/bundle"}, "cpu_ranks_per_node": 1})
+
+
+def test_the_folder_the_cli_runs_in_is_checked_when_it_is_bound(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    odd, work = tmp_path / "a,b", tmp_path / "work"
+    odd.mkdir()
+    work.mkdir()
+    monkeypatch.chdir(odd)
+    base = {"name": "ct", "entrypoint": "m:f", "executor": "slurm", "runs_dir": str(tmp_path / "runs"),
+            "container": {"runtime": "pyxis", "image": "img"}}
+    with pytest.raises(SpecError, match=r"workdir \(unset: the folder the CLI runs in\): .*holds ','"):
+        spec_from_dict(base)
+    with pytest.raises(SpecError, match=r"code.snapshot \(false: .*holds ','"):
+        spec_from_dict({**base, "workdir": str(work), "code": {"snapshot": False}})
+    # Bound inside a folder bound already (the workdir): the list never names it.
+    spec_from_dict({**base, "workdir": str(tmp_path), "code": {"snapshot": False}})
+    spec = spec_from_dict({**base, "workdir": str(work)})  # a snapshot: where the CLI runs is not bound
+    spec_from_dict({**base, "executor": "local"})  # the local executor runs the ranks on the host
+    # The plan's own check, for what validate cannot foresee (an installed module: no snapshot to bind).
+    with pytest.raises(SpecError, match=r"container: the mount .*a,b.* holds ':' or ','"):
+        plan(spec)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -78,7 +79,7 @@ def test_the_rank_environment_from_plan_shows_the_defaults(tmp_path: Path) -> No
     assert env["MLFLOW_ALLOW_FILE_STORE"] == "true"  # MLflow 3 refuses a file store without it
     lines = tracking.plan_lines(launch, environ={})
     assert lines[0] == (f"tracking: W&B run {launch.run_id} (WANDB_RESUME=allow) in {run}/wandb; TensorBoard "
-                        f"{run}/tensorboard; MLflow file:{run}/mlruns (experiment trk)")
+                        f"{run}/tensorboard; MLflow file://{run}/mlruns (experiment trk)")
     assert f"orchestrator sync {launch.run_id}" in lines[-1]
 
 
@@ -136,7 +137,7 @@ def test_sync_says_when_a_run_has_nothing_offline(tmp_path: Path, capsys: pytest
     (tmp_path / "mlruns").mkdir()
     with pytest.raises(OrchestratorError, match="no offline W&B runs .* WANDB_MODE=offline"):
         sync.sync(tmp_path, "quiet", dry_run=True)
-    assert f"--backend-store-uri file:{tmp_path}/mlruns" in capsys.readouterr().out
+    assert f"--backend-store-uri file://{tmp_path}/mlruns" in capsys.readouterr().out
 
 
 def test_metrics_writer_imports_no_tracker_unless_asked(tmp_path: Path) -> None:
@@ -151,3 +152,73 @@ def test_metrics_writer_imports_no_tracker_unless_asked(tmp_path: Path) -> None:
                          env=env, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr
     assert (tmp_path / "metrics" / "rank-0.jsonl").read_text().count("\n") == 4
+
+
+def test_mlflow_writes_into_the_run_folder_whatever_its_path_holds(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A '#' (a fragment), '?' (a query), '%' (an escape) or a space in the run folder's path is part
+    of the path: the URI is percent-encoded, and MLflow itself writes under exactly <run>/mlruns."""
+    pytest.importorskip("mlflow")
+    cwd = tmp_path / "p%25q"  # '%25' would decode to '%' from an unencoded URI
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    launch = _plan(tmp_path, runs_dir="runs #1 ?x")  # relative: under the folder holding '%'
+    run = Path(launch.run_dir)
+    assert all(ch in str(run) for ch in "#?% ")
+    env = launch.ranks[0].env
+    assert env["MLFLOW_TRACKING_URI"] == run.joinpath("mlruns").as_uri() and "%23" in env["MLFLOW_TRACKING_URI"]
+    code = "import mlflow; mlflow.log_metric('loss', 0.5); mlflow.end_run()"
+    child = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                         env={**child, **{k: env[k] for k in tracking.MLFLOW_VARS + ("MLFLOW_ALLOW_FILE_STORE",)}})
+    assert out.returncode == 0, out.stderr
+    metrics = list((run / "mlruns").glob("*/*/metrics/loss"))
+    assert len(metrics) == 1 and metrics[0].read_text().split()[1] == "0.5", sorted(map(str, run.rglob("*")))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p%25q"]  # nothing written beside it
+    assert sorted(p.name for p in cwd.iterdir()) == ["runs #1 ?x"]
+
+
+def test_sync_never_follows_a_symlink_out_of_the_run_folder(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """A link inside the run folder that leads elsewhere (another run's offline folder, a whole
+    foreign wandb/ or points/ folder, a foreign store) is neither synced nor pointed at; each is
+    said in one line. A link that stays inside the run folder is followed."""
+    run, foreign = tmp_path / "job-0123abcd", tmp_path / "other-run"
+    own = _offline(run, "20260101_000000", "job-0123abcd")
+    theirs = _offline(foreign, "20250101_000000", "other")
+    (run / "wandb" / "wandb" / "offline-run-20260101_000100-stolen").symlink_to(theirs)  # one folder
+    inner = _offline(run / "attic", "20260101_000200", "job-0123abcd")  # a link that stays inside
+    (run / "wandb" / "wandb" / inner.name).symlink_to(inner)
+    (run / "points").mkdir()
+    (run / "points" / "0000").symlink_to(foreign)  # a whole point: its wandb/ is the foreign run's
+    _offline(run / "points" / "0001", "20260101_000000", "job-0123abcd-point-0001")
+    (run / "points" / "0001" / "wandb" / "wandb" / "offline-run-20260101_000300-log").mkdir()
+    (run / "points" / "0001" / "wandb" / "wandb" / "offline-run-20260101_000300-log" / "run-log.wandb").symlink_to(
+        theirs / "run-other.wandb")  # the log wandb sync would upload
+    (foreign / "mlruns").mkdir()
+    (foreign / "tensorboard").mkdir()
+    (run / "mlruns").symlink_to(foreign / "mlruns")
+    (run / "tensorboard").symlink_to(foreign / "tensorboard")
+
+    assert [r.path for r in sync.offline_runs(run)] == [own, run / "wandb" / "wandb" / inner.name,
+                                                        run / "points" / "0001" / "wandb" / "wandb" /
+                                                        "offline-run-20260101_000000-job-0123abcd-point-0001"]
+    assert sync.viewer_lines(run) == []  # neither the store nor the events lie in the run folder
+    assert sync.sync(run, "job-0123abcd", dry_run=True) == 0
+    out, err = capsys.readouterr()
+    assert str(foreign) not in out and "other" not in out and "stolen" not in out, out
+    skipped = err.splitlines()
+    assert sorted(line.split(":")[0] for line in skipped) == ["warning"] * 5, err
+    for path in ["wandb/wandb/offline-run-20260101_000100-stolen", "points/0000", "mlruns", "tensorboard",
+                 "points/0001/wandb/wandb/offline-run-20260101_000300-log/run-log.wandb"]:
+        assert sum(line.startswith(f"warning: skipped {run / path}: a symbolic link leads it out of the run folder")
+                   for line in skipped) == 1, (path, err)
+
+
+def test_sync_follows_a_run_folder_reached_through_a_link(tmp_path: Path) -> None:
+    """The runs folder itself may be a link (to scratch): what lies in the run folder is its own."""
+    real = tmp_path / "scratch" / "job-0123abcd"
+    first = _offline(real, "20260101_000000", "job-0123abcd")
+    (tmp_path / "runs").symlink_to(tmp_path / "scratch")
+    runs = sync.offline_runs(tmp_path / "runs" / "job-0123abcd")
+    assert [r.path.name for r in runs] == [first.name]

@@ -909,6 +909,18 @@ def load_manifest(path: str | Path) -> dict[str, Entry]:
         raise SnapshotError(f"cannot read the snapshot's manifest {path}: {exc}") from None
 
 
+def read_code_record(path: str | Path) -> dict:
+    """A run's ``code.json`` (``Snapshot.summary()``), checked: a damaged one is one line."""
+    try:
+        code = json.loads(Path(path).read_text(encoding="utf-8"))
+        if not isinstance(code, dict) or not all(isinstance(code.get(k), str) for k in ("id", "root", "manifest")):
+            raise ValueError("id, root or manifest is missing")
+    except (OSError, ValueError) as exc:
+        raise SnapshotError(f"the run's code record {path} is damaged ({exc}); the run itself is unaffected, "
+                            "but its snapshot cannot be compared") from None
+    return code
+
+
 def blob_path(store_dir: str | Path, sha: str) -> Path:
     return Path(store_dir) / "blobs" / sha[:2] / sha
 

@@ -129,8 +129,10 @@ def test_edits_after_a_detached_run_never_reach_its_ranks(tmp_path: Path) -> Non
     run_dir = proj / "runs" / run_id
     assert wait_ended(run_dir) == "COMPLETED", rank_log(run_dir)
     code = json.loads((run_dir / "code.json").read_text())
-    tree = proj / "runs" / ".code" / "trees" / code["id"]
-    assert code["tree"] == str(tree) and code["root"] == str(proj) and code["how"] == "git"
+    tree = Path(code["tree"])  # <store>/trees/<id>-<root hash>/ mirrors the project's last folders
+    view = tree.relative_to(proj / "runs" / ".code" / "trees").parts
+    assert view[0].startswith(code["id"] + "-") and view[1:] == proj.parts[-3:], tree
+    assert code["root"] == str(proj) and code["how"] == "git"
     for rank in (0, 1):
         log = rank_log(run_dir, rank)
         assert f"rank={rank} helper=helper-old marker=script-old file-says=script-old" in log, log
@@ -228,7 +230,7 @@ def test_a_module_entrypoint_reached_through_pythonpath_is_imported_from_the_tre
     trees = runs / ".code" / "trees"
     found = re.search(r"^train-file=(\S+)$", log, re.M)
     assert found and Path(found[1]).is_relative_to(trees), log
-    assert Path(found[1]).relative_to(trees).parts[1:] == ("mypkg", "train.py"), log
+    assert Path(found[1]).relative_to(trees).parts[-2:] == ("mypkg", "train.py"), log
     util = re.search(r"^util-file=(\S+) who=(\S+)$", log, re.M)
     assert util and Path(util[1]).is_relative_to(trees) and util[2] == "util-old", log
     assert "imported from the live project" not in log, log
@@ -254,7 +256,7 @@ def test_plan_shows_identity_and_code_lines_and_diff_lists_what_changed_since(tm
                      r"(\d+) new file\(s\), .* to store; the ranks import it from (\S+)$", plan.stdout, re.M)
     assert code, shown(plan)
     assert code[2] == str(proj) and int(code[4]) == 4  # .gitignore, helper.py, spec.yaml, train.py
-    assert code[6] == str(proj / "runs" / ".code" / "trees" / code[1])
+    assert code[6].startswith(str(proj / "runs" / ".code" / "trees" / code[1]) + "-") and code[6].endswith("/proj")
     assert not (proj / "runs").exists()  # plan stores nothing
     run_id = ended_id(orch("run", "spec.yaml", cwd=proj))
     assert run_id == identity[1]

@@ -413,8 +413,10 @@ def cmd_remote_files(args: argparse.Namespace) -> int:
 def _remote_target(args: argparse.Namespace) -> str | None:
     """The login node a command goes to: --remote, else the config file's remote.host for the
     commands that run there (never with --local, never on the login node itself)."""
-    from orchestrator.remote import REMOTE_COMMANDS, config_path
+    from orchestrator.remote import REMOTE_COMMANDS, check_host, config_path
 
+    if args.remote is not None:  # --remote '' would otherwise run here, --remote=-o... reach ssh as an option
+        check_host(args.remote)
     if args.command not in REMOTE_COMMANDS or args.local or args.client_version:
         if args.remote and args.command not in REMOTE_COMMANDS:
             raise UsageError(f"--remote works with {', '.join(REMOTE_COMMANDS)}; '{args.command}' runs here "
@@ -450,14 +452,14 @@ def cmd_diff(args: argparse.Namespace) -> int:
     """The run's snapshot against the project on disk now: the files added, deleted and modified
     since, and for each its unified diff (snapshot on the left)."""
     from orchestrator.api import Run
-    from orchestrator.snapshot import changes_since, unified_diff
+    from orchestrator.snapshot import changes_since, read_code_record, unified_diff
 
     run = Run.get(args.run)
     path = RunFolder.of(run.run_dir).code
     if not path.is_file():
         raise OrchestratorError(f"run {run.id} has no code snapshot (it ran the live files: code.snapshot was false, "
                                 "the entrypoint is an installed package, or an older version ran it)")
-    code = json.loads(path.read_text(encoding="utf-8"))
+    code = read_code_record(path)
     changed, _, frozen = changes_since(code)
     commit = f", git {code['commit'][:12]}{' + uncommitted changes' if code.get('dirty') else ''}" \
         if code.get("commit") else ""

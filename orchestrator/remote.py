@@ -77,9 +77,8 @@ class RemoteSettings:
         if unknown:
             raise ValueError(f"{unknown[0]}: unknown setting (known: host, ssh, control_path, command, reconnect_s)")
         host = data.get("host")
-        if host is not None and (not isinstance(host, str) or host.startswith("-")
-                                 or not re.fullmatch(r"[A-Za-z0-9_.@%:\[\]-]+", host)):
-            raise ValueError(f"host: {host!r} is not an ssh destination (user@host or a Host name of ~/.ssh/config)")
+        if host is not None:
+            _check_host(host)
         words = {}
         for name in ("ssh", "command"):
             value = data.get(name, getattr(cls, name))
@@ -94,6 +93,30 @@ class RemoteSettings:
             raise ValueError("reconnect_s: give a number of seconds from 0 to 86400")
         return cls(host=host, ssh=words["ssh"], control_path=control, command=words["command"],
                    reconnect_s=float(reconnect))
+
+
+def _check_host(host: Any) -> None:
+    """Raise ValueError("host: why") unless ``host`` can only be read by ssh as its destination:
+    an empty one would name nothing, one starting with '-' would be read as an option."""
+    why = None
+    if host == "":
+        why = "it is empty"
+    elif isinstance(host, str) and host.startswith("-"):
+        why = "it starts with '-', which ssh would read as an option"
+    if why is not None or not isinstance(host, str) or not re.fullmatch(r"[A-Za-z0-9_.@%:\[\]-]+", host):
+        raise ValueError(f"host: {host!r} is not an ssh destination{f' ({why})' if why else ''}: give user@host or "
+                         "a Host name of ~/.ssh/config")
+
+
+def check_host(host: str) -> None:
+    """Refuse ``--remote HOST`` at once when HOST names no login node: ``--remote ''`` would
+    otherwise fall back to the config file or to running here, and ``--remote=-oX`` reach ssh
+    as an option."""
+    try:
+        _check_host(host)
+    except ValueError as exc:
+        raise UsageError(f"--remote{str(exc)[len('host'):]} (or leave --remote out to use remote.host of "
+                         f"{config_path()}, or give --local to run here)") from None
 
 
 def config_path() -> Path:
@@ -118,12 +141,12 @@ def load_settings(host: Optional[str] = None) -> RemoteSettings:
         if not isinstance(loaded, dict) or not isinstance(loaded.get("remote", {}), dict):
             raise UsageError(f"{path}: expected a mapping with a 'remote:' mapping in it")
         data = dict(loaded.get("remote") or {})
-    if host:
+    if host is not None:
         data["host"] = host
     try:
         return RemoteSettings.parse(data)
     except ValueError as exc:
-        where = "--remote" if host and str(exc).startswith("host:") else f"{path}: remote."
+        where = "--remote" if host is not None and str(exc).startswith("host:") else f"{path}: remote."
         raise UsageError(f"{where}{str(exc) if where.endswith('.') else str(exc)[len('host'):]}") from None
 
 
@@ -250,6 +273,10 @@ def submit(ssh: Ssh, args: Any) -> int:
     from orchestrator.loading import load_spec
 
     spec = load_spec(*args.spec, overrides=args.overrides, executor=args.executor or "slurm")
+    if spec.executor != "slurm":  # the login node refuses it too: it is shared, it only queues jobs
+        raise UsageError(f"--remote submit queues the job on SLURM there, and --executor {spec.executor} would run it "
+                         "on the login node itself (shared by everyone): drop --executor, or run it here without "
+                         "--remote")
     header, sources = shipment(spec)
     ssh.require_master()
     proc = subprocess.Popen(ssh.orchestrator(["remote-receive"]), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
@@ -383,6 +410,7 @@ def shipment(spec: Any) -> tuple[dict, dict[str, str]]:
 
     cwd = os.getcwd()
     data = spec.model_dump(mode="json", exclude_defaults=True)
+    data["executor"] = spec.executor  # always said: the login node takes nothing but slurm, never a default
     root, how = project_root(spec.entrypoint, cwd)
     header: dict[str, Any] = {"protocol": PROTOCOL, "version": __version__, "spec": data, "files": {}, "cwd": "."}
     sources: dict[str, str] = {}
@@ -395,18 +423,31 @@ def shipment(spec: Any) -> tuple[dict, dict[str, str]]:
     cache = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "orchestrator", "ship")
     script = spec.entrypoint.endswith(".py") or ":" not in spec.entrypoint
     snap: Snapshot = scan(root, how, cache, ignore_file=spec.code.ignore_file, max_mb=spec.code.max_mb,
-                          exclude=[runs], required=[os.path.abspath(spec.entrypoint)] if script else [])
+                          exclude=[runs], required=[os.path.abspath(spec.entrypoint)] if script else [],
+                          include_patterns=spec.code.include, exclude_patterns=spec.code.exclude)
     write_index(snap)
+    entries = {rel: e for rel, e in snap.entries.items() if e.link is None or not os.path.isabs(e.link)}
+    for rel in sorted(set(snap.entries) - set(entries)):  # its target is on this machine, not the cluster
+        print(f"[orchestrator] not shipped: {rel} is a link leading out of the project (to {snap.entries[rel].link}); "
+              "on the login node, point to the cluster's copy from the spec or the script", file=sys.stderr)
     rel_cwd = os.path.relpath(cwd, root)
     if rel_cwd.startswith(os.pardir):
         raise UsageError(f"run 'orchestrator --remote ... submit' from inside the project ({root}): the login node "
                          "recreates it, and relative paths in the spec are read from where you are in it")
     if script and os.path.isabs(spec.entrypoint):
         data["entrypoint"] = os.path.relpath(spec.entrypoint, cwd)
-    header.update(files={rel: e.to_json() for rel, e in snap.entries.items()}, cwd=rel_cwd,
-                  project=f"{Path(root).name}-{_short(root)}", commit=snap.commit, diff=snap.diff)
-    sources = {e.sha: os.path.join(root, rel) for rel, e in snap.entries.items() if e.link is None}
+    header.update(files={rel: e.to_json() for rel, e in entries.items()}, cwd=rel_cwd,
+                  project=project_name(root), commit=snap.commit, diff=snap.diff)
+    sources = {e.sha: os.path.join(root, rel) for rel, e in entries.items() if e.link is None}
     return header, sources
+
+
+def project_name(root: str) -> str:
+    """The login node's name for this project's checkout: the folder's name made a plain one
+    (the login node accepts letters, digits, '_', '.', '-', not a leading '.' or '-'), then a
+    hash of this host and the path, which keeps projects of one name apart."""
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(root).name).lstrip(".-")[:100]
+    return f"{name or 'project'}-{_short(root)}"
 
 
 def _short(text: str) -> str:

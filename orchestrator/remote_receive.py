@@ -14,28 +14,108 @@ lacks are removed, files the jobs wrote are left), records the manifest in
 ``.orchestrator-shipped.json`` (which ``snapshot`` then freezes as is, without hashing again),
 and submits from the folder the user was in, so relative paths in the spec mean what they meant
 on the laptop, and a relative ``runs_dir`` stays the same between submissions (runs resume).
+
+Everything received is hostile input until checked: a damaged or older client, a tampered
+stream or another program speaking the protocol must never make this node write outside its
+checkout and blob store, nor run anything on it (a login node is shared). So the whole header is
+checked before the first answer, and refused with one line (``{"error": ...}``, exit non-zero):
+
+- the header: one JSON line of at most ``MAX_HEADER_BYTES``, only the fields above;
+  ``files``: at most ``MAX_FILES`` entries, each ``[sha256, size, mode]`` (a file: mode ``0o644``
+  or ``0o755``, ``0 <= size <= MAX_FILE_BYTES``, all of them together at most
+  ``MAX_TOTAL_BYTES``) or ``[sha256 of the target, 0, "0o777", target]`` (a link);
+- paths: relative, ``/``-separated, no empty, ``.`` or ``..`` part, no NUL, at most
+  ``MAX_NAME_BYTES`` a part and ``MAX_PATH_BYTES`` in all; nothing beneath a shipped file or
+  link; no file named as the checkout's own record (``.orchestrator-shipped.json``);
+- links: a relative target that, followed through the shipped links as the kernel would, stays
+  inside the project (an absolute target, or one that climbs out, would point elsewhere from
+  the checkout than from the laptop's project);
+- ``cwd``: ``.`` or a path inside the project through no shipped file or link;
+- ``project``: letters, digits, ``_ . -``, not starting with ``.`` or ``-``, up to 120;
+- the spec: ``executor: slurm`` only (this node queues jobs; it never runs them);
+- the blob stream: ``<sha256> <size>\\n`` for a blob asked for, with the size the header gave,
+  then exactly that many bytes; then ``END\\n``. ``snapshot.put_blob`` hashes each while writing
+  it aside and renames it into place, so a refused or cut stream leaves no partial blob.
+
+In the checkout, every folder is opened one by one, relative to its parent, with ``O_NOFOLLOW``,
+and every file is made beside its place and renamed onto it: nothing is ever written through a
+link, whether shipped, left there by a job, or swapped in meanwhile.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
+import hashlib
 import io
 import json
 import os
 import re
 import shutil
+import stat
 import sys
 import tarfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Iterator
+from typing import IO, Any, Callable, Iterator, Mapping, Optional
 
 from orchestrator.errors import OrchestratorError, UsageError
-from orchestrator.snapshot import put_blob
+from orchestrator.snapshot import SHIPPED_NAME, put_blob
 
-_SHA = re.compile(r"^[0-9a-f]{64}$")
-_PROJECT = re.compile(r"^[A-Za-z0-9_.-]{1,120}$")
+#: The header line's limit (a manifest of a million files fits).
 MAX_HEADER_BYTES = 256 << 20
+#: How many entries one submission may ship.
+MAX_FILES = 1_000_000
+#: One file's size, and all the shipped files' sizes together: code.max_mb's own upper bound
+#: (100,000 MB, spec.py), the largest snapshot the client ever sends.
+MAX_FILE_BYTES = 100_000 * 10**6
+MAX_TOTAL_BYTES = MAX_FILE_BYTES
+#: Linux's limits on a name and on a path.
+MAX_NAME_BYTES = 255
+MAX_PATH_BYTES = 4095
+#: Links followed in a row before a target counts as a loop (the kernel's own limit).
+MAX_LINK_HOPS = 40
+#: Steps spent following all the shipped links (a tangle of links must not hold the node).
+_LINK_WORK = 10_000_000
+FILE_MODES = ("0o644", "0o755")
+LINK_MODE = "0o777"
+#: The checkout of a submission that ships nothing (an installed package's module).
+NO_PROJECT = "_no-project"
+_HEADER_KEYS = frozenset({"protocol", "version", "spec", "project", "cwd", "files", "commit", "diff"})
+_SHA = re.compile(r"[0-9a-f]{64}")
+_PROJECT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,119}")
+_COMMIT = re.compile(r"[0-9a-f]{7,64}")
+_BLOB_LINE = re.compile(rb"([0-9a-f]{64}) (-?[0-9]{1,20})\n")
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+#: The start of the one line a bug (not the input) ends in; the tests look for it.
+INTERNAL_ERROR = "the login node failed on this submission"
+
+
+@dataclass(frozen=True)
+class Shipped:
+    """One checked entry of the manifest: a file's content hash, size and mode, or a link."""
+
+    sha: str
+    size: int
+    mode: str
+    link: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Submission:
+    """The header, checked whole (see the module's doc)."""
+
+    spec: dict
+    files: dict[str, Shipped]
+    project: Optional[str]
+    cwd: str
+    commit: Optional[str]
+    diff: str
+
+    def blob_sizes(self) -> dict[str, int]:
+        """The content every shipped file needs, by hash, with its size."""
+        return {e.sha: e.size for e in self.files.values() if e.link is None}
 
 
 def remote_home() -> Path:
@@ -45,74 +125,313 @@ def remote_home() -> Path:
 
 
 def serve(stdin: IO[bytes], stdout: IO[bytes]) -> int:
+    """One submission, from its header to its answer (see the module's doc). Whatever goes
+    wrong ends as one ``{"error": ...}`` line and a non-zero exit: the client prints it, and a
+    traceback on the user's screen would tell them nothing they can act on."""
     def say(message: dict) -> None:
         stdout.write(json.dumps(message).encode() + b"\n")
         stdout.flush()
 
+    def refuse(text: str) -> None:  # the client may be gone already: nothing more to tell it then
+        with contextlib.suppress(OSError, ValueError):
+            say({"error": text})
+
     try:
-        header = _header(stdin.readline(MAX_HEADER_BYTES + 1))
+        submission = _header(stdin.readline(MAX_HEADER_BYTES + 1))
         base = remote_home()
         blobs = base / "blobs"
-        files: dict[str, list] = header["files"]
-        needed = sorted({item[0] for item in files.values() if len(item) < 4 or item[3] is None})
-        missing = [sha for sha in needed if not (blobs / sha[:2] / sha).is_file()]
-        say({"missing": missing})
-        _receive_blobs(stdin, blobs, set(missing))
+        missing = {sha: size for sha, size in sorted(submission.blob_sizes().items())
+                   if not (blobs / sha[:2] / sha).is_file()}
+        say({"missing": list(missing)})
+        _receive_blobs(stdin, blobs, missing)
         with contextlib.redirect_stdout(sys.stderr):  # the CLI's own lines are for the user, not the protocol
-            run = _submit(header, base, blobs)
+            run = _submit(submission, base, blobs)
         say({"submitted": run})
         return 0
     except OrchestratorError as exc:
-        say({"error": str(exc)})
+        refuse(str(exc))
         return exc.exit_code
     except OSError as exc:
-        say({"error": f"on the login node: {exc}"})
+        refuse(f"on the login node: {exc}")
+        return 1
+    except Exception as exc:  # a bug, not the input: still one line for the client, never a traceback
+        refuse(f"{INTERNAL_ERROR} ({type(exc).__name__}: {_shown(str(exc))}); please report this line")
         return 1
 
 
-def _header(line: bytes) -> dict:
+# ---- the header ----------------------------------------------------------------------------------
+def _header(line: bytes) -> Submission:
+    """The submission's first line, checked whole before anything is written or answered."""
     from orchestrator.remote import PROTOCOL
 
-    try:
-        header = json.loads(line)
-    except ValueError:
-        raise UsageError("the submission's header is not JSON: update the orchestrator on your machine") from None
-    if not isinstance(header, dict) or header.get("protocol") != PROTOCOL:
+    if len(line) > MAX_HEADER_BYTES:
+        raise UsageError(f"the submission's header is over {MAX_HEADER_BYTES >> 20} MiB: ship fewer files (list data "
+                         "and outputs in the ignore file or code.exclude)")
+    header = _json(line)
+    protocol = header.get("protocol") if isinstance(header, dict) else None
+    if not isinstance(header, dict) or isinstance(protocol, bool) or protocol != PROTOCOL:
         raise UsageError(f"this login node speaks protocol {PROTOCOL}; install the same orchestrator version on both")
-    files = header.get("files")
-    if not isinstance(files, dict) or not isinstance(header.get("spec"), dict):
-        raise UsageError("the submission's header lacks its spec or files")
+    unknown = sorted(set(header) - _HEADER_KEYS)
+    if unknown:
+        raise UsageError(f"the submission's header has unknown field(s) {_shown(', '.join(unknown))}: install the "
+                         "same orchestrator version on both")
+    files = file_entries(header.get("files"))
+    _check_links(files)
+    return Submission(spec=_checked_spec(header.get("spec")), files=files,
+                      project=_checked_project(header.get("project"), files),
+                      cwd=_checked_cwd(header.get("cwd", "."), files),
+                      commit=_checked_commit(header.get("commit")), diff=_checked_text(header.get("diff"), "diff"))
+
+
+def _json(line: bytes) -> Any:
+    def no_constant(name: str) -> Any:
+        raise ValueError(f"{name} is not a JSON value")
+
+    try:
+        return json.loads(line, parse_constant=no_constant)
+    except (ValueError, RecursionError):  # RecursionError: arrays nested beyond the parser's depth
+        raise UsageError("the submission's header is not JSON: update the orchestrator on your machine") from None
+
+
+def _shown(value: Any, limit: int = 120) -> str:
+    """A received value as the error line shows it: quoted, escaped, cut short (it may hold anything)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def file_entries(files: Any) -> dict[str, Shipped]:
+    """The manifest's entries, each checked (``_path_problem``, ``_entry``), and checked together:
+    one size per content, a bounded total, nothing beneath a shipped file or link."""
+    if not isinstance(files, dict):
+        raise UsageError("the submission's header lacks its files: update the orchestrator on your machine")
+    if len(files) > MAX_FILES:
+        raise UsageError(f"the submission ships {len(files)} files, over the limit of {MAX_FILES}: list data and "
+                         "outputs in the ignore file or code.exclude")
+    entries: dict[str, Shipped] = {}
+    sizes: dict[str, int] = {}
     for rel, item in files.items():
+        problem = _path_problem(rel)
+        if problem is not None:
+            raise UsageError(f"refusing the shipped path {_shown(rel)}: {problem}; paths must be relative and stay "
+                             "inside the project")
+        entry = _entry(rel, item)
+        if entry.link is None and sizes.setdefault(entry.sha, entry.size) != entry.size:
+            raise UsageError(f"the shipped entry for {_shown(rel)} is malformed: its content has another size in "
+                             "another entry; submit again")
+        entries[rel] = entry
+    if sum(sizes.values()) > MAX_TOTAL_BYTES:
+        raise UsageError(f"the submission ships over {MAX_TOTAL_BYTES} bytes: list data and outputs in the ignore "
+                         "file or code.exclude")
+    _check_tree(entries)
+    return entries
+
+
+def _path_problem(rel: Any) -> Optional[str]:
+    """Why ``rel`` cannot name a place inside the checkout (None: it can)."""
+    if not isinstance(rel, str) or not rel:
+        return "it is empty" if rel == "" else "it is not text"
+    if "\0" in rel:
+        return "it holds a NUL character"
+    if rel.startswith("/"):
+        return "it is absolute"
+    try:
+        raw = os.fsencode(rel)
+    except UnicodeError:
+        return "it is not a name this system can hold"
+    if len(raw) > MAX_PATH_BYTES:
+        return f"it is over {MAX_PATH_BYTES} bytes"
+    for part in rel.split("/"):
+        if part in ("", ".", ".."):
+            return "it has an empty, '.' or '..' part"
+        if len(os.fsencode(part)) > MAX_NAME_BYTES:
+            return f"a part of it is over {MAX_NAME_BYTES} bytes"
+    return None
+
+
+def _entry(rel: str, item: Any) -> Shipped:
+    """One manifest entry, as ``snapshot.Entry.to_json`` writes it, with every field checked."""
+    bad = f"the shipped entry for {_shown(rel)} is malformed"
+    if not isinstance(item, list) or len(item) not in (3, 4):
+        raise UsageError(f"{bad} (expected [sha256, size, mode] or [sha256, 0, '0o777', target]): update the "
+                         "orchestrator on your machine")
+    sha, size, mode = item[:3]
+    link = item[3] if len(item) == 4 else None
+    if not isinstance(sha, str) or not _SHA.fullmatch(sha):
+        raise UsageError(f"{bad}: its hash {_shown(sha)} is not 64 lowercase hex digits; submit again")
+    if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_FILE_BYTES:
+        raise UsageError(f"{bad}: its size {_shown(size)} is not a whole number of bytes from 0 to {MAX_FILE_BYTES}")
+    if link is None:
+        if mode not in FILE_MODES:
+            raise UsageError(f"{bad}: its mode {_shown(mode)} is not one of {', '.join(FILE_MODES)}")
+        return Shipped(sha=sha, size=size, mode=mode)
+    if mode != LINK_MODE or size != 0:
+        raise UsageError(f"{bad}: a link has mode {LINK_MODE} and size 0")
+    if not isinstance(link, str) or not link or "\0" in link:
+        raise UsageError(f"{bad}: its link target {_shown(link)} is not a non-empty text without NUL")
+    try:
+        raw = os.fsencode(link)
+    except UnicodeError:
+        raise UsageError(f"{bad}: its link target {_shown(link)} is not a name this system can hold") from None
+    if len(raw) > MAX_PATH_BYTES or hashlib.sha256(raw).hexdigest() != sha:
+        raise UsageError(f"{bad}: its link target is over {MAX_PATH_BYTES} bytes, or not what its hash says")
+    return Shipped(sha=sha, size=0, mode=mode, link=link)
+
+
+def _check_tree(entries: Mapping[str, Shipped]) -> None:
+    """Nothing is shipped beneath a shipped file (it cannot be a folder too) or link (it would be
+    written through the link), and no file takes the name of the checkout's own record, at its
+    root or below (``snapshot`` trusts the nearest one above the folder it runs in)."""
+    for rel in entries:
         parts = rel.split("/")
-        if not rel or rel.startswith("/") or any(p in ("", ".", "..") for p in parts) or "\0" in rel:
-            raise UsageError(f"refusing the shipped path {rel!r}: paths must be relative and stay inside the project")
-        if not isinstance(item, list) or len(item) < 3 or not _SHA.match(str(item[0])):
-            raise UsageError(f"the shipped entry for {rel!r} is malformed")
-    cwd = header.get("cwd", ".")
-    if not isinstance(cwd, str) or cwd.startswith("/") or ".." in cwd.split("/"):
-        raise UsageError(f"refusing the shipped folder {cwd!r}")
-    if files and not _PROJECT.match(str(header.get("project", ""))):
-        raise UsageError("the submission names no valid project")
-    return header
+        if parts[-1] == SHIPPED_NAME:
+            raise UsageError(f"refusing the shipped path {_shown(rel)}: the login node keeps its own record of what "
+                             "was shipped under that name; rename that file, or list it in the ignore file")
+        for depth in range(1, len(parts)):
+            above = "/".join(parts[:depth])
+            holder = entries.get(above)
+            if holder is not None:
+                kind = "link" if holder.link is not None else "file"
+                raise UsageError(f"refusing the shipped path {_shown(rel)}: {_shown(above)} is shipped as a {kind}, "
+                                 "and nothing is written beneath one; ship one or the other")
 
 
-def _receive_blobs(stdin: IO[bytes], blobs: Path, wanted: set[str]) -> None:
+def _check_links(entries: Mapping[str, Shipped]) -> None:
+    """Every shipped link stays inside the project, followed as the kernel follows it."""
+    links = {rel: e.link for rel, e in entries.items() if e.link is not None}
+    budget = [_LINK_WORK]
+    for rel, target in sorted(links.items()):
+        if not _stays_inside(rel, links, budget):
+            raise UsageError(f"refusing the shipped link {_shown(rel)} -> {_shown(target)}: it leads out of the "
+                             "project, and the login node's checkout is not where your project is; make it a "
+                             "relative link that stays inside the project, or leave it out of the snapshot (the "
+                             "ignore file or code.exclude) and use the path on the cluster itself")
+
+
+def _stays_inside(rel: str, links: Mapping[str, str], budget: list[int]) -> bool:
+    """Whether the link ``rel`` resolves inside the project: its target walked part by part from
+    the link's folder, each shipped link met on the way replaced by its own target (so a link
+    to ``..`` followed by ``..`` is seen to climb two folders, not zero). A loop leads nowhere,
+    so it does not lead out."""
+    here = rel.split("/")[:-1]
+    pending = list(reversed(links[rel].split("/")))
+    if links[rel].startswith("/"):
+        return False
+    hops = 0
+    while pending:
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise UsageError("the shipped links are too many or too tangled to check: ship fewer links")
+        part = pending.pop()
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if not here:
+                return False
+            here.pop()
+            continue
+        here.append(part)
+        target = links.get("/".join(here))
+        if target is None:
+            continue
+        hops += 1
+        if hops > MAX_LINK_HOPS:
+            return True
+        if target.startswith("/"):
+            return False
+        here.pop()
+        pending.extend(reversed(target.split("/")))
+    return True
+
+
+def _checked_cwd(cwd: Any, entries: Mapping[str, Shipped]) -> str:
+    """The folder the user submitted from: ``.`` or a folder inside the project (never through
+    a shipped file or link: the jobs would start elsewhere than they did on the laptop)."""
+    if cwd == ".":
+        return cwd
+    problem = _path_problem(cwd)
+    if problem is None and not entries:
+        problem = "nothing was shipped, so the only folder there is '.'"
+    if problem is not None:
+        raise UsageError(f"refusing the folder you submitted from, {_shown(cwd)}: {problem}; submit from inside "
+                         "the project")
+    parts = cwd.split("/")
+    for depth in range(1, len(parts) + 1):
+        above = "/".join(parts[:depth])
+        holder = entries.get(above)
+        if holder is not None:
+            kind = "link" if holder.link is not None else "file"
+            raise UsageError(f"refusing the folder you submitted from, {_shown(cwd)}: it passes through "
+                             f"{_shown(above)}, a shipped {kind}; submit from a folder of the project itself")
+    return cwd
+
+
+def _checked_project(project: Any, entries: Mapping[str, Shipped]) -> Optional[str]:
+    """The checkout's name: one plain folder name in ``remote/projects`` (never ``.``, ``..``,
+    a hidden name that could be a lock file, or the shared checkout of nothing)."""
+    if project is None and not entries:
+        return None
+    if not isinstance(project, str) or not _PROJECT.fullmatch(project) or project == NO_PROJECT:
+        raise UsageError(f"the submission names no valid project ({_shown(project)}; letters, digits, '_', '.', '-', "
+                         "not starting with '.' or '-', up to 120): update the orchestrator on your machine")
+    return project
+
+
+def _checked_spec(spec: Any) -> dict:
+    """The spec, as a mapping whose executor is SLURM: a login node is shared, so it only queues
+    jobs (executor local or debug would run the user's code on the login node itself)."""
+    if not isinstance(spec, dict):
+        raise UsageError("the submission's header lacks its spec: update the orchestrator on your machine")
+    executor = spec.get("executor")
+    if executor != "slurm":
+        named = "the default (local)" if executor is None else _shown(executor)
+        raise UsageError(f"refusing to run this spec on the login node: its executor is {named}, and a remote "
+                         "submission only queues jobs on SLURM (nothing runs on a shared login node); set "
+                         "executor: slurm, or run it on your machine without --remote")
+    return spec
+
+
+def _checked_commit(commit: Any) -> Optional[str]:
+    """The laptop's git commit, or None: recorded in the checkout and shown by ``diff``, so only a commit id."""
+    if commit is None or (isinstance(commit, str) and _COMMIT.fullmatch(commit)):
+        return commit
+    raise UsageError(f"the submission's commit {_shown(commit)} is not a git commit id: update the orchestrator on "
+                     "your machine")
+
+
+def _checked_text(value: Any, name: str) -> str:
+    """A free-text field (the uncommitted diff): text or nothing, never another JSON type."""
+    if value is None or isinstance(value, str):
+        return value or ""
+    raise UsageError(f"the submission's {name} is not text: update the orchestrator on your machine")
+
+
+# ---- the blobs -----------------------------------------------------------------------------------
+def _receive_blobs(stdin: IO[bytes], blobs: Path, wanted: Mapping[str, int]) -> None:
+    """Each blob asked for, once, with the size the header gave it; then ``END``."""
+    left = dict(wanted)
     while True:
-        line = stdin.readline(200)
+        line = stdin.readline(128)
         if line in (b"END\n", b""):
-            if wanted:
-                raise UsageError(f"the submission ended with {len(wanted)} file(s) still missing; submit again")
+            if left:
+                raise UsageError(f"the submission ended with {len(left)} file(s) still missing; submit again")
             return
-        try:
-            sha, size_text = line.decode().split()
-            size = int(size_text)
-        except ValueError:
-            raise UsageError(f"malformed blob header {line[:80]!r}") from None
-        if sha not in wanted:
-            raise UsageError(f"received {sha}, which was not asked for")
+        match = _BLOB_LINE.fullmatch(line)
+        if match is None:
+            raise UsageError(f"malformed blob header {line[:80]!r} (expected '<sha256> <size>'): update the "
+                             "orchestrator on your machine")
+        sha, size = match[1].decode(), int(match[2])
+        if not 0 <= size <= MAX_FILE_BYTES:
+            raise UsageError(f"the file {sha} arrived announced as {size} bytes, not a size from 0 to "
+                             f"{MAX_FILE_BYTES}: update the orchestrator on your machine")
+        if sha not in left:
+            raise UsageError(f"received {sha}, which was not asked for (or was sent twice): update the orchestrator "
+                             "on your machine")
+        if size != left[sha]:
+            raise UsageError(f"the file {sha} arrived announced as {size} bytes, and the header gave it {left[sha]}: "
+                             "submit again")
         put_blob(blobs / sha[:2] / sha, sha, _framed(stdin, size),
                  UsageError(f"a file arrived damaged (its hash is not {sha}); submit again"))
-        wanted.discard(sha)
+        del left[sha]
 
 
 def _framed(stdin: IO[bytes], size: int) -> Iterator[bytes]:
@@ -126,33 +445,51 @@ def _framed(stdin: IO[bytes], size: int) -> Iterator[bytes]:
         yield chunk
 
 
-def _submit(header: dict, base: Path, blobs: Path) -> dict:
+# ---- the submission ------------------------------------------------------------------------------
+def _submit(submission: Submission, base: Path, blobs: Path) -> dict:
     from orchestrator.api import submit
     from orchestrator.loading import spec_from_dict
 
-    files: dict[str, list] = header["files"]
-    spec_data = dict(header["spec"])
-    if files:
-        checkout = base / "projects" / str(header["project"])
-        checkout.mkdir(parents=True, exist_ok=True)
-        lock_file = open(base / "projects" / f".{header['project']}.lock", "w")
-        fcntl.flock(lock_file, fcntl.LOCK_EX)  # two submissions of one project update its checkout in turn
-    else:  # an installed package's module: nothing shipped
-        checkout = base / "projects" / "_no-project"
-        checkout.mkdir(parents=True, exist_ok=True)
-        lock_file = None
-    try:
-        if files:
-            update_checkout(checkout, files, blobs, header.get("commit"), header.get("diff") or "")
-        where = checkout / header.get("cwd", ".")
-        where.mkdir(parents=True, exist_ok=True)
-        os.chdir(where)
-        spec = spec_from_dict(spec_data)
-        handle = submit(spec, executor=spec.executor, on_plan=_say_plan)
+    projects = base / "projects"
+    projects.mkdir(parents=True, exist_ok=True)
+    checkout = projects / (submission.project if submission.files and submission.project else NO_PROJECT)
+    lock = _lock(projects / f".{checkout.name}.lock") if submission.files else None
+    try:  # two submissions of one project update its checkout in turn
+        if submission.files:
+            update_checkout(checkout, submission.files, blobs, submission.commit, submission.diff)
+        _enter(checkout, submission.cwd)
+        spec = spec_from_dict(dict(submission.spec))
+        if spec.executor != "slurm":  # checked in the header already; this is the last door before a run
+            raise UsageError(f"refusing to run a spec with executor {spec.executor} on the login node")
+        handle = submit(spec, executor="slurm", on_plan=_say_plan)
         return {"run": handle.id, "jobs": list(handle.job_ids), "run_dir": str(handle.run_dir)}
     finally:
-        if lock_file is not None:
-            lock_file.close()
+        if lock is not None:
+            os.close(lock)
+
+
+def _lock(path: Path) -> int:
+    """An exclusive lock on ``path`` (made if missing, never through a link, never truncated)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def _enter(checkout: Path, cwd: str) -> None:
+    """Make ``cwd`` in the checkout (never through a link) and change into it."""
+    root = _open_checkout(checkout)
+    folders = _Folders(root)
+    try:
+        try:
+            where = folders.at([] if cwd == "." else cwd.split("/"), create=True)
+        except _Blocked as blocked:
+            raise UsageError(f"refusing the folder you submitted from, {_shown(cwd)}: "
+                             f"{blocked.describe(checkout)}") from None
+        assert where is not None
+        os.fchdir(where)
+    finally:
+        folders.close()
+        os.close(root)
 
 
 def _say_plan(launch: Any) -> None:
@@ -162,73 +499,227 @@ def _say_plan(launch: Any) -> None:
         print(line, file=sys.stderr, flush=True)
 
 
-def update_checkout(checkout: Path, files: dict[str, list], blobs: Path, commit: Any, diff: str) -> None:
-    """Make the checkout's files exactly the shipped ones (see the module's doc)."""
-    from orchestrator.records import write_json_atomic
-    from orchestrator.snapshot import SHIPPED_NAME
+# ---- the checkout --------------------------------------------------------------------------------
+class _Blocked(Exception):
+    """A path's folder that cannot be entered: a link (never followed) or a file."""
 
-    marker = checkout / SHIPPED_NAME
+    def __init__(self, where: str, kind: str) -> None:
+        super().__init__(where)
+        self.where, self.kind = where, kind
+
+    def describe(self, checkout: Path) -> str:
+        if self.kind == "link":
+            return (f"{self.where} in the login node's checkout {checkout} is a link, and nothing is written through "
+                    "one (a link leading out of the checkout would write outside it); remove that link there, or "
+                    "stop shipping files beneath it")
+        return (f"{self.where} is a file in the login node's checkout {checkout}, where a folder is needed; move it "
+                "aside there, then submit again")
+
+
+def _lstat_at(folder: int, name: str) -> Optional[os.stat_result]:
     try:
-        before = set(json.loads(marker.read_text(encoding="utf-8")).get("files", {}))
-    except (OSError, ValueError, AttributeError):
-        before = set()
-    recorded: dict[str, list] = {}
-    real = os.path.realpath(checkout)
-    for rel, item in sorted(files.items()):
-        dest = checkout / rel
-        _check_inside(dest, real, rel)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        _check_inside(dest, real, rel)  # a folder created above may be a link that was shipped before
-        link = item[3] if len(item) > 3 else None
-        if link is not None:
-            if not (dest.is_symlink() and os.readlink(dest) == link):
-                _replace(dest, lambda tmp: os.symlink(link, tmp))
-            recorded[rel] = [item[0], 0, item[2], link, os.lstat(dest).st_ino]
-            continue
-        blob = blobs / item[0][:2] / item[0]
-        executable = int(item[2], 8) & 0o111
-        st = os.lstat(dest) if dest.exists() or dest.is_symlink() else None
-        if st is None or st.st_ino != os.stat(blob).st_ino or executable:
-            _replace(dest, lambda tmp: _link_or_copy(blob, tmp, executable))
-        recorded[rel] = [item[0], int(item[1]), item[2], None, os.lstat(dest).st_ino]
-    for rel in sorted(before - set(files)):  # what the last shipment had and this one lacks (never a folder)
-        gone = checkout / rel
-        if os.path.realpath(gone.parent).startswith(real + os.sep) or os.path.realpath(gone.parent) == real:
-            if gone.is_symlink() or gone.is_file():
-                gone.unlink()
-    write_json_atomic(marker, {"files": recorded, "commit": commit, "diff": diff})
+        return os.stat(name, dir_fd=folder, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
 
 
-def _check_inside(dest: Path, real_checkout: str, rel: str) -> None:
-    """Every write stays inside the checkout: no folder on the way may be a link leading out."""
-    parent = os.path.realpath(dest.parent) if dest.parent.exists() else None
-    if parent is not None and parent != real_checkout and not parent.startswith(real_checkout + os.sep):
-        raise UsageError(f"refusing to write {rel}: a folder on its way in the login node's checkout is a link "
-                         f"leading out of it ({parent}); remove that link there, or stop shipping it")
+def _open_child(folder: int, name: str, create: bool) -> Optional[int]:
+    """The folder ``name`` in ``folder``, opened without following a link (made first when
+    missing and ``create``; None when missing otherwise). Raises _Blocked on a link or a file."""
+    for _ in range(3):
+        try:
+            return os.open(name, _DIR_FLAGS, dir_fd=folder)
+        except FileNotFoundError:
+            if not create:
+                return None
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(name, 0o777, dir_fd=folder)
+        except OSError as exc:
+            if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                raise
+            st = _lstat_at(folder, name)
+            raise _Blocked(name, "link" if st is not None and stat.S_ISLNK(st.st_mode) else "file") from None
+    raise FileNotFoundError(errno.ENOENT, "made and removed again meanwhile", name)
 
 
-def _replace(dest: Path, make: Any) -> None:
-    """Put a new file or link at ``dest`` atomically. A folder there is never removed: it holds
-    what jobs wrote (or a run folder), so the shipment is refused instead."""
-    if dest.is_dir() and not dest.is_symlink():
-        raise UsageError(f"{dest} is a folder in the login node's checkout, and a file or link in what you "
+class _Folders:
+    """The open folders along the path being written, from the checkout down: each one opened
+    relative to the one above with O_NOFOLLOW, so a link there (however it got there) is
+    refused, never followed. Only one path's folders are open at a time (sorted paths share them)."""
+
+    def __init__(self, root: int) -> None:
+        self.names: list[str] = []
+        self.fds: list[int] = [root]
+
+    def at(self, parts: list[str], create: bool) -> Optional[int]:
+        """The folder ``parts`` below the checkout (None: missing, and not ``create``)."""
+        common = 0
+        while common < min(len(self.names), len(parts)) and self.names[common] == parts[common]:
+            common += 1
+        while len(self.names) > common:
+            self.names.pop()
+            os.close(self.fds.pop())
+        for depth in range(common, len(parts)):
+            try:
+                fd = _open_child(self.fds[-1], parts[depth], create)
+            except _Blocked as blocked:
+                raise _Blocked("/".join(parts[:depth + 1]), blocked.kind) from None
+            if fd is None:
+                return None
+            self.names.append(parts[depth])
+            self.fds.append(fd)
+        return self.fds[-1]
+
+    def close(self) -> None:
+        while self.names:
+            self.names.pop()
+            os.close(self.fds.pop())
+
+
+def _open_checkout(checkout: Path) -> int:
+    """The checkout folder itself, made when missing, never a link."""
+    checkout.parent.mkdir(parents=True, exist_ok=True)
+    parent = os.open(checkout.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fd = _open_child(parent, checkout.name, create=True)
+    except _Blocked as blocked:
+        raise UsageError(f"the login node's checkout {checkout} is a {blocked.kind}, not a folder, and nothing is "
+                         "written through one: move it aside there, then submit again") from None
+    finally:
+        os.close(parent)
+    assert fd is not None
+    return fd
+
+
+def update_checkout(checkout: Path, files: Mapping[str, Any], blobs: Path, commit: Any, diff: str) -> None:
+    """Make the checkout's files exactly the shipped ones (see the module's doc). ``files``: the
+    header's entries (checked again here: this is the function that writes), or checked ones."""
+    entries = files if all(isinstance(e, Shipped) for e in files.values()) else file_entries(dict(files))
+    root = _open_checkout(checkout)
+    folders = _Folders(root)
+    try:
+        before = _previously_shipped(root)
+        recorded: dict[str, list] = {}
+        for rel, entry in sorted(entries.items()):
+            *parents, name = rel.split("/")
+            try:
+                folder = folders.at(parents, create=True)
+            except _Blocked as blocked:
+                raise UsageError(f"refusing to write {rel}: {blocked.describe(checkout)}") from None
+            assert folder is not None
+            inode = _place(folder, name, entry, blobs, checkout / rel)
+            recorded[rel] = [entry.sha, entry.size, entry.mode, entry.link, inode]
+        for rel in sorted(before - set(entries)):  # what the last shipment had and this one lacks (never a folder)
+            _remove_stale(folders, rel)
+        _write_record(root, {"files": recorded, "commit": commit, "diff": diff})
+    finally:
+        folders.close()
+        os.close(root)
+
+
+def _previously_shipped(root: int) -> set[str]:
+    """The paths the last shipment recorded (its record lies in a folder jobs write to: only
+    paths that could have been shipped count)."""
+    try:
+        fd = os.open(SHIPPED_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=root)
+    except OSError:
+        return set()
+    try:
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return set()
+            files = json.loads(f.read()).get("files")
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return set()
+    return {rel for rel in files if _path_problem(rel) is None} if isinstance(files, dict) else set()
+
+
+def _place(folder: int, name: str, entry: Shipped, blobs: Path, shown: Path) -> int:
+    """Put one shipped file or link at ``name`` in ``folder`` unless it is there already; its inode."""
+    st = _lstat_at(folder, name)
+    if st is not None and stat.S_ISDIR(st.st_mode):  # it holds what jobs wrote (or a run folder): never removed
+        raise UsageError(f"{shown} is a folder in the login node's checkout, and a file or link in what you "
                          "shipped; move that folder aside there (it may hold runs or outputs), then submit again")
-    tmp = dest.with_name(f".{dest.name}.orch-tmp-{os.getpid()}")
-    if tmp.exists() or tmp.is_symlink():
-        tmp.unlink()
-    make(tmp)
-    os.replace(tmp, dest)
+    if entry.link is not None:
+        link = entry.link
+        if not (st is not None and stat.S_ISLNK(st.st_mode) and os.readlink(name, dir_fd=folder) == link):
+            _replace_at(folder, name, lambda tmp: os.symlink(link, tmp, dir_fd=folder))
+    else:
+        blob = blobs / entry.sha[:2] / entry.sha
+        executable = entry.mode == "0o755"
+        if st is None or st.st_ino != os.stat(blob).st_ino or executable:
+            _replace_at(folder, name, lambda tmp: _link_or_copy(blob, folder, tmp, executable))
+    return os.stat(name, dir_fd=folder, follow_symlinks=False).st_ino
 
 
-def _link_or_copy(blob: Path, tmp: Path, executable: int) -> None:
+def _replace_at(folder: int, name: str, make: Callable[[str], None]) -> None:
+    """Make a new file or link beside ``name`` (``make(temporary name)``) and rename it onto
+    ``name``: a file or link there is replaced whole, and nothing is written through it."""
+    for _ in range(16):
+        tmp = f".orch-tmp-{os.getpid()}-{os.urandom(4).hex()}"
+        try:
+            make(tmp)
+            break
+        except FileExistsError:
+            continue
+        except BaseException:
+            _unlink_quietly(folder, tmp)
+            raise
+    else:
+        raise FileExistsError(errno.EEXIST, "no free temporary name beside it", name)
+    try:
+        os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
+    except BaseException:
+        _unlink_quietly(folder, tmp)
+        raise
+
+
+def _unlink_quietly(folder: int, name: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(name, dir_fd=folder)
+
+
+def _link_or_copy(blob: Path, folder: int, tmp: str, executable: bool) -> None:
+    """A hard link to the blob, or (another filesystem, an executable's own mode) a read-only copy."""
     if not executable:
         try:
-            os.link(blob, tmp)
+            os.link(blob, tmp, dst_dir_fd=folder)
             return
+        except FileExistsError:
+            raise
         except OSError:
             pass
-    shutil.copyfile(blob, tmp)
-    os.chmod(tmp, 0o555 if executable else 0o444)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=folder)
+    with os.fdopen(fd, "wb") as out, open(blob, "rb") as source:
+        shutil.copyfileobj(source, out, 1 << 20)
+        os.fchmod(out.fileno(), 0o555 if executable else 0o444)
+
+
+def _remove_stale(folders: _Folders, rel: str) -> None:
+    """Remove a file or link the last shipment made and this one lacks; a folder, a missing one,
+    or one beneath a link or a file is left alone."""
+    *parents, name = rel.split("/")
+    try:
+        folder = folders.at(parents, create=False)
+    except _Blocked:
+        return
+    if folder is None:
+        return
+    st = _lstat_at(folder, name)
+    if st is not None and (stat.S_ISLNK(st.st_mode) or stat.S_ISREG(st.st_mode)):
+        _unlink_quietly(folder, name)
+
+
+def _write_record(root: int, data: dict) -> None:
+    """The checkout's record of this shipment (``SHIPPED_NAME``), replaced whole."""
+    def make(tmp: str) -> None:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=root)
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            json.dump(data, out, indent=2, default=str)
+            out.flush()
+            os.fsync(out.fileno())
+
+    _replace_at(root, SHIPPED_NAME, make)
 
 
 def send_files(run_ref: str, what: str, stdout: IO[bytes]) -> int:

@@ -53,6 +53,7 @@ import shutil
 import stat
 import subprocess
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping, Optional
@@ -75,7 +76,7 @@ OUTPUT_DIRS = frozenset({"__pycache__", "node_modules", "lightning_logs", "wandb
 #: How many folders above the project the tree mirrors with links (``../../Datasets``).
 MIRRORED_LEVELS = 2
 #: An ancestor folder with more entries than this is not mirrored (a login node's /home).
-MIRROR_MAX_ENTRIES = 1000
+MIRROR_MAX_ENTRIES = 256
 _READ_TRIES = 3
 _TREE_STAMP = ".orchestrator-tree"
 
@@ -334,7 +335,10 @@ def scan(root: str, how: str, store_dir: str, *, ignore_file: str = ".orchignore
             cache[rel] = [item[1], None, item[4], item[0]]
     entries: dict[str, Entry] = {}
     files: list[tuple[str, os.stat_result]] = []
-    chosen = [(rel, True) for rel in tracked] + [(rel, False) for rel in others]
+    required_rel = {_relative(os.path.realpath(path), root): path for path in required}
+    # the entrypoint is what the ranks run: frozen whatever its name (a script with no .py suffix)
+    chosen = [(rel, True) for rel in tracked] + [(rel, rel in required_rel) for rel in others]
+    run_folders: dict[str, bool] = {}
     for rel, declared in sorted(chosen):  # first every file's size: a project over the limit is refused before it is read
         full = os.path.join(root, rel)
         if any(_relative(full, x) is not None for x in excluded):
@@ -349,8 +353,12 @@ def scan(root: str, how: str, store_dir: str, *, ignore_file: str = ".orchignore
         except OSError as exc:
             raise SnapshotError(f"cannot read {full} for the code snapshot: {exc.strerror}; fix its permissions, "
                                 f"list it in {os.path.join(root, ignore_file)}, or set code.snapshot: false") from None
+        if not declared and _in_run_folder(root, rel, run_folders):
+            left.setdefault(LEFT_RUN, []).append(rel)
+            continue
         if not declared and not _ignored(rel, list(include)):
-            why = LEFT_OUTPUT if _output_part(rel) else is_code(rel, 0 if stat.S_ISLNK(st.st_mode) else st.st_size)
+            why = LEFT_OUTPUT if _output_part(rel) else \
+                _link_why(full, root, excluded) if stat.S_ISLNK(st.st_mode) else is_code(rel, st.st_size)
             if why is not None:
                 left.setdefault(why, []).append(rel)
                 continue
@@ -369,7 +377,6 @@ def scan(root: str, how: str, store_dir: str, *, ignore_file: str = ".orchignore
                             "code.snapshot: false")
     blobs = Path(store_dir) / "blobs"
     hashed = _hash_files(root, files, cache, blobs if stage else None, entries, left)
-    required_rel = {_relative(os.path.realpath(path), root): path for path in required}
     for rel, path in required_rel.items():
         if rel is not None and rel not in entries:
             if rel in left.get(LEFT_CHANGING, ()):
@@ -574,6 +581,27 @@ def _is_run_folder(folder: str) -> bool:
     return os.path.isfile(os.path.join(folder, "record.json")) and os.path.isfile(os.path.join(folder, "payload.json"))
 
 
+def _link_why(full: str, root: str, excluded: list[str]) -> Optional[str]:
+    """A symlink leading to a file or folder of the project is kept as a link (``lib -> realpkg``:
+    ``import lib`` in the tree then finds the frozen package, not the live one); one leading out
+    of it, or into the runs folder, is left out (the tree's live link finds the same target)."""
+    target = os.path.realpath(full)
+    inside = _relative(target, root) is not None and not any(_relative(target, x) is not None for x in excluded)
+    return None if inside else LEFT_NOT_CODE
+
+
+def _in_run_folder(root: str, rel: str, memo: dict[str, bool]) -> bool:
+    """``rel`` lies in a run folder of the project (one of its folders holds record.json and payload.json)."""
+    parts = rel.split("/")[:-1]
+    for i in range(1, len(parts) + 1):
+        folder = "/".join(parts[:i])
+        if folder not in memo:
+            memo[folder] = _is_run_folder(os.path.join(root, folder))
+        if memo[folder]:
+            return True
+    return False
+
+
 def _walk(root: str, excluded: Iterable[str] = (), *, prune: bool = True,
           left: Optional[dict[str, list[str]]] = None) -> list[str]:
     """Every file under ``root`` but inside ``excluded`` and virtual environments, and (``prune``)
@@ -589,9 +617,13 @@ def _walk(root: str, excluded: Iterable[str] = (), *, prune: bool = True,
             rel = d if rel_folder == "." else f"{rel_folder}/{d}".replace(os.sep, "/")
             if full in skip or os.path.exists(os.path.join(full, "pyvenv.cfg")):
                 continue
-            if prune and (d.startswith(".") or d in OUTPUT_DIRS or _is_run_folder(full)):
+            if _is_run_folder(full):  # never frozen, whatever code.include says
                 if left is not None:
-                    left.setdefault(LEFT_RUN if _is_run_folder(full) else LEFT_OUTPUT, []).append(rel + "/")
+                    left.setdefault(LEFT_RUN, []).append(rel + "/")
+                continue
+            if prune and (d.startswith(".") or d in OUTPUT_DIRS):
+                if left is not None:
+                    left.setdefault(LEFT_OUTPUT, []).append(rel + "/")
                 continue
             kept.append(d)
         dirs[:] = kept
@@ -816,8 +848,12 @@ def _build_view(snap: Snapshot, blobs: Path) -> None:
                 _copy_verified(snap, rel, entry, blobs, dest)
         for folder in [tmp, *(p for p in tmp.rglob("*") if p.is_dir() and not p.is_symlink())]:
             os.chmod(folder, 0o755)
-        if view.is_dir():  # damaged: set aside, replaced at once
-            trash = view.with_name(f".trash-{view.name}-{os.getpid()}")
+        if view.is_dir():
+            built = Path(view, *_mirror_names(snap.root))
+            if built.is_dir() and not _damaged(snap.entries, built):
+                return  # another start built it meanwhile, and ranks may be in it: keep it (ours is removed)
+            # damaged: set aside, replaced at once
+            trash = view.with_name(f".trash-{view.name}-{os.getpid()}-{threading.get_ident()}")
             os.rename(view, trash)
         try:
             os.rename(tmp, view)
@@ -874,8 +910,13 @@ def _link_live(snap: Snapshot) -> None:
     store are never linked."""
     tree = Path(snap.tree)
     skip = {os.path.realpath(x) for x in snap.exclude} | {os.path.realpath(snap.store_dir)}
-    folders = sorted({os.path.dirname(rel) for rel in snap.entries if "/" in rel} | {""})
-    for rel in folders:
+    if Path(snap.store_dir).name == STORE_NAME:  # the runs folder, wherever it is (beside the project too)
+        skip.add(os.path.realpath(Path(snap.store_dir).parent))
+    folders = {""}
+    for rel in snap.entries:
+        parts = rel.split("/")[:-1]
+        folders.update("/".join(parts[:i]) for i in range(1, len(parts) + 1))
+    for rel in sorted(folders):
         _link_missing(tree / rel if rel else tree, Path(snap.root) / rel if rel else Path(snap.root), skip, None)
     names = _mirror_names(snap.root)
     live, mirrored = Path(snap.root), tree
@@ -904,7 +945,11 @@ def _link_missing(folder: Path, live: Path, skip: set[str], limit: Optional[int]
 def load_manifest(path: str | Path) -> dict[str, Entry]:
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
-        return {rel: Entry.from_json(item) for rel, item in data["files"].items()}
+        entries = {rel: Entry.from_json(item) for rel, item in data["files"].items()}
+        if not all(isinstance(rel, str) and isinstance(e.sha, str) and re.fullmatch(r"[0-9a-f]{64}", e.sha)
+                   and (e.link is None or isinstance(e.link, str)) for rel, e in entries.items()):
+            raise ValueError("an entry is not [sha256, size, mode(, link)]")
+        return entries
     except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
         raise SnapshotError(f"cannot read the snapshot's manifest {path}: {exc}") from None
 
@@ -931,16 +976,19 @@ def changes_since(code: Mapping) -> tuple[list[tuple[str, str]], Snapshot, dict[
     [(status, path)] with status added / deleted / modified, the live scan and the frozen entries."""
     try:
         manifest, root = str(code["manifest"]), str(code["root"])
-    except (KeyError, TypeError):
-        raise SnapshotError("the run's code.json is damaged (no manifest or root): the snapshot cannot be "
-                            "compared") from None
+        how, ignore_file = str(code.get("how") or "folder"), str(code.get("ignore_file") or ".orchignore")
+        exclude, include, patterns = ([str(x) for x in code.get(key) or []]
+                                      for key in ("exclude", "include", "exclude_patterns"))
+    except (KeyError, TypeError, AttributeError):
+        raise SnapshotError("the run's code.json is damaged (no manifest or root, or a field of the wrong "
+                            "kind): the snapshot cannot be compared") from None
     frozen = load_manifest(manifest)
     if not os.path.isdir(root):
         raise SnapshotError(f"the project {root} is no longer there; the snapshot itself is in {code.get('tree')}")
     store_dir = str(Path(manifest).parent.parent)
-    live = scan(root, code.get("how", "folder"), store_dir, ignore_file=code.get("ignore_file", ".orchignore"),
-                max_mb=float("inf"), exclude=[*code.get("exclude", []), str(Path(store_dir).parent)],
-                include_patterns=code.get("include", []), exclude_patterns=code.get("exclude_patterns", []))
+    live = scan(root, how, store_dir, ignore_file=ignore_file, max_mb=float("inf"),
+                exclude=[*exclude, str(Path(store_dir).parent)], include_patterns=include,
+                exclude_patterns=patterns)
     out: list[tuple[str, str]] = []
     for rel in sorted(set(frozen) | set(live.entries)):
         before, after = frozen.get(rel), live.entries.get(rel)

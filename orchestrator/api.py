@@ -72,17 +72,22 @@ def plan_for(spec: SpecLike, executor: str | None = None) -> LaunchPlan:
     return planned(spec, executor)[0]
 
 
-def planned(spec: SpecLike, executor: str | None = None) -> tuple[LaunchPlan, Snapshot | None]:
+def planned(spec: SpecLike, executor: str | None = None, *,
+            stage_for: tuple[str, ...] = ()) -> tuple[LaunchPlan, Snapshot | None]:
     """The plan and the scanned code snapshot it runs (None: live files, ``code.snapshot: false``,
-    the debug executor, or an entrypoint from an installed package)."""
+    the debug executor, or an entrypoint from an installed package). ``stage_for``: the executors
+    for which the scan copies the files the store lacks into it while hashing them (run: local,
+    submit: slurm), so a file that changes afterwards never refuses the run, and a run refused for
+    its executor writes nothing."""
     from orchestrator.plan import plan
 
     checked = as_spec(spec)
-    code = scan_code(checked, executor or checked.executor)
+    chosen = executor or checked.executor
+    code = scan_code(checked, chosen, stage=chosen in stage_for)
     return plan(checked, executor, code=code), code  # type: ignore[arg-type]
 
 
-def scan_code(spec: JobSpec, executor: str) -> Snapshot | None:
+def scan_code(spec: JobSpec, executor: str, *, stage: bool = False) -> Snapshot | None:
     """Read and hash the project the spec's entrypoint lives in (``orchestrator.snapshot``)."""
     if not spec.code.snapshot or executor == "debug":
         return None
@@ -90,7 +95,8 @@ def scan_code(spec: JobSpec, executor: str) -> Snapshot | None:
 
     extra = [os.path.abspath(p) for p in (spec.checkpoint.dir, spec.distributed.rendezvous_dir) if p]
     return scan_project(spec.entrypoint, os.getcwd(), spec.runs_dir, ignore_file=spec.code.ignore_file,
-                        max_mb=spec.code.max_mb, exclude=extra)
+                        max_mb=spec.code.max_mb, exclude=extra, include_patterns=spec.code.include,
+                        exclude_patterns=spec.code.exclude, stage=stage)
 
 
 # ---- starting runs -------------------------------------------------------------------------
@@ -105,13 +111,15 @@ def run(spec: SpecLike, wait: bool = True, *, executor: str | None = None, fresh
     starts a detached supervisor and returns once it has recorded itself. The same spec always
     maps to the same run folder, so running it again resumes from its checkpoints;
     ``fresh=True`` moves that folder aside first (nothing is deleted), and calls
-    ``on_moved(new_place)`` if there was one to move (the CLI prints it).
+    ``on_moved(new_place)`` if there was one to move (the CLI prints it); a ``checkpoint.dir``
+    outside the run folder is moved aside too (to ``<dir>.<n>``, said in one line on stderr), so
+    the fresh run finds no checkpoint; either is refused while a run still active uses it.
 
     ``zygote``: a launcher started early with ``executors.forked.start_zygote()``, so torch
     imports while the spec is still being loaded (the CLI does this); optional. ``on_plan(plan)``
     is called once the plan is made, before anything starts (the CLI prints whether it resumes).
     """
-    launch = plan_for(spec, executor)
+    launch = planned(spec, executor, stage_for=("local",))[0]
     if on_plan is not None:
         on_plan(launch)
     if launch.executor == "slurm":
@@ -122,12 +130,17 @@ def run(spec: SpecLike, wait: bool = True, *, executor: str | None = None, fresh
         from orchestrator.after import check_local
 
         check_local(launch, lambda records: [r.record for r in refresh([Run(x) for x in records])])
-    if fresh:
-        from orchestrator.executors.base import move_aside
+    if fresh:  # nothing of an earlier attempt may be found: its folder, nor its checkpoints wherever they are
+        from orchestrator.executors.base import start_over
 
-        moved = move_aside(launch.run_dir)
+        moved, moved_checkpoints = start_over(launch.run_dir, launch.payload.checkpoint.dir)
         if moved and on_moved is not None:
             on_moved(moved)
+        if moved_checkpoints is not None:
+            import sys
+
+            print(f"[orchestrator] moved the previous checkpoints ({launch.payload.checkpoint.dir}, outside the run "
+                  f"folder) to {moved_checkpoints}", file=sys.stderr, flush=True)
     chosen = _executor(launch.executor, zygote)
     if wait:  # local and debug (slurm was refused above) run in the foreground
         record = cast("ForegroundExecutor", chosen).run(launch)
@@ -141,7 +154,7 @@ def submit(spec: SpecLike, *, executor: str = "slurm", on_plan: Callable[[Launch
     state is PENDING. Follow it with ``.status()``, ``.wait(timeout=...)`` and ``.logs()``.
     The project's code is frozen first (``orchestrator.snapshot``): edits made after this call
     never reach the job, requeues included. ``on_plan`` as for ``run``."""
-    launch = plan_for(spec, executor)
+    launch = planned(spec, executor, stage_for=("slurm", "local"))[0]
     if on_plan is not None:
         on_plan(launch)
     return Run(_executor(launch.executor).submit(launch))

@@ -17,9 +17,10 @@ the graph too.
 On SLURM every stage is submitted at once, parents first, each child with
 ``--dependency=afterok:J1:J2`` (afterany / afternotok) and ``--kill-on-invalid-dep=yes``, so a
 failed parent cancels its ``ok`` dependents instead of leaving them pending. Locally the stages
-run one after the other in the same order, through ``api.run``. Either way a stage whose run
-(same identity: ``identity.run_id``) already COMPLETED is skipped, and one queued or running is
-waited for, not started again.
+run one after the other in the same order, through ``api.run``; an interrupt (Ctrl-C, SIGTERM,
+SIGHUP) stops the whole pipeline: the stage it reaches ends CANCELLED, later ones do not start.
+Either way a stage whose run (same identity: ``identity.run_id``) already COMPLETED is skipped,
+and one queued or running is waited for, not started again.
 
 From Python::
 
@@ -37,7 +38,9 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping, Optional, Sequence
@@ -296,7 +299,9 @@ class StageResult:
 
     name: str
     run_id: str
-    action: str  # skip, wait, submit, never (plan); skipped, waited, submitted, ran, cancelled (done)
+    #: skip, wait, submit, never (plan); skipped, waited, submitted, ran, cancelled, and after an interrupt
+    #: interrupted (the stage it stopped) and not run (the stages after it) (done)
+    action: str
     state: Optional[State]
     reason: str
     job_ids: list[str] = field(default_factory=list)
@@ -449,7 +454,7 @@ def _refuse_before_starting(stages: Sequence[Stage]) -> None:
 
 def _submit_all(stages: Sequence[Stage], say: Callable[[str], None]) -> list[StageResult]:
     """SLURM: parents first, each child submitted with the job ids of the parents it waits for."""
-    from orchestrator.api import plan_for
+    from orchestrator.api import planned
     from orchestrator.executors.slurm import SlurmExecutor
 
     records = observe(stages)
@@ -465,7 +470,7 @@ def _submit_all(stages: Sequence[Stage], say: Callable[[str], None]) -> list[Sta
                              job_ids.get(s.name, []), _after(s))
         if decision.action == "submit":
             _check_known_jobs(s, decision, parents)
-            record = SlurmExecutor().submit(plan_for(s.spec, "slurm"), after=decision.depends)
+            record = SlurmExecutor().submit(planned(s.spec, "slurm", stage_for=("slurm",))[0], after=decision.depends)
             job_ids[s.name] = list(record.job_ids)
             result = StageResult(s.name, s.run_id, "submitted", record.state, decision.reason, list(record.job_ids),
                                  _after(s))
@@ -489,36 +494,126 @@ def _check_known_jobs(stage: Stage, decision: Decision, parents: Sequence[Parent
 
 def _run_in_order(stages: Sequence[Stage], say: Callable[[str], None]) -> list[StageResult]:
     """Local (or debug): one stage after the other, in the foreground, each once its parents have
-    ended; a stage whose parents ended so that it cannot run is not started (CANCELLED)."""
+    ended; a stage whose parents ended so that it cannot run is not started (CANCELLED).
+
+    An interrupt (Ctrl-C, SIGTERM, SIGHUP) stops the whole pipeline: the stage it reaches is
+    stopped in order by its supervisor (CANCELLED), no later stage starts (each is reported
+    ``not run``), and once every stage has been said the signal is passed on to whatever handled
+    it before (``_Interrupts``: the CLI then exits 130 on Ctrl-C)."""
     from orchestrator.api import run
 
-    observed = _states(observe(stages))
-    ended: dict[str, State] = {}
-    out = []
-    for s in stages:
-        parents = [ParentView(e.stage, e.when, ended[e.stage]) for e in s.edges]
-        decision = decide(observed[s.name], parents)
-        if decision.action == "wait":
-            raise UsageError(f"stage {s.name}: its run {s.run_id} is {observed[s.name]} (started outside this "
-                             f"pipeline): wait for it to end (orchestrator status {s.run_id}), then run the pipeline again")
-        if decision.action == "submit":
-            say(f"[pipeline] stage {s.name}: running {s.run_id} ({decision.reason})")
-            handle = run(s.spec, wait=True)
-            result = StageResult(s.name, s.run_id, "ran", handle.state, decision.reason, [], _after(s))
-        elif decision.action == "skip":
-            result = StageResult(s.name, s.run_id, "skipped", State.COMPLETED, decision.reason, [], _after(s))
-        else:
-            result = StageResult(s.name, s.run_id, "cancelled", State.CANCELLED, decision.reason, [], _after(s))
-        ended[s.name] = result.state  # type: ignore[assignment]
-        say(_result_line(result))
-        out.append(result)
+    out: list[StageResult] = []
+    with _Interrupts() as interrupts:
+        current: Optional[Stage] = None  # the stage being run, while it is
+        try:
+            observed = _states(observe(stages))
+            ended: dict[str, State] = {}
+            for s in stages:
+                parents = [ParentView(e.stage, e.when, ended[e.stage]) for e in s.edges]
+                decision = decide(observed[s.name], parents)
+                if decision.action == "wait":
+                    raise UsageError(f"stage {s.name}: its run {s.run_id} is {observed[s.name]} (started outside this "
+                                     f"pipeline): wait for it to end (orchestrator status {s.run_id}), then run the "
+                                     "pipeline again")
+                if decision.action == "submit":
+                    say(f"[pipeline] stage {s.name}: running {s.run_id} ({decision.reason})")
+                    current = s
+                    handle = run(s.spec, wait=True)
+                    result = StageResult(s.name, s.run_id, "ran", handle.state, decision.reason, [], _after(s))
+                elif decision.action == "skip":
+                    result = StageResult(s.name, s.run_id, "skipped", State.COMPLETED, decision.reason, [], _after(s))
+                else:
+                    result = StageResult(s.name, s.run_id, "cancelled", State.CANCELLED, decision.reason, [], _after(s))
+                ended[s.name] = result.state  # type: ignore[assignment]
+                out.append(result)
+                current = None
+                say(_result_line(result))
+        except KeyboardInterrupt:
+            interrupts.note()
+            said = {r.name for r in out}
+            for s in stages:
+                if s.name in said:
+                    continue
+                if s is current:
+                    state = _state_now(s)
+                    if state == State.COMPLETED:  # it ended just before the signal came
+                        result = StageResult(s.name, s.run_id, "ran", state, f"ended before {interrupts.name} stopped "
+                                             "the pipeline", [], _after(s))
+                    else:
+                        result = StageResult(s.name, s.run_id, "interrupted", state,
+                                             f"stopped by {interrupts.name}; the pipeline stops here", [], _after(s))
+                else:
+                    why = f"not started: the pipeline was interrupted by {interrupts.name}"
+                    result = StageResult(s.name, s.run_id, "not run", _state_now(s), why, [], _after(s))
+                out.append(result)
+                say(_result_line(result))
+    interrupts.pass_on()
     return out
 
 
+def _state_now(stage: Stage) -> Optional[State]:
+    """The state the stage's run folder holds now (refreshed), None when it has no run; never raises
+    (the pipeline is saying what became of its stages after an interrupt)."""
+    from orchestrator.errors import OrchestratorError
+
+    try:
+        record = observe([stage])[stage.name]
+    except (OrchestratorError, OSError):
+        return None
+    return record.state if record is not None else None
+
+
+class _Interrupts:
+    """SIGINT, SIGTERM and SIGHUP while a local pipeline runs (main thread only: elsewhere no
+    handler can be installed). The first is noted and raised as KeyboardInterrupt, wherever the
+    pipeline is; a stage's supervisor, which handles them itself while its ranks run (it stops them
+    in order and records CANCELLED), passes it on here once it has. Later ones are only noted: the
+    pipeline is already stopping. ``pass_on``, after the handlers before ours are back, delivers
+    the signal to them: Ctrl-C becomes the caller's KeyboardInterrupt, SIGTERM ends the process."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self) -> None:
+        self.signum: Optional[int] = None
+        self.prev: dict[int, Any] = {}
+
+    def __enter__(self) -> _Interrupts:
+        if threading.current_thread() is threading.main_thread():
+            self.prev = {s: signal.signal(s, self._on_signal) for s in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for s, handler in self.prev.items():
+            if handler is not None:  # None: a handler not installed from Python, which cannot be put back
+                signal.signal(s, handler)
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        if self.signum is None:
+            self.signum = signum
+            raise KeyboardInterrupt
+
+    def note(self) -> None:
+        """A KeyboardInterrupt that came another way (a stage's own) is a Ctrl-C."""
+        self.signum = self.signum or signal.SIGINT
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum else "an interrupt"
+
+    def pass_on(self) -> None:
+        if self.signum is None:
+            return
+        if self.prev.get(self.signum) is None:  # no handler of ours was in place: ours to say
+            raise KeyboardInterrupt
+        signal.raise_signal(self.signum)
+
+
 def succeeded(results: Sequence[StageResult]) -> bool:
-    """A pipeline run (local) went well when every stage that ran COMPLETED. A stage not started
-    is the consequence of one that did not (or a ``notok`` stage not needed): never counted twice."""
-    return all(r.state == State.COMPLETED for r in results if r.action == "ran")
+    """A pipeline run (local) went well when every stage that ran COMPLETED and none was interrupted.
+    A stage not started is the consequence of one that did not (or a ``notok`` stage not needed):
+    never counted twice."""
+    return all(r.state == State.COMPLETED and r.action != "interrupted" for r in results
+               if r.action in ("ran", "interrupted"))
 
 
 # ---- lines, as the CLI prints them ---------------------------------------------------------------

@@ -9,6 +9,7 @@ The registry is one JSON line per run in ``$ORCHESTRATOR_HOME/registry.jsonl`` (
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -53,9 +54,57 @@ def write_json_atomic(path: str | Path, data: Any) -> None:
 def write_text_atomic(path: str | Path, text: str) -> None:
     path = Path(path)
     fd, tmp = _temp_beside(path)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:  # a full disk must not be left fuller by a half-written temp file
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+#: The write errors that say the filesystem takes no more writes, whatever is written.
+DISK_ERRNOS = {errno.ENOSPC: "full", errno.EDQUOT: "over its quota", errno.EROFS: "read-only"}
+_DISK_FIX = {errno.ENOSPC: "free space there (df -h)", errno.EDQUOT: "free space within your quota there (quota -s)",
+             errno.EROFS: "make it writable again (mounted read-only, or remounted so after an error: dmesg)"}
+_FREE_FLOOR_BYTES = 64 * 1024  # below this a record (a new file, then a rename) no longer fits
+
+
+def _mount_point(path: str | Path) -> str:
+    p = os.path.realpath(path)
+    while not os.path.ismount(p) and p != os.path.dirname(p):
+        p = os.path.dirname(p)
+    return p
+
+
+def disk_trouble(exc: BaseException, run_dir: str | Path) -> str | None:
+    """For an OSError that says the run folder's filesystem takes no more writes (full, over
+    quota, read-only): one line naming the disk, the file when known, and the fix; else None."""
+    if not isinstance(exc, OSError) or exc.errno not in DISK_ERRNOS:
+        return None
+    what = f" writing {exc.filename}" if exc.filename else ""
+    return (f"the disk holding the run folder ({_mount_point(exc.filename or run_dir)}) is "
+            f"{DISK_ERRNOS[exc.errno]}: {exc.strerror}{what}; {_DISK_FIX[exc.errno]}, then run it again to resume")
+
+
+def disk_state(run_dir: str | Path) -> str | None:
+    """What stops the run folder's filesystem from taking a record now: 'full' (or out of inodes),
+    'read-only', or None (fine, or it cannot be told: a quota shows only as a failed write)."""
+    try:
+        st = os.statvfs(run_dir)
+    except OSError:
+        return None
+    if st.f_flag & os.ST_RDONLY:
+        return "read-only"
+    if st.f_bavail * st.f_frsize < _FREE_FLOOR_BYTES or (st.f_files and st.f_favail == 0):
+        return "full"
+    return None
+
+
+def disk_note(run_dir: str | Path) -> str | None:
+    """``disk_state`` as a clause naming the disk: 'the disk holding the run folder (/mnt) is full'."""
+    state = disk_state(run_dir)
+    return f"the disk holding the run folder ({_mount_point(run_dir)}) is {state}" if state else None
 
 
 @dataclass
@@ -102,8 +151,18 @@ class RunRecord:
     def path(self) -> Path:
         return RunFolder.of(self.run_dir).record
 
-    def save(self) -> None:
-        write_json_atomic(self.path, asdict(self))
+    def save(self, last: bool = False) -> None:
+        """Write the record atomically (a new file, then a rename). ``last``: the attempt's end,
+        which a full disk (or a used-up quota) must not lose: when no new file can be made there,
+        the end is written over the record in the room its file already has (``_rewrite_in_place``)."""
+        try:
+            write_json_atomic(self.path, asdict(self))
+        except OSError as exc:
+            if not (last and exc.errno in (errno.ENOSPC, errno.EDQUOT)):
+                raise
+            data = json.dumps(asdict(self), indent=2, default=str).encode("utf-8")
+            if not _rewrite_in_place(self.path, data):
+                raise
 
     @classmethod
     def load(cls, run_dir: str | Path) -> RunRecord:
@@ -127,11 +186,37 @@ class RunRecord:
         fields["run_dir"] = os.path.abspath(run_dir)
         return cls(**fields)
 
-    def update(self, **changes: Any) -> RunRecord:
+    def update(self, *, last: bool = False, **changes: Any) -> RunRecord:
+        """Set ``changes`` and write the record (``last``: the attempt's end, see ``save``)."""
         for key, value in changes.items():
             setattr(self, key, value)
-        self.save()
+        self.save(last)
         return self
+
+
+def _rewrite_in_place(path: Path, data: bytes) -> bool:
+    """Write ``data`` over the regular file ``path`` within the blocks it already has, which a
+    full disk still lets one overwrite. Not atomic, hence only for a record's end on a full disk:
+    one write from the start, padded with spaces (JSON ignores them) to the old length so that
+    no reader ever finds the old file's tail after the new end. False, with nothing written, when
+    it needs more room than the file has (or the file is not a regular one of its own)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or len(data) > st.st_blocks * 512:
+            return False
+        data = data.ljust(st.st_size)
+        if os.pwrite(fd, data, 0) != len(data):
+            return False
+        os.fsync(fd)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 _MAX_RECORD_BYTES = 16 * 1024 * 1024

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -69,8 +72,11 @@ def refresh_by_supervisor(rec: RunRecord) -> RunRecord:
     Liveness comes from the run's lock (held by its supervisor for the whole attempt, dropped
     by the kernel however it dies) and, across hosts, from the lease it renews, never from a
     PID alone. A run whose lock is free and whose lease has run out has no supervisor: what is
-    left of its ranks on this host is stopped, and the attempt is recorded FAILED. A copy of a
-    run folder, or a run on another host whose lease is still fresh, is only read."""
+    left of its ranks on this host is stopped, and the attempt is recorded FAILED (or, when even
+    that cannot be written, a full disk, returned FAILED: never RUNNING). That holds even while the
+    process that supervised it lives on (a notebook, a pipeline that ran it in the foreground): a
+    supervisor that gave up released the lock. A copy of a run folder, or a run on another host
+    whose lease is still fresh, is only read."""
     if rec.state.terminal:
         return rec
     folder = rec.run_dir
@@ -80,12 +86,22 @@ def refresh_by_supervisor(rec: RunRecord) -> RunRecord:
         return rec  # a copy: never rewritten, and never a reason to act on the original
     if alive_elsewhere(folder):
         return rec  # its host says it is alive; only the lock is not shared with us
-    if rec.host in (None, ownership.this_host()) and procs.same_process(rec.supervisor_pid, rec.supervisor_start):
+    if rec.host in (None, ownership.this_host()) and _unlocked_supervisor(folder, rec):
         return rec  # alive without the lock: only a run started by an older version
     latest = RunRecord.load(folder)  # the supervisor may have recorded its end meanwhile
     if latest.state.terminal or ownership.is_held(folder):
         return latest
     return end_orphaned(latest)
+
+
+def _unlocked_supervisor(run_dir: str | Path, rec: RunRecord, had_lock: bool | None = None) -> bool:
+    """The record's supervisor is alive and supervises without a lock: a run started by an older
+    version, which made no lock file. Where this version took the lock (the file is there, or was
+    before this caller took it: ``had_lock``), a free lock means the supervisor let the run go,
+    alive or not."""
+    if had_lock is None:
+        had_lock = os.path.lexists(RunFolder.of(run_dir).lock)
+    return not had_lock and procs.same_process(rec.supervisor_pid, rec.supervisor_start)
 
 
 def alive_elsewhere(run_dir: str | Path) -> bool:
@@ -96,19 +112,35 @@ def alive_elsewhere(run_dir: str | Path) -> bool:
 
 def end_orphaned(rec: RunRecord) -> RunRecord:
     """Record the end of an attempt whose supervisor is gone, after stopping what is left of its
-    ranks (on this host only: a rank elsewhere stops with its own supervisor's processes)."""
+    ranks (on this host only: a rank elsewhere stops with its own supervisor's processes). Where
+    the record cannot be written (a full or read-only disk) the FAILED record is returned all the
+    same, saying so: every look then reaches the same verdict, until one can write it."""
+    from orchestrator.records import disk_note, disk_trouble
+
     stopped = 0
     if ownership.foreign_reason(rec.host, rec.folder_id, rec.run_dir) is None:
         for pid, start in zip(rec.rank_pids, rec.rank_starts):
             stopped += procs.signal_session(pid, start, signal.SIGKILL)
+    disk = disk_note(rec.run_dir)
     if rec.supervisor_pid:
+        guess = f"{disk}: it could not write there?" if disk else "it gave the run up" if _alive(rec) else "killed?"
         why = (f"its supervisor (pid {rec.supervisor_pid} on {ownership.host_name(rec.host)}) ended without "
-               "recording an end state (killed?)")
+               f"recording an end state ({guess})")
     else:
         why = "the run never started (its starter ended before a supervisor took over)"
+        why += f"; {disk}" if disk else ""
     if stopped:
         why += f"; {stopped} process(es) it left were stopped"
-    return rec.update(state=State.FAILED, ended=time.time(), error=rec.error or why)
+    try:
+        return rec.update(state=State.FAILED, ended=time.time(), error=rec.error or why)
+    except OSError as exc:
+        trouble = disk_trouble(exc, rec.run_dir) or f"{exc.strerror or exc}"
+        rec.error = f"{rec.error or why}\n(not recorded in {rec.path}: {trouble})"
+        return rec
+
+
+def _alive(rec: RunRecord) -> bool:
+    return rec.host in (None, ownership.this_host()) and procs.same_process(rec.supervisor_pid, rec.supervisor_start)
 
 
 def _point_dirs(run_dir: Path) -> Iterator[RunFolder]:
@@ -160,18 +192,22 @@ def prepare_run_dir(launch: LaunchPlan) -> tuple[RunRecord, ownership.RunLock]:
     # bad one is one line, and leaves no half-made run behind.
     checked_dir(run_dir.parent, "runs_dir", "set runs_dir to a folder you can write", SubmissionError, create=True)
     register(record)
+    created = not os.path.lexists(run_dir)
     checked_dir(run_dir, "the run folder", "remove or rename whatever is there", SubmissionError, create=True)
+    had_lock = os.path.lexists(run.lock)  # made by this version: a free lock means no live supervisor
     lock = ownership.take(run_dir)
     try:
-        _start_attempt(launch, run_dir, run, record)
+        _start_attempt(launch, run_dir, run, record, had_lock)
     except BaseException:
         lock.release()
+        if created and not os.path.lexists(run.record):  # a refused first start leaves no half-made run
+            shutil.rmtree(run_dir, ignore_errors=True)
         raise
     lock.renew()
     return record, lock
 
 
-def _start_attempt(launch: LaunchPlan, run_dir: Path, run: RunFolder, record: RunRecord) -> None:
+def _start_attempt(launch: LaunchPlan, run_dir: Path, run: RunFolder, record: RunRecord, had_lock: bool) -> None:
     attempts = 1
     if run.record.exists() or run.record.is_symlink():
         old = RunRecord.load(run_dir)
@@ -181,7 +217,7 @@ def _start_attempt(launch: LaunchPlan, run_dir: Path, run: RunFolder, record: Ru
                 f"'orchestrator status {launch.run_id}' or stop it with 'orchestrator cancel {launch.run_id}'"
             )
         if not old.state.terminal and old.host in (None, ownership.this_host()) and \
-                procs.same_process(old.supervisor_pid, old.supervisor_start):
+                _unlocked_supervisor(run_dir, old, had_lock):
             raise SubmissionError(f"run {launch.run_id} is still {old.state} under supervisor pid {old.supervisor_pid} "
                                   f"(started by an older version); stop it with 'orchestrator cancel {launch.run_id}'")
         if not old.state.terminal:
@@ -220,6 +256,8 @@ def _store_code(launch: LaunchPlan) -> None:
         return
     from orchestrator.snapshot import store
 
+    for warning in launch.snapshot.warnings:
+        print(f"[orchestrator] code snapshot: {warning}", file=sys.stderr, flush=True)
     try:
         store(launch.snapshot)
     except OSError as exc:
@@ -243,13 +281,96 @@ def first_error(run_dir: str | Path) -> dict | None:
 
 def move_aside(run_dir: str | Path) -> Path | None:
     """Rename an existing, finished run folder to <run_dir>.<n> so a fresh run can start."""
+    return start_over(run_dir)[0]
+
+
+def start_over(run_dir: str | Path, checkpoint_dir: str | Path | None = None) -> tuple[Path | None, Path | None]:
+    """Move aside everything an earlier attempt left that a fresh run would find (``run --fresh``):
+    the run folder, and the checkpoint folder when it is not inside the run folder (an explicit
+    ``checkpoint.dir``: a sweep's points have theirs under it), each to <path>.<n>; nothing is
+    deleted. Returns where each went (None: there was nothing to move).
+
+    Everything is checked before anything moves: a folder that a run still active uses (its own
+    attempt, or any registered run whose checkpoint folder is, holds or lies inside this one) is
+    refused naming that run, as is a checkpoint folder that holds the run folder itself."""
     src = Path(run_dir)
-    if not src.exists():
-        return None
-    if ownership.is_held(src) or (RunFolder(src).record.is_file() and not RunRecord.load(src).state.terminal):
+    if os.path.lexists(src) and _active_state(src) is not None:
         raise SubmissionError(f"{src} belongs to a run that is still active; cancel it first")
+    ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
+    if ckpt is not None and (not os.path.lexists(ckpt) or _inside(ckpt, src)):
+        ckpt = None  # nothing there, or it goes with the run folder
+    if ckpt is not None:
+        if _inside(src, ckpt):
+            raise SubmissionError(f"checkpoint.dir {ckpt} holds the run folder {src}, so a fresh run cannot move its "
+                                  "checkpoints aside: give checkpoint.dir a folder of its own (or leave it unset for "
+                                  "<run folder>/checkpoints)")
+        user = next(_active_users(ckpt, src), None)
+        if user is not None:
+            rec, state = user
+            raise SubmissionError(f"checkpoint.dir {ckpt} is used by run {rec.run_id}, which is still active ({state}, "
+                                  f"{rec.run_dir}); cancel it first (orchestrator cancel {rec.run_id}), or give this "
+                                  "run a checkpoint.dir of its own")
+    moved = _rename_aside(src) if os.path.lexists(src) else None
+    try:
+        moved_ckpt = _rename_aside(ckpt) if ckpt is not None else None
+    except BaseException:
+        if moved is not None:  # all or nothing: a fresh run never starts beside the old checkpoints
+            moved.rename(src)
+        raise
+    return moved, moved_ckpt
+
+
+def _rename_aside(src: Path) -> Path:
     n = 1
-    while (dst := src.with_name(f"{src.name}.{n}")).exists():
+    while os.path.lexists(dst := src.with_name(f"{src.name}.{n}")):
         n += 1
     src.rename(dst)
     return dst
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    """``path`` is ``folder`` or lies under it (symbolic links followed)."""
+    p, f = Path(os.path.realpath(path)), Path(os.path.realpath(folder))
+    return p == f or f in p.parents
+
+
+def _active_state(run_dir: Path) -> State | None:
+    """The state of the run in this folder while it is still active (its lock is held, or its
+    record has not ended), else None. A local run whose supervisor is gone is recorded FAILED
+    first (``refresh_by_supervisor``): only a live attempt, or a SLURM job not ended, is active."""
+    record = RunFolder(run_dir).record
+    if not record.is_file():
+        return State.RUNNING if ownership.is_held(run_dir) else None
+    rec = RunRecord.load(run_dir)
+    if not rec.state.terminal and rec.executor != "slurm":
+        rec = refresh_by_supervisor(rec)
+    if not rec.state.terminal:
+        return rec.state
+    return rec.state if ownership.is_held(run_dir) else None  # ending: its supervisor is still at work
+
+
+def _active_users(ckpt: Path, own_run_dir: Path) -> Iterator[tuple[RunRecord, State]]:
+    """The registered runs still active (other than ``own_run_dir``'s) whose checkpoint folder
+    (from their payload) is, holds or lies inside ``ckpt``."""
+    from orchestrator.errors import OrchestratorError
+    from orchestrator.payload import Payload, PayloadError
+    from orchestrator.records import registered_runs
+
+    for entry in registered_runs():
+        folder = Path(entry["run_dir"])
+        if _inside(folder, own_run_dir) and _inside(own_run_dir, folder):
+            continue
+        try:
+            if not RunFolder(folder).record.is_file():
+                continue
+            rec = RunRecord.load(folder)
+            if rec.state.terminal and not ownership.is_held(folder):
+                continue
+            used = Path(Payload.load(RunFolder(folder).payload).checkpoint.dir)
+        except (OrchestratorError, PayloadError, OSError):
+            continue
+        if not (_inside(used, ckpt) or _inside(ckpt, used)):
+            continue
+        state = _active_state(folder)
+        if state is not None:
+            yield rec, state

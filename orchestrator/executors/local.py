@@ -14,14 +14,14 @@ import time
 from pathlib import Path
 
 from orchestrator import ownership, procs
-from orchestrator.errors import SubmissionError, UsageError
+from orchestrator.errors import JobFailedError, SubmissionError, UsageError
 from orchestrator.executors.base import (CANCEL_SLACK_S, prepare_run_dir, rank_log_path, refresh_by_supervisor,
                                          stop_grace_s)
 from orchestrator.executors.console import ConsoleEcho, PlainEcho
 from orchestrator.executors.supervisor import Supervisor
 from orchestrator.interpreter import module_argv
 from orchestrator.plan import LaunchPlan
-from orchestrator.records import RunRecord
+from orchestrator.records import RunRecord, disk_trouble
 from orchestrator.states import TERMINAL
 from orchestrator.run_folder import RunFolder
 
@@ -41,6 +41,9 @@ class LocalExecutor:
         finally:
             if isinstance(supervisor.echo, ConsoleEcho):
                 supervisor.echo.close()
+        if not supervisor.end_recorded:  # the folder still says RUNNING: never hand the caller that
+            raise JobFailedError(f"{record.run_id} ended FAILED, and its end could not be recorded in "
+                                 f"{record.path}: {record.error}")
         return record
 
     def submit(self, launch: LaunchPlan) -> RunRecord:
@@ -69,9 +72,12 @@ class LocalExecutor:
             return RunRecord.load(launch.run_dir)
         record = RunRecord.load(launch.run_dir)
         if record.state not in TERMINAL:
-            record.update(state="FAILED", ended=time.time(),
-                          error=f"the supervisor exited with code {proc.returncode} before starting the ranks; "
-                                f"see {RunFolder.of(launch.run_dir).supervisor_log}")
+            why = (f"the supervisor exited with code {proc.returncode} before starting the ranks; "
+                   f"see {RunFolder.of(launch.run_dir).supervisor_log}")
+            try:
+                record.update(last=True, state="FAILED", ended=time.time(), error=why)
+            except OSError as exc:  # the free lock tells the next look all the same
+                record.error = f"{why} ({disk_trouble(exc, launch.run_dir) or exc.strerror or exc})"
         raise SubmissionError(record.error or "the supervisor exited before starting the ranks")
 
     def refresh(self, records: list[RunRecord]) -> list[RunRecord]:

@@ -35,9 +35,10 @@ from orchestrator.payload import Payload
 from orchestrator.plan import LaunchPlan
 from orchestrator.rank_env import installed_torch_version, local_rank_env, rank_environment
 from orchestrator.rendezvous import derive_port, pick_port, port_is_free, remove_earlier_files, rendezvous_file
-from orchestrator.records import RunRecord
+from orchestrator.records import RunRecord, disk_trouble
 from orchestrator.recovery import Failure, History, decide
 from orchestrator.run_folder import RunFolder
+from orchestrator.states import State
 from orchestrator.watchdog import Watch, did_nothing, judge
 
 #: After a failure or a watchdog verdict the other ranks are doomed: SIGTERM, then SIGKILL after
@@ -85,6 +86,8 @@ class Supervisor:
         self.echo: Callable[[int, str], None] | None = None
         self.procs: list[ForkedRank] = []
         self._cancelled = False
+        self._signalled: int | None = None  # the signal that stopped the run (passed on at its end)
+        self.end_recorded = True  # False once the end state could not be written (_record_end)
         self.timeout_s = launch.spec["local"].get("timeout_s")
         self.stall_s: float | None = launch.payload.watchdog.stall_s
         self.stacks_on_failure = launch.payload.watchdog.stacks_on_failure
@@ -94,32 +97,55 @@ class Supervisor:
     # -- lifecycle --------------------------------------------------------------------------
     def run(self) -> RunRecord:
         """Run every point; the end state is recorded only after every rank is gone, so a
-        caller that sees a terminal state never finds a rank still running."""
-        me = os.getpid()
-        self.record.update(state="RUNNING", supervisor_pid=me, supervisor_start=procs.start_time(me),
-                           host=ownership.this_host(), job_ids=self.record.job_ids or [f"local-{me}"])
-        if self.lock is not None:
-            self.lock.renew()  # the lease names this process from now on
-        prev = self._handle_signals()
+        caller that sees a terminal state never finds a rank still running. A signal that
+        stopped the run is passed on to the caller's own handler once the end is recorded
+        (``_pass_on_signal``)."""
+        prev = self._handle_signals()  # first: from here on a signal stops the run in order
         state, error = "FAILED", None
         try:
-            points = range(len(self.launch.sweep)) if self.launch.sweep else [None]
-            for index in points:
-                state = self._run_point_recovering(index)
-                if state != "COMPLETED":
-                    break
-        except Exception as exc:
-            state, error = "FAILED", f"{type(exc).__name__}: {exc}"
-            raise
-        finally:
+            try:
+                me = os.getpid()
+                self.record.update(state="RUNNING", supervisor_pid=me, supervisor_start=procs.start_time(me),
+                                   host=ownership.this_host(), job_ids=self.record.job_ids or [f"local-{me}"])
+                if self.lock is not None:
+                    self.lock.renew()  # the lease names this process from now on
+                points = range(len(self.launch.sweep)) if self.launch.sweep else [None]
+                for index in points:
+                    if self._cancelled:  # stopped between points (or before the first): start no more
+                        state = "CANCELLED"
+                        break
+                    state = self._run_point_recovering(index)
+                    if state != "COMPLETED":
+                        break
+            except Exception as exc:
+                state, error = "FAILED", disk_trouble(exc, self.record.run_dir)
+                if error is None:  # a bug, or a problem of the machine's: the caller sees it
+                    error = f"{type(exc).__name__}: {exc}"
+                    raise
+                # The run folder's disk takes no more writes: the run cannot go on honestly (no
+                # record, no logs, no checkpoints); its ranks are stopped below, and it ends FAILED.
+                print(f"[orchestrator] {error}", file=sys.stderr, flush=True)
+            finally:
+                self._kill_all(grace=GRACE_S)
+                if self._zygote is not None:  # never used (e.g. a point failed to start)
+                    self._zygote.kill()
+                    self._zygote.wait()
+                self._record_end(state, error)
+        finally:  # only now: a second Ctrl-C never cuts the (bounded) clean-up and the end record short
             for s, handler in prev.items():
                 signal.signal(s, handler)
-            self._kill_all(grace=GRACE_S)
-            if self._zygote is not None:  # never used (e.g. a point failed to start)
-                self._zygote.kill()
-                self._zygote.wait()
-            self._record_end(state, error)
+        self._pass_on_signal(prev)
         return self.record
+
+    def _pass_on_signal(self, prev: dict[int, Any]) -> None:
+        """The signal that stopped the run was meant for this process: once the ranks are gone and
+        the end is recorded, a handler the caller installed for it hears it (a local pipeline then
+        starts no further stage; a script's own SIGTERM handler runs). Python's defaults are not
+        given it: a foreground run's answer to Ctrl-C is its orderly end, CANCELLED, and the
+        run's exit code is its outcome."""
+        handler = prev.get(self._signalled) if self._signalled else None
+        if callable(handler) and handler is not signal.default_int_handler:
+            handler(self._signalled, None)
 
     def _handle_signals(self) -> dict[int, Any]:
         """SIGTERM, SIGINT and SIGHUP (the terminal or the ssh session closed) all stop the run in
@@ -131,20 +157,29 @@ class Supervisor:
         return {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
 
     def _record_end(self, state: str, error: str | None) -> None:
-        """Record the end state, then give up the lock. A full disk must not turn into a traceback:
-        the state stays unwritten, which the free lock makes plain to the next look."""
+        """Record the end state, then give up the lock. A full disk must not turn into a traceback,
+        nor lose the end: it is written over the record in place (``RunRecord.save``). Where even
+        that fails (a read-only disk, no room) this process's record says FAILED, naming the disk
+        (``end_recorded`` is False), and the free lock makes the end plain to the next look
+        (``refresh_by_supervisor``: FAILED, never RUNNING)."""
         try:
-            self.record.update(state=state, ended=time.time(), **({"error": error} if error else {}))
+            self.record.update(last=True, state=state, ended=time.time(), **({"error": error} if error else {}))
         except OSError as exc:
-            self.record.state = state
-            print(f"[orchestrator] could not record the end state {state} in {self.record.path}: {exc.strerror}",
-                  file=sys.stderr)
+            self.end_recorded = False
+            trouble = disk_trouble(exc, self.record.run_dir) or f"{exc.strerror or exc}"
+            lost = f"; the run ended {state}, but that could not be recorded" if state != "FAILED" else ""
+            self.record.state, self.record.ended = State.FAILED, time.time()
+            prior = error or self.record.error
+            self.record.error = f"{trouble}{lost}" + (f"\n{prior}" if prior and prior != trouble else "")
+            print(f"[orchestrator] could not record the end state {state} in {self.record.path}: {trouble}; "
+                  f"'orchestrator status {self.record.run_id}' reports it FAILED", file=sys.stderr, flush=True)
         finally:
             if self.lock is not None:
                 self.lock.release()
 
     def _on_signal(self, signum: int, frame: object) -> None:
         self._cancelled = True
+        self._signalled = self._signalled or signum
 
     def _run_point_recovering(self, index: int | None) -> str:
         """One point, its ranks restarted in place after a failure the spec's ``recovery`` covers
@@ -237,8 +272,11 @@ class Supervisor:
                 note = (f"[orchestrator] stopped {len(group.leftovers)} process(es) the ranks left running: "
                         f"pids {', '.join(map(str, group.leftovers[:10]))}")
                 print(note, file=sys.stderr)
-                with open(folder.leftovers_log, "a", encoding="utf-8") as fh:
-                    fh.write(note + "\n")
+                try:  # a note beside the one on stderr: a full disk must not turn the outcome into its failure
+                    with open(folder.leftovers_log, "a", encoding="utf-8") as fh:
+                        fh.write(note + "\n")
+                except OSError:
+                    pass
 
     def _watch(self, run_dir: Path, offsets: list[int]) -> str:
         start = time.monotonic()

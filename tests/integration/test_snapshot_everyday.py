@@ -167,3 +167,17 @@ def test_plan_shows_the_pythonpath_every_rank_sees(tmp_path: Path) -> None:
     for rank in (0, 1):
         seen = re.search(r"^PYTHONPATH=(.*)$", rank_log(proj / "runs" / run_id, rank), re.M)
         assert seen and seen[1] == next(iter(planned)), (seen, planned)
+
+
+def test_a_refused_start_leaves_no_half_made_run_folder(tmp_path: Path) -> None:
+    proj = project(tmp_path / "proj", {"train.py": "print('never')\n"}, {
+        "name": "refused", "entrypoint": "train.py", "nodes": 1, "cpu_ranks_per_node": 1, "runs_dir": "runs",
+        "local": {"preload_torch": False, "timeout_s": RUN_WAIT_S}})
+    (proj / "runs" / ".code").mkdir(parents=True)
+    (proj / "runs" / ".code" / "trees").write_text("in the way")  # the snapshot's tree cannot be built
+    out = orch("run", "spec.yaml", cwd=proj)
+    assert out.returncode != 0 and "cannot store the code snapshot" in out.stderr, shown(out)
+    assert "Traceback" not in out.stderr, shown(out)
+    assert sorted(p.name for p in (proj / "runs").iterdir()) == [".code"], list((proj / "runs").iterdir())
+    (proj / "runs" / ".code" / "trees").unlink()
+    assert ended_id(orch("run", "spec.yaml", cwd=proj)).startswith("refused-")

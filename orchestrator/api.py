@@ -41,9 +41,14 @@ if TYPE_CHECKING:
 #: list of any of these (merged in order, as by ``load_spec``).
 SpecLike = Union["JobSpec", Mapping[str, Any], str, Path, Sequence[Any]]
 
-#: How often ``Run.wait`` looks at the run: a local run's folder is cheap to read, a SLURM
-#: query is not.
+#: How often ``Run.wait`` looks at the run. A look at a local run reads its folder (cheap). A look
+#: at a SLURM run is a few ``stat`` calls on its folder; the scheduler itself is asked only when
+#: ``executors.slurm.SchedulerPacing`` says so (at most once per 10 s, backing off to 60 s).
 POLL_S = {"local": 0.2, "debug": 0.2, "slurm": 1.0}
+
+#: The clock and the sleep of every waiting loop here (tests replace them with a fake clock).
+_now = time.monotonic
+_sleep = time.sleep
 
 
 # ---- specs ---------------------------------------------------------------------------------
@@ -154,6 +159,10 @@ def submit(spec: SpecLike, *, executor: str = "slurm", on_plan: Callable[[Launch
     state is PENDING. Follow it with ``.status()``, ``.wait(timeout=...)`` and ``.logs()``.
     The project's code is frozen first (``orchestrator.snapshot``): edits made after this call
     never reach the job, requeues included. ``on_plan`` as for ``run``."""
+    if executor == "slurm":  # a cluster that cannot take the job is said before the snapshot is stored
+        from orchestrator.executors.slurm import check_slurm_conf
+
+        check_slurm_conf()
     launch = planned(spec, executor, stage_for=("slurm", "local"))[0]
     if on_plan is not None:
         on_plan(launch)
@@ -250,7 +259,7 @@ class Run:
                                  "math.inf to wait without a limit")
             if math.isinf(timeout):
                 timeout = None
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = None if timeout is None else _now() + timeout
         poll = POLL_S.get(self.executor, 1.0)
         follower = None
         if follow:
@@ -270,7 +279,8 @@ class Run:
 
     def _wait(self, deadline: float | None, timeout: float | None, poll: float, follower: Any,
               watch: Any = None) -> State:
-        looks = self.tail(0) if follower is not None else None
+        states = StateWatch(self)
+        looks = self._tail(0, None, states) if follower is not None else None
         while True:
             live = None
             if looks is not None:
@@ -280,29 +290,29 @@ class Run:
                 live = _live_folder(self._record)
                 follower.progress(live)
             else:
-                state = self.status()
-            if watch is not None:
-                self._say_attempts(watch, state, live)
+                state = states.look()
+            if watch is not None:  # "pending again" only from the scheduler's own answer, never a stale state
+                self._say_attempts(watch, state, live, fresh=states.asked)
             if state.terminal:
                 return state
             if deadline is not None:
-                left = deadline - time.monotonic()
+                left = deadline - _now()
                 if left <= 0:
                     raise WaitTimeoutError(
                         f"{self.id} is still {state} after {timeout:g}s; it goes on: wait again, or stop it "
                         f"with .cancel() (CLI: orchestrator cancel {self.id})")
-                time.sleep(min(poll, left))
+                _sleep(min(poll, left))
             else:
-                time.sleep(poll)
+                _sleep(poll)
 
-    def _say_attempts(self, watch: Any, state: State, live: Path | None) -> None:
+    def _say_attempts(self, watch: Any, state: State, live: Path | None, fresh: bool = True) -> None:
         """One look at recovery.json (the run's, or the live sweep point's): print what changed."""
         import sys
 
         rec = self._record
         folder = live if live is not None else (_live_folder(rec) if rec.sweep_size else Path(rec.run_dir))
         where = f"point {int(folder.name)}: " if rec.sweep_size and folder.name.isdigit() else ""
-        for line in watch.look(folder, state == State.PENDING, list(rec.job_ids)):
+        for line in watch.look(folder, state == State.PENDING and fresh, list(rec.job_ids)):
             try:
                 print(f"[orchestrator] {where}{line}", file=sys.stderr, flush=True)
             except (OSError, ValueError):  # stderr closed or gone: the history keeps it
@@ -344,16 +354,21 @@ class Run:
         return _executor(rec.executor).log_path(rec, rank, point)
 
     def tail(self, rank: int = 0, point: int | None = None) -> Iterator[tuple[State, str | None]]:
-        """Follow a rank's log, one look per ``next()``: the run's state (refreshed), then what the
-        log gained since the last look ("" when nothing; None while the log does not exist). The
-        last item is the run's end state with the log's rest, since the log is read after the
-        state. The caller paces the looks (``wait(follow=True)`` and ``orchestrator logs -f``)."""
+        """Follow a rank's log, one look per ``next()``: the run's state, then what the log gained
+        since the last look ("" when nothing; None while the log does not exist). The last item is
+        the run's end state with the log's rest, since the log is read after the state. The caller
+        paces the looks (``wait(follow=True)`` and ``orchestrator logs -f``); a SLURM job's state
+        comes from its run folder, and the scheduler is asked only as ``executors.slurm.SchedulerPacing`` allows
+        (``StateWatch``), however often the caller looks."""
+        return self._tail(rank, point, StateWatch(self))
+
+    def _tail(self, rank: int, point: int | None, states: StateWatch) -> Iterator[tuple[State, str | None]]:
         from orchestrator.fs_checks import read_file
 
         path = self.log_path(rank, point)
         offset = 0
         while True:
-            state = self.status()
+            state = states.look()
             chunk = read_file(path, f"rank {rank}'s log", "remove or rename it (the run's other files are untouched)",
                               RunNotFoundError, offset=offset)
             if chunk is not None:
@@ -448,6 +463,65 @@ def check_attempt(attempt: Any) -> int:
         raise UsageError(f"attempt is counted from 1 (as 'orchestrator status' counts), not {attempt!r}: "
                          "e.g. .logs(rank=0, attempt=2)")
     return attempt
+
+
+class StateWatch:
+    """A waiting client's view of a run's state, one ``look()`` at a time (``Run.wait``,
+    ``Run.tail``, so ``submit --wait``, ``--follow`` and ``logs -f``). A local run's look reads
+    its folder (``Run.status``). A SLURM run's look is a few ``stat`` calls on its folder: the
+    scheduler is asked only when ``executors.slurm.SchedulerPacing`` says so, and early when the folder shows
+    news: the job's agent rewrites ``recovery.json`` as an attempt starts and ends and writes
+    ``end.json`` with its verdict (of the run, or of up to WATCHED_POINTS sweep points); a
+    ``record.json`` that another client wrote with an end state is taken as it is, unasked."""
+
+    def __init__(self, run: Run, pacing: Any = None) -> None:
+        self.run = run
+        self.pacing = None
+        if run.executor == "slurm":
+            from orchestrator.executors.slurm import SchedulerPacing
+
+            self.pacing = pacing or SchedulerPacing()
+        self.seen: tuple | None = None
+        self.asked = False  # whether the last look's state is the scheduler's answer (a local run's: always)
+
+    def look(self) -> State:
+        self.asked = True
+        if self.pacing is None:
+            return self.run.status()
+        now = _now()
+        seen = self._signature()
+        if self.seen is not None and seen != self.seen:
+            if seen[0] != self.seen[0]:  # record.json: another client refreshed the run (or cancelled it)
+                ended = self._ended_record()
+                if ended is not None:
+                    self.seen = seen
+                    return ended
+            if seen[1:] != self.seen[1:]:  # the agent's files; never another client's record (no ping-pong)
+                self.pacing.folder_changed(now)
+        self.seen = seen
+        if not self.pacing.due(now):
+            self.asked = False
+            return self.run._record.state
+        state = self.run.status()
+        self.pacing.answered(_now(), state)
+        self.seen = self._signature()  # our own write of record.json is no news
+        return state
+
+    def _ended_record(self) -> State | None:
+        try:
+            rec = RunRecord.load(self.run._record.run_dir)
+        except (OrchestratorError, OSError):
+            return None
+        if not rec.state.terminal:
+            return None  # ours may be newer (a user who cannot write the record keeps it in memory)
+        self.run._record = rec
+        return rec.state
+
+    def _signature(self) -> tuple:
+        from orchestrator.executors.slurm import file_stat, folder_news
+
+        rec = self.run._record
+        return (file_stat(RunFolder.of(rec.run_dir).record), *folder_news(rec))
 
 
 def _live_folder(rec: RunRecord) -> Path:

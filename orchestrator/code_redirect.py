@@ -41,7 +41,9 @@ class SnapshotFinder(importlib.abc.MetaPathFinder):
         if not _inside(real, self.live_root) or _inside(real, self._tree_real):
             return None
         moved = os.path.join(self.tree, os.path.relpath(real, self.live_root))
-        return moved if os.path.exists(moved) else None
+        # Frozen: really in the tree. The tree also links, live, what the snapshot left out (a
+        # virtual environment, data): a module reached through such a link is not frozen.
+        return moved if os.path.exists(moved) and _inside(os.path.realpath(moved), self._tree_real) else None
 
     def find_spec(self, fullname: str, path: Optional[Sequence[str]], target: Optional[ModuleType] = None):
         if path is not None or getattr(self._busy, "on", False):

@@ -79,12 +79,16 @@ def print_plan(launch: LaunchPlan, console: Console | None = None, node: int | N
     console.print(f"entrypoint: {launch.payload.entrypoint} {' '.join(launch.payload.argv)}", markup=False)
     console.print(f"working directory of the ranks: {launch.payload.workdir}", markup=False)
     console.print(f"rank processes: {RANK_START[launch.rank_start]}", markup=False)
+    if launch.cpus:
+        console.print(launch.cpus, markup=False)
     stall = launch.payload.watchdog.stall_s
     if stall:
         console.print(f"stall watchdog: ends the job when no rank progresses for {stall:g}s", markup=False)
     console.print(recovery_line(launch), markup=False)
     for note in launch.notes:
         console.print(Text.assemble(("note:", "yellow"), " ", note))
+    for line in sbatch_env_lines(launch):
+        console.print(line, markup=False)
     for index, script in enumerate(launch.sbatch_scripts):
         which = f" of array {index + 1} of {len(launch.sbatch_scripts)}" if len(launch.sbatch_scripts) > 1 else ""
         console.print(f"\n[bold]sbatch script{which}[/bold] (rendered by submitit, as it will be submitted):")
@@ -107,6 +111,16 @@ def print_plan(launch: LaunchPlan, console: Console | None = None, node: int | N
             else:
                 sweep.add_row(str(point.index), Text(" ".join(point.argv)), Text(point.run_dir))
         console.print(sweep)
+
+
+def sbatch_env_lines(launch: LaunchPlan) -> list[str]:
+    """For SLURM: the SBATCH_* defaults of this environment that sbatch will apply to the job
+    (account, partition, QOS...), so a job's partition or account is never a mystery."""
+    if launch.executor != "slurm":
+        return []
+    from orchestrator.executors.slurm import sbatch_env_line
+
+    return [sbatch_env_line(launch.sbatch_scripts)]
 
 
 def recovery_line(launch: LaunchPlan) -> str:

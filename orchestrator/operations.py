@@ -10,7 +10,6 @@ import json
 import os
 import stat
 import sys
-import time
 from collections import defaultdict
 from dataclasses import asdict
 from pathlib import Path
@@ -20,7 +19,7 @@ from orchestrator.api import Run
 from orchestrator.attempt_logs import AttemptStream, attempts_in, first_attempts, held
 from orchestrator.errors import OrchestratorError, RunNotFoundError, UsageError
 from orchestrator.fs_checks import errno_text, kind, read_file, shown
-from orchestrator.records import RunRecord, registered_runs
+from orchestrator.records import RunRecord, no_permission, registered_runs
 from orchestrator.recovery import History, describe
 from orchestrator.run_folder import RunFolder
 from orchestrator.stacks import wait_lines
@@ -43,6 +42,9 @@ def _runs(refs: list[str]) -> list[Run]:
         record = RunFolder(folder).record
         try:
             os.lstat(record)
+        except PermissionError:  # another user's run folder, closed to us: nothing is wrong with it
+            print(f"warning: skipping {entry['run_id'][:200]!r}: {_one_line(no_permission(record))}", file=sys.stderr)
+            continue
         except OSError:
             continue  # the folder was removed (or moved): nothing left to list
         try:
@@ -53,6 +55,8 @@ def _runs(refs: list[str]) -> list[Run]:
             found.append(Run(RunRecord.load(folder)))
         except OrchestratorError as exc:
             print(f"warning: skipping {entry['run_id'][:200]!r}: {_one_line(exc)}", file=sys.stderr)
+        except PermissionError:
+            print(f"warning: skipping {entry['run_id'][:200]!r}: {_one_line(no_permission(record))}", file=sys.stderr)
         except OSError as exc:
             print(f"warning: skipping {entry['run_id'][:200]!r}: {shown(record)} cannot be read ({errno_text(exc)}): "
                   f"inspect the run's other files, then remove or rename {shown(folder)}", file=sys.stderr)
@@ -184,7 +188,7 @@ def _follow(run: Run, path: Path, rank: int, point: int | None, start_timeout_s:
             stream: AttemptStream | None = None) -> int:
     """Print the log (or, with ``stream``, one attempt's part of it) as it grows until the run
     ends (``Run.tail``); give up if it never starts, and stop when nobody reads any more."""
-    started = time.monotonic()
+    started = api._now()
     seen = False
     for state, text in run.tail(rank, point):
         seen = seen or text is not None
@@ -209,11 +213,11 @@ def _follow(run: Run, path: Path, rank: int, point: int | None, start_timeout_s:
             return 0
         if _reader_gone():
             return 0
-        if not seen and time.monotonic() - started > start_timeout_s:
+        if not seen and api._now() - started > start_timeout_s:
             print(f"{run.id} is {state} and rank {rank} has written nothing in {start_timeout_s:.0f}s; "
                   f"try again later, or check 'orchestrator status {run.id}'", file=sys.stderr)
             return 1
-        time.sleep(0.3)
+        api._sleep(0.3)  # a look at the log; the scheduler is asked only as the pacing allows (Run.tail)
     return 0
 
 

@@ -26,6 +26,7 @@ from orchestrator.payload import (PAYLOAD_VERSION, CheckpointSettings, CodeSetti
                                   RecoverySettings, WatchdogSettings)
 from orchestrator.rank_env import (
     RankEnv,
+    cpu_share_rule,
     installed_torch_version,
     local_rank_env,
     rank_environment,
@@ -88,6 +89,8 @@ class LaunchPlan(BaseModel):
     array_chunks: list[list[int]] = Field(default_factory=list)
     #: The code snapshot the ranks import (``Snapshot.summary()``); None: they import the live files.
     code: Optional[dict[str, Any]] = None
+    #: Where each rank's CPU count (srun's --cpus-per-task on SLURM, and OMP_NUM_THREADS) comes from.
+    cpus: Optional[str] = None
     #: The scanned snapshot itself, which the run's start stores (``executors.base``); not serialised.
     _snapshot: Optional[Snapshot] = PrivateAttr(default=None)
 
@@ -133,9 +136,9 @@ def plan(spec: JobSpec, executor: ExecutorName | None = None, max_array_size: in
     run_id = run_id_for(spec)
     run_dir = os.path.abspath(os.path.join(os.path.expanduser(spec.runs_dir), run_id))
     layout = _layout(spec, executor)
-    threads = spec.slurm.cpus_per_task if executor == "slurm" else \
-        thread_count_local(usable_cpus(), layout.nodes * layout.ranks_per_node)
+    threads = rank_threads(spec, executor, layout.nodes * layout.ranks_per_node)
     env = job_environment(spec, run_dir, layout.backend, threads, os.environ)
+    chosen_env = dict(env)  # what decides how ranks start: the snapshot's rewrite needs no fresh interpreter
     env.update(snapshot_variables(code, env, os.environ))
     sweep = _sweep(spec, run_dir)
     python = spec.slurm.python if executor == "slurm" and spec.slurm.python is not None else sys.executable
@@ -143,16 +146,18 @@ def plan(spec: JobSpec, executor: ExecutorName | None = None, max_array_size: in
     srun = rank_log = None
     if params is not None:
         rank_log = str(RunFolder.of(run_dir).slurm_log("%A_%a" if sweep else "%j", "%t"))
-        srun = srun_argv(rank_log, run_dir, python, params["cpus_per_task"], container_settings(spec, run_dir, code),
-                         spec.gpus_per_node, os.path.abspath(spec.workdir) if spec.workdir else os.getcwd())
+        srun = srun_argv(rank_log, run_dir, python, srun_cpus_per_task(spec),
+                         container_settings(spec, run_dir, code), spec.gpus_per_node,
+                         os.path.abspath(spec.workdir) if spec.workdir else os.getcwd())
     payload = _payload(spec, run_id, run_dir, layout, env, python, srun, rank_log, code)
-    start, start_note = _rank_start(spec, executor, env)
+    start, start_note = _rank_start(spec, executor, chosen_env)
     common: dict[str, Any] = dict(
         run_id=run_id, run_dir=run_dir, executor=executor, spec=spec.model_dump(mode="json"),
         nodes=layout.nodes, ranks_per_node=layout.ranks_per_node,
         world_size=layout.nodes * layout.ranks_per_node, backend=layout.backend,
         notes=layout.notes + ([start_note] if start_note else []), payload=payload, sweep=sweep, rank_start=start,
         code=code.summary() if code is not None else None,
+        cpus=cpus_line(spec, executor, layout.nodes * layout.ranks_per_node, env.get("OMP_NUM_THREADS"), threads),
     )
     shown = _shown_payload(payload, bool(sweep))
     if params is not None:
@@ -271,10 +276,54 @@ NCCL_ASYNC_ERRORS = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
 NCCL_TRACE_BUFFER = "2000"  # entries kept per rank; a ring buffer of recent collectives
 
 
-def job_environment(spec: JobSpec, run_dir: str, backend: str, threads: int,
+def rank_threads(spec: JobSpec, executor: ExecutorName, local_ranks: int) -> int | str:
+    """Each rank's OMP_NUM_THREADS default: on SLURM ``slurm.cpus_per_task``, or without it the
+    rank's share of its node's granted CPUs, a rule the job's agent resolves
+    (``rank_env.cpu_share_rule``); locally this machine's usable CPUs divided among the ranks."""
+    if executor != "slurm":
+        return thread_count_local(usable_cpus(), local_ranks)
+    return spec.slurm.cpus_per_task if spec.slurm.cpus_per_task is not None else cpu_share_rule(spec.ranks_per_node)
+
+
+def srun_cpus_per_task(spec: JobSpec) -> int | str:
+    """The ranks' srun --cpus-per-task: ``slurm.cpus_per_task`` (times the node's GPUs for strategy
+    dp's one rank), as sbatch asks for it; without it the rank's share of its node's granted CPUs,
+    resolved by the job's agent (``rank_env.cpu_share_rule``)."""
+    s = spec.slurm
+    if s.cpus_per_task is None:
+        return cpu_share_rule(spec.ranks_per_node)
+    return s.cpus_per_task * (max(1, spec.gpus_per_node) if spec.strategy == "dp" else 1)
+
+
+def cpus_line(spec: JobSpec, executor: ExecutorName, ranks: int, threads: str | None, default: int | str) -> str:
+    """Where each rank's CPU count comes from, in one line for ``plan``."""
+    s, rpn = spec.slurm, spec.ranks_per_node
+    if executor != "slurm":
+        line = (f"locally the {ranks} rank(s) share this machine's {usable_cpus()} usable CPU(s) "
+                f"(OMP_NUM_THREADS={default} each)")
+    elif s.cpus_per_task is not None:
+        cpus = srun_cpus_per_task(spec)
+        dp = f" (slurm.cpus_per_task {s.cpus_per_task} x {max(1, spec.gpus_per_node)} GPU(s): strategy dp's one " \
+             f"rank per node)" if spec.strategy == "dp" and cpus != s.cpus_per_task else ""
+        line = (f"{cpus} per rank{dp}, as slurm.cpus_per_task asks (sbatch and the ranks' srun "
+                f"--cpus-per-task={cpus}); OMP_NUM_THREADS={default}")
+    else:
+        asked = (f"slurm.cpus_per_gpu asks for {s.cpus_per_gpu} per GPU (--cpus-per-gpu={s.cpus_per_gpu}, "
+                 f"{s.cpus_per_gpu * spec.gpus_per_node} per node)" if s.cpus_per_gpu is not None else
+                 "the job asks for no CPU count (no slurm.cpus_per_task or slurm.cpus_per_gpu), so the site's "
+                 "defaults decide each node's CPUs (DefCpuPerGPU; at least 1 per rank)")
+        line = (f"{default} per rank, known when the job starts: {asked}; the job's agent shares the CPUs SLURM "
+                f"granted a node equally among its {rpn} rank(s) (srun --cpus-per-task, OMP_NUM_THREADS)")
+    if threads is not None and threads != str(default):
+        line += f"; OMP_NUM_THREADS={threads} as you set it"
+    return "CPUs: " + line
+
+
+def job_environment(spec: JobSpec, run_dir: str, backend: str, threads: int | str,
                     environ: Mapping[str, str]) -> dict[str, str]:
     """The variables every rank gets on top of the rank contract, computed once (the payload carries
-    them, the plan's rows show them): the CPU thread default, the C heap settings
+    them, the plan's rows show them): the CPU thread default (on SLURM without slurm.cpus_per_task
+    the rule the job's agent resolves, ``rank_threads``), the C heap settings
     (``orchestrator.malloc``), the NCCL aids for nccl jobs, then the spec's ``env``, which wins.
     A default the user already exported in their own environment (which reaches the ranks on
     either executor) is left to theirs."""
@@ -421,7 +470,6 @@ def submitit_parameters(spec: JobSpec, n_points: int = 0) -> dict[str, Any]:
         "job_name": spec.name,
         "nodes": spec.nodes,
         "ntasks_per_node": spec.ranks_per_node,
-        "cpus_per_task": s.cpus_per_task * (max(1, spec.gpus_per_node) if spec.strategy == "dp" else 1),
         "time": s.time_minutes,
         "signal_delay_s": s.signal_margin_s,
         # The batch script runs the job's agent (orchestrator.slurm_job), which runs srun itself.
@@ -432,10 +480,18 @@ def submitit_parameters(spec: JobSpec, n_points: int = 0) -> dict[str, Any]:
     }
     gpus = f"{s.gpu_type}:{spec.gpus_per_node}" if s.gpu_type and spec.gpus_per_node else spec.gpus_per_node
     optional = {
+        # No --cpus-per-task unless the spec sets it: asking for one switches off the site's
+        # DefCpuPerGPU (slurm.conf: used only "if the job didn't specify --cpus-per-task"), and the
+        # job's agent gives each rank its share of what SLURM granted instead.
+        "cpus_per_task": srun_cpus_per_task(spec) if s.cpus_per_task is not None else None,
         # --gpus-per-node=TYPE:N (not --gres=gpu:TYPE:N): the GPU-specific option of SLURM >= 19.05,
         # which the srun steps inherit and which SLURM's GPU binding and cgroups act on.
         "gpus_per_node": gpus or None, "partition": s.partition, "account": s.account,
         "qos": s.qos, "constraint": s.constraint, "exclusive": True if s.exclusive else None,
+        # submitit's own parameters, rendered as written (no unit conversion, unlike its mem).
+        "mem_per_cpu": s.mem_per_cpu, "mem_per_gpu": s.mem_per_gpu,
+        # None (submitit's default is 'submitit'): no wckey unless the spec names one (submitit_adapter).
+        "wckey": s.wckey,
         "setup": list(s.setup) or None, "additional_parameters": dict(s.extra_sbatch) or None,
     }
     params.update({k: val for k, val in optional.items() if val is not None})
@@ -456,6 +512,11 @@ def submitit_parameters(spec: JobSpec, n_points: int = 0) -> dict[str, Any]:
             params["additional_parameters"] = {**params.get("additional_parameters", {}), option: getattr(s, option)}
     if s.mem:
         params["additional_parameters"] = {**params.get("additional_parameters", {}), "mem": s.mem}
+    # Options submitit has no parameter for, or one it warns about: its cpus_per_gpu warns that it
+    # "requires gpus_per_task", which SLURM does not (--cpus-per-gpu works with --gpus-per-node).
+    for option, value in (("cpus-per-gpu", s.cpus_per_gpu), ("reservation", s.reservation)):
+        if value is not None:
+            params["additional_parameters"] = {**params.get("additional_parameters", {}), option: value}
     return params
 
 
@@ -483,14 +544,15 @@ def job_command(run_dir: str, python: str | None, point_base: int = 0) -> str:
     return " ".join(words + ([f"--point-base {point_base}"] if point_base else []))
 
 
-def srun_argv(rank_log: str, run_dir: str, python: str, cpus_per_task: int = 1,
+def srun_argv(rank_log: str, run_dir: str, python: str, cpus_per_task: int | str = 1,
               container: ContainerSettings | None = None, gpus_per_node: int = 0, workdir: str = "") -> list[str]:
     """What the agent runs: one srun task per rank, each the stdlib-only SLURM rank entry. An argv,
     never a shell line. Logs are named as submitit names them (<job>_<task>_log.out).
 
     ``--cpus-per-task`` again: since SLURM 22.05 srun no longer inherits it from the batch job,
     so under task/affinity every rank would be bound to one CPU while OMP_NUM_THREADS says more
-    (and its DataLoader workers would inherit that one-CPU mask).
+    (and its DataLoader workers would inherit that one-CPU mask). ``cpus_per_task`` may be the
+    rule ``rank_env.cpu_share_rule``, which the agent resolves before it runs srun.
 
     ``container``: the rank runs inside it (``orchestrator.container``); srun and the agent stay on the host."""
     head = ["srun", "--unbuffered", "--output", rank_log, "--kill-on-bad-exit=1", f"--cpus-per-task={cpus_per_task}"]

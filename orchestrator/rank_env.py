@@ -153,6 +153,8 @@ def rank_environment(rank: RankEnv, payload: Payload, attempt: Value, requeue_ma
     env.update(tracking.environment(payload))
     env.update(frameworks.environment(payload, env))
     env.update(payload.env)
+    if rank.source == "slurm":  # a SLURM rank knows what plan shows as a rule (``resolve_cpu_share``)
+        env.update(task_cpu_values(env, os.environ))
     env.update(flight_recorder_aliases(env, torch_version))
     return env
 
@@ -224,9 +226,88 @@ def startup_variables(env: Mapping[str, str], inherited: Mapping[str, str]) -> l
 
 def thread_count_local(cpus: int, ranks: int) -> int:
     """Locally every rank shares this machine: its cores divided among the ranks (on SLURM a rank
-    gets its cpus_per_task). torchrun sets OMP_NUM_THREADS=1; one thread pool per core-hungry rank
-    on a shared node is the slow default."""
+    gets its cpus_per_task, or its share of its node's CPUs: ``cpu_share``). torchrun sets
+    OMP_NUM_THREADS=1; one thread pool per core-hungry rank on a shared node is the slow default."""
     return max(1, cpus // max(1, ranks))
+
+
+# ---- a SLURM rank's share of its node's CPUs -------------------------------------------------
+# A job that does not set slurm.cpus_per_task asks sbatch for no CPU count, so the site's defaults
+# (DefCpuPerGPU, DefMemPerCPU, at least one CPU per task) decide how many CPUs each node gets. Only
+# the job knows that number: the payload carries the ranks' srun --cpus-per-task and the thread
+# default as the rule ``cpu_share_rule`` (which plan shows), the job's agent puts the number in
+# (``resolve_cpu_share``) before srun starts the ranks, and each rank reads its own back.
+_CPU_SHARE = re.compile(r"<SLURM_CPUS_ON_NODE / (\d+)>")
+
+
+def cpu_share_rule(ranks_per_node: int) -> str:
+    """The rule for a rank's CPUs when the spec asks for no number: its node's granted CPUs
+    divided among the node's ranks (at least 1)."""
+    return f"<SLURM_CPUS_ON_NODE / {ranks_per_node}>"
+
+
+def has_cpu_share_rule(value: str) -> bool:
+    return _CPU_SHARE.search(value) is not None
+
+
+def _whole(text: str | None) -> int | None:
+    return int(text) if text and text.isascii() and text.isdigit() and int(text) > 0 else None
+
+
+def granted_cpus(environ: Mapping[str, str]) -> int | None:
+    """The CPUs SLURM granted the job on its node, as the batch step sees them: SLURM_CPUS_ON_NODE,
+    or the fewest of SLURM_JOB_CPUS_PER_NODE ('32(x2),16') where the job's nodes got different
+    numbers (one srun --cpus-per-task must fit on every node). None when SLURM says neither."""
+    counts = [n for n in (_whole(environ.get("SLURM_CPUS_ON_NODE")),) if n]
+    for part in (environ.get("SLURM_JOB_CPUS_PER_NODE") or "").split(","):
+        n = _whole(part.split("(")[0].strip())
+        if n:
+            counts.append(n)
+    return min(counts) if counts else None
+
+
+def usable_cpu_count() -> int:
+    """The CPUs this process may run on (its affinity mask), else the machine's."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def cpu_share(environ: Mapping[str, str], ranks_per_node: int) -> tuple[int, str]:
+    """(each rank's CPUs, where the number comes from): the granted CPUs (``granted_cpus``) divided
+    among the node's ranks, at least 1; the agent's own CPU mask if SLURM says nothing."""
+    rpn = max(1, ranks_per_node)
+    cpus = granted_cpus(environ)
+    if cpus is None:
+        cpus, source = usable_cpu_count(), "this node's CPU mask (SLURM_CPUS_ON_NODE is not set)"
+    else:
+        source = f"SLURM granted {cpus} CPUs on the node" if cpus == _whole(environ.get("SLURM_CPUS_ON_NODE")) \
+            else f"SLURM granted {cpus} CPUs on the job's smallest node"
+    return max(1, cpus // rpn), f"{source}, shared by {rpn} rank(s)"
+
+
+def resolve_cpu_share(value: str, share: int) -> str:
+    """``value`` with every CPU share rule replaced by the number."""
+    return _CPU_SHARE.sub(str(share), value)
+
+
+def task_cpu_values(env: Mapping[str, str], environ: Mapping[str, str]) -> dict[str, str]:
+    """On a SLURM rank: the job's variables that the payload carries as a CPU share rule, with the
+    number this task got: srun's SLURM_CPUS_PER_TASK (the agent's --cpus-per-task), else the value
+    the agent exported for it, else this task's CPU mask."""
+    ruled = {k: value for k, value in env.items() if has_cpu_share_rule(value)}
+    if not ruled:
+        return {}
+    share = _whole(environ.get("SLURM_CPUS_PER_TASK"))
+    out = {}
+    for key, value in ruled.items():
+        inherited = environ.get(key, "")
+        if share is None and inherited and not has_cpu_share_rule(inherited) and _whole(inherited):
+            out[key] = inherited
+        else:
+            out[key] = resolve_cpu_share(value, share or usable_cpu_count())
+    return out
 
 
 def node_devices(devices: list[int] | None, node: int, nodes: int) -> str | None:

@@ -27,11 +27,13 @@ EXECUTORS = ("local", "slurm", "debug")
 
 def _temp_beside(path: Path) -> tuple[int, str]:
     """A new file next to ``path`` for an atomic replace (tempfile's mkstemp, without importing
-    tempfile on every rank): unique per process and call, created exclusively."""
+    tempfile on every rank): unique per process and call, created exclusively. Its mode is 0o666
+    less the umask, as any file the user creates (0o644 under the usual 022, 0o664 under a group's
+    002), and the rename keeps it: the group's members can read a run folder its umask lets them."""
     while True:
         tmp = str(path.parent / f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
         try:
-            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), tmp
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
         except FileExistsError:
             continue
 
@@ -172,6 +174,8 @@ class RunRecord:
             data = json.loads(_read_regular(path).decode("utf-8"))
         except FileNotFoundError:
             raise RunNotFoundError(f"{run_dir} has no record.json: it is not a run folder") from None
+        except PermissionError:
+            raise no_permission(path) from None
         except _NotRegular as exc:
             raise _damaged(path, str(exc)) from None
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
@@ -191,6 +195,17 @@ class RunRecord:
         for key, value in changes.items():
             setattr(self, key, value)
         self.save(last)
+        return self
+
+    def update_seen(self, **changes: Any) -> RunRecord:
+        """``update`` for what a reader learned (a refresh from the scheduler): one who may read
+        the run folder but not write it (a teammate's run) keeps what it learned in memory."""
+        for key, value in changes.items():
+            setattr(self, key, value)
+        try:
+            self.save()
+        except PermissionError:
+            pass
         return self
 
 
@@ -279,6 +294,30 @@ def _record_problem(data: Any) -> str | None:
         if any(not isinstance(x, item_type) or isinstance(x, bool) for x in data.get(key, [])):
             return f"has a malformed {key!r}"
     return None
+
+
+def no_permission(path: str | Path, what: str = "the run's record") -> RunNotFoundError:
+    """A run file this user may not read: never "damaged" (nothing is wrong with it), and the fix
+    is its owner's, or the group's."""
+    path = Path(path)
+    owner = ""
+    try:
+        import pwd
+
+        st = os.stat(path)
+        try:
+            name = pwd.getpwuid(st.st_uid).pw_name
+        except KeyError:
+            name = f"uid {st.st_uid}"
+        owner = f" (owned by {name}, mode {stat.filemode(st.st_mode)})"
+    except (OSError, ImportError):
+        pass  # the folder itself cannot be searched
+    from orchestrator.fs_checks import shown
+
+    folder = shown(path.parent)
+    return RunNotFoundError(
+        f"no permission to read {what} {shown(path)}{owner}: ask its owner to let your group read the run "
+        f"folder (chmod -R g+rX {folder}), or check that you are in the folder's group (id; ls -ld {folder})")
 
 
 def _damaged(path: Path, why: str) -> RunNotFoundError:
@@ -376,6 +415,9 @@ def resolve_run(ref: str) -> Path:
     try:
         if os.path.lexists(RunFolder(p).record):  # a run folder, even a damaged one: say what is wrong with it
             return usable(p.resolve())
+        os.lstat(RunFolder(p).record)
+    except PermissionError:  # a folder this user may not search: another user's run, not "no run"
+        raise no_permission(RunFolder(p).record) from None
     except (OSError, RuntimeError):
         pass
     runs = registered_runs()

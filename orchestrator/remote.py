@@ -331,10 +331,15 @@ def wait(ssh: Ssh, run: str) -> int:
     return 0 if state == State.COMPLETED else 1
 
 
-def _status_row(ssh: Ssh, run: str, until: Callable[[Any], bool], poll_s: float = 3.0) -> dict:
-    """Poll the run's status there (one SSH session each) until ``until(state)``."""
+def _status_row(ssh: Ssh, run: str, until: Callable[[Any], bool], pacing: Any = None,
+                sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> dict:
+    """Poll the run's status there until ``until(state)``: each look is one SSH session and one
+    scheduler query on the login node, so they are paced as every wait on SLURM is
+    (``executors.slurm.SchedulerPacing``: 10 s, growing while the state stays the same, at most 60 s)."""
+    from orchestrator.executors.slurm import SchedulerPacing
     from orchestrator.states import State
 
+    pacing = pacing or SchedulerPacing()
     failures = 0
     while True:
         if not ssh.master_up():
@@ -352,7 +357,8 @@ def _status_row(ssh: Ssh, run: str, until: Callable[[Any], bool], poll_s: float 
             raise RemoteError(f"could not read the status of {run} on {ssh.host}") from None
         if until(state):
             return row
-        time.sleep(poll_s)
+        pacing.answered(clock(), state)
+        sleep(pacing.wait_s(clock()))
 
 
 def report(ssh: Ssh, run: str, argv: Sequence[str]) -> int:

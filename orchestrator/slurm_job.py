@@ -46,6 +46,7 @@ from typing import IO, TYPE_CHECKING, Mapping
 
 from orchestrator import container
 from orchestrator.payload import Payload
+from orchestrator.rank_env import cpu_share, has_cpu_share_rule, resolve_cpu_share
 from orchestrator.recovery import HARDWARE_SIGNALS, Attempt, Failure, History, decide
 from orchestrator.run_folder import RunFolder
 from orchestrator.slurm_task import SlurmJob, point_base
@@ -187,6 +188,9 @@ class JobAgent:
         self.over_limit = ""  # SLURM requeued the job after a node failure with no restart left
         self.straggler_outside = False  # the watchdog's straggler was not inside a collective
         self.action = ""  # what this attempt led to: requeue (time limit), restart (a failure), stop
+        # Each rank's share of its node's granted CPUs, for a payload that carries it as a rule
+        # (no slurm.cpus_per_task): srun's --cpus-per-task and the thread default.
+        self.cpus_per_rank, self.cpus_from = cpu_share(environ, payload.ranks_per_node)
 
     def _on_signal(self, signum: int, frame: object) -> None:
         name = signal.Signals(signum).name
@@ -296,13 +300,17 @@ class JobAgent:
             srun_argv = [*srun_argv, "--master-port", str(port)]
         self.logs = ({r: self.slurm.rank_log(self.payload.rank_log, r) for r in range(self.world)}
                      if self.payload.rank_log else {})
+        if any(has_cpu_share_rule(a) for a in srun_argv):
+            srun_argv = [resolve_cpu_share(a, self.cpus_per_rank) for a in srun_argv]
+            self._say(f"each rank gets {self.cpus_per_rank} CPU(s) ({self.cpus_from}; srun "
+                      f"--cpus-per-task={self.cpus_per_rank})")
         self.started = time.time()
         # The job's variables reach srun, which starts every rank with them: those read when an
         # interpreter starts (PYTHONPATH, PYTHONHASHSEED, LD_PRELOAD...) take effect, as they would
         # exported in a hand-written batch script. The agent itself keeps its own environment.
         # srun's own messages (not the ranks' output, which goes to their logs) pass through the
         # agent, which reads which task a signal ended ("srun: error: node2: task 3: Killed").
-        self.srun = subprocess.Popen(srun_argv, env={**self.environ, **self.payload.env}, stderr=subprocess.PIPE)
+        self.srun = subprocess.Popen(srun_argv, env=self.srun_environment(), stderr=subprocess.PIPE)
         relay = threading.Thread(target=self._relay_srun_messages, args=(self.srun.stderr,), daemon=True)
         relay.start()
         # Requeue while the job is still running, as soon as the evidence is there (SLURM then
@@ -359,6 +367,22 @@ class JobAgent:
                       "wants slurm.requeue: always")
         result = exit_code(self.phase, code, code == 0 and self._stopped_early())
         return self._unfinished() if result is None else result
+
+    def srun_environment(self) -> dict[str, str]:
+        """The environment of the agent's own sruns (the ranks', the health gate's): the job's, with
+        the job's variables (a CPU share rule resolved: ``rank_env.cpu_share``), and:
+
+        - ``SLURM_EXPORT_ENV=ALL``: on a site whose sbatch runs with ``--export=NONE``
+          (``SBATCH_EXPORT``, a cli_filter) the batch step has ``SLURM_EXPORT_ENV=NONE``, which srun
+          would inherit and start every rank without the job's ``env:``, its PATH and its Python;
+        - no ``SLURM_CPUS_PER_GPU`` (``slurm.cpus_per_gpu``): these sruns give --cpus-per-task
+          themselves, which an srun that also reads --cpus-per-gpu from its environment may refuse as
+          mutually exclusive (the ranks' share already counts the per-GPU CPUs)."""
+        env = {**self.environ, **{k: resolve_cpu_share(value, self.cpus_per_rank)
+                                   for k, value in self.payload.env.items()}}
+        env["SLURM_EXPORT_ENV"] = "ALL"
+        env.pop("SLURM_CPUS_PER_GPU", None)
+        return env
 
     def _enter(self, phase: Phase) -> None:
         if phase not in MOVES[self.phase]:
@@ -576,7 +600,7 @@ class JobAgent:
             argv += ["--node-check-json", json.dumps(list(p.recovery.node_check))]
         started = time.monotonic()
         try:
-            subprocess.run(argv, env={**self.environ, **p.env}, stdin=subprocess.DEVNULL, timeout=HEALTH_SRUN_TIMEOUT_S)
+            subprocess.run(argv, env=self.srun_environment(), stdin=subprocess.DEVNULL, timeout=HEALTH_SRUN_TIMEOUT_S)
         except (OSError, subprocess.TimeoutExpired) as exc:
             self._say(f"health gate: srun did not finish ({exc})")
         bad = health.unhealthy(health.read_results(self.run_dir, number, hosts))

@@ -188,8 +188,11 @@ class Snapshot:
         """``PYTHONPATH`` as the ranks get it: each entry inside the project is preceded by its
         place in the tree (what the ranks' imports and their children then find first)."""
         out: list[str] = []
+        folders = {"."} | {rel.rsplit("/", 1)[0] for rel in self.entries if "/" in rel}
+        folders |= {f.rsplit("/", i)[0] for f in list(folders) for i in range(1, f.count("/") + 1)}
         for item in value.split(os.pathsep):
-            moved = self.in_tree(os.path.realpath(item)) if item and os.path.isabs(item) else None
+            rel = _relative(os.path.realpath(item), self.root) if item and os.path.isabs(item) else None
+            moved = self.in_tree(os.path.realpath(item)) if rel in folders else None  # a folder the snapshot holds
             if moved is not None and moved not in out:
                 out.append(moved)
             out.append(item)

@@ -27,10 +27,11 @@ RESERVED_SBATCH = frozenset(
         "job-name", "nodes", "ntasks", "ntasks-per-node", "gpus-per-node", "gpus", "gres",
         "cpus-per-task", "mem", "time", "partition", "account", "qos", "constraint",
         "exclusive", "output", "error", "open-mode", "array", "signal", "wrap", "chdir",
-        "export", "wckey", "nodelist", "exclude",
+        "export", "wckey", "nodelist", "exclude", "reservation",
+        "mem-per-cpu", "mem-per-gpu", "cpus-per-gpu",
         # Options that would change the task layout, the requeue behaviour or how sbatch
         # answers (submission must get a job id back, at once).
-        "mem-per-cpu", "mem-per-gpu", "gpus-per-task", "cpus-per-gpu", "ntasks-per-gpu",
+        "gpus-per-task", "ntasks-per-gpu",
         "requeue", "no-requeue", "wait", "test-only", "parsable", "help", "usage", "version",
         # What a job waits for: the spec's after: (orchestrator.after), resolved at submission.
         "dependency", "kill-on-invalid-dep",
@@ -218,15 +219,40 @@ class CheckpointSpec(_Model):
 class SlurmSpec(_Model):
     """Options for the SLURM executor."""
 
-    partition: str | None = Field(None, description="Partition (sbatch --partition).")
+    partition: str | None = Field(
+        None, description="Partition (sbatch --partition), or a comma-separated list ('gpu,gpu-preempt'): "
+        "the job runs in the first that can start it. Default: the cluster's default partition."
+    )
     account: str | None = Field(None, description="Account to charge (sbatch --account).")
     qos: str | None = Field(None, description="Quality of service (sbatch --qos).")
+    reservation: str | None = Field(
+        None, description="Run in this advance reservation (sbatch --reservation); a comma-separated list "
+        "lets SLURM use the first that can start the job."
+    )
+    wckey: str | None = Field(
+        None, description="Workload characterization key to book the job to (sbatch --wckey). Default: none "
+        "(the site's default wckey, where it tracks them)."
+    )
     time: str = Field(
         "01:00:00", description="Time limit in any sbatch format: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS."
     )
-    mem: str | None = Field(None, description="Memory per node, e.g. '64G' (sbatch --mem).")
-    cpus_per_task: int = Field(
-        1, ge=1, description="CPUs per rank (sbatch --cpus-per-task); raise it for DataLoader workers."
+    mem: str | None = Field(None, description="Memory per node, e.g. '64G' (sbatch --mem). Default: the "
+                            "site's (DefMemPerNode, DefMemPerCPU or DefMemPerGPU). One of mem, mem_per_cpu, "
+                            "mem_per_gpu.")
+    mem_per_cpu: str | None = Field(None, description="Memory per allocated CPU, e.g. '4G' (sbatch --mem-per-cpu).")
+    mem_per_gpu: str | None = Field(
+        None, description="Memory per allocated GPU, e.g. '64G' (sbatch --mem-per-gpu). Needs gpus_per_node."
+    )
+    cpus_per_task: int | None = Field(
+        None, ge=1, description="CPUs per rank (sbatch and the ranks' srun --cpus-per-task; with strategy dp, "
+        "per GPU of the node's one rank); raise it for DataLoader workers. Default: not asked for, so the site's "
+        "defaults decide the CPUs of each node (DefCpuPerGPU; DefMemPerCPU then counts them), and the job's agent "
+        "gives each rank an equal share of its node's granted CPUs (SLURM_CPUS_ON_NODE / ranks per node, at "
+        "least 1), for srun --cpus-per-task and OMP_NUM_THREADS."
+    )
+    cpus_per_gpu: int | None = Field(
+        None, ge=1, description="CPUs per allocated GPU (sbatch --cpus-per-gpu); needs gpus_per_node, and "
+        "excludes cpus_per_task. Each rank gets its share of its node's CPUs, as without either."
     )
     constraint: str | None = Field(None, description="Node features, e.g. 'a100&ib' (sbatch --constraint).")
     exclusive: bool = Field(False, description="Do not share nodes with other jobs (sbatch --exclusive).")
@@ -280,10 +306,15 @@ class SlurmSpec(_Model):
         "orchestrator sets itself are refused.",
     )
 
-    @field_validator("partition", "account", "qos")
+    @field_validator("account", "qos", "wckey")
     @classmethod
     def _names(cls, value: str | None, info: Any) -> str | None:
         return None if value is None else v.safe_name(value, f"slurm.{info.field_name} name")
+
+    @field_validator("partition", "reservation")
+    @classmethod
+    def _name_lists(cls, value: str | None, info: Any) -> str | None:
+        return None if value is None else v.safe_names(value, f"slurm.{info.field_name} name")
 
     @field_validator("time", mode="before")
     @classmethod
@@ -301,7 +332,7 @@ class SlurmSpec(_Model):
         v.slurm_time_minutes(value)
         return value
 
-    @field_validator("mem")
+    @field_validator("mem", "mem_per_cpu", "mem_per_gpu")
     @classmethod
     def _mem(cls, value: str | None) -> str | None:
         return None if value is None else v.slurm_memory(value)
@@ -833,6 +864,7 @@ def cross_field_problems(spec: JobSpec) -> list[str]:
         )
     if spec.slurm.gpu_type and not spec.gpus_per_node:
         problems.append("slurm.gpu_type: a GPU type needs GPUs; set gpus_per_node, or remove slurm.gpu_type")
+    problems += _slurm_resource_problems(spec)
     problems += _hostlist_problems(spec)
     if spec.distributed.grad_compression != "none" and spec.strategy != "ddp":
         problems.append("distributed.grad_compression: compresses DDP's all-reduce; strategy dp has none, so "
@@ -861,6 +893,25 @@ def cross_field_problems(spec: JobSpec) -> list[str]:
     from orchestrator import frameworks  # the framework's world settings against the shape (stdlib only)
 
     return problems + frameworks.problems(spec)
+
+
+def _slurm_resource_problems(spec: JobSpec) -> list[str]:
+    """The CPU and memory options sbatch takes only one of, or only with GPUs."""
+    s, problems = spec.slurm, []
+    if s.cpus_per_gpu is not None and s.cpus_per_task is not None:
+        problems.append("slurm.cpus_per_gpu: sbatch refuses it together with slurm.cpus_per_task; keep one: "
+                        "cpus_per_gpu (CPUs for each GPU) or cpus_per_task (CPUs for each rank)")
+    elif s.cpus_per_gpu is not None and not spec.gpus_per_node:
+        problems.append("slurm.cpus_per_gpu: counts CPUs per GPU, but the job asks for none; set gpus_per_node, "
+                        "or use slurm.cpus_per_task for CPU ranks")
+    mems = [name for name in ("mem", "mem_per_cpu", "mem_per_gpu") if getattr(s, name) is not None]
+    if len(mems) > 1:
+        problems.append(f"slurm.{mems[1]}: sbatch takes one of slurm.mem (per node), slurm.mem_per_cpu and "
+                        f"slurm.mem_per_gpu; keep one of {', '.join('slurm.' + m for m in mems)}")
+    elif s.mem_per_gpu is not None and not spec.gpus_per_node:
+        problems.append("slurm.mem_per_gpu: counts memory per GPU, but the job asks for none; set gpus_per_node, "
+                        "or use slurm.mem or slurm.mem_per_cpu")
+    return problems
 
 
 def _hostlist_problems(spec: JobSpec) -> list[str]:

@@ -41,6 +41,8 @@ def request_slurm(run_dir: str | Path, job_id: str, nodes: int, python: str, ran
     before = stack_requests.sizes(run_dir, chosen)
     env = {k: v for k, v in os.environ.items() if not (k.startswith("SLURM_") and k != "SLURM_CONF")
            and not k.startswith("SBATCH_") and not k.startswith("SRUN_")}
+    # The probe needs this PATH and Python on the node, also where sites default to --export=NONE.
+    env["SLURM_EXPORT_ENV"] = "ALL"
     try:
         out = subprocess.run(probe_argv(run_dir, job_id, nodes, python, ranks), capture_output=True, text=True,
                              timeout=timeout_s, env=env, stdin=subprocess.DEVNULL)

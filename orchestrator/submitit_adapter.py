@@ -94,9 +94,17 @@ def check_version(installed: str | None = None) -> str:
     return version
 
 
+#: submitit's defaults that are not ours: it books every job to ``--wckey=submitit``, which sites
+#: that enforce wckeys refuse and others charge to a key the user never chose. None: no --wckey
+#: line (submitit leaves out every parameter that is None), unless the parameters name one.
+NOT_SUBMITIT_DEFAULTS: dict[str, Any] = {"wckey": None}
+
+
 def with_sbatch(params: dict[str, Any], extra_sbatch: dict[str, Any] | None) -> dict[str, Any]:
-    """``params`` with more sbatch options known only at submission (``--dependency`` and
-    ``--kill-on-invalid-dep`` of ``after:``, ``orchestrator.after``) in its additional_parameters."""
+    """``params`` (over ``NOT_SUBMITIT_DEFAULTS``) with more sbatch options known only at
+    submission (``--dependency`` and ``--kill-on-invalid-dep`` of ``after:``,
+    ``orchestrator.after``) in its additional_parameters."""
+    params = {**NOT_SUBMITIT_DEFAULTS, **params}
     if not extra_sbatch:
         return params
     return {**params, "additional_parameters": {**(params.get("additional_parameters") or {}), **extra_sbatch}}

@@ -125,6 +125,20 @@ def safe_name(value: str, what: str) -> str:
     return value
 
 
+def safe_names(value: str, what: str) -> str:
+    """A comma-separated list of safe names (``slurm.partition: gpu,gpu-preempt``: sbatch takes the
+    first that can start the job), each checked as ``safe_name``."""
+    names = value.split(",")
+    if len(names) > 1 and any(not n for n in names):
+        raise ValueError(f"{shown(value)} has an empty name in it; separate the names with single commas, "
+                         "e.g. 'gpu,gpu-preempt'")
+    for name in names:
+        safe_name(name, what)
+    if len(set(names)) < len(names):
+        raise ValueError(f"{shown(value)} names {next(n for n in names if names.count(n) > 1)!r} twice")
+    return value
+
+
 def arg_name(value: str, what: str) -> str:
     if not _ARG_NAME.fullmatch(value):
         hint = " without the leading dashes (the orchestrator adds '--')" if value.startswith("-") else ""
@@ -260,6 +274,13 @@ _SBATCH_FIELDS = {
     "signal": "set slurm.signal_margin_s",
     "time": "set slurm.time",
     "cpus-per-task": "set slurm.cpus_per_task",
+    "cpus-per-gpu": "set slurm.cpus_per_gpu",
+    "mem": "set slurm.mem",
+    "mem-per-cpu": "set slurm.mem_per_cpu",
+    "mem-per-gpu": "set slurm.mem_per_gpu",
+    "partition": "set slurm.partition (a list too: 'gpu,gpu-preempt')",
+    "reservation": "set slurm.reservation",
+    "wckey": "set slurm.wckey (without it the job has no wckey and the site's default applies)",
     "gpus-per-node": "set gpus_per_node (and slurm.gpu_type)",
     "gres": "set gpus_per_node (and slurm.gpu_type)",
     "dependency": "list the runs it waits for in after: ([{run: RUN_ID_OR_SPEC, when: ok}]), or submit them "
@@ -268,18 +289,38 @@ _SBATCH_FIELDS = {
 }
 
 
+#: sbatch options no spec may give, with why: each would leave the job where the orchestrator's
+#: later calls (squeue, sacct, scontrol, scancel, srun --jobid) cannot see it.
+REFUSED_SBATCH = {
+    "clusters": "submits the job to another cluster, and every later scontrol, squeue, sacct, scancel and srun "
+                "call about it would need -M too (the orchestrator makes none with -M), so status would say "
+                "UNKNOWN for ever and cancel would not reach it; submit from that cluster (its login node, or "
+                "SLURM_CONF naming its slurm.conf) instead",
+}
+#: Short options that are the same as a refused long one.
+_REFUSED_SHORT = {"M": "clusters"}
+
+
+#: Reserved options the orchestrator renders only from their spec field (never on its own).
+_OWN_FIELDS = frozenset({"wckey", "reservation", "mem-per-cpu", "mem-per-gpu", "cpus-per-gpu"})
+
+
 def sbatch_option(key: str, reserved: frozenset[str]) -> str:
     """A long option name for ``slurm.extra_sbatch``. sbatch accepts any unique prefix of a long
     option (``--part`` is ``--partition``), so a prefix of a reserved option is reserved too."""
+    refused = _REFUSED_SHORT.get(key) or key.replace("_", "-")
+    if refused in REFUSED_SBATCH:
+        shown_key = f"-{key} (--{refused})" if key in _REFUSED_SHORT else f"--{refused}"
+        raise ValueError(f"sbatch option {shown_key} is refused: it {REFUSED_SBATCH[refused]}")
     if not _SBATCH_OPTION.fullmatch(key):
         raise ValueError(
             f"{shown(key)} is not an sbatch long option name; write it without dashes, e.g. 'mail-type'"
         )
     norm = key.replace("_", "-")
     if norm in reserved:
-        raise ValueError(
-            f"sbatch option {norm!r} is set by the orchestrator; {_SBATCH_FIELDS.get(norm, 'use the spec field for it instead')}"
-        )
+        hint = _SBATCH_FIELDS.get(norm, "use the spec field for it instead")
+        what = "has a spec field of its own" if norm in _OWN_FIELDS else "is set by the orchestrator"
+        raise ValueError(f"sbatch option {norm!r} {what}; {hint}")
     covered = sorted(r for r in reserved if r.startswith(norm))
     if covered:
         raise ValueError(

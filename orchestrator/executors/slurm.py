@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import os
+import shlex
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from orchestrator import ownership, submitit_adapter
 from orchestrator.after import dependency_options, resolve, slurm_dependencies
@@ -23,6 +25,7 @@ from orchestrator.errors import SubmissionError
 from orchestrator.executors.base import CANCEL_SLACK_S, first_error, prepare_run_dir, stop_grace_s
 from orchestrator.plan import DEFAULT_MAX_ARRAY_SIZE, LaunchPlan, array_chunks, job_command
 from orchestrator.records import RunRecord, point_dir, write_json_atomic
+from orchestrator.recovery import HISTORY_FILE
 from orchestrator.run_folder import RunFolder
 from orchestrator.spec import AfterSpec
 from orchestrator.states import State
@@ -56,17 +59,195 @@ def combine(states: list[State]) -> State:
     return State(min(states, key=_PRIORITY.index)) if states else State.UNKNOWN
 
 
+#: sbatch input variables whose option is not the variable's name after SBATCH_, in lower case
+#: with dashes (SBATCH_JOB_NAME: --job-name): sbatch(1), INPUT ENVIRONMENT VARIABLES.
+_SBATCH_OPTION_OF = {"SBATCH_TIMELIMIT": "time", "SBATCH_MEM_PER_NODE": "mem", "SBATCH_ARRAY_INX": "array",
+                     "SBATCH_DEBUG": "verbose", "SBATCH_REQ_SWITCH": "switches", "SBATCH_WAIT4SWITCH": "switches"}
+#: Options that say one thing in several ways: a script that sets one of them sets them all.
+_SBATCH_SAME = (frozenset({"mem", "mem-per-cpu", "mem-per-gpu"}), frozenset({"requeue", "no-requeue"}),
+                frozenset({"cpus-per-task", "cpus-per-gpu"}), frozenset({"gpus", "gpus-per-node", "gpus-per-task"}))
+#: SBATCH_* variables never passed on, whatever the spec: each would break what comes after sbatch.
+_SBATCH_REFUSED = {
+    "SBATCH_WAIT": "sbatch would not return until the job ended",
+    "SBATCH_ARRAY_INX": "it would make the job an array whose tasks status never follows",
+    "SBATCH_CLUSTERS": "the job would go to a cluster that status and cancel do not ask (no -M)",
+}
+
+
+def sbatch_option_of(name: str) -> str:
+    """The sbatch long option an SBATCH_* input variable stands for: SBATCH_QOS -> 'qos'."""
+    return _SBATCH_OPTION_OF.get(name) or name[len("SBATCH_"):].lower().replace("_", "-")
+
+
+def script_options(*scripts: str) -> set[str]:
+    """The long options the ``#SBATCH`` lines of the batch scripts set (before their first command)."""
+    found: set[str] = set()
+    for script in scripts:
+        for line in script.splitlines():
+            line = line.strip()
+            if line.startswith("#SBATCH"):
+                word = line[len("#SBATCH"):].strip()
+                if word.startswith("--"):
+                    found.add(word[2:].split("=", 1)[0].strip())
+            elif line and not line.startswith("#"):
+                break  # sbatch reads no #SBATCH line after the first command
+    return found
+
+
+def submission_env(options: Iterable[str],
+                   environ: Mapping[str, str] | None = None) -> tuple[dict[str, str], dict[str, str]]:
+    """What of this environment sbatch reads as defaults, and what is kept from it.
+
+    ``options``: the long options the batch script sets. Returns (used, dropped): ``used`` the
+    SBATCH_* variables sbatch will apply (the account, partition, QOS, reservation, export... the
+    user or the site set for what the spec leaves out), ``dropped`` {name: why} for every
+    SLURM_*/SBATCH_* taken out of sbatch's environment:
+
+    - inside a job (SLURM_JOB_ID set), the surrounding job's own SLURM_* (but SLURM_CONF), which
+      would otherwise describe that job to the new one; outside a job every SLURM_* stays;
+    - an SBATCH_* whose option the script sets: sbatch would let the variable win over the
+      script, and the spec (or what the orchestrator needs) is what the job asks for;
+    - SBATCH_WAIT, SBATCH_ARRAY_INX, SBATCH_CLUSTERS (``_SBATCH_REFUSED``).
+    """
+    env = os.environ if environ is None else environ
+    setting = set(options)
+    for same in _SBATCH_SAME:
+        if setting & same:
+            setting |= same
+    used: dict[str, str] = {}
+    dropped: dict[str, str] = {}
+    job = env.get("SLURM_JOB_ID")  # set: this runs inside a job, whose own SLURM_* describe that job
+    for key in sorted(env):
+        if key.startswith("SLURM_") and key != "SLURM_CONF" and job:
+            dropped[key] = f"it belongs to the job {job} this runs in"
+        elif key.startswith("SBATCH_"):
+            option = sbatch_option_of(key)
+            if key in _SBATCH_REFUSED:
+                dropped[key] = _SBATCH_REFUSED[key]
+            elif option in setting:
+                dropped[key] = f"the script sets --{option}"
+            else:
+                used[key] = env[key]
+    return used, dropped
+
+
 @contextlib.contextmanager
-def clean_submission_env() -> Iterator[None]:
-    """Submitting from inside a job must not leak that job's SLURM_*/SBATCH_* into the new one."""
-    saved = {k: v for k, v in os.environ.items()
-             if (k.startswith("SLURM_") or k.startswith("SBATCH_")) and k != "SLURM_CONF"}
+def clean_submission_env(options: Iterable[str] = ()) -> Iterator[dict[str, str]]:
+    """The environment sbatch runs in (``submission_env``): the user's and the site's SBATCH_*
+    defaults stay, a surrounding job's SLURM_* go (inside a job only), and so does any SBATCH_*
+    the script's own ``options`` would lose to. Yields the SBATCH_* sbatch will use."""
+    used, dropped = submission_env(options)
+    saved = {k: os.environ[k] for k in dropped if k in os.environ}
     for key in saved:
         del os.environ[key]
     try:
-        yield
+        yield used
     finally:
         os.environ.update(saved)
+
+
+def sbatch_env_line(scripts: Sequence[str], environ: Mapping[str, str] | None = None) -> str:
+    """``plan``'s line about the submission's environment: the SBATCH_* defaults sbatch will use
+    (names and values), those set but not used and why, and a surrounding job's SLURM_* left out."""
+    used, dropped = submission_env(script_options(*scripts), environ)
+    shown = " ".join(f"{k}={shlex.quote(v)}" for k, v in used.items()) if used else "none"
+    line = f"sbatch defaults from this environment (SBATCH_*, for what the spec leaves out): {shown}"
+    unused = [f"{k} ({why})" for k, why in dropped.items() if k.startswith("SBATCH_")]
+    if unused:
+        line += "; set but not used (the script's own option wins, or it would break the job): " + ", ".join(unused)
+    job = [k for k in dropped if k.startswith("SLURM_")]
+    if job:
+        line += (f"; inside job {(os.environ if environ is None else environ).get('SLURM_JOB_ID')}: its "
+                 f"{len(job)} SLURM_* variable(s) are not passed on (SLURM_CONF is)")
+    return line
+
+
+# ---- waiting on the scheduler politely ----------------------------------------------------------
+
+
+class SchedulerPacing:
+    """When a waiting client asks the scheduler next: the one policy for every loop that waits on
+    SLURM (``api.Run.wait``, ``Run.tail`` and so ``logs -f``, ``--remote``'s status polling, and,
+    with shorter delays, ``cancel``). Pure: it is told the time, each answer and each change seen
+    in the run folder, and says when the next question is due; it never sleeps or asks itself.
+
+    - The first question is due at once.
+    - After an answer: ``first_s`` later if the answer differs from the last one (the state
+      changed), else the last delay times ``factor``, at most ``most_s``.
+    - The run folder changed (the job's agent recorded an attempt's start or end, or its
+      verdict): the next question is due ``soon_s`` after it, and while the answers stay the same
+      the delays grow from there (``soon_s``, x ``factor``...), so the end the agent recorded is
+      confirmed within about a second while a job that ends slowly is not asked every second. At
+      most one such early question per ``first_s``: a folder that keeps changing does not make
+      the client ask more often than that.
+    """
+
+    FIRST_S = 10.0
+    FACTOR = 1.5
+    MOST_S = 60.0
+    SOON_S = 1.0
+
+    def __init__(self, first_s: float = FIRST_S, most_s: float = MOST_S, factor: float = FACTOR,
+                 soon_s: float = SOON_S) -> None:
+        if not 0 < soon_s <= first_s <= most_s or factor < 1:
+            raise ValueError(f"pacing needs 0 < soon_s <= first_s <= most_s and factor >= 1, not soon_s={soon_s}, "
+                             f"first_s={first_s}, most_s={most_s}, factor={factor}")
+        self.first_s, self.most_s, self.factor, self.soon_s = first_s, most_s, factor, soon_s
+        self.next_at = -math.inf  # due at once
+        self.delay: float | None = None  # the delay set after the last answer
+        self.last: Any = _NO_ANSWER
+        self.answers = 0  # answers noted (for callers and tests)
+        self._early_at = -math.inf  # when the last early question (after a folder change) was due
+
+    def due(self, now: float) -> bool:
+        return now >= self.next_at
+
+    def answered(self, now: float, answer: Any) -> float:
+        """Note an answer got at ``now``; returns the delay until the next question."""
+        self.answers += 1
+        if answer != self.last or self.delay is None:
+            self.delay = self.first_s
+        else:
+            self.delay = min(self.most_s, self.delay * self.factor)
+        self.last = answer
+        self.next_at = now + self.delay
+        return self.delay
+
+    def folder_changed(self, now: float) -> None:
+        """The run folder shows news: ask ``soon_s`` from now (once per ``first_s``), then back off."""
+        at = max(now + self.soon_s, self._early_at + self.first_s)
+        if at < self.next_at:
+            self.next_at = self._early_at = at
+            self.delay = self.soon_s / self.factor  # the next unchanged answer waits soon_s
+
+    def wait_s(self, now: float) -> float:
+        """Seconds until the next question is due (0: now)."""
+        return max(0.0, self.next_at - now)
+
+
+_NO_ANSWER = object()
+
+
+#: A sweep's point folders watched for news (beyond this many, the scheduler alone tells).
+WATCHED_POINTS = 32
+
+
+def folder_news(rec: RunRecord) -> tuple:
+    """What changes in a SLURM run's folder when its job's agent has news, for the price of a few
+    ``stat`` calls: each ``recovery.json`` (the agent rewrites it as an attempt starts and as it
+    ends) and each ``end.json`` (its verdict), of the run and of up to WATCHED_POINTS sweep points."""
+    run = RunFolder.of(rec.run_dir)
+    folders = [run] + [run.point(i) for i in range(min(rec.sweep_size, WATCHED_POINTS))]
+    return (*(file_stat(f.root / HISTORY_FILE) for f in folders), *(file_stat(f.end) for f in folders))
+
+
+def file_stat(path: Path) -> tuple[int, int, int] | None:
+    """What changes when a file is replaced (the run folder's files are written whole, then renamed)."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return st.st_mtime_ns, st.st_size, st.st_ino
 
 
 def rotate_folder(folder: Path) -> None:
@@ -133,19 +314,21 @@ def _query(cmd: list[str]) -> list[tuple[str, str]]:
     return [tuple(line.split("|", 1)) for line in out.stdout.splitlines() if "|" in line]  # type: ignore[misc]
 
 
-def _listed(bases: list[str]) -> bool:
-    """True while squeue still shows any of the jobs (pending, running or completing)."""
+def _queue_states(bases: list[str]) -> list[str] | None:
+    """One squeue call: the states of the jobs it still lists (pending, running, completing...);
+    [] once it lists none of them (ended, or purged from the controller: "Invalid job id"); None
+    when squeue could not answer (missing, timed out, or another error): they may still be there."""
     try:
         out = subprocess.run(["squeue", "-h", "-o", "%i|%T", "-j", ",".join(bases)], capture_output=True,
                              text=True, timeout=60, check=False)
     except (FileNotFoundError, subprocess.TimeoutExpired):
-        return True
+        return None
     if out.returncode != 0:
         problem = controller_problem("squeue", out.stderr)
         if problem:  # no cluster to ask: waiting would not change the answer
             raise SubmissionError(problem)
-        return "Invalid job id" not in out.stderr  # purged from the controller: long gone
-    return bool(out.stdout.strip())
+        return [] if "Invalid job id" in out.stderr else None
+    return [line.split("|", 1)[1].strip() for line in out.stdout.splitlines() if "|" in line]
 
 
 def _scancel(*args: str, quiet: bool = False) -> None:
@@ -153,14 +336,6 @@ def _scancel(*args: str, quiet: bool = False) -> None:
     problem = controller_problem("scancel", out.stderr) if out.returncode else None
     if problem and not quiet:
         raise SubmissionError(problem)
-
-
-def _running(bases: list[str]) -> bool:
-    """True while any of the jobs runs (its agent can still act on a cancel request)."""
-    try:
-        return any(state == "RUNNING" for _, state in _query(["squeue", "-h", "-o", "%i|%T", "-j", ",".join(bases)]))
-    except SubmissionError:  # purged from the controller ("Invalid job id"): long gone
-        return False
 
 
 def max_array_size() -> int:
@@ -258,8 +433,9 @@ class SlurmExecutor:
             chunks = array_chunks(len(launch.sweep), max_array_size())
         job_ids: list[str] = []
         sbatch_stderr = io.StringIO()  # submitit prints sbatch's errors as well as raising them: once is enough
+        options = script_options(*launch.sbatch_scripts) | set(extra or {})  # the SBATCH_* these would lose to
         try:
-            with clean_submission_env(), contextlib.redirect_stderr(sbatch_stderr):
+            with clean_submission_env(options), contextlib.redirect_stderr(sbatch_stderr):
                 for chunk in chunks:  # a chunk: an array of len(chunk) tasks
                     job_id = submitit_adapter.submit(folder, launch.submitit, job_command(
                         launch.run_dir, python, chunk[0] if chunk else 0), n_points=len(chunk) if chunk else 0,
@@ -293,7 +469,7 @@ class SlurmExecutor:
                     changes.update(agent_verdict(rec, state))
                 if len(per_job) > 1:
                     changes["point_states"] = {str(i): s for i, s in enumerate(per_job)}
-                rec = rec.update(**changes)
+                rec = rec.update_seen(**changes)
             out.append(rec)
         return out
 
@@ -318,13 +494,25 @@ class SlurmExecutor:
         deadline = time.monotonic() + timeout_s
         hard_at = time.monotonic() + grace + AGENT_ACT_S
         hard = False
-        while time.monotonic() < deadline:
-            if not _listed(bases):
-                break
-            if not hard and (time.monotonic() >= hard_at or not _running(bases)):
-                _scancel(*bases)
-                hard = True
-            time.sleep(0.5)  # two scheduler queries a look: gentle on a busy controller
+        # One squeue call a question: at once, then 1 s after each change (paced up to 5 s while
+        # nothing changes), and 0.5 s after the job's agent records the attempt's end in the run
+        # folder (looked at every 0.25 s: a few stat calls).
+        pacing = SchedulerPacing(first_s=1.0, most_s=5.0, soon_s=0.5)
+        seen = folder_news(record)
+        while (now := time.monotonic()) < deadline:
+            news = folder_news(record)
+            if news != seen:
+                seen = news
+                pacing.folder_changed(now)
+            if pacing.due(now) or (not hard and now >= hard_at):
+                states = _queue_states(bases)
+                if states == []:  # the scheduler no longer lists the job
+                    break
+                if not hard and (now >= hard_at or "RUNNING" not in (states or ())):
+                    _scancel(*bases)
+                    hard = True
+                pacing.answered(time.monotonic(), tuple(sorted(set(states or ["?"]))))
+            time.sleep(min(0.25, max(0.0, deadline - time.monotonic())))
         return self.refresh([RunRecord.load(record.run_dir)])[0]
 
     def log_path(self, record: RunRecord, rank: int, point: int | None = None) -> Path:

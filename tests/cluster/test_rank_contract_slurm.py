@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from orchestrator.plan import SLURM_RULES
+from orchestrator.rank_env import cpu_share_rule, granted_cpus
 from orchestrator.rendezvous import derive_port
 from orchestrator.slurm_task import SlurmJob
 
@@ -33,9 +34,13 @@ def test_slurm_ranks_get_exactly_the_planned_environment(cluster: dict[str, str]
         env = seen["env"]
         assert seen["cwd"] == str(work)
         job = SlurmJob.from_environ(env)
+        # No slurm.cpus_per_task: each rank's share of the CPUs SLURM granted its node (the fewest
+        # of any node), which the agent gave srun as --cpus-per-task
+        share = str(max(1, (granted_cpus({"SLURM_JOB_CPUS_PER_NODE": env["SLURM_JOB_CPUS_PER_NODE"]}) or 0)
+                        // launch.ranks_per_node))
         rules = {SLURM_RULES["master_addr"]: job.hosts[0], SLURM_RULES["port"]: str(derive_port(job.raw_job_id, job.restart)),
                  SLURM_RULES["attempt"]: str(job.restart), SLURM_RULES["job"]: job.job_id,
-                 SLURM_RULES["restart"]: str(job.restart)}
+                 SLURM_RULES["restart"]: str(job.restart), cpu_share_rule(launch.ranks_per_node): share}
         for key, planned in row.env.items():
             if planned == "<interface that routes to MASTER_ADDR>":
                 assert env.get(key) == seen["routing_interface"], (row.rank, key, env.get(key), seen["routing_interface"])
@@ -51,7 +56,7 @@ def test_slurm_ranks_get_exactly_the_planned_environment(cluster: dict[str, str]
         assert seen["own_name_ip"] == "127.0.1.1", seen["own_name_ip"]
         assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == "eth0", env["GLOO_SOCKET_IFNAME"]
         assert env["CONTRACT_VAR"] == "a b $HOME ;"
-        assert env["OMP_NUM_THREADS"] == "1"  # slurm.cpus_per_task
+        assert env["OMP_NUM_THREADS"] == env["SLURM_CPUS_PER_TASK"] == share  # the rank's share of its node's CPUs
         # orchestrator.malloc: srun started the rank without the heap settings; the launcher applied them
         assert seen["heap_faults_per_cycle"] < 1000, seen["heap_faults_per_cycle"]
     assert no_job_processes()

@@ -408,3 +408,49 @@ def test_a_preemption_slurm_requeued_itself_is_a_requeue_not_a_node_failure(tmp_
     first, second = History.load(tmp_path / "run").attempts
     assert (first.outcome, first.action) == ("preempted", "requeue") and second.number == 2
     assert History.load(tmp_path / "run").restarts() == 0
+
+
+RECORD_ARGV_ENV = "import json, os, sys; json.dump({'argv': sys.argv[2:], 'env': dict(os.environ)}, open(sys.argv[1], 'w'))"
+
+
+@pytest.mark.parametrize("own_threads", [False, True])
+def test_without_cpus_per_task_each_rank_gets_its_share_of_the_nodes_cpus(tmp_path: Path, own_threads: bool) -> None:
+    """slurm.cpus_per_task unset: the plan carries the ranks' srun --cpus-per-task and the thread
+    default as a rule, and the agent resolves it from what SLURM granted (SLURM_CPUS_ON_NODE // ranks
+    per node); a thread count the user set stays theirs. The agent's sruns (the ranks', the health
+    gate's) export the job's environment where the batch step has SLURM_EXPORT_ENV=NONE (sites
+    defaulting to --export=NONE)."""
+    import json
+
+    from orchestrator.plan import plan
+    from orchestrator.spec import JobSpec
+
+    env_spec = {"KEEP_ME": "yes", **({"OMP_NUM_THREADS": "3"} if own_threads else {})}
+    launch = plan(JobSpec(name="cpus", entrypoint="jobs.train:main", executor="slurm", cpu_ranks_per_node=2,
+                          runs_dir=str(tmp_path / "runs"), env=env_spec))
+    rule = next(a for a in launch.payload.srun if a.startswith("--cpus-per-task="))
+    assert rule == "--cpus-per-task=<SLURM_CPUS_ON_NODE / 2>"
+    assert launch.payload.env["OMP_NUM_THREADS"] == ("3" if own_threads else "<SLURM_CPUS_ON_NODE / 2>")
+    out = tmp_path / "srun.json"
+    dataclasses.replace(launch.payload, run_dir=str(tmp_path / "run"),
+                        srun=(sys.executable, "-c", RECORD_ARGV_ENV, str(out), rule)).write(tmp_path / "payload.json")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    # The health gate's srun: records what its environment says, then runs the gate here.
+    (bin_dir / "srun").write_text(f'#!/bin/sh\necho "$SLURM_EXPORT_ENV ${{SLURM_CPUS_PER_GPU:-unset}} '
+                                  f'$OMP_NUM_THREADS" > {tmp_path / "gate-env"}\n'
+                                  'while [ "${1#--}" != "$1" ]; do shift; done\nexec "$@"\n')
+    (bin_dir / "srun").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "77", "SLURM_CPUS_ON_NODE": "9",
+           "SLURM_EXPORT_ENV": "NONE", "SLURM_CPUS_PER_GPU": "4"}
+    env.pop("OMP_NUM_THREADS", None)
+    done = subprocess.run([sys.executable, "-m", "orchestrator.slurm_job", str(tmp_path / "payload.json")], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(out.read_text())
+    assert seen["argv"][0] == "--cpus-per-task=4", seen["argv"]  # 9 CPUs, 2 ranks: 4 each
+    assert seen["env"]["OMP_NUM_THREADS"] == ("3" if own_threads else "4")
+    assert seen["env"]["SLURM_EXPORT_ENV"] == "ALL" and seen["env"]["KEEP_ME"] == "yes"
+    assert "SLURM_CPUS_PER_GPU" not in seen["env"]  # srun gets --cpus-per-task on its command line
+    assert "each rank gets 4 CPU(s) (SLURM granted 9 CPUs on the node, shared by 2 rank(s)" in done.stderr
+    assert (tmp_path / "gate-env").read_text().split() == ["ALL", "unset", "3" if own_threads else "4"]

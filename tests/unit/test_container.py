@@ -32,7 +32,7 @@ def _launch(tmp_path: Path, runtime: str, image: str, **extra: object):  # type:
 def test_each_runtime_wraps_only_the_rank_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "work").mkdir()
     monkeypatch.chdir(tmp_path / "work")  # where the CLI ran: the workdir's mount covers it
-    head = ["--kill-on-bad-exit=1", "--cpus-per-task=1"]
+    head = ["--kill-on-bad-exit=1", "--cpus-per-task=<SLURM_CPUS_ON_NODE / 1>"]  # the agent resolves the rule
     launch = _launch(tmp_path, "apptainer", "/img/ddp.sif", cpu_ranks_per_node=1)
     run, payload = launch.run_dir, f"{launch.run_dir}/payload.json"
     mounts = f"{PKG}:/opt/orchestrator/orchestrator:ro,{JOBS}:/opt/orchestrator/jobs:ro,{tmp_path}/work:{tmp_path}/work,{run}:{run},/data:/data:ro"

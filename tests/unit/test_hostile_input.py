@@ -72,7 +72,9 @@ PATHS = [("name",), ("entrypoint",), ("runs_dir",), ("nodes",), ("gpus_per_node"
          ("checkpoint", "dir"), ("checkpoint", "keep_last"),
          ("local", "emulate_nodes"), ("local", "ranks_per_node"), ("local", "devices"), ("local", "timeout_s"),
          ("env",), ("workdir",), ("slurm", "gpu_type"), ("slurm", "nodelist"), ("slurm", "exclude"),
-         ("watchdog", "stall_s"), ("distributed", "grad_compression")]
+         ("watchdog", "stall_s"), ("distributed", "grad_compression"),
+         ("slurm", "reservation"), ("slurm", "wckey"), ("slurm", "mem_per_cpu"), ("slurm", "mem_per_gpu"),
+         ("slurm", "cpus_per_gpu")]
 
 
 @st.composite
@@ -194,7 +196,8 @@ def assert_script_runs_only_the_agent(path: Path, tmp: Path) -> None:
     job = "%A_%a" if launch.sweep else "%j"
     assert list(launch.payload.srun) == ["srun", "--unbuffered", "--output",
                                       os.path.join(launch.run_dir, "slurm", f"{job}_%t_log.out"), "--kill-on-bad-exit=1",
-                                      f"--cpus-per-task={launch.submitit['cpus_per_task']}",
+                                      "--cpus-per-task=" + str(launch.submitit.get(  # the agent resolves the rule
+                                          "cpus_per_task", f"<SLURM_CPUS_ON_NODE / {launch.ranks_per_node}>")),
                                       python, "-u", "-c", BOOTSTRAP, "orchestrator.slurm_rank", payload]
 
 

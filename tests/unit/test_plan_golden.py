@@ -50,6 +50,15 @@ def _gpu_type_spec():
     return _spec("/shared/runs", slurm=slurm)
 
 
+def _site_spec():
+    """What sites require: a partition list, a reservation, a wckey, CPUs and memory per GPU."""
+    spec = _spec("/shared/runs")
+    slurm = {**spec.slurm.model_dump(mode="json", exclude_defaults=True, exclude={"mem"}),
+             "partition": "gpu,gpu-preempt", "reservation": "maint", "wckey": "proj-42", "cpus_per_gpu": 8,
+             "mem_per_gpu": "64G"}
+    return _spec("/shared/runs", slurm=slurm)
+
+
 def golden_scripts() -> dict[str, str]:
     """Every golden file's name and the text plan() renders for it now (tests/update_golden.py
     writes these; the tests compare against them)."""
@@ -57,6 +66,7 @@ def golden_scripts() -> dict[str, str]:
         "plain": plan(_spec("/shared/runs")).sbatch_script or "",
         "sweep": plan(_spec("/shared/runs", sweep={"lr": [0.1, 0.2, 0.3]}, nodes=1)).sbatch_script or "",
         "gpu-type-nodes": plan(_gpu_type_spec()).sbatch_script or "",
+        "site-fields": plan(_site_spec()).sbatch_script or "",
     }
     for case, runs_dir in sorted(HOSTILE_DIRS.items()):
         scripts[f"hostile-{case}"] = plan(_spec(runs_dir)).sbatch_script or ""
@@ -115,6 +125,23 @@ def test_gpu_type_and_node_selection_match_golden() -> None:
     assert "#SBATCH --gpus-per-node=a100:2" in lines and not any("--gres" in line for line in lines)
     assert "#SBATCH --nodelist='gpu[01-02]'" in lines
     assert "#SBATCH --exclude='gpu07,gpu[10-12]'" in lines
+
+
+def test_no_cpu_count_and_no_wckey_unless_the_spec_asks() -> None:
+    """The site's DefCpuPerGPU applies only to a job without --cpus-per-task, and submitit's own
+    --wckey=submitit is refused where wckeys are enforced: neither is in a script the spec did not ask for."""
+    for name, script in golden_scripts().items():
+        assert "--cpus-per-task" not in script and "--wckey=submitit" not in script, name
+
+
+def test_site_fields_match_golden() -> None:
+    script = plan(_site_spec()).sbatch_script or ""
+    _check_golden("site-fields", script)
+    lines = script.splitlines()
+    for line in ("#SBATCH --partition=gpu,gpu-preempt", "#SBATCH --reservation=maint", "#SBATCH --wckey=proj-42",
+                 "#SBATCH --cpus-per-gpu=8", "#SBATCH --mem-per-gpu=64G"):
+        assert line in lines, line
+    assert not any(line.startswith(("#SBATCH --mem=", "#SBATCH --cpus-per-task")) for line in lines)
 
 
 @pytest.mark.parametrize("case", sorted(HOSTILE_DIRS))

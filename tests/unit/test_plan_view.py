@@ -109,3 +109,14 @@ def test_the_readme_table_names_every_variable_a_rank_gets() -> None:
         for row in launch.ranks:
             seen |= set(row.env)
     assert seen - documented == set(), f"README's rank environment table lacks {sorted(seen - documented)}"
+
+
+def test_plan_says_where_each_ranks_cpus_come_from() -> None:
+    from orchestrator.display import print_plan
+
+    buf = io.StringIO()
+    print_plan(plan(_spec(nodes=2)), Console(file=buf, width=400))
+    out = buf.getvalue()
+    assert "CPUs: <SLURM_CPUS_ON_NODE / 8> per rank, known when the job starts" in out
+    assert "OMP_NUM_THREADS=<SLURM_CPUS_ON_NODE / 8>" in out
+    assert "--cpus-per-task=1" not in out and "wckey" not in out

@@ -37,8 +37,12 @@ def test_slurm_plan_rank_table() -> None:
     assert launch.world_size == 16 and len(launch.ranks) == 16
     assert launch.submitit["ntasks_per_node"] == 8 and launch.submitit["gpus_per_node"] == 8
     assert "--kill-on-bad-exit=1" in launch.payload.srun
-    # srun no longer inherits --cpus-per-task from sbatch (SLURM 22.05): it is passed again, the same
-    assert f"--cpus-per-task={launch.submitit['cpus_per_task']}" in launch.payload.srun
+    # No CPU count asked of sbatch (the site's DefCpuPerGPU applies); srun gets each rank's share of
+    # what SLURM granted, as the rule the job's agent resolves (SLURM 22.05's srun does not inherit it)
+    assert "cpus_per_task" not in launch.submitit
+    assert "--cpus-per-task=<SLURM_CPUS_ON_NODE / 8>" in launch.payload.srun
+    launch = plan(spec_from_dict({**CLUSTER, "slurm": {"cpus_per_task": 6}}), "slurm")
+    assert launch.submitit["cpus_per_task"] == 6 and "--cpus-per-task=6" in launch.payload.srun
     assert launch.ranks[9].env["NODE_RANK"] == "1" and launch.ranks[9].env["LOCAL_RANK"] == "1"
     assert launch.ranks[0].env["NCCL_SOCKET_IFNAME"] == "ib0"
 
@@ -205,3 +209,84 @@ def test_the_job_asks_for_requeue_whenever_requeues_are_allowed() -> None:
     assert "#SBATCH --requeue" in lines(requeue="always")
     assert "#SBATCH --no-requeue" in lines(max_requeues=0) and "#SBATCH --requeue" not in lines(max_requeues=0)
     assert "#SBATCH --requeue" not in lines(requeue="never")
+
+
+# ---- CPUs per rank on SLURM (issue 32) -------------------------------------------------------
+def _slurm(**fields: object):
+    return plan(spec_from_dict({"name": "c", "entrypoint": "jobs.train:main", "executor": "slurm", **fields}))
+
+
+def test_without_cpus_per_task_the_plan_shows_each_ranks_share_as_a_rule() -> None:
+    launch = _slurm(nodes=2, gpus_per_node=4)
+    rule = "<SLURM_CPUS_ON_NODE / 4>"
+    assert "--cpus-per-task" not in (launch.sbatch_script or "") and "cpus_per_task" not in launch.submitit
+    assert f"--cpus-per-task={rule}" in launch.payload.srun
+    assert launch.payload.env["OMP_NUM_THREADS"] == rule and all(r.env["OMP_NUM_THREADS"] == rule for r in launch.ranks)
+    assert launch.cpus is not None and launch.cpus.startswith(f"CPUs: {rule} per rank") and "DefCpuPerGPU" in launch.cpus
+
+
+def test_cpus_per_task_set_behaves_as_before_dp_included() -> None:
+    launch = _slurm(gpus_per_node=4, slurm={"cpus_per_task": 6})
+    assert "#SBATCH --cpus-per-task=6" in (launch.sbatch_script or "").splitlines()
+    assert "--cpus-per-task=6" in launch.payload.srun and launch.payload.env["OMP_NUM_THREADS"] == "6"
+    assert "as slurm.cpus_per_task asks" in (launch.cpus or "")
+    dp = _slurm(gpus_per_node=4, strategy="dp", slurm={"cpus_per_task": 6})  # one rank with all 4 GPUs
+    assert "#SBATCH --cpus-per-task=24" in (dp.sbatch_script or "").splitlines()
+    assert "--cpus-per-task=24" in dp.payload.srun and dp.payload.env["OMP_NUM_THREADS"] == "6"
+    assert "x 4 GPU(s): strategy dp" in (dp.cpus or "")
+    dp_share = _slurm(gpus_per_node=4, strategy="dp")  # unset: the one rank gets the whole node's share
+    assert "--cpus-per-task=<SLURM_CPUS_ON_NODE / 1>" in dp_share.payload.srun
+
+
+def test_cpus_per_gpu_asks_sbatch_and_the_agent_shares_the_node() -> None:
+    launch = _slurm(gpus_per_node=4, slurm={"cpus_per_gpu": 8})
+    lines = (launch.sbatch_script or "").splitlines()
+    assert "#SBATCH --cpus-per-gpu=8" in lines and not any("--cpus-per-task" in line for line in lines)
+    assert "--cpus-per-task=<SLURM_CPUS_ON_NODE / 4>" in launch.payload.srun
+    assert "slurm.cpus_per_gpu asks for 8 per GPU" in (launch.cpus or "")
+
+
+def test_a_thread_count_the_user_set_is_never_replaced(monkeypatch: pytest.MonkeyPatch) -> None:
+    launch = _slurm(gpus_per_node=2, env={"OMP_NUM_THREADS": "3"})
+    assert launch.payload.env["OMP_NUM_THREADS"] == "3" and "OMP_NUM_THREADS=3 as you set it" in (launch.cpus or "")
+    monkeypatch.setenv("OMP_NUM_THREADS", "5")  # exported where the job is submitted: it reaches the ranks
+    assert _slurm(gpus_per_node=2).payload.env["OMP_NUM_THREADS"] == "5"
+
+
+def test_the_share_counts_what_slurm_granted() -> None:
+    from orchestrator.rank_env import cpu_share, cpu_share_rule, granted_cpus, resolve_cpu_share
+
+    assert cpu_share({"SLURM_CPUS_ON_NODE": "32"}, 4)[0] == 8
+    assert cpu_share({"SLURM_CPUS_ON_NODE": "3"}, 4)[0] == 1  # at least 1
+    assert cpu_share({"SLURM_CPUS_ON_NODE": "9"}, 2) == (4, "SLURM granted 9 CPUs on the node, shared by 2 rank(s)")
+    # nodes that got different counts: one srun --cpus-per-task must fit on the smallest
+    assert granted_cpus({"SLURM_CPUS_ON_NODE": "32", "SLURM_JOB_CPUS_PER_NODE": "32(x2),16"}) == 16
+    assert granted_cpus({"SLURM_JOB_CPUS_PER_NODE": "24(x3)"}) == 24 and granted_cpus({}) is None
+    assert cpu_share({}, 1)[0] == len(os.sched_getaffinity(0))  # SLURM says nothing: the agent's own CPUs
+    assert resolve_cpu_share(f"--cpus-per-task={cpu_share_rule(4)}", 8) == "--cpus-per-task=8"
+
+
+def test_a_slurm_rank_resolves_the_rule_from_what_srun_gave_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rank reads the payload's env itself: the rule becomes the CPUs srun gave the task (the
+    agent's --cpus-per-task), else the value the agent exported, else the task's CPU mask."""
+    from orchestrator.rank_env import rank_environment
+
+    launch = _slurm(gpus_per_node=2)
+    rank = RankEnv(rank=1, local_rank=1, world_size=2, local_world_size=2, node_rank=0, nnodes=1, master_addr="h",
+                   master_port=20001, init_method="env://", interface="lo", visible_devices=None, source="slurm")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "7")
+    assert rank_environment(rank, launch.payload, 0)["OMP_NUM_THREADS"] == "7"
+    monkeypatch.delenv("SLURM_CPUS_PER_TASK")
+    monkeypatch.setenv("OMP_NUM_THREADS", "6")
+    assert rank_environment(rank, launch.payload, 0)["OMP_NUM_THREADS"] == "6"
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert rank_environment(rank, launch.payload, 0)["OMP_NUM_THREADS"] == str(len(os.sched_getaffinity(0)))
+    # plan's own rows keep the rule
+    assert rank_environment(dataclasses.replace(rank, source="plan"), launch.payload, 0)["OMP_NUM_THREADS"] == \
+        "<SLURM_CPUS_ON_NODE / 2>"
+
+
+def test_no_wckey_unless_the_spec_names_one() -> None:
+    assert "wckey" not in (_slurm().sbatch_script or "")
+    assert "#SBATCH --wckey=proj-7" in (_slurm(slurm={"wckey": "proj-7"}).sbatch_script or "").splitlines()

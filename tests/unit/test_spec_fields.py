@@ -60,3 +60,59 @@ def test_workdir_and_watchdog_reach_the_payload(tmp_path) -> None:
     assert launch.payload.workdir == str(tmp_path)
     assert (launch.payload.watchdog.stall_s, launch.payload.watchdog.stacks_on_failure) == (20, True)
     _refused("stall_s", watchdog={"stall_s": 0})
+
+
+# ---- what sites require (issue 32) ----------------------------------------------------------
+def _script(**slurm: object) -> list[str]:
+    spec = spec_from_dict({**BASE, "gpus_per_node": 2, "slurm": slurm})
+    return (plan(spec).sbatch_script or "").splitlines()
+
+
+def test_partition_and_reservation_take_lists_of_safe_names() -> None:
+    assert "#SBATCH --partition=gpu,gpu-preempt" in _script(partition="gpu,gpu-preempt")
+    assert "#SBATCH --reservation=maint,maint2" in _script(reservation="maint,maint2")
+    _refused("slurm.partition: 'gpu,' has an empty name", slurm={"partition": "gpu,"})
+    _refused("slurm.partition: 'gpu,gpu' names 'gpu' twice", slurm={"partition": "gpu,gpu"})
+    _refused("slurm.partition: .* is not a safe slurm.partition name", slurm={"partition": "gpu,$(id)"})
+    _refused("slurm.reservation: .* is not a safe", slurm={"reservation": "a b"})
+
+
+def test_wckey_only_when_named() -> None:
+    assert not any("wckey" in line for line in _script())
+    assert "#SBATCH --wckey=ml-team" in _script(wckey="ml-team")
+    _refused("slurm.wckey: ", slurm={"wckey": "a;b"})
+    _refused("sbatch option 'wckey' has a spec field of its own; set slurm.wckey", slurm={"extra_sbatch": {"wckey": "x"}})
+
+
+def test_memory_options_are_exclusive_and_per_gpu_needs_gpus() -> None:
+    assert "#SBATCH --mem-per-cpu=4G" in _script(mem_per_cpu="4G")
+    assert "#SBATCH --mem-per-gpu=80G" in _script(mem_per_gpu="80G")
+    _refused("slurm.mem_per_cpu: sbatch takes one of slurm.mem", slurm={"mem": "64G", "mem_per_cpu": "4G"})
+    _refused("slurm.mem_per_gpu: sbatch takes one of", slurm={"mem_per_cpu": "4G", "mem_per_gpu": "4G"})
+    _refused("slurm.mem_per_gpu: counts memory per GPU, but the job asks for none", slurm={"mem_per_gpu": "4G"})
+    _refused("slurm.mem_per_cpu: 'lots' is not a SLURM memory size", slurm={"mem_per_cpu": "lots"})
+    for option in ("mem-per-cpu", "mem-per-gpu"):
+        _refused(f"'{option}' has a spec field of its own; set slurm.{option.replace('-', '_')}",
+                 slurm={"extra_sbatch": {option: "4G"}})
+
+
+def test_cpus_per_gpu_needs_gpus_and_excludes_cpus_per_task() -> None:
+    assert "#SBATCH --cpus-per-gpu=8" in _script(cpus_per_gpu=8)
+    _refused("slurm.cpus_per_gpu: sbatch refuses it together with slurm.cpus_per_task",
+             gpus_per_node=2, slurm={"cpus_per_gpu": 8, "cpus_per_task": 2})
+    _refused("slurm.cpus_per_gpu: counts CPUs per GPU, but the job asks for none; set gpus_per_node",
+             slurm={"cpus_per_gpu": 8})
+    _refused("slurm.cpus_per_gpu: ", gpus_per_node=2, slurm={"cpus_per_gpu": 0})
+    _refused("'cpus-per-gpu' has a spec field of its own; set slurm.cpus_per_gpu", slurm={"extra_sbatch": {"cpus-per-gpu": 8}})
+    assert spec_from_dict(BASE).slurm.cpus_per_task is None  # the site's defaults, unless set
+
+
+@pytest.mark.parametrize("key", ["clusters", "M"])
+def test_other_clusters_are_refused_with_the_reason(key: str) -> None:
+    _refused("--clusters\\)? is refused: it submits the job to another cluster, and every later scontrol",
+             slurm={"extra_sbatch": {key: "other"}})
+
+
+def test_extra_sbatch_reservation_points_to_the_field() -> None:
+    _refused("'reservation' has a spec field of its own; set slurm.reservation",
+             slurm={"extra_sbatch": {"reservation": "maint"}})

@@ -249,3 +249,25 @@ def test_wait_lines_group_ranks_at_the_same_place() -> None:
              "5": "a.py:1 in f, waiting in all_reduce"}
     assert wait_lines(waits) == ["ranks 0-2, 5: a.py:1 in f, waiting in all_reduce",
                                  "rank 3: b.py:9 in g (not in a collective)"]
+
+
+def test_the_stacks_probe_keeps_its_environment_on_export_none_sites(monkeypatch) -> None:
+    """srun reads SLURM_EXPORT_ENV as --export: the probe's srun says ALL, so a site defaulting to
+    --export=NONE still starts the probe with this PATH and Python; a surrounding job's SLURM_* stay out."""
+    from orchestrator import stacks_probe
+
+    seen: dict = {}
+
+    def fake_run(argv, **kwargs):  # type: ignore[no-untyped-def]
+        seen.update(kwargs["env"])
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(stack_requests, "rank_procs", lambda run_dir: {0: object()})
+    monkeypatch.setattr(stack_requests, "sizes", lambda run_dir, ranks: {r: 0 for r in ranks})
+    monkeypatch.setattr(stack_requests, "wait_written", lambda run_dir, before, timeout_s=1.0: before)
+    monkeypatch.setattr(stack_requests, "read_from", lambda run_dir, rank, a, b: "")
+    monkeypatch.setattr(stacks_probe.subprocess, "run", fake_run)
+    monkeypatch.setenv("SLURM_EXPORT_ENV", "NONE")
+    monkeypatch.setenv("SLURM_JOB_ID", "5")
+    stacks_probe.request_slurm("/nonexistent/run", "77", 2, sys.executable)
+    assert seen["SLURM_EXPORT_ENV"] == "ALL" and "SLURM_JOB_ID" not in seen

@@ -54,7 +54,6 @@ GOLDEN_SINGLE = """\
 #SBATCH --requeue
 #SBATCH --signal=B:USR2@120
 #SBATCH --time=1560
-#SBATCH --wckey=submitit
 
 # setup
 module load cuda
@@ -119,6 +118,12 @@ def test_submit_sends_the_script_it_renders(tmp_path: Path, fake_slurm: Path) ->
     assert sent[0] == render_sbatch(PARAMS, str(folder), COMMAND)
     assert sent[1] == render_sbatch(PARAMS, str(folder), COMMAND, n_points=3)
     assert "#SBATCH --array=0-2%3" in sent[1]
+    # submitit's own default, --wckey=submitit, never reaches sbatch: no wckey unless one is named
+    assert not any("--wckey" in script for script in sent)
+    assert submit(folder, {**PARAMS, "wckey": "proj-42"}, COMMAND) == "4244"
+    named = (fake_slurm / "submitted-2.sh").read_text()
+    assert named == render_sbatch({**PARAMS, "wckey": "proj-42"}, str(folder), COMMAND)
+    assert "#SBATCH --wckey=proj-42" in named.splitlines()
     # submitit keeps each submitted script in the job's folder (where `orchestrator plan` says logs go)
     assert (folder / "4242_submission.sh").read_text() == sent[0]
 

@@ -1,0 +1,152 @@
+"""The environment sbatch runs in: the user's and the site's SBATCH_* defaults reach it (for what
+the spec leaves out), a surrounding job's own SLURM_* do not (and only inside a job), and
+``plan`` says which SBATCH_* the submission uses."""
+
+from __future__ import annotations
+
+import io
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from orchestrator.display import print_plan
+from orchestrator.executors.slurm import (SlurmExecutor, clean_submission_env, sbatch_env_line, sbatch_option_of,
+                                          script_options, submission_env)
+from orchestrator.plan import plan
+from orchestrator.spec import JobSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+SITE = {"SBATCH_ACCOUNT": "proj-7", "SBATCH_PARTITION": "gpu", "SBATCH_QOS": "high", "SBATCH_RESERVATION": "maint",
+        "SBATCH_EXPORT": "ALL"}
+
+
+def _clear(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in list(os.environ):
+        if key.startswith(("SLURM_", "SBATCH_")):
+            monkeypatch.delenv(key)
+
+
+def test_outside_a_job_every_sbatch_and_slurm_variable_stays(monkeypatch: pytest.MonkeyPatch) -> None:
+    _clear(monkeypatch)
+    for key, value in {**SITE, "SLURM_HINT": "nomultithread", "SLURM_CONF": "/etc/slurm/slurm.conf"}.items():
+        monkeypatch.setenv(key, value)
+    before = dict(os.environ)
+    with clean_submission_env({"nodes", "time", "output"}) as used:
+        assert used == SITE
+        assert dict(os.environ) == before
+    assert dict(os.environ) == before
+
+
+def test_inside_a_job_only_that_jobs_own_slurm_variables_go(monkeypatch: pytest.MonkeyPatch) -> None:
+    _clear(monkeypatch)
+    job = {"SLURM_JOB_ID": "17", "SLURM_NODELIST": "node[1-2]", "SLURM_NTASKS": "4", "SLURM_EXPORT_ENV": "NONE"}
+    for key, value in {**SITE, **job, "SLURM_CONF": "/etc/slurm/slurm.conf"}.items():
+        monkeypatch.setenv(key, value)
+    with clean_submission_env({"nodes", "time"}) as used:
+        assert used == SITE
+        assert not any(k in os.environ for k in job)
+        assert os.environ["SLURM_CONF"] == "/etc/slurm/slurm.conf"
+        assert all(os.environ[k] == v for k, v in SITE.items())
+    assert all(os.environ[k] == v for k, v in job.items())  # the surrounding job's are back afterwards
+
+
+def test_what_the_script_sets_wins_over_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """sbatch lets SBATCH_* win over #SBATCH lines: the variable is left out where the spec (or the
+    orchestrator) set the option, so it is only a default."""
+    _clear(monkeypatch)
+    env = {"SBATCH_PARTITION": "cpu", "SBATCH_TIMELIMIT": "5", "SBATCH_MEM_PER_CPU": "1G", "SBATCH_NO_REQUEUE": "1",
+           "SBATCH_ACCOUNT": "proj-7", "SBATCH_SIGNAL": "USR1@60", "SBATCH_CPUS_PER_GPU": "8"}
+    used, dropped = submission_env({"partition", "time", "mem", "requeue", "signal", "cpus-per-task"}, env)
+    assert used == {"SBATCH_ACCOUNT": "proj-7"}
+    assert set(dropped) == set(env) - {"SBATCH_ACCOUNT"}
+    assert "--time" in dropped["SBATCH_TIMELIMIT"] and "--partition" in dropped["SBATCH_PARTITION"]
+    # without those lines in the script, the same variables are the job's defaults
+    used, dropped = submission_env({"nodes"}, env)
+    assert used == env and dropped == {}
+
+
+def test_variables_that_would_break_the_submission_never_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    env = {"SBATCH_WAIT": "1", "SBATCH_ARRAY_INX": "0-3", "SBATCH_CLUSTERS": "other", "SBATCH_QOS": "high"}
+    used, dropped = submission_env(set(), env)
+    assert used == {"SBATCH_QOS": "high"} and set(dropped) == {"SBATCH_WAIT", "SBATCH_ARRAY_INX", "SBATCH_CLUSTERS"}
+
+
+def test_option_names_and_script_lines() -> None:
+    assert sbatch_option_of("SBATCH_JOB_NAME") == "job-name" and sbatch_option_of("SBATCH_TIMELIMIT") == "time"
+    assert sbatch_option_of("SBATCH_MEM_PER_NODE") == "mem" and sbatch_option_of("SBATCH_ARRAY_INX") == "array"
+    golden = (ROOT / "tests" / "golden" / "gpu-type-nodes.sbatch").read_text()
+    found = script_options(golden)
+    assert {"nodes", "time", "partition", "gpus-per-node", "output", "signal"} <= found
+    assert "module" not in found  # the setup lines are no options
+    assert script_options("#!/bin/bash\n#SBATCH --qos=x\necho hi\n#SBATCH --account=late\n") == {"qos"}
+
+
+def _slurm_spec(tmp_path: Path, **kw) -> JobSpec:
+    base = dict(name="envjob", entrypoint="jobs.train:main", nodes=1, gpus_per_node=1, executor="slurm",
+                runs_dir=str(tmp_path / "runs"), code={"snapshot": False})
+    return JobSpec(**{**base, **kw})
+
+
+def _plan_text(launch) -> str:
+    buf = io.StringIO()
+    print_plan(launch, Console(file=buf, width=400))
+    return buf.getvalue()
+
+
+def test_plan_lists_the_sbatch_variables_the_submission_uses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _clear(monkeypatch)
+    monkeypatch.setenv("SBATCH_ACCOUNT", "proj-7")
+    monkeypatch.setenv("SBATCH_PARTITION", "gpu")
+    text = _plan_text(plan(_slurm_spec(tmp_path)))
+    line = next(x for x in text.splitlines() if x.startswith("sbatch defaults from this environment"))
+    assert line.endswith(": SBATCH_ACCOUNT=proj-7 SBATCH_PARTITION=gpu"), line
+    # the spec names a partition: the variable is said, and said unused
+    line = sbatch_env_line(plan(_slurm_spec(tmp_path, slurm={"partition": "debug"})).sbatch_scripts)
+    assert line.endswith(": SBATCH_ACCOUNT=proj-7; set but not used (the script's own option wins, or it would break "
+                         "the job): SBATCH_PARTITION (the script sets --partition)"), line
+    # inside a job, its own SLURM_* are said to stay behind
+    monkeypatch.setenv("SLURM_JOB_ID", "99")
+    monkeypatch.setenv("SLURM_NODELIST", "n1")
+    assert "inside job 99: its 2 SLURM_* variable(s) are not passed on" in \
+        sbatch_env_line(plan(_slurm_spec(tmp_path)).sbatch_scripts)
+    _clear(monkeypatch)
+    assert sbatch_env_line(plan(_slurm_spec(tmp_path)).sbatch_scripts).endswith(": none")
+    local = plan(_slurm_spec(tmp_path, executor="local", gpus_per_node=0, cpu_ranks_per_node=1))
+    assert "sbatch defaults" not in _plan_text(local)
+
+
+@pytest.fixture
+def env_sbatch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An sbatch on PATH that writes the SLURM_*/SBATCH_* it was started with, then answers as sbatch."""
+    bin_dir, seen = tmp_path / "bin", tmp_path / "sbatch-env.txt"
+    bin_dir.mkdir()
+    sbatch = bin_dir / "sbatch"
+    sbatch.write_text(f"#!/bin/sh\nenv | grep -E '^(SLURM|SBATCH)_' | sort > '{seen}'\necho 'Submitted batch job 4242'\n")
+    sbatch.chmod(sbatch.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    return seen
+
+
+@pytest.mark.parametrize("in_job", [False, True])
+def test_sbatch_gets_the_defaults_and_never_a_surrounding_jobs_context(tmp_path: Path, env_sbatch: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch,
+                                                                      in_job: bool) -> None:
+    _clear(monkeypatch)
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("")
+    for key, value in {**SITE, "SLURM_CONF": str(conf)}.items():
+        monkeypatch.setenv(key, value)
+    if in_job:
+        monkeypatch.setenv("SLURM_JOB_ID", "17")
+        monkeypatch.setenv("SLURM_NODELIST", "node1")
+    record = SlurmExecutor().submit(plan(_slurm_spec(tmp_path, slurm={"partition": "debug"})))
+    assert record.job_ids == ["4242"]
+    seen = dict(line.split("=", 1) for line in env_sbatch.read_text().splitlines())
+    expected = {**SITE, "SLURM_CONF": str(conf)}
+    del expected["SBATCH_PARTITION"]  # the spec names its partition: that one is used
+    assert seen == expected
+    assert os.environ["SBATCH_PARTITION"] == "gpu"  # the caller's environment is as it was
+    assert (os.environ.get("SLURM_JOB_ID") == "17") is in_job

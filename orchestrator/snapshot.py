@@ -129,6 +129,7 @@ class Snapshot:
     exclude: tuple[str, ...] = ()  # folders left out (the runs folder...)
     hashed: Mapping[str, tuple[int, int, int]] = field(default_factory=dict)  # rel -> (size, mtime_ns, ino) as hashed
     left_out: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # reason -> paths (a folder ends in '/')
+    staged: Mapping[str, tuple[int, int, int]] = field(default_factory=dict)  # blobs this scan wrote: sha -> their stat
     include: tuple[str, ...] = ()  # code.include
     exclude_patterns: tuple[str, ...] = ()  # code.exclude
 
@@ -379,7 +380,7 @@ def scan(root: str, how: str, store_dir: str, *, ignore_file: str = ".orchignore
                             f"{os.path.join(root, ignore_file)} or code.exclude, raise code.max_mb, or set "
                             "code.snapshot: false")
     blobs = Path(store_dir) / "blobs"
-    hashed = _hash_files(root, files, cache, blobs if stage else None, entries, left)
+    hashed, staged = _hash_files(root, files, cache, blobs if stage else None, entries, left)
     for rel, path in required_rel.items():
         if rel is not None and rel not in entries:
             if rel in left.get(LEFT_CHANGING, ()):
@@ -388,24 +389,29 @@ def scan(root: str, how: str, store_dir: str, *, ignore_file: str = ".orchignore
                                 "code.exclude lists it): the ranks could not run it; track it, or set "
                                 "code.snapshot: false")
     commit, diff = _git_state(root) if how == "git" else (shipped.get("commit"), shipped.get("diff") or "")
-    missing = frozenset(e.sha for e in entries.values() if e.link is None and not (blobs / e.sha[:2] / e.sha).is_file())
+    missing = frozenset(e.sha for e in entries.values()
+                        if e.link is None and not os.path.isfile(os.path.join(blobs, e.sha[:2], e.sha)))
     return Snapshot(root=root, how=how, entries=entries, store_dir=str(store_dir), commit=commit, diff=diff,
                     missing=missing, hashed=hashed, ignore_file=ignore_file, exclude=tuple(excluded),
-                    left_out={why: tuple(sorted(paths)) for why, paths in left.items()}, include=tuple(include),
+                    left_out={why: tuple(sorted(paths)) for why, paths in left.items()}, staged=staged,
+                    include=tuple(include),
                     exclude_patterns=tuple(exclude_patterns))
 
 
 def _hash_files(root: str, files: list[tuple[str, os.stat_result]], cache: Mapping[str, list],
-                blobs: Optional[Path], entries: dict[str, Entry], left: dict[str, list[str]]) -> dict:
+                blobs: Optional[Path], entries: dict[str, Entry],
+                left: dict[str, list[str]]) -> tuple[dict, dict[str, tuple[int, int, int]]]:
     """Hash each file (the index's hash when its size, mtime and inode are the same), add it to
     ``entries`` and return what each was hashed as; a file that never reads the same twice goes
-    to ``left``. ``blobs``: copy each file the store lacks there while hashing it."""
+    to ``left``. ``blobs``: copy each file the store lacks there while hashing it (the hashes so
+    written come back too: those blobs need no second check when the tree is built)."""
     hashed: dict[str, tuple[int, int, int]] = {}
+    staged: dict[str, tuple[int, int, int]] = {}
     for rel, st in files:
         key = (st.st_size, st.st_mtime_ns, st.st_ino)
         known = cache.get(rel)
         fresh = known is not None and known[0] == key[0] and known[2] == key[2] and known[1] in (None, key[1])
-        if fresh and (blobs is None or (blobs / known[3][:2] / known[3]).is_file()):
+        if fresh and (blobs is None or os.path.isfile(os.path.join(blobs, known[3][:2], known[3]))):
             sha = known[3]
         else:
             read = _read_stable(os.path.join(root, rel), blobs)
@@ -414,9 +420,19 @@ def _hash_files(root: str, files: list[tuple[str, os.stat_result]], cache: Mappi
                 continue
             sha, st = read
             key = (st.st_size, st.st_mtime_ns, st.st_ino)
+            if blobs is not None:
+                staged[sha] = _blob_stat(blobs / sha[:2] / sha)
         entries[rel] = Entry(sha=sha, size=key[0], mode=0o755 if st.st_mode & 0o111 else 0o644)
         hashed[rel] = key
-    return hashed
+    return hashed, staged
+
+
+def _blob_stat(path: Path) -> tuple[int, int, int]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (-1, -1, -1)
+    return (st.st_size, st.st_mtime_ns, st.st_ino)
 
 
 def _read_stable(path: str, blobs: Optional[Path]) -> Optional[tuple[str, os.stat_result]]:
@@ -818,18 +834,52 @@ def put_blob(target: Path, sha: str, chunks: Iterable[bytes], mismatch: Exceptio
 
 
 def _damaged(entries: Mapping[str, Entry], tree: Path) -> bool:
-    """A tree file that no longer matches the manifest (a rank wrote into it), or is gone."""
+    """A tree file that no longer matches the manifest (a rank wrote into it), or is gone. A file
+    whose size, mtime and inode are still those the tree was built with (its stamp) is taken as
+    built; any other is hashed."""
+    stamp = _read_stamp(tree)
     for rel, entry in entries.items():
-        path = tree / rel
+        path = os.path.join(tree, rel)
         if entry.link is not None:
             try:
                 if os.readlink(path) != entry.link:
                     return True
             except OSError:
                 return True
-        elif os.path.islink(path) or _hash_file(path) != entry.sha:
+            continue
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return True
+        if stat.S_ISLNK(st.st_mode):
+            return True
+        if stamp.get(rel) == [st.st_size, st.st_mtime_ns, st.st_ino] and st.st_size == entry.size:
+            continue
+        if _hash_file(path) != entry.sha:
             return True
     return False
+
+
+def _stamp_path(tree: Path) -> Path:
+    return Path(str(tree) + _TREE_STAMP)  # beside the project's folder in the view, not in it
+
+
+def _read_stamp(tree: Path) -> dict[str, list]:
+    try:
+        data = json.loads(_stamp_path(tree).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write_stamp(tree: Path, entries: Mapping[str, Entry]) -> None:
+    """Each built file's (size, mtime, inode): what ``_damaged`` compares before hashing."""
+    stamp = {}
+    for rel, entry in entries.items():
+        if entry.link is None:
+            st = os.lstat(tree / rel)
+            stamp[rel] = [st.st_size, st.st_mtime_ns, st.st_ino]
+    _stamp_path(tree).write_text(json.dumps(stamp), encoding="utf-8")
 
 
 def _build_view(snap: Snapshot, blobs: Path) -> None:
@@ -849,6 +899,7 @@ def _build_view(snap: Snapshot, blobs: Path) -> None:
                 os.symlink(entry.link, dest)
             else:
                 _copy_verified(snap, rel, entry, blobs, dest)
+        _write_stamp(tree, snap.entries)
         for folder in [tmp, *(p for p in tmp.rglob("*") if p.is_dir() and not p.is_symlink())]:
             os.chmod(folder, 0o755)
         if view.is_dir():
@@ -884,6 +935,13 @@ def _copy_verified(snap: Snapshot, rel: str, entry: Entry, blobs: Path, dest: Pa
     """Copy blob ``entry.sha`` to ``dest`` (read-only), checking its hash on the way: a damaged
     blob is stored again from the project while the project still holds that content."""
     blob = blobs / entry.sha[:2] / entry.sha
+    if entry.sha in snap.staged and _blob_stat(blob) == snap.staged[entry.sha]:  # written by this scan, untouched since
+        try:
+            shutil.copyfile(blob, dest)
+            os.chmod(dest, 0o555 if entry.mode & 0o111 else 0o444)
+            return
+        except FileNotFoundError:
+            pass  # removed since: checked and stored again below
     for attempt in range(2):
         digest = hashlib.sha256()
         try:
@@ -931,15 +989,19 @@ def _link_live(snap: Snapshot) -> None:
 def _link_missing(folder: Path, live: Path, skip: set[str], limit: Optional[int], keep: Optional[str] = None) -> None:
     try:
         names = os.listdir(live)
+        present = set(os.listdir(folder))
     except OSError:
         return
     if limit is not None and len(names) > limit:
         return
     for name in names:
-        if name == keep or os.path.realpath(live / name) in skip or os.path.lexists(folder / name):
+        if name == keep or name in present:
+            continue
+        target = os.path.join(live, name)
+        if os.path.realpath(target) in skip:
             continue
         try:
-            os.symlink(live / name, folder / name)
+            os.symlink(target, os.path.join(folder, name))
         except OSError:  # made by another start just now, or a read-only store
             pass
 

@@ -45,6 +45,7 @@ import time
 from typing import IO, TYPE_CHECKING, Mapping
 
 from orchestrator import container
+from orchestrator.interpreter import module_argv
 from orchestrator.payload import Payload
 from orchestrator.rank_env import cpu_share, has_cpu_share_rule, resolve_cpu_share
 from orchestrator.recovery import HARDWARE_SIGNALS, Attempt, Failure, History, decide
@@ -591,9 +592,10 @@ class JobAgent:
         p = self.payload
         gpus = p.ranks_per_node if p.backend == "nccl" and p.strategy == "ddp" else 0
         argv = ["srun", f"--nodes={len(hosts)}", f"--ntasks={len(hosts)}", "--ntasks-per-node=1",
-                "--kill-on-bad-exit=0", "--cpus-per-task=1", p.python, "-m", "orchestrator.health",
-                "--run-dir", self.run_dir, "--checkpoint-dir", p.checkpoint.dir, "--attempt", str(number),
-                "--nodes", ",".join(hosts), "--gpus", str(gpus)]
+                "--kill-on-bad-exit=0", "--cpus-per-task=1",  # never importing from the submit folder (a json.py)
+                *module_argv(p.python, "orchestrator.health", "--run-dir", self.run_dir, "--checkpoint-dir",
+                             p.checkpoint.dir, "--attempt", str(number), "--nodes", ",".join(hosts), "--gpus", str(gpus),
+                             unbuffered=False)]
         if p.interface:
             argv += ["--interface", p.interface]
         if p.recovery.node_check:

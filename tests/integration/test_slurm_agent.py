@@ -454,3 +454,32 @@ def test_without_cpus_per_task_each_rank_gets_its_share_of_the_nodes_cpus(tmp_pa
     assert "SLURM_CPUS_PER_GPU" not in seen["env"]  # srun gets --cpus-per-task on its command line
     assert "each rank gets 4 CPU(s) (SLURM granted 9 CPUs on the node, shared by 2 rank(s)" in done.stderr
     assert (tmp_path / "gate-env").read_text().split() == ["ALL", "unset", "3" if own_threads else "4"]
+
+
+def test_the_health_gate_never_imports_from_the_submit_folder(tmp_path: Path) -> None:
+    """A json.py where the user submitted (the job's working folder): the agent and its health
+    gate, which srun starts there, never import it, and the job goes on to its ranks."""
+    from orchestrator.interpreter import module_argv
+    from orchestrator.plan import plan
+    from orchestrator.spec import JobSpec
+
+    submit_dir, marker = tmp_path / "submit", tmp_path / "hijacked"
+    submit_dir.mkdir()
+    for name in ("json", "typing"):
+        (submit_dir / f"{name}.py").write_text(f"open({str(marker)!r}, 'a').write('{name}')\nraise SystemExit(3)\n")
+    launch = plan(JobSpec(name="gate", entrypoint="jobs.train:main", executor="slurm", cpu_ranks_per_node=1,
+                          runs_dir=str(tmp_path / "runs")))
+    assert launch.payload.recovery.health_check  # on by default
+    out = tmp_path / "srun.json"
+    dataclasses.replace(launch.payload, run_dir=str(tmp_path / "run"),
+                        srun=(sys.executable, "-P", "-c", RECORD_ARGV_ENV, str(out))  # the ranks' stand-in: -P, as
+                        ).write(tmp_path / "payload.json")  # the real rank's bootstrap drops '' too
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text('#!/bin/sh\nwhile [ "${1#--}" != "$1" ]; do shift; done\nexec "$@"\n')
+    (bin_dir / "srun").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "78", "SLURM_CPUS_ON_NODE": "2"}
+    done = subprocess.run(module_argv(sys.executable, "orchestrator.slurm_job", str(tmp_path / "payload.json")),
+                          cwd=submit_dir, env=env, capture_output=True, text=True, timeout=120)
+    assert not marker.exists(), (marker.read_text(), done.stderr[-2000:])
+    assert done.returncode == 0 and out.exists(), done.stderr[-2000:]  # the gate passed: the ranks' srun ran

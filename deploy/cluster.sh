@@ -19,7 +19,8 @@
 # --profile kind (the default) is quick and forgiving, for tests. --profile site configures what
 # real sites do and kind does not: tasks bound to their CPUs (task/affinity), no requeue unless
 # the job asks (JobRequeue=0), a 'high' partition whose jobs preempt 'debug' jobs (REQUEUE, 30 s
-# GraceTime), KillWait 30 s, memory as a consumable resource, a default time limit, and each node
+# GraceTime), KillWait 30 s, memory as a consumable resource, 2 CPUs per GPU by default
+# (DefCpuPerGPU), a default time limit, and each node
 # resolving its own name to 127.0.1.1 as Debian's /etc/hosts does. DIR/profile records which.
 # Switching profiles needs `down` first: plugins change only when the daemons restart.
 #
@@ -199,6 +200,8 @@ OverTimeLimit=0
 UnkillableStepTimeout=60
 # Jobs that give no --mem get this much memory per allocated CPU (RealMemory / CPUs).
 DefMemPerCPU=$((REAL_MEMORY / CPUS))
+# A job that gives neither --cpus-per-task nor --cpus-per-gpu gets 2 CPUs per allocated GPU.
+DefCpuPerGPU=2
 EOF
 }
 

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from orchestrator.rank_env import OrchVar
+from orchestrator.run_folder import stop_flag_note
 
 
 class StopFlag:
@@ -32,9 +33,11 @@ class StopFlag:
         self.local = False
         self.signal_name: str | None = None
         self.stopped = False  # should_stop() returned True: the ranks agreed to stop
+        self._noted_stop = False
         self._previous: dict[int, Any] = {}
         for sig in signals:
             self._previous[sig] = signal.signal(sig, self._handle)
+        note_stop_state("listening")
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.local = True
@@ -51,6 +54,8 @@ class StopFlag:
             self.stopped = bool(flag.item())
         else:
             self.stopped = self.local
+        if self.stopped and not self._noted_stop:
+            self._noted_stop = note_stop_state("stopped")
         return self.stopped
 
     def checkpointed(self) -> bool:
@@ -80,6 +85,25 @@ def default_signals() -> tuple[int, ...]:
     if name in signal.Signals.__members__ and signal.Signals[name] not in chosen:
         chosen.append(signal.Signals[name])
     return tuple(chosen)
+
+
+def note_stop_state(state: str) -> bool:
+    """Rank 0 notes for the job's agent that the ranks listen for a stop ('listening') or have
+    stopped on one ('stopped'), beside the attempt's requeue marker: ranks that end after the time
+    limit's notice without having stopped finished their work, and the job is not requeued for it
+    (``slurm.requeue: always``). Does nothing outside an orchestrator SLURM job; True if noted."""
+    path = os.environ.get(OrchVar.REQUEUE_MARKER)
+    if not path or os.environ.get("RANK", "0") != "0":
+        return False
+    note = stop_flag_note(path)
+    try:
+        os.makedirs(os.path.dirname(note), exist_ok=True)
+        with open(note + ".tmp", "w", encoding="utf-8") as fh:
+            fh.write(state + "\n")
+        os.replace(note + ".tmp", note)
+    except OSError:
+        return False  # the agent then treats the ranks as any script's: requeued after the notice
+    return True
 
 
 def mark_checkpointed_for_requeue() -> bool:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import re
 import stat
+import time
 from pathlib import Path
 from typing import Iterator, Mapping, Optional
 
@@ -293,6 +294,24 @@ def history_changes(old: Optional[History], new: History) -> list[str]:
     return lines
 
 
+#: The accounting daemon learns that a job started a few seconds after its agent has recorded the
+#: attempt: until then sacct still answers PENDING. An attempt still running after this long while
+#: the scheduler says PENDING was ended with its job (a node failure under --requeue kills the agent
+#: before it records anything).
+SCHEDULER_LAG_S = 60.0
+
+
+def requeued(last: Attempt, now: float) -> bool:
+    """Whether a PENDING answer for a job whose latest attempt is ``last`` means SLURM requeued it:
+    the attempt ended (requeue, restart, preemption), or it started long enough ago that the
+    scheduler's lag cannot explain it. A PENDING that arrives just after the attempt started is
+    sacct not knowing yet, never a requeue."""
+    if last.ended is not None or last.outcome is not None:
+        return True
+    started = last.started if isinstance(last.started, (int, float)) else now
+    return now - started >= SCHEDULER_LAG_S
+
+
 def pending_line(job: str) -> str:
     return f"job {job} is pending again (requeued); waiting for an allocation"
 
@@ -312,7 +331,9 @@ class AttemptWatch:
         self.started = False
         self.pending_said: Optional[int] = None
 
-    def look(self, folder: str | Path, pending: bool, job_ids: list[str]) -> list[str]:
+    def look(self, folder: str | Path, pending: bool, job_ids: list[str], now: Optional[float] = None) -> list[str]:
+        """``now``: wall-clock time (the attempts' own clock); defaults to ``time.time()``."""
+        now = time.time() if now is None else now
         folder = Path(folder)
         lines: list[str] = []
         if folder != self.folder:  # another sweep point: its own history
@@ -329,7 +350,7 @@ class AttemptWatch:
         if self.slurm and pending and self.history is not None and self.history.attempts:
             last = self.history.attempts[-1]
             job = getattr(last, "job", "") or ""
-            if (not job or job in job_ids) and self.pending_said != last.number:
+            if (not job or job in job_ids) and self.pending_said != last.number and requeued(last, now):
                 self.pending_said = last.number
                 lines.append(pending_line(job or ", ".join(job_ids[:3]) or "?"))
         return lines

@@ -11,6 +11,7 @@
     <run>/joined/rank-N[.calling]  the rank returned from (entered) init_process_group
     <run>/stacks/rank-N.txt        stacks saved at an abnormal end; stacks/live/: on request
     <run>/requeue/checkpointed-<job>-<restart>   the rank API checkpointed after a stop signal
+    <run>/requeue/checkpointed-<job>-<restart>.stopflag   'listening' or 'stopped' (jobs.StopFlag)
     <run>/nccl-trace/rank-N        the NCCL flight recorder's dumps
     <run>/metrics/rank-N.jsonl     jobs.MetricsWriter's records
     <run>/report/                  what ``orchestrator report`` made of them (metrics.png, summary.txt)
@@ -258,3 +259,12 @@ class RunFolder:
                 shutil.rmtree(path, ignore_errors=True)
             else:
                 path.unlink(missing_ok=True)
+
+
+def stop_flag_note(marker: str) -> str:
+    """Where the rank API's StopFlag notes, beside the attempt's requeue marker, that the ranks
+    listen for a stop ('listening') and whether they stopped on one ('stopped'): the job's agent
+    then knows that ranks which ended after a time-limit notice without stopping had finished
+    their work, and must not be requeued to do it again."""
+    return marker + ".stopflag"
+

@@ -49,7 +49,7 @@ from orchestrator.interpreter import module_argv
 from orchestrator.payload import Payload
 from orchestrator.rank_env import cpu_share, has_cpu_share_rule, resolve_cpu_share
 from orchestrator.recovery import HARDWARE_SIGNALS, Attempt, Failure, History, decide
-from orchestrator.run_folder import RunFolder
+from orchestrator.run_folder import RunFolder, stop_flag_note
 from orchestrator.slurm_task import SlurmJob, point_base
 
 # The watchdog's modules (forensics, join_hook, stacks, watchdog) are imported at its first look,
@@ -345,7 +345,7 @@ class JobAgent:
         relay.join(timeout=5)
         if self.cancel_at is None and os.path.lexists(self.cancel_request):
             self.cancel_at = time.monotonic()  # the ranks ended on the cancel's SIGTERM before a look saw it
-        self._requeue_if_due(ranks_ended=True)
+        self._requeue_if_due(ranks_ended=True, work_done=code == 0 and self._finished_after_notice())
         if code != 0 and self.phase is Phase.RUNNING and not self._stopping():
             self._name_killed_rank()
         if (code != 0 or self.phase is Phase.ENDING) and self.phase in (Phase.RUNNING, Phase.ENDING) \
@@ -361,7 +361,8 @@ class JobAgent:
             warning = did_nothing(self.world, [0], join_hook.joined_ranks(self.run_dir, self.world))
             if warning:
                 forensics.write_end(self.run_dir, reason="did_nothing", warning=warning)
-        if self.policy == "auto" and self.phase is Phase.RUNNING and self.notice_at is not None:
+        if self.policy == "auto" and self.phase is Phase.RUNNING and self.notice_at is not None \
+                and not (code == 0 and self._finished_after_notice()):
             what = "the preemption's SIGTERM" if self.preempted else self.notice.name
             self._say(f"{what} arrived but the ranks did not checkpoint through the rank API, so the job is "
                       "not requeued (slurm.requeue: auto); a script that resumes from its own snapshot "
@@ -421,7 +422,26 @@ class JobAgent:
         """The ranks ended because they were told to stop, not because the work was done: the rank
         API checkpointed after a stop signal (its marker), or, under ``always``, a script that
         snapshots itself left on the time limit's notice."""
-        return os.path.exists(self.marker) or (self.policy == "always" and self.notice_at is not None)
+        return os.path.exists(self.marker) or (self.policy == "always" and self.notice_at is not None
+                                                and not self._finished_after_notice())
+
+    def _finished_after_notice(self) -> bool:
+        """The ranks ended having finished their work, though a notice came: they listened for a
+        stop through the rank API (``jobs.StopFlag``) and never stopped on one, and rank 0's
+        entrypoint returned in this attempt (its result.json). A script that does not use the
+        rank API gives no such evidence: under ``always`` it is requeued after the notice, and
+        resumes from its own snapshot."""
+        import json
+
+        try:
+            with open(stop_flag_note(self.marker), encoding="utf-8") as fh:
+                listening = fh.read().strip() == "listening"
+            with open(RunFolder.of(self.run_dir).result, encoding="utf-8") as fh:
+                finished = json.load(fh).get("finished")
+        except (OSError, ValueError, AttributeError):
+            return False
+        return (listening and isinstance(finished, (int, float)) and finished >= self.started
+                and not os.path.exists(self.marker))
 
     def _unfinished(self) -> int:
         """A stop that no requeue follows is not a completed job: end non-zero (SLURM records
@@ -506,8 +526,12 @@ class JobAgent:
         self.cancel_at = float("inf")  # asked once; SLURM ends the job (and this agent) from here
         return UNFINISHED_EXIT
 
-    def _requeue_if_due(self, ranks_ended: bool) -> None:
+    def _requeue_if_due(self, ranks_ended: bool, work_done: bool = False) -> None:
         if self.phase is not Phase.RUNNING or self._stopping():  # scancel / orchestrator cancel: never
+            return
+        if ranks_ended and work_done and self.notice_at is not None:
+            self._say(f"{self.notice.name} came, but the ranks finished their work before stopping for it "
+                      "(the rank API's stop flag never stopped them): the job is complete, not requeued")
             return
         if ranks_ended and self.policy == "always" and self.notice_at is None:
             self._term_is_preemption()  # did the ranks end because the job is being preempted?

@@ -21,8 +21,16 @@ import pytest
 CHILD = """
 import os, signal, sys, time
 out = sys.argv[1]
+if os.environ.get("LISTENING") == "1":  # the rank API's StopFlag on rank 0
+    from orchestrator.run_folder import stop_flag_note
+    os.makedirs(os.path.dirname(os.environ["ORCH_REQUEUE_MARKER"]), exist_ok=True)
+    open(stop_flag_note(os.environ["ORCH_REQUEUE_MARKER"]), "w").write("listening")
 def on_usr2(signum, frame):
     open(os.path.join(out, "child-got-usr2"), "w").close()
+    if os.environ.get("FINISH") == "1":  # the notice met the last step: the work is done, rank 0 returns
+        import json
+        json.dump({"finished": time.time(), "result": None}, open(os.path.join(out, "run", "result.json"), "w"))
+        sys.exit(0)
     open(os.path.join(out, "child-got-" + signal.Signals(signum).name), "w").close()
     if os.environ.get("CHECKPOINT") == "1":
         os.makedirs(os.path.dirname(os.environ["ORCH_REQUEUE_MARKER"]), exist_ok=True)
@@ -108,6 +116,24 @@ def test_usr2_requeues_by_policy(tmp_path: Path, policy: str, checkpoint: bool, 
     assert _calls(tmp_path) == (["requeue 77"] if requeued else []), err
     if requeued:
         assert "requeueing 77 (requeue 1 of 2)" in err and proc.returncode == 0
+
+
+@pytest.mark.parametrize("policy", ["always", "auto"])
+@pytest.mark.parametrize("listening", [True, False])
+def test_work_finished_after_the_notice_is_not_requeued(tmp_path: Path, policy: str, listening: bool) -> None:
+    """The notice met the end of the work (issue 32: under ``always`` such a job was requeued and ran
+    again). Ranks that listen through the rank API and never stopped, whose rank 0 returned, are
+    done: COMPLETED (exit 0), no requeue. A script that gives no such evidence is requeued under
+    ``always``, as the policy says (it resumes from its own snapshot)."""
+    proc = _agent(tmp_path, policy, False, child_env={"FINISH": "1", "LISTENING": "1" if listening else "0"})
+    proc.send_signal(signal.SIGUSR2)
+    _, err = proc.communicate(timeout=30)
+    requeued = policy == "always" and not listening
+    assert _calls(tmp_path) == (["requeue 77"] if requeued else []), err
+    assert proc.returncode == 0, err
+    if listening:
+        assert "the ranks finished their work before stopping for it" in err, err
+        assert "did not checkpoint through the rank API" not in err, err
 
 
 def test_sigterm_never_requeues_and_the_limit_holds(tmp_path: Path) -> None:

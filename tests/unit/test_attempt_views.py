@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from orchestrator import api
-from orchestrator.attempt_logs import (AttemptNotFoundError, AttemptStream, AttemptWatch, attempt_text, attempts_in,
+from orchestrator.attempt_logs import (SCHEDULER_LAG_S, AttemptNotFoundError, AttemptStream, AttemptWatch, attempt_text, attempts_in,
                                        first_attempts, history_changes, job_of_log, read_history, split_attempts)
 from orchestrator.cli import main
 from orchestrator.errors import RunNotFoundError, UsageError
@@ -416,3 +416,18 @@ def test_wait_prints_the_attempts_as_they_change(tmp_path: Path, capsys: pytest.
                     f"[orchestrator] attempt 2 started on {host}",
                     "[orchestrator] attempt 2 ended: completed"] if attempts else []), err
     assert len(json.loads((run_dir / "recovery.json").read_text())["attempts"]) == 2  # wait only reads it
+
+
+def test_pending_just_after_the_attempt_started_is_the_schedulers_lag_not_a_requeue(tmp_path: Path) -> None:
+    """sacct learns that a job started a few seconds after its agent recorded the attempt: a
+    PENDING answer then is not "pending again" (issue 32: said for jobs SLURM never requeued)."""
+    watch = AttemptWatch(slurm=True)
+    assert watch.look(tmp_path, True, ["9"], now=100.0) == []
+    _history(tmp_path, Attempt(1, 100.0, ["a"], job="9"))
+    assert watch.look(tmp_path, True, ["9"], now=102.0) == ["attempt 1 started on a"]
+    assert watch.look(tmp_path, True, ["9"], now=130.0) == []
+    # Still running by its record a minute later while the scheduler says PENDING: SLURM requeued the
+    # job without its agent recording the end (a node failure killed it).
+    assert watch.look(tmp_path, True, ["9"], now=100.0 + SCHEDULER_LAG_S) == [
+        "job 9 is pending again (requeued); waiting for an allocation"]
+    assert watch.look(tmp_path, True, ["9"], now=500.0) == []

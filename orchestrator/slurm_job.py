@@ -76,6 +76,9 @@ HEALTH_SRUN_TIMEOUT_S = 150.0
 _NODE_FAILURE = re.compile(r"Node failure on (\S+)")
 #: Node states (sinfo %t) that say a node is gone: down, drained or failing, not responding (*).
 _NODE_GONE = re.compile(r"^(down|drain|drng|fail|failg|maint|boot|powered|pow_dn|npc)|\*$")
+#: While the watchdog would give a verdict, the controller is asked at most this often whether the
+#: job is (or was) suspended.
+SUSPEND_CHECK_S = 5.0
 #: Under ``always``, the requeue waits for the ranks' clean-up at most until this much of the
 #: margin is left (scontrol and the controller need a moment before the time limit ends the job).
 REQUEUE_RESERVE_S = 15.0
@@ -140,6 +143,44 @@ def preempted(job: Mapping[str, str]) -> bool:
     return job.get("JobState") == "PREEMPTED" or job.get("PreemptTime", "None") not in ("None", "Unknown", "")
 
 
+def _duration_s(text: str) -> float | None:
+    """SLURM's ``[D-]HH:MM:SS`` (RunTime) in seconds; None for anything else."""
+    days, _, clock = text.rpartition("-")
+    parts = clock.split(":")
+    if len(parts) != 3 or not all(p.isdigit() for p in parts) or (days and not days.isdigit()):
+        return None
+    h, m, sec = (int(p) for p in parts)
+    return (int(days) if days else 0) * 86400 + h * 3600 + m * 60 + sec
+
+
+def suspended_s(job: Mapping[str, str], now: float) -> float | None:
+    """How long the job has spent suspended in all (``scontrol suspend``, a SUSPEND,GANG
+    preemption): its age since StartTime less its RunTime, which SLURM counts without suspended
+    time. None when the controller did not say (no answer, a job not started)."""
+    run = _duration_s(job.get("RunTime", ""))
+    try:
+        start = time.mktime(time.strptime(job.get("StartTime", ""), "%Y-%m-%dT%H:%M:%S"))
+    except (ValueError, OverflowError):
+        return None
+    return None if run is None else max(0.0, now - start - run)
+
+
+def partition_preempt_mode(partition: str) -> str:
+    """The partition's PreemptMode as the controller states it (REQUEUE, CANCEL, SUSPEND,GANG...;
+    the cluster's default where the partition sets none); '' when it does not answer. For a job
+    listed in several partitions, the first."""
+    name = partition.split(",")[0]
+    if not name:
+        return ""
+    try:
+        out = subprocess.run(["scontrol", "show", "partition", "-o", name], capture_output=True, text=True,
+                             timeout=15)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    fields = dict(p.split("=", 1) for p in out.stdout.split() if "=" in p) if out.returncode == 0 else {}
+    return fields.get("PreemptMode", "")
+
+
 def exit_code(phase: Phase, srun_code: int, stopped_early: bool) -> int | None:
     """The agent's exit code, which SLURM turns into the job's state; None: the job stopped early
     and was not requeued, which the agent reports as unfinished (``UNFINISHED_EXIT``)."""
@@ -189,6 +230,11 @@ class JobAgent:
         self.over_limit = ""  # SLURM requeued the job after a node failure with no restart left
         self.straggler_outside = False  # the watchdog's straggler was not inside a collective
         self.action = ""  # what this attempt led to: requeue (time limit), restart (a failure), stop
+        self.preempt_mode = ""  # the preempting partition's PreemptMode, once a preemption is known
+        self.requeued_why = ""  # why this attempt requeued the job (the time limit, a preemption)
+        self.suspended_s = 0.0  # the job's time suspended so far (the watchdog's clock leaves it out)
+        self.suspended_now = False
+        self.suspend_checked = float("-inf")  # monotonic time the controller was last asked
         # Each rank's share of its node's granted CPUs, for a payload that carries it as a rule
         # (no slurm.cpus_per_task): srun's --cpus-per-task and the thread default.
         self.cpus_per_rank, self.cpus_from = cpu_share(environ, payload.ranks_per_node)
@@ -273,7 +319,7 @@ class JobAgent:
             outcome = "not_requeued"
         else:
             outcome = "failed"
-        why = self.failure.why if self.failure is not None else self.not_requeued
+        why = self.failure.why if self.failure is not None else (self.not_requeued or self.requeued_why)
         try:
             self.history.finish(self.attempt, outcome, why, action=self.action, progress=self.attempt.progress,
                                 blamed=self.failure.blamed if self.failure else sorted(self.lost_nodes))
@@ -503,11 +549,14 @@ class JobAgent:
         22.05 signals only the job's steps on preemption, not this shell: then the ranks' end
         under ``always`` is when it is asked.)"""
         if self.preempted is None:
-            self.preempted = preempted(scontrol_job(self.job_id))
+            job = scontrol_job(self.job_id)
+            self.preempted = preempted(job)
             if self.preempted:
                 self.notice_at = self.notice_at or self.term_at or time.monotonic()
-                self._say(f"job {self.job_id} is being preempted (SIGTERM, then SLURM's GraceTime): the ranks got "
-                          f"SIGTERM; slurm.requeue: {self.policy} decides the requeue")
+                self.preempt_mode = partition_preempt_mode(job.get("Partition", ""))
+                mode = f" (partition PreemptMode={self.preempt_mode})" if self.preempt_mode else ""
+                self._say(f"job {self.job_id} is being preempted{mode} (SIGTERM, then SLURM's GraceTime): the ranks "
+                          f"got SIGTERM; slurm.requeue: {self.policy} decides the requeue")
         return self.preempted
 
     def _end_cancelled(self, why: str) -> int:
@@ -565,10 +614,16 @@ class JobAgent:
             self._say(f"{why}; {self.not_requeued}")
             self._enter(Phase.NOT_REQUEUED)
             return
+        if self.preempted is None:  # SLURM 22.05 signals only the ranks' step on preemption: ask once
+            self._term_is_preemption()
+        if self.preempted and self.preempt_mode.startswith("CANCEL"):
+            why = (f"preempted, under PreemptMode={self.preempt_mode}, with which SLURM would have ended the job: "
+                   f"the agent requeued it itself ({why})")
         self._say(f"{why}: requeueing {self.job_id} (requeue {used + 1} of {limit})")
         self._scontrol_requeue()
         if self.phase is Phase.REQUEUED:
             self.action = "requeue"
+            self.requeued_why = why
 
     def _requeues_used(self) -> int:
         """Time-limit and preemption requeues so far: SLURM's restart count less recovery's
@@ -775,8 +830,10 @@ class JobAgent:
         elif self.watch.settled():
             return None
         forensics.look(self.watch, self.run_dir, self.logs)
-        verdict = judge(self.watch, time.time(), lambda: join_hook.calling_ranks(self.run_dir, self.world),
-                        self._capture)
+        now = self._running_clock(time.time())
+        if now is None:
+            return None
+        verdict = judge(self.watch, now, lambda: join_hook.calling_ranks(self.run_dir, self.world), self._capture)
         if verdict is None:
             return None
         self._verdict(verdict.reason, verdict.rank, verdict.message, dict(verdict.dumps))
@@ -786,6 +843,29 @@ class JobAgent:
 
             self.straggler_outside = stacks.where(dump).collective is None
         return verdict.reason
+
+    def _running_clock(self, now: float) -> float | None:
+        """The watchdog's clock: wall time less the time the job spent suspended, so that ranks
+        SLURM only stopped (``scontrol suspend``, a SUSPEND,GANG preemption) are never called
+        stalled or late to join for it. The controller is asked only when a verdict is near (at
+        most every SUSPEND_CHECK_S): None while the job is suspended (no verdict now)."""
+        assert self.watch is not None
+        adjusted = now - self.suspended_s
+        if not (self.watch.stalled(adjusted) or self.watch.never_joined(adjusted)):
+            return adjusted
+        if time.monotonic() < self.suspend_checked + SUSPEND_CHECK_S:
+            return adjusted if not self.suspended_now else None
+        self.suspend_checked = time.monotonic()
+        job = scontrol_job(self.job_id)
+        self.suspended_now = job.get("JobState") == "SUSPENDED"
+        if self.suspended_now:
+            return None
+        total = suspended_s(job, now)
+        if total is not None and total > self.suspended_s + 1.0:
+            self._say(f"job {self.job_id} was suspended for {total - self.suspended_s:.0f}s: the watchdog's "
+                      "clocks (stall_s, init_timeout_s) do not count it")
+            self.suspended_s = total
+        return now - self.suspended_s
 
     def _capture(self, reason: str, always: bool = False) -> dict[int, str]:
         """Every rank's stacks through ``srun --overlap`` (one probe per node), saved in

@@ -68,5 +68,35 @@ def test_a_real_preemption_requeues_a_rank_api_job_which_resumes_and_completes(c
         agent_log = "\n".join(p.read_text(errors="replace") for p in (Path(launch.run_dir) / "slurm").rglob("*")
                               if p.is_file())
         assert "requeueing" in agent_log, agent_log[-3000:]
+        from orchestrator.recovery import History
+
+        first = History.load(launch.run_dir).attempts[0]  # what status and --wait show for it
+        assert "PreemptMode=CANCEL" in first.why and "the agent requeued it itself" in first.why, first
     subprocess.run(["scancel", high.stdout.strip().split(";")[0]], capture_output=True)
+    assert no_job_processes()
+
+
+def test_a_suspended_job_is_not_called_stalled_and_completes(cluster: dict[str, str]) -> None:
+    """Under SUSPEND,GANG preemption (here ``scontrol suspend``, which is the same stop) SLURM
+    stops every process of the job; suspended longer than watchdog.stall_s, the ranks made no
+    progress, yet the watchdog's clock leaves the suspended time out: the job resumes and
+    completes, and the agent says how long it was suspended."""
+    launch = slurm_plan(cluster, name="suspended", entrypoint=EXAMPLE, args={**ARGS, "step-delay": 0.25},
+                        watchdog={"stall_s": 8}, slurm={"time": "00:10:00"})
+    ex = SlurmExecutor()
+    record = ex.submit(launch)
+    job = record.job_ids[0]
+    deadline = time.monotonic() + 180
+    while _step(launch.run_dir) < 3:
+        assert time.monotonic() < deadline, "the job never reached step 3"
+        time.sleep(0.5)
+    subprocess.run(["scontrol", "suspend", job], check=True)
+    time.sleep(20)  # well past stall_s, and past the watchdog's look interval
+    subprocess.run(["scontrol", "resume", job], check=True)
+    final = _run_releasing_requeues(ex, record, timeout=300)
+    agent_log = "\n".join(p.read_text(errors="replace") for p in (Path(launch.run_dir) / "slurm").rglob("*")
+                          if p.is_file())
+    assert final.state == "COMPLETED", (final.error, agent_log[-3000:])
+    assert "no progress" not in agent_log and "was suspended for" in agent_log, agent_log[-3000:]
+    assert _result(launch.run_dir)["step"] == TOTAL
     assert no_job_processes()

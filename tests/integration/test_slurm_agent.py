@@ -326,6 +326,23 @@ def test_a_preemptions_sigterm_requeues_and_a_scancels_does_not(tmp_path: Path, 
     assert ("is being preempted" in err) == preempting, err
 
 
+def test_a_requeue_after_a_cancel_preemption_says_the_agent_did_it(tmp_path: Path) -> None:
+    """Under PreemptMode=CANCEL SLURM would end a preempted job; the agent requeues it (auto, the
+    ranks checkpointed) and says so where status reads it: the attempt's record."""
+    from orchestrator.attempt_logs import ended_line
+    from orchestrator.recovery import History
+
+    # The stand-in scontrol answers every 'show' alike: the job's and its partition's fields in one line.
+    info = "JobId=77 JobState=RUNNING PreemptTime=2026-11-24T18:00:00 Partition=debug PreemptMode=CANCEL"
+    proc = _agent(tmp_path, "auto", True, child_env={"NOTICE": "SIGTERM"}, job_info=info)
+    os.killpg(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert _calls(tmp_path) == ["requeue 77"], err
+    (attempt,) = History.load(tmp_path / "run").attempts
+    line = ended_line(attempt)
+    assert "PreemptMode=CANCEL" in line and "the agent requeued it itself" in line, line
+
+
 def test_always_requeues_ranks_that_ended_because_the_job_is_preempted(tmp_path: Path) -> None:
     """SLURM 22.05 signals only the ranks' step on preemption: the agent gets no signal, the
     ranks of a snapshotting script exit 0, and under ``always`` the agent asks the controller
@@ -369,6 +386,24 @@ def test_a_stalled_rank_that_ignores_sigterm_is_killed_within_the_hard_tier(tmp_
     assert proc.returncode == 1
     (attempt,) = History.load(tmp_path / "run").attempts
     assert (attempt.outcome, attempt.action) == ("hang", "stop")  # recovery is off: the hang ends the job
+
+
+@pytest.mark.parametrize("suspended", ["now", "earlier"])
+def test_ranks_slurm_suspended_are_never_called_stalled(tmp_path: Path, suspended: str) -> None:
+    """Under SUSPEND,GANG preemption (or ``scontrol suspend``) SLURM stops the ranks: the
+    watchdog's clock leaves the suspended time out. The controller says the job is SUSPENDED, or
+    (after a resume) that it ran 1 s of its 1000 s since it started: no stall verdict either way."""
+    start = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 1000))
+    info = "JobState=SUSPENDED" if suspended == "now" else f"JobState=RUNNING StartTime={start} RunTime=00:00:01"
+    proc = _agent(tmp_path, "never", False, spec={"watchdog": {"stall_s": 2}}, job_info=info)
+    time.sleep(8)  # four times stall_s with no progress at all
+    assert proc.poll() is None
+    proc.send_signal(signal.SIGUSR2)  # end the stand-in ranks
+    _, err = proc.communicate(timeout=30)
+    assert "no progress" not in err and "--signal=KILL" not in _scancels(tmp_path), err
+    if suspended == "earlier":
+        assert "was suspended for 10" in err, err  # 1000 s since its start (and the test's own), less the second it ran
+    assert (tmp_path / "scontrol-calls").read_text().count("show job") <= 3  # asked only near a verdict
 
 
 def test_an_earlier_jobs_attempt_its_agent_never_closed_is_recorded_lost(tmp_path: Path) -> None:

@@ -121,9 +121,12 @@ def test_local_gpu_ranks_see_their_nodes_gpus_and_index_them_by_local_rank() -> 
 
 
 def test_rank_env_roundtrip() -> None:
+    from orchestrator.netif import NcclConf, choose_interfaces
+
     env = RankEnv(rank=3, local_rank=1, world_size=4, local_world_size=2, node_rank=1, nnodes=2,
                   master_addr="10.0.0.1", master_port=23456, init_method="env://", interface="eth0",
-                  visible_devices="1", source="slurm")
+                  visible_devices="1", source="slurm",
+                  interfaces=choose_interfaces("eth0", "nccl", {}, {}, NcclConf(), None))
     back = RankEnv.from_environ(env.to_environ())
     assert back.rank == 3 and back.node_rank == 1 and back.interface == "eth0" and back.source == "env"
 

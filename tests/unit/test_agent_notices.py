@@ -1,5 +1,5 @@
-"""jobs.StopFlag notes for the job's agent whether the ranks listen for a stop and whether they
-stopped: the agent's evidence that ranks ending after a time-limit notice had finished their work."""
+"""What the job's agent learns about stops: jobs.StopFlag's notes (whether the ranks listen for a
+stop and whether they stopped), and the time SLURM kept the job suspended."""
 
 from __future__ import annotations
 
@@ -40,3 +40,17 @@ def test_other_ranks_and_runs_outside_a_job_note_nothing(tmp_path: Path, monkeyp
     monkeypatch.delenv("ORCH_REQUEUE_MARKER")
     monkeypatch.setenv("RANK", "0")
     assert note_stop_state("listening") is False
+
+
+def test_the_time_a_job_spent_suspended_comes_from_its_start_and_run_time() -> None:
+    import time
+
+    from orchestrator.slurm_job import suspended_s
+
+    start = time.mktime(time.strptime("2026-11-27T10:00:00", "%Y-%m-%dT%H:%M:%S"))
+    job = {"JobState": "RUNNING", "StartTime": "2026-11-27T10:00:00", "RunTime": "00:01:40"}
+    assert suspended_s(job, start + 400) == 300.0
+    assert suspended_s({**job, "RunTime": "1-00:00:00"}, start + 86400) == 0.0
+    assert suspended_s({**job, "RunTime": "00:10:00"}, start + 300) == 0.0  # clocks apart: never negative
+    for bad in ({}, {**job, "StartTime": "Unknown"}, {**job, "RunTime": "INVALID"}, {**job, "RunTime": "1-2:3"}):
+        assert suspended_s(bad, start + 400) is None

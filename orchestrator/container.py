@@ -465,23 +465,11 @@ def check_on_node(spec: JobSpec, timeout_s: float = 300) -> list[str]:
 
 # ---- inside an OCI container: the task's own identity --------------------------------------
 def _hosts(text: str) -> list[str]:
-    """A SLURM host list ('node[1-3,7],gpu01') as names, in order (standard library only: the
-    rank has no scontrol inside the image)."""
-    import re
+    """A SLURM host list ('node[1-3,7],gpu01') as names, in order (``orchestrator.hostlist``,
+    standard library only: the rank has no scontrol inside the image)."""
+    from orchestrator.hostlist import expand
 
-    hosts: list[str] = []
-    for item in re.findall(r"[^,\[]+(?:\[[^\]]*\][^,\[]*)*", text):
-        names = [""]
-        for literal, body in re.findall(r"([^\[\]]*)(?:\[([^\]]*)\])?", item):
-            values = [""]
-            if body:
-                values = []
-                for part in body.split(","):
-                    lo, _, hi = part.partition("-")
-                    values += [str(n).zfill(len(lo)) for n in range(int(lo), int(hi or lo) + 1)]
-            names = [n + literal + v for n in names for v in values]
-        hosts += names
-    return [h for h in hosts if h]
+    return expand(text) if text else []
 
 
 def oci_task_identity(environ: dict[str, str], hostname: str) -> dict[str, str]:

@@ -917,14 +917,16 @@ class JobAgent:
 
 
 def _hostnames(hostlist: str) -> list[str]:
-    """A SLURM hostlist ('node[1-3],gpu7') as names, through scontrol; [] for '(null)' or none."""
+    """A SLURM hostlist ('node[1-3],gpu7') as names (``orchestrator.hostlist``); [] for '(null)' or
+    none, and the text itself for one the parser refuses (the controller wrote it: it names hosts)."""
+    from orchestrator.hostlist import expand
+
     if not hostlist or hostlist == "(null)":
         return []
     try:
-        out = subprocess.run(["scontrol", "show", "hostnames", hostlist], capture_output=True, text=True, timeout=15)
-    except (OSError, subprocess.TimeoutExpired):
+        return expand(hostlist)
+    except ValueError:
         return [hostlist]
-    return out.stdout.split() if out.returncode == 0 else [hostlist]
 
 
 def main(argv: list[str] | None = None) -> int:

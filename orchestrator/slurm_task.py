@@ -4,32 +4,18 @@ every rank. Standard library only.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Optional
 
+from orchestrator.hostlist import expand
 from orchestrator.run_folder import RunFolder
 
 
 def expand_nodelist(nodelist: str) -> list[str]:
-    """Expand SLURM's compressed host list ("gpu[01-03,7],cpu1") without calling scontrol: the one
-    host-list parser of the project."""
-    hosts: list[str] = []
-    for item in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,]*", nodelist):
-        m = re.match(r"^(.*?)\[([^\]]*)\](.*)$", item)
-        if not m:
-            hosts.append(item)
-            continue
-        prefix, ranges, suffix = m.groups()
-        for part in ranges.split(","):
-            lo, _, hi = part.partition("-")
-            if not hi:
-                hosts.append(f"{prefix}{lo}{suffix}")
-                continue
-            for i in range(int(lo), int(hi) + 1):
-                hosts.append(f"{prefix}{str(i).zfill(len(lo))}{suffix}")
-    return hosts
+    """SLURM's compressed host list ("gpu[01-03,7],cpu1") as names, without calling scontrol
+    (``orchestrator.hostlist``); [] for none."""
+    return expand(nodelist) if nodelist and nodelist != "(null)" else []
 
 
 @dataclass(frozen=True)

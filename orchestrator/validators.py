@@ -437,20 +437,24 @@ def env_name(name: str) -> str:
     return name
 
 
-_HOST = r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,62}"
-_HOST_RANGE = r"\[\d{1,6}(-\d{1,6})?(,\d{1,6}(-\d{1,6})?)*\]"
-# Text after a bracket range ('gpu[1-2]-ib') is refused: scontrol 22.05 calls it an invalid hostlist.
-_HOSTLIST = re.compile(rf"({_HOST}({_HOST_RANGE})?)(,{_HOST}({_HOST_RANGE})?)*")
+#: What a host list may hold: host-name characters, and the brackets, digits, '-' and ',' of ranges.
+_HOSTLIST_CHARS = re.compile(r"[A-Za-z0-9_.\-\[\],]{1,4096}")
 
 
 def hostlist(value: str) -> str:
-    """A SLURM host list: names, or compressed ranges such as 'gpu[01-04,7],cpu1'."""
-    if not _HOSTLIST.fullmatch(value):
-        raise ValueError(f"{shown(value)} is not a SLURM host list; write names separated by commas, "
-                         "with ranges in brackets at the end of a name: 'node1,node2' or 'gpu[01-04,07]'")
-    for lo, hi in re.findall(r"(\d+)-(\d+)", "".join(re.findall(r"\[[^\]]*\]", value))):
-        if int(lo) > int(hi):
-            raise ValueError(f"the range {lo}-{hi} in {shown(value)} runs backwards; write {hi}-{lo}")
+    """A SLURM host list: names, or compressed ranges such as 'gpu[01-04,7],cpu1' or
+    'rack[1-2]-n[01-16]', as ``orchestrator.hostlist`` (the project's one parser) and SLURM read it."""
+    from orchestrator import hostlist as hosts
+
+    fix = "write names separated by commas, with ranges in brackets: 'node1,node2' or 'gpu[01-04,07]'"
+    if not _HOSTLIST_CHARS.fullmatch(value):
+        raise ValueError(f"{shown(value)} is not a SLURM host list; {fix}")
+    try:
+        named = hosts.count(value)
+    except ValueError as exc:
+        raise ValueError(f"{exc}; {fix}") from None
+    if named == 0 or any(not item[:1].isalnum() for item in value.split(",") if item):
+        raise ValueError(f"{shown(value)} is not a SLURM host list; {fix}")
     return value
 
 
@@ -467,18 +471,9 @@ def gpu_type(value: str) -> str:
 
 def hostlist_hosts(value: str, limit: int = MAX_WORLD) -> set[str] | None:
     """The hosts of a valid host list, or None when it names more than ``limit`` (counted before
-    anything is expanded, so 'n[1-999999]' costs nothing)."""
-    count = 0
-    for item in re.findall(r"[^,\[]+(?:\[[^\]]*\])?", value):
-        ranges = re.search(r"\[([^\]]*)\]", item)
-        if not ranges:
-            count += 1
-            continue
-        for part in ranges.group(1).split(","):
-            lo, _, hi = part.partition("-")
-            count += int(hi or lo) - int(lo) + 1
-    if count > limit:
-        return None
-    from orchestrator.slurm_task import expand_nodelist
+    anything is expanded, so 'n[1-999999]' costs nothing). ValueError for an invalid list."""
+    from orchestrator import hostlist
 
-    return set(expand_nodelist(value))
+    if hostlist.count(value) > limit:
+        return None
+    return set(hostlist.expand(value))

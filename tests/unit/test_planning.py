@@ -95,7 +95,9 @@ def test_an_array_of_1000_tasks_gets_1000_ports() -> None:
     ("node1", ["node1"]),
     ("node[1-3]", ["node1", "node2", "node3"]),
     ("gpu[01-02,7],cpu1", ["gpu01", "gpu02", "gpu7", "cpu1"]),
-    ("a[9-10]-ib", ["a9-ib", "a10-ib"]),
+    # Brackets multiply, as scontrol show hostnames does (this parser once gave gpu-1-[3-4], gpu-2-[3-4]).
+    ("gpu-[1-2]-[3-4]", ["gpu-1-3", "gpu-1-4", "gpu-2-3", "gpu-2-4"]),
+    ("(null)", []),
 ])
 def test_expand_nodelist(nodelist: str, hosts: list[str]) -> None:
     assert expand_nodelist(nodelist) == hosts

@@ -81,6 +81,8 @@ def print_plan(launch: LaunchPlan, console: Console | None = None, node: int | N
     console.print(f"rank processes: {RANK_START[launch.rank_start]}", markup=False)
     if launch.cpus:
         console.print(launch.cpus, markup=False)
+    if launch.interfaces:
+        console.print(launch.interfaces, markup=False)
     stall = launch.payload.watchdog.stall_s
     if stall:
         console.print(f"stall watchdog: ends the job when no rank progresses for {stall:g}s", markup=False)

@@ -29,6 +29,7 @@ from orchestrator.rank_env import (
     cpu_share_rule,
     installed_torch_version,
     local_rank_env,
+    planned_interfaces,
     rank_environment,
     startup_variables,
     thread_count_local,
@@ -91,6 +92,8 @@ class LaunchPlan(BaseModel):
     code: Optional[dict[str, Any]] = None
     #: Where each rank's CPU count (srun's --cpus-per-task on SLURM, and OMP_NUM_THREADS) comes from.
     cpus: Optional[str] = None
+    #: Which socket interface NCCL and gloo use, and why (``netif.InterfaceChoice.line``).
+    interfaces: Optional[str] = None
     #: The scanned snapshot itself, which the run's start stores (``executors.base``); not serialised.
     _snapshot: Optional[Snapshot] = PrivateAttr(default=None)
 
@@ -158,6 +161,7 @@ def plan(spec: JobSpec, executor: ExecutorName | None = None, max_array_size: in
         notes=layout.notes + ([start_note] if start_note else []), payload=payload, sweep=sweep, rank_start=start,
         code=code.summary() if code is not None else None,
         cpus=cpus_line(spec, executor, layout.nodes * layout.ranks_per_node, env.get("OMP_NUM_THREADS"), threads),
+        interfaces=planned_interfaces(payload, executor, SLURM_RULES["interface"]).line(),
     )
     shown = _shown_payload(payload, bool(sweep))
     if params is not None:
@@ -442,6 +446,7 @@ def _slurm_rows(spec: JobSpec, payload: Payload) -> list[RankRow]:
     rfile = rendezvous_file(payload.rendezvous_dir, SLURM_RULES["job"], SLURM_RULES["restart"])
     marker = str(RunFolder.of(payload.run_dir).requeue_marker(SLURM_RULES["job"], SLURM_RULES["restart"]))  # type: ignore[arg-type]
     torch_version = installed_torch_version(payload.env)
+    interfaces = planned_interfaces(payload, "slurm", SLURM_RULES["interface"])
     # One template per local rank, copied per node (a C-level dict copy): linear, and several times
     # faster than building each row's dict in a plan of tens of thousands of ranks.
     templates = []
@@ -449,7 +454,8 @@ def _slurm_rows(spec: JobSpec, payload: Payload) -> list[RankRow]:
         contract = RankEnv(rank="", local_rank=local, world_size=spec.world_size, local_world_size=rpn, node_rank="",
                            nnodes=spec.nodes, master_addr=addr, master_port=port,
                            init_method=init_url(d.init_method, addr, port, rfile), interface=iface,
-                           visible_devices=SLURM_RULES["visible"] if spec.gpus_per_node else None, source="plan")
+                           visible_devices=SLURM_RULES["visible"] if spec.gpus_per_node else None, source="plan",
+                           interfaces=interfaces)
         templates.append(rank_environment(contract, payload, SLURM_RULES["attempt"], marker, torch_version))
     rows = []
     for node in range(spec.nodes):

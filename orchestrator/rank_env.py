@@ -12,8 +12,9 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Mapping, Union
+from typing import TYPE_CHECKING, Literal, Mapping, Optional, Union
 
+from orchestrator.netif import InterfaceChoice, Route, choose_interfaces, read_nccl_conf
 from orchestrator.rendezvous import derive_port, init_url, rendezvous_file
 
 if TYPE_CHECKING:
@@ -61,12 +62,15 @@ class RankEnv:
     master_addr: str
     master_port: Value
     init_method: str
-    interface: str | None
+    interface: str | None  # what this node's ranks meet on: the route (auto) or the spec's names
     visible_devices: str | None
     source: Source
+    #: NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME as ``netif.choose_interfaces`` decided them.
+    interfaces: Optional[InterfaceChoice] = None
 
     def to_environ(self) -> dict[str, str]:
-        """The variables every rank sees: torchrun's names, plus the init URL."""
+        """The variables every rank sees: torchrun's names, plus the init URL and the socket
+        interfaces the job sets (``interfaces``: none for a backend left to its own choice)."""
         env = {
             "RANK": str(self.rank),
             "LOCAL_RANK": str(self.local_rank),
@@ -79,10 +83,8 @@ class RankEnv:
             "MASTER_PORT": str(self.master_port),
             OrchVar.INIT_METHOD: self.init_method,
         }
-        if self.interface:
-            env["NCCL_SOCKET_IFNAME"] = self.interface
-            if not self.interface.startswith("^"):
-                env["GLOO_SOCKET_IFNAME"] = self.interface
+        if self.interfaces is not None:
+            env.update(self.interfaces.environ())
         if self.visible_devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = self.visible_devices
         return env
@@ -159,9 +161,33 @@ def rank_environment(rank: RankEnv, payload: Payload, attempt: Value, requeue_ma
     return env
 
 
+#: Locally every rank runs on this machine and meets the master at 127.0.0.1.
+LOCAL_ROUTE = Route("lo", "every rank runs on this machine", loopback_only=True)
+
+
+def interface_choice(setting: str | None, payload: Payload, route: Route | None) -> InterfaceChoice:
+    """This host's decision on the job's socket interfaces (``netif.choose_interfaces``): with the
+    environment the ranks inherit (this process's: the user's shell for ``plan`` and the local
+    supervisor, what srun gave a SLURM rank) and NCCL's configuration files as NCCL reads them here."""
+    conf = read_nccl_conf({**os.environ, **payload.env})
+    return choose_interfaces(setting, payload.backend, payload.env, os.environ, conf, route)
+
+
+def planned_interfaces(payload: Payload, executor: str, rule: str) -> InterfaceChoice:
+    """The decision ``plan`` shows and puts in its rows. Locally the ranks' own (``LOCAL_ROUTE``,
+    whatever the spec names: every rank is on this machine). On SLURM each rank decides on its
+    node (``rank_env_from_slurm``); for 'auto', ``rule`` stands for the route it will find there."""
+    if executor != "slurm":
+        return interface_choice("auto", payload, LOCAL_ROUTE)
+    if payload.interface in (None, "auto"):
+        return interface_choice("auto", payload, Route(rule, "auto: found on each node when the job starts"))
+    return interface_choice(payload.interface, payload, None)
+
+
 def local_rank_env(payload: Payload, rank: int, port: int, rendezvous: str | None) -> RankEnv:
     """The contract of one local rank: emulated node ``rank // ranks_per_node``, master on this
-    machine, the node's share of ``local.devices`` (none: every GPU hidden, a CPU dry run)."""
+    machine, the node's share of ``local.devices`` (none: every GPU hidden, a CPU dry run), the
+    socket interfaces for ranks that all meet over loopback (``LOCAL_ROUTE``)."""
     node, local = divmod(rank, payload.ranks_per_node)
     devices = list(payload.devices) if payload.devices else None
     if devices is None:
@@ -174,31 +200,36 @@ def local_rank_env(payload: Payload, rank: int, port: int, rendezvous: str | Non
                    local_world_size=payload.ranks_per_node, node_rank=node, nnodes=payload.nodes,
                    master_addr="127.0.0.1", master_port=port,
                    init_method=init_url(payload.init_method, "127.0.0.1", port, rendezvous),
-                   interface=payload.interface, visible_devices=visible, source="local")
+                   interface=payload.interface, visible_devices=visible, source="local",
+                   interfaces=interface_choice("auto", payload, LOCAL_ROUTE))
 
 
 def rank_env_from_slurm(task: SlurmTask, payload: Payload, agent_port: int | None = None) -> RankEnv:
     """The RankEnv of this srun task, from SLURM's variables and the job's payload: master = first
     host of the node list, port derived from the job id and restart count (or the one the job's
-    agent found free on the master's node: ``agent_port``), interface 'auto' =
-    the one carrying (or routing to) the master's address, a named one checked on this node,
-    a GPU binding SLURM made kept, and a file:// rendezvous file unique per job and restart."""
-    from orchestrator.netif import expand_names, interface_for
+    agent found free on the master's node: ``agent_port``), interface 'auto' = the one carrying
+    (or routing to) the master's address for gloo, NCCL's own choice or the user's or the site's
+    setting for NCCL (``netif.choose_interfaces``), a named one checked on this node, a GPU
+    binding SLURM made kept, and a file:// rendezvous file unique per job and restart."""
+    from orchestrator.netif import expand_names, master_route
 
     job = task.job
     port = int(payload.port) if payload.port != "auto" else agent_port or derive_port(job.raw_job_id, job.restart)
     master = job.hosts[0]
     iface = payload.interface
     if iface in (None, "auto"):
-        iface = interface_for(master, job.hosts[1:])
-    elif not str(iface).startswith("^"):  # an NCCL exclusion list is NCCL's to apply
-        iface = ",".join(expand_names(str(iface)))
+        route = master_route(master, job.hosts[1:])
+        iface, interfaces = route.interface, interface_choice("auto", payload, route)
+    else:
+        if not str(iface).startswith("^"):  # an NCCL exclusion list is NCCL's to apply
+            iface = ",".join(expand_names(str(iface)))
+        interfaces = interface_choice(iface, payload, None)
     rfile = rendezvous_file(payload.rendezvous_dir, job.job_id, job.restart)
     return RankEnv(
         rank=task.procid, local_rank=task.localid, world_size=task.ntasks,
         local_world_size=task.ntasks // max(1, task.nnodes), node_rank=task.nodeid, nnodes=task.nnodes,
         master_addr=master, master_port=port, init_method=init_url(payload.init_method, master, port, rfile),
-        interface=str(iface), source="slurm",
+        interface=str(iface), source="slurm", interfaces=interfaces,
         visible_devices=slurm_visible_devices({"CUDA_VISIBLE_DEVICES": task.cuda_visible_devices}
                                               if task.cuda_visible_devices is not None else {}),
     )

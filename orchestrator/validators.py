@@ -395,8 +395,7 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 #: Variables the orchestrator sets on every rank (the rank contract); ``env:`` may not set them.
 OWNED_ENV = frozenset({
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "NNODES",
-    "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME",
-    "PYTHONUNBUFFERED", "TORCHELASTIC_RUN_ID",
+    "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "PYTHONUNBUFFERED", "TORCHELASTIC_RUN_ID",
 })
 #: Prefixes of variables that belong to the orchestrator or to SLURM.
 OWNED_ENV_PREFIXES = ("ORCH_", "SLURM_", "SBATCH_", "SRUN_")
@@ -426,8 +425,7 @@ def env_name(name: str) -> str:
         raise ValueError(f"{shown(name)} is not an environment variable name: letters, digits and '_', "
                          "not starting with a digit")
     if name in OWNED_ENV:
-        fix = ("set distributed.interface" if name.endswith("SOCKET_IFNAME")
-               else "set local.devices or gpus_per_node" if name == "CUDA_VISIBLE_DEVICES"
+        fix = ("set local.devices or gpus_per_node" if name == "CUDA_VISIBLE_DEVICES"
                else "it is part of the rank contract every rank gets (see 'orchestrator plan')")
         raise ValueError(f"{name} is set by the orchestrator on every rank, so env may not set it: {fix}")
     for prefix in OWNED_ENV_PREFIXES:

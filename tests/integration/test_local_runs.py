@@ -103,6 +103,23 @@ def test_torchrun_style_script_runs_unchanged(tmp_path: Path) -> None:
     assert all("orchestrator.executors.zygote" in r["cmdline"] and r["ppid"] != os.getpid() for r in rows), rows
 
 
+def test_an_exported_nccl_socket_ifname_reaches_the_ranks_unchanged(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """interface auto never overrides the user's NCCL_SOCKET_IFNAME (issue 32): the ranks see the
+    exported value, plan says so, and gloo still gets the interface every rank meets on."""
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "ib7")
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    out = tmp_path / "out"
+    out.mkdir()
+    launch = make_plan(tmp_path, entrypoint=str(SCRIPTS / "byo_ddp.py"), nodes=1, cpu_ranks_per_node=2,
+                       extra_args=["--out", str(out)])
+    assert "NCCL: ib7 (auto keeps it: your environment sets NCCL_SOCKET_IFNAME=ib7)" in (launch.interfaces or "")
+    record = run_local(launch)
+    assert record.state == "COMPLETED", record.error
+    rows = [json.loads((out / f"byo-{r}.json").read_text()) for r in range(2)]
+    assert {(r["gloo_ifname"], r["nccl_ifname"]) for r in rows} == {("lo", "ib7")}
+
+
 def test_failing_rank_fails_the_run_fast_with_its_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CRASH_RANK", "2")
     launch = make_plan(tmp_path, entrypoint="tests.integration.scripts.crash:main", nodes=2, cpu_ranks_per_node=2)

@@ -21,6 +21,7 @@ clusters). So:
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -122,6 +123,11 @@ def _open_lock(run_dir: Path) -> int:
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
     except OSError as exc:
+        from orchestrator.fs_checks import is_denied, no_permission, shown
+
+        if is_denied(exc):  # another user's run folder: theirs to open up, never to remove
+            reason, fix = no_permission(path, "written" if os.path.lexists(path) else "created", exc)
+            raise SubmissionError(f"the run's lock file {shown(path)} {reason}: {fix}") from None
         raise SubmissionError(f"cannot open the run's lock file {path} ({exc.strerror}); the run folder must be "
                               "a writable folder of its own: remove or rename whatever is there") from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -227,15 +233,34 @@ def foreign_reason(host: str | None, created_in: int | None, run_dir: str | Path
 
 
 # ---- requests to the supervisor -----------------------------------------------------------------
+#: Errors of a path in the way of the request (a file where its folder goes, a loop, a folder
+#: where the file goes): the run's own leftovers, safe to clear.
+_IN_THE_WAY = frozenset({errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.ENOTEMPTY, errno.ELOOP})
+
 def request_cancel(run_dir: str | Path, why: str) -> None:
+    """Ask the run's supervisor (or SLURM agent) to stop: a request file in the run folder.
+
+    A teammate who may not write the run folder gets "no permission" naming who owns what and
+    what they can change (``fs_checks.no_permission``), never advice to remove anything: the
+    folder is fine, and not theirs. Only a path in the way (a file where the requests folder
+    goes) is to be cleared; any other error is the filesystem's, and says so."""
+    from orchestrator.fs_checks import errno_text, is_denied, no_permission, shown
     from orchestrator.records import write_json_atomic
 
     path = RunFolder.of(run_dir).cancel_request
     try:
         write_json_atomic(path, {"host": this_host(), "pid": os.getpid(), "time": time.time(), "why": why})
     except OSError as exc:
-        raise SubmissionError(f"cannot write the cancel request {path} ({exc.strerror}); remove whatever is in "
-                              f"the way at {path.parent} and try again") from None
+        if is_denied(exc):
+            reason, fix = no_permission(path, "written", exc)
+            raise SubmissionError(f"the cancel request {shown(path)} {reason}: {fix}; or ask whoever started the "
+                                  "run to cancel it") from None
+        if exc.errno in _IN_THE_WAY:
+            raise SubmissionError(f"cannot write the cancel request {shown(path)} ({errno_text(exc)}); remove "
+                                  f"whatever is in the way at {shown(path.parent)} and try again") from None
+        raise SubmissionError(f"cannot write the cancel request {shown(path)} ({errno_text(exc)}): the run "
+                              f"folder's filesystem refuses it; cancel again once it takes writes (df -h "
+                              f"{shown(path.parent.parent)})") from None
 
 
 def cancel_requested(run_dir: str | Path) -> bool:

@@ -128,15 +128,19 @@ def config_path() -> Path:
 
 
 def load_settings(host: Optional[str] = None) -> RemoteSettings:
-    """The ``remote:`` section of the user's config file, with ``--remote HOST`` on top."""
-    import yaml
+    """The ``remote:`` section of the user's config file, with ``--remote HOST`` on top.
+
+    The file is read as specs are (``loading.parse_text``): YAML 1.2's booleans, so an unquoted
+    ``host: on`` or a command word ``off`` stays the text written (PyYAML's YAML 1.1 would make
+    them True and False), and a setting given twice is refused rather than the last one winning."""
+    from orchestrator.loading import parse_text
 
     path = config_path()
     data: dict[str, Any] = {}
     if path.is_file():
         try:
-            loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except (OSError, yaml.YAMLError) as exc:
+            loaded = parse_text(path.read_text(encoding="utf-8"), as_json=False) or {}
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
             raise UsageError(f"cannot read the config file {path}: {exc}") from None
         if not isinstance(loaded, dict) or not isinstance(loaded.get("remote", {}), dict):
             raise UsageError(f"{path}: expected a mapping with a 'remote:' mapping in it")

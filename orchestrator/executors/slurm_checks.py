@@ -1,7 +1,7 @@
 """`validate --cluster`: check a spec against the live cluster before anything is queued.
 
-Two scheduler queries (``scontrol show partition`` and ``scontrol show node``) plus the
-config's MaxArraySize; with ``container:``, two one-task sruns on one node (the image and the
+Three scheduler queries (``scontrol show partition``, ``show node`` and ``show config``); with
+``container:``, two one-task sruns on one node (the image and the
 mounts' sources are there, and the image's python is >= 3.10: ``container.check_on_node``).
 Problems are reported like spec errors (exit code 2), naming the field.
 
@@ -11,13 +11,24 @@ What sbatch 22.05 itself says for the mistakes checked here is no help: a GPU ty
 a host in ``nodelist`` or ``exclude`` that does not exist, or a host in both, gives "Invalid node
 name specified"; a ``nodelist`` of more hosts than ``nodes`` gives "invalid number of nodes
 (-N 2-1)". Here each names the field, what the cluster has, and the fix.
+
+A partition list (``slurm.partition: gpu,gpu-preempt``) is checked as slurmctld checks it: every
+name must exist, and the job must fit one of them (all of them under EnforcePartLimits=ALL);
+one that cannot run it is a warning that says why. The CPUs each GPU rank will get come from the
+spec, the site's defaults (DefCpuPerGPU) and the nodes, as plan's "CPUs:" line describes them;
+one CPU per GPU rank is a warning that says what to set. The parsing and the decisions are pure
+functions of scontrol's text (``parse_*``, ``partition_*``, ``rank_cpus``, ``cpu_warnings``);
+only ``check_against_cluster`` runs scontrol.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
+import sys
 from dataclasses import dataclass, field
+from typing import Mapping
 
 from orchestrator.errors import SpecError, SubmissionError
 from orchestrator.spec import JobSpec
@@ -147,17 +158,25 @@ def _shown(names: list[str], most: int = 8) -> str:
     return ", ".join(names[:most]) + (f", ... ({len(names)} in all)" if len(names) > most else "")
 
 
-# ---- the check ---------------------------------------------------------------------------------
+# ---- nodes and partitions, as scontrol shows them ----------------------------------------------
 @dataclass
 class Node:
     name: str
     partitions: list[str]
     gpus: dict[str | None, int] = field(default_factory=dict)
+    cpus: int = 0  # CPUTot: what an exclusive job gets on the node
 
 
-def _nodes(records: list[dict[str, str]]) -> list[Node]:
-    return [Node(r["NodeName"], [p for p in r.get("Partitions", "").split(",") if p], gres_gpus(r.get("Gres", "")))
-            for r in records if "NodeName" in r]
+def parse_nodes(text: str) -> list[Node]:
+    """``scontrol show node -o`` -> its nodes: name, partitions, GPUs by type, CPUs."""
+    return [Node(r["NodeName"], [p for p in r.get("Partitions", "").split(",") if p], gres_gpus(r.get("Gres", "")),
+                 _count(r.get("CPUTot")) or 0)
+            for r in _records(text) if "NodeName" in r]
+
+
+def _count(text: str | None) -> int | None:
+    """A whole number as scontrol prints one, or None for UNLIMITED, (null), N/A and the like."""
+    return int(text) if text and text.isascii() and text.isdigit() else None
 
 
 def _types_line(nodes: list[Node]) -> str:
@@ -172,7 +191,7 @@ def _types_line(nodes: list[Node]) -> str:
     return ", ".join(f"{kind} (up to {max(c)} per node, on {len(c)} node(s))" for kind, c in sorted(by_type.items()))
 
 
-def _hosts_problems(spec: JobSpec, nodes: list[Node], partition: str | None) -> tuple[list[str], set[str], set[str]]:
+def _hosts_problems(spec: JobSpec, nodes: list[Node]) -> tuple[list[str], set[str], set[str]]:
     """Problems with slurm.nodelist / slurm.exclude, and the two expanded sets."""
     problems: list[str] = []
     known = {n.name for n in nodes}
@@ -201,56 +220,298 @@ def _hosts_problems(spec: JobSpec, nodes: list[Node], partition: str | None) -> 
     if len(wanted) > spec.nodes:
         problems.append(f"slurm.nodelist: names {len(wanted)} nodes but the job asks for nodes: {spec.nodes}; SLURM "
                         f"allocates every node of the list, so set nodes: {len(wanted)} or shorten the list")
-    if partition is not None:
-        outside = sorted(h for h in wanted & known if partition not in next(n for n in nodes if n.name == h).partitions)
-        if outside:
-            problems.append(f"slurm.nodelist: {_shown(outside)} not in partition {partition}; choose nodes of "
-                            f"that partition or set slurm.partition to one that has them")
     return problems, wanted, excluded
 
 
-def check_against_cluster(spec: JobSpec) -> None:
-    problems: list[str] = []
-    partitions = {p["PartitionName"]: p for p in _records(_scontrol("show", "partition", "-o"))}
-    nodes = _nodes(_records(_scontrol("show", "node", "-o")))
-    name = spec.slurm.partition or next((n for n, p in partitions.items() if p.get("Default") == "YES"), None)
-    in_partition = name in partitions
-    host_problems, wanted, excluded = _hosts_problems(spec, nodes, name if in_partition else None)
-    problems += host_problems
-    if not in_partition:
-        problems.append(f"slurm.partition: {name!r} does not exist; partitions here: {', '.join(sorted(partitions))}")
-    else:
-        part = partitions[name]
-        max_time = part.get("MaxTime", "UNLIMITED")
-        if max_time not in ("UNLIMITED", "INFINITE") and spec.slurm.time_minutes > slurm_time_minutes(max_time):
-            problems.append(f"slurm.time: {spec.slurm.time} exceeds partition {name}'s MaxTime {max_time}")
-        members = [n for n in nodes if name in n.partitions]
-        usable = [n for n in members if n.name not in excluded]
-        if spec.nodes > len(members):
-            problems.append(f"nodes: {spec.nodes} requested but partition {name} has {len(members)} node(s)")
-        elif spec.nodes > len(usable):
-            problems.append(f"slurm.exclude: leaves {len(usable)} of partition {name}'s {len(members)} node(s), "
-                            f"fewer than nodes: {spec.nodes}; exclude fewer nodes or ask for fewer")
-        gpu_type = spec.slurm.gpu_type
-        if spec.gpus_per_node and gpu_type is None:
-            most = max((sum(n.gpus.values()) for n in members), default=0)
-            if spec.gpus_per_node > most:
-                problems.append(f"gpus_per_node: {spec.gpus_per_node} requested but partition {name}'s nodes "
-                                f"have at most {most} GPU(s)")
-        elif spec.gpus_per_node and gpu_type is not None:
-            problems += _gpu_type_problems(spec, gpu_type, name, members, usable, wanted)
+def job_defaults(text: str | None) -> dict[str, int]:
+    """The JobDefaults scontrol shows, for the cluster (``show config``) and for each partition
+    (``show partition``): 'DefCpuPerGPU=2,DefMemPerGPU=4096' -> {'DefCpuPerGPU': 2, 'DefMemPerGPU': 4096};
+    '(null)' (none set) or '' -> {}. slurm.conf's DefCpuPerGPU and DefMemPerGPU appear only here."""
+    found: dict[str, int] = {}
+    for item in (text or "").split(","):
+        key, _, value = item.strip().partition("=")
+        number = _count(value)
+        if key and number is not None:
+            found[key] = number
+    return found
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """What ``scontrol show config`` says that the check needs."""
+
+    def_cpu_per_gpu: int | None = None  # JobDefaults=DefCpuPerGPU=N: the cluster-wide CPUs per GPU
+    enforce_part_limits: str = "NO"  # ALL: sbatch refuses a partition list if any one of them refuses the job
+    max_array_size: int = 1001
+
+
+def parse_config(text: str) -> ClusterConfig:
+    """``scontrol show config`` ('Key = value' lines; the first of a repeated key: plugins' own
+    sections follow the main one) -> ClusterConfig. Missing keys keep SLURM's defaults."""
+    values: dict[str, str] = {}
+    for key, value in re.findall(r"^(\w+)\s*=\s*(.*?)\s*$", text, re.M):
+        values.setdefault(key, value)
+    enforce = values.get("EnforcePartLimits", "NO").upper()
+    return ClusterConfig(def_cpu_per_gpu=job_defaults(values.get("JobDefaults")).get("DefCpuPerGPU"),
+                         enforce_part_limits=enforce if enforce in ("ALL", "ANY", "NO") else "NO",
+                         max_array_size=_count(values.get("MaxArraySize")) or 1001)
+
+
+@dataclass(frozen=True)
+class Partition:
+    """One record of ``scontrol show partition -o``, the fields the check reads."""
+
+    name: str
+    default: bool = False
+    max_time: str = "UNLIMITED"
+    max_nodes: int | None = None  # None: UNLIMITED
+    min_nodes: int = 0
+    def_cpu_per_gpu: int | None = None  # its own DefCpuPerGPU, which wins over the cluster's
+    whole_nodes: bool = False  # OverSubscribe=EXCLUSIVE: every job gets its nodes, and their CPUs, whole
+
+
+def parse_partitions(text: str) -> dict[str, Partition]:
+    """``scontrol show partition -o`` -> {name: Partition}, in the order scontrol lists them."""
+    found: dict[str, Partition] = {}
+    for r in _records(text):
+        if "PartitionName" not in r:
+            continue
+        found[r["PartitionName"]] = Partition(
+            name=r["PartitionName"], default=r.get("Default") == "YES", max_time=r.get("MaxTime", "UNLIMITED"),
+            max_nodes=_count(r.get("MaxNodes")), min_nodes=_count(r.get("MinNodes")) or 0,
+            def_cpu_per_gpu=job_defaults(r.get("JobDefaults")).get("DefCpuPerGPU"),
+            whole_nodes=r.get("OverSubscribe", "").upper() == "EXCLUSIVE")
+    return found
+
+
+def requested_partitions(spec: JobSpec, partitions: dict[str, Partition],
+                         environ: Mapping[str, str]) -> tuple[list[str], str]:
+    """(the partitions the job asks for, the setting that names them), as sbatch decides it: the
+    spec's slurm.partition (a list: 'gpu,gpu-preempt'); without it SBATCH_PARTITION, which sbatch
+    reads when the script names none (``executors.slurm.submission_env``); else the cluster's
+    default partition. An empty list: none of the three."""
+    if spec.slurm.partition:
+        return [p for p in spec.slurm.partition.split(",") if p], "slurm.partition"
+    if environ.get("SBATCH_PARTITION", "").strip():
+        return [p.strip() for p in environ["SBATCH_PARTITION"].split(",") if p.strip()], "SBATCH_PARTITION"
+    return [p.name for p in partitions.values() if p.default][:1], "the default partition"
+
+
+@dataclass(frozen=True)
+class Reason:
+    """Why one partition cannot run the job. ``limit``: one of the partition's limits (time, node
+    counts, the nodes it has), which EnforcePartLimits=ALL turns into a refusal of the whole list;
+    otherwise the nodes' configuration (GPUs, what slurm.exclude leaves)."""
+
+    text: str
+    limit: bool
+
+
+def partition_reasons(spec: JobSpec, part: Partition, nodes: list[Node], wanted: set[str],
+                      excluded: set[str]) -> list[Reason]:
+    """Every reason partition ``part`` cannot run the job; none: it can."""
+    name, reasons = part.name, []
+    if part.max_time not in ("UNLIMITED", "INFINITE") and spec.slurm.time_minutes > slurm_time_minutes(part.max_time):
+        reasons.append(Reason(f"slurm.time: {spec.slurm.time} exceeds partition {name}'s MaxTime {part.max_time}",
+                              True))
+    members = [n for n in nodes if name in n.partitions]
+    usable = [n for n in members if n.name not in excluded]
+    outside = sorted(h for h in wanted if h in {n.name for n in nodes} and h not in {n.name for n in members})
+    if outside:
+        reasons.append(Reason(f"slurm.nodelist: {_shown(outside)} not in partition {name}; choose nodes of that "
+                              f"partition or set slurm.partition to one that has them", True))
+    if spec.nodes > len(members):
+        reasons.append(Reason(f"nodes: {spec.nodes} requested but partition {name} has {len(members)} node(s)", True))
+    elif part.max_nodes is not None and spec.nodes > part.max_nodes:
+        reasons.append(Reason(f"nodes: {spec.nodes} requested but partition {name} allows at most {part.max_nodes} "
+                              f"per job (MaxNodes); ask for fewer nodes or choose another partition", True))
+    elif spec.nodes < part.min_nodes:
+        reasons.append(Reason(f"nodes: {spec.nodes} requested but partition {name} takes jobs of at least "
+                              f"{part.min_nodes} node(s) (MinNodes); ask for more or choose another partition", True))
+    elif spec.nodes > len(usable):
+        reasons.append(Reason(f"slurm.exclude: leaves {len(usable)} of partition {name}'s {len(members)} node(s), "
+                              f"fewer than nodes: {spec.nodes}; exclude fewer nodes or ask for fewer", False))
+    gpu_type = spec.slurm.gpu_type
+    if spec.gpus_per_node and gpu_type is None:
+        most = max((sum(n.gpus.values()) for n in members), default=0)
+        if spec.gpus_per_node > most:
+            reasons.append(Reason(f"gpus_per_node: {spec.gpus_per_node} requested but partition {name}'s nodes "
+                                  f"have at most {most} GPU(s)", False))
+    elif spec.gpus_per_node and gpu_type is not None:
+        reasons += [Reason(text, False) for text in _gpu_type_problems(spec, gpu_type, name, members, usable, wanted)]
+    return reasons
+
+
+def partition_verdict(names: list[str], origin: str, partitions: dict[str, Partition], reasons: dict[str, list[Reason]],
+                      config: ClusterConfig) -> tuple[list[str], list[str], list[str]]:
+    """(problems, warnings, the partitions that can run the job) for the requested ``names``
+    (``origin``: the setting that names them, ``requested_partitions``), from each existing one's
+    ``reasons`` (``partition_reasons``). As slurmctld decides a list: a name that does not exist
+    refuses the whole submission ('invalid partition specified'); otherwise the job is taken if
+    one partition can run it, except that under EnforcePartLimits=ALL a limit that any one of them
+    breaks refuses it. A partition of the list that cannot run the job is a warning naming it and
+    why: the job still runs, but never there."""
+    here = ", ".join(partitions) or "none"
+    if not names:
+        return [f"slurm.partition: this cluster has no default partition; set slurm.partition to one of {here}"], [], []
+    unique = list(dict.fromkeys(names))
+    where = " (from SBATCH_PARTITION in your environment)" if origin == "SBATCH_PARTITION" else ""
+    listed = (f" (sbatch refuses the whole list '{','.join(names)}' for it: 'invalid partition specified')"
+              if len(unique) > 1 else "")
+    missing = [f"slurm.partition: {n!r}{where} does not exist{listed}; partitions here: {here}"
+               for n in unique if n not in partitions]
+    if missing:
+        return missing, [], []
+    fit = [n for n in unique if not reasons.get(n)]
+    if not fit:
+        return [r.text for n in unique for r in reasons.get(n, [])], [], []
+    if config.enforce_part_limits == "ALL":
+        refused = [f"{r.text} (this cluster refuses a partition list if any of them refuses the job, "
+                   f"EnforcePartLimits=ALL: remove {n} from {origin})"
+                   for n in unique for r in reasons.get(n, []) if r.limit]
+        if refused:
+            return refused, [], fit
+    warnings = [f"{origin}: partition {n} cannot run this job, so SLURM will start it in {', '.join(fit)} only: "
+                + "; ".join(r.text for r in reasons[n]) for n in unique if reasons.get(n)]
+    return [], warnings, fit
+
+
+# ---- CPUs per GPU rank ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CpuGrant:
+    """The CPUs each rank gets in one partition, and why: what SLURM grants a node (the spec's
+    request, else the site's defaults), shared by the job's agent among the node's ranks
+    (``rank_env.cpu_share``), or the spec's slurm.cpus_per_task for each rank."""
+
+    per_rank: int
+    why: str
+
+
+def _whole_nodes(spec: JobSpec, part: Partition, environ: Mapping[str, str]) -> str | None:
+    """Why the job gets its nodes whole (all their CPUs), or None. SBATCH_EXCLUSIVE=user or mcs
+    only keeps other users off the nodes: the job still gets what it asks for."""
+    if spec.slurm.exclusive:
+        return "slurm.exclusive"
+    if "SBATCH_EXCLUSIVE" in environ and environ["SBATCH_EXCLUSIVE"].strip().lower() not in ("user", "mcs"):
+        return "SBATCH_EXCLUSIVE in your environment"
+    return f"partition {part.name}'s OverSubscribe=EXCLUSIVE" if part.whole_nodes else None
+
+
+def rank_cpus(spec: JobSpec, part: Partition, config: ClusterConfig, members: list[Node],
+              environ: Mapping[str, str]) -> CpuGrant:
+    """The CPUs each rank of a GPU job gets in partition ``part``, as SLURM and the job's agent
+    decide them (plan's "CPUs:" line says the same before the numbers are known):
+
+    1. slurm.cpus_per_task: that many per rank (strategy dp: times the node's GPUs), for sbatch
+       and the ranks' srun (``plan.srun_cpus_per_task``);
+    2. whole nodes (slurm.exclusive, SBATCH_EXCLUSIVE, an OverSubscribe=EXCLUSIVE partition): the
+       smallest member node's CPUs, shared by its ranks;
+    3. CPUs per GPU (slurm.cpus_per_gpu, else SBATCH_CPUS_PER_GPU, which sbatch reads when the
+       script asks for no CPU count; else the partition's DefCpuPerGPU, else the cluster's): that
+       times the node's GPUs, shared by its ranks;
+    4. none of these: SLURM's minimum, one CPU per task (a whole core, with its hardware threads,
+       where the cluster allocates cores).
+
+    ``members``: the partition's nodes (for 2)."""
+    from orchestrator.plan import srun_cpus_per_task  # the plan's own rule; plan imports much validate needs not
+
+    s, gpus, rpn = spec.slurm, spec.gpus_per_node, max(1, spec.ranks_per_node)
+    if s.cpus_per_task is not None:
+        per_rank = int(srun_cpus_per_task(spec))
+        return CpuGrant(per_rank, f"slurm.cpus_per_task: {s.cpus_per_task} gives each rank {per_rank}")
+    whole = _whole_nodes(spec, part, environ)
+    fitting = [n.cpus for n in members if n.cpus and sum(n.gpus.values()) >= gpus]
+    if whole is not None and fitting:
+        return CpuGrant(max(1, min(fitting) // rpn), f"{whole} gives the job whole nodes (the smallest with "
+                                                     f"{gpus} GPU(s) has {min(fitting)} CPUs), shared by {rpn} rank(s)")
+    env_cpg = _count(environ.get("SBATCH_CPUS_PER_GPU", "").strip())
+    for value, source in ((s.cpus_per_gpu, "slurm.cpus_per_gpu"),
+                          (env_cpg, "SBATCH_CPUS_PER_GPU in your environment"),
+                          (part.def_cpu_per_gpu, f"partition {part.name}'s DefCpuPerGPU"),
+                          (config.def_cpu_per_gpu, "the cluster's DefCpuPerGPU")):
+        if value:
+            return CpuGrant(max(1, value * gpus // rpn), f"{source}={value} gives a node {value * gpus} CPUs for its "
+                                                         f"{gpus} GPU(s), shared by {rpn} rank(s)")
+    return CpuGrant(1, "the job asks for no CPU count (no slurm.cpus_per_task or slurm.cpus_per_gpu) and neither "
+                       "the partition nor the cluster sets DefCpuPerGPU, so SLURM gives each rank its minimum, one "
+                       "CPU (a whole core where the cluster allocates cores)")
+
+
+def _cpu_fix(spec: JobSpec, members: list[Node]) -> str:
+    """What to set, with the most that fits the smallest of ``members`` that has the job's GPUs."""
+    fitting = [n.cpus for n in members if n.cpus and sum(n.gpus.values()) >= spec.gpus_per_node]
+    smallest = min(fitting, default=0)
+
+    def up_to(most: int) -> str:
+        return (f" (up to {most}: the smallest node with {spec.gpus_per_node} GPU(s) has {smallest} CPUs)"
+                if most > 1 else "")
+
+    per_gpu, per_rank = smallest // spec.gpus_per_node, smallest // max(1, spec.ranks_per_node)
+    if spec.slurm.cpus_per_task is not None:
+        return f"raise slurm.cpus_per_task{up_to(per_rank)}"
+    if spec.slurm.cpus_per_gpu is not None:
+        return f"raise slurm.cpus_per_gpu{up_to(per_gpu)}"
+    return f"set slurm.cpus_per_gpu{up_to(per_gpu)} or slurm.cpus_per_task (CPUs for each rank)"
+
+
+def cpu_warnings(spec: JobSpec, usable: list[Partition], config: ClusterConfig, nodes: list[Node],
+                 environ: Mapping[str, str]) -> list[str]:
+    """A warning for each partition the job can run in where a GPU rank would get one CPU: its
+    DataLoader workers, its threads (OMP_NUM_THREADS=1) and the GPU's feeding share that one.
+    Not a refusal: the job runs, slowly. Partitions with the same reason share one line."""
+    if not spec.gpus_per_node:
+        return []
+    starved: dict[str, list[Partition]] = {}
+    for part in usable:
+        grant = rank_cpus(spec, part, config, [n for n in nodes if part.name in n.partitions], environ)
+        if grant.per_rank <= 1:
+            starved.setdefault(grant.why, []).append(part)
+    lines = []
+    for why, parts in starved.items():
+        members = [n for n in nodes if any(p.name in n.partitions for p in parts)]
+        where = f"partition {parts[0].name}" if len(parts) == 1 else f"partitions {', '.join(p.name for p in parts)}"
+        lines.append(f"CPUs: each GPU rank would get 1 CPU in {where}: {why}; its DataLoader workers and threads "
+                     f"would share it: {_cpu_fix(spec, members)}")
+    return lines
+
+
+# ---- the check ---------------------------------------------------------------------------------
+def cluster_findings(spec: JobSpec, partitions: dict[str, Partition], nodes: list[Node], config: ClusterConfig,
+                     environ: Mapping[str, str]) -> tuple[list[str], list[str]]:
+    """(problems, warnings) of ``spec`` on the cluster scontrol described (``parse_partitions``,
+    ``parse_nodes``, ``parse_config``), with ``environ`` the environment sbatch will read."""
+    problems, wanted, excluded = _hosts_problems(spec, nodes)
+    names, origin = requested_partitions(spec, partitions, environ)
+    reasons = {n: partition_reasons(spec, partitions[n], nodes, wanted, excluded) for n in names if n in partitions}
+    part_problems, warnings, fit = partition_verdict(names, origin, partitions, reasons, config)
+    return problems + part_problems, warnings + cpu_warnings(spec, [partitions[n] for n in fit], config, nodes, environ)
+
+
+def check_against_cluster(spec: JobSpec, environ: Mapping[str, str] | None = None) -> list[str]:
+    """Check ``spec`` against the cluster SLURM_CONF names; raise SpecError with every problem.
+
+    Returns the warnings, also printed on stderr as 'warning: ...' (validate's only output
+    besides its verdict): what does not stop the job but that the user would change, such as a
+    partition of a list that cannot run it, or GPU ranks with one CPU each. ``environ``: the
+    environment sbatch will read (SBATCH_PARTITION, SBATCH_CPUS_PER_GPU, SBATCH_EXCLUSIVE);
+    default os.environ."""
+    config = parse_config(_scontrol("show", "config"))
+    problems, warnings = cluster_findings(spec, parse_partitions(_scontrol("show", "partition", "-o")),
+                                          parse_nodes(_scontrol("show", "node", "-o")), config,
+                                          os.environ if environ is None else environ)
     if spec.sweep:
-        m = re.search(r"MaxArraySize\s*=\s*(\d+)", _scontrol("show", "config"))
-        limit = int(m.group(1)) if m else 1001
-        n = len(spec.sweep_points())
+        limit, n = config.max_array_size, len(spec.sweep_points())
         if n > limit - 1:
             print(f"note: the sweep of {n} points will be split into {-(-n // (limit - 1))} arrays (MaxArraySize={limit})")
+    for line in warnings:
+        print(f"warning: {line}", file=sys.stderr)
     if spec.container is not None and not problems:  # one srun on one node: worth it only for a job that fits
         from orchestrator.container import check_on_node
 
         problems += check_on_node(spec)
     if problems:
         raise SpecError(problems, source="cluster check")
+    return warnings
 
 
 def _gpu_type_problems(spec: JobSpec, gpu_type: str, partition: str, members: list[Node], usable: list[Node],

@@ -65,6 +65,20 @@ def test_the_config_file_is_read_and_its_mistakes_named(tmp_path: Path, monkeypa
         load_settings()
 
 
+def test_the_config_file_has_yaml_1_2_booleans_and_no_key_twice(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """As specs are read (loading.SpecLoader): an unquoted on/off/yes/no is the word written, a
+    real host name or command word here; YAML 1.1 (yaml.safe_load) made them True/False, refused."""
+    config = tmp_path / "config.yaml"
+    monkeypatch.setenv("ORCHESTRATOR_CONFIG", str(config))
+    config.write_text("remote:\n  host: on\n  command: [orchestrator-wrapper, --color, off]\n  ssh: [ssh, -o, yes]\n")
+    assert load_settings() == RemoteSettings(host="on", command=("orchestrator-wrapper", "--color", "off"),
+                                             ssh=("ssh", "-o", "yes"))
+    config.write_text("remote:\n  host: login\n  host: other\n")
+    with pytest.raises(UsageError, match=r"cannot read the config file .*config\.yaml: .*'host' appears twice"):
+        load_settings()
+
+
 def test_the_login_node_gets_the_command_without_the_global_options() -> None:
     assert _command_argv(["--remote", "login", "status", "--json", "r1"]) == ["status", "--json", "r1"]
     assert _command_argv(["--remote=login", "--local", "logs", "-f", "r"]) == ["logs", "-f", "r"]

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from orchestrator.errors import SpecError, SubmissionError
+from orchestrator.hostlist import MAX_HOSTS  # noqa: F401  (re-exported)
+from orchestrator.hostlist import expand as expand_hostlist
 from orchestrator.spec import JobSpec
 from orchestrator.validators import slurm_time_minutes
 
@@ -95,63 +97,7 @@ def gres_gpus(gres: str) -> dict[str | None, int]:
     return gpus
 
 
-# ---- host lists --------------------------------------------------------------------------------
-_BRACKET = re.compile(r"([^\[\]]*)\[([^\[\]]*)\]")
-MAX_HOSTS = 100_000  # more hosts than any job here may use (65,536 ranks); refused before expanding
-
-
-def _range_values(body: str, text: str) -> list[str]:
-    values: list[str] = []
-    for part in body.split(","):
-        m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
-        if not m:
-            raise ValueError(f"{text!r}: {part!r} is not a number or a range lo-hi")
-        lo, hi = m.group(1), m.group(2) if m.group(2) is not None else m.group(1)
-        if int(lo) > int(hi):
-            raise ValueError(f"{text!r}: the range {lo}-{hi} runs backwards")
-        if int(hi) - int(lo) + 1 + len(values) > MAX_HOSTS:
-            raise ValueError(f"{text!r} names more than {MAX_HOSTS} hosts")
-        width = len(lo)  # SLURM pads to the width of the low end: n[01-10] -> n01..n10, n[2-03] -> n2, n3
-        values.extend(str(n).zfill(width) for n in range(int(lo), int(hi) + 1))
-    return values
-
-
-def expand_hostlist(text: str) -> list[str]:
-    """Host names of a SLURM host list, in order, as ``scontrol show hostnames`` (22.05) gives them.
-
-    'gpu[01-03,7],cpu1' -> gpu01 gpu02 gpu03 gpu7 cpu1. Brackets multiply ('n[1-2]x[3]' -> n1x3
-    n2x3); text after the last bracket is refused, as SLURM refuses it ('n[1-2]a'). Empty items
-    (a trailing comma) are skipped, as SLURM skips them.
-    """
-    items, depth, start = [], 0, 0
-    for i, ch in enumerate(text):
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-        elif ch == "," and depth == 0:
-            items.append(text[start:i])
-            start = i + 1
-    items.append(text[start:])
-    hosts: list[str] = []
-    for item in filter(None, items):
-        if "[" not in item and "]" not in item:
-            hosts.append(item)
-            continue
-        pos, names = 0, [""]
-        for m in _BRACKET.finditer(item):
-            if m.start() != pos:
-                break
-            values = _range_values(m.group(2), text)
-            if len(names) * len(values) + len(hosts) > MAX_HOSTS:
-                raise ValueError(f"{text!r} names more than {MAX_HOSTS} hosts")
-            names = [n + m.group(1) + v for n in names for v in values]
-            pos = m.end()
-        if pos != len(item):
-            raise ValueError(f"{text!r} is not a SLURM host list ({item!r}: nothing may follow a range's "
-                             "closing bracket, and brackets must pair)")
-        hosts.extend(names)
-    return hosts
+# ---- host lists: orchestrator.hostlist (expand_hostlist, MAX_HOSTS are its names, kept here for callers) --
 
 
 def _shown(names: list[str], most: int = 8) -> str:

@@ -182,7 +182,7 @@ def prepare_run_dir(launch: LaunchPlan) -> tuple[RunRecord, ownership.RunLock]:
     free but the record never ended) is taken over: the old attempt is recorded FAILED first.
     A SLURM run still queued or running is refused: its job, not a lock, is the live attempt.
     """
-    from orchestrator.fs_checks import checked_dir
+    from orchestrator.fs_checks import ElsewhereFix, checked_dir
 
     run_dir = Path(launch.run_dir)
     run = RunFolder(run_dir)
@@ -190,7 +190,8 @@ def prepare_run_dir(launch: LaunchPlan) -> tuple[RunRecord, ownership.RunLock]:
                        world_size=launch.world_size, sweep_size=len(launch.sweep), host=ownership.this_host())
     # Nothing is created before both the runs folder and the registry are known to be usable: a
     # bad one is one line, and leaves no half-made run behind.
-    checked_dir(run_dir.parent, "runs_dir", "set runs_dir to a folder you can write", SubmissionError, create=True)
+    checked_dir(run_dir.parent, "runs_dir", ElsewhereFix("set runs_dir to a folder you can write"), SubmissionError,
+                create=True)
     register(record)
     created = not os.path.lexists(run_dir)
     checked_dir(run_dir, "the run folder", "remove or rename whatever is there", SubmissionError, create=True)

@@ -81,17 +81,23 @@ def test_a_suspended_job_is_not_called_stalled_and_completes(cluster: dict[str, 
     stops every process of the job; suspended longer than watchdog.stall_s, the ranks made no
     progress, yet the watchdog's clock leaves the suspended time out: the job resumes and
     completes, and the agent says how long it was suspended."""
-    launch = slurm_plan(cluster, name="suspended", entrypoint=EXAMPLE, args={**ARGS, "step-delay": 0.25},
-                        watchdog={"stall_s": 8}, slurm={"time": "00:10:00"})
+    # stall_s above the ranks' start under load (import torch on one CPU each, beside other suites)
+    launch = slurm_plan(cluster, name="suspended", entrypoint=EXAMPLE, args={**ARGS, "step-delay": 0.1},
+                        watchdog={"stall_s": 25}, slurm={"time": "00:10:00"})
     ex = SlurmExecutor()
     record = ex.submit(launch)
     job = record.job_ids[0]
     deadline = time.monotonic() + 180
     while _step(launch.run_dir) < 3:
-        assert time.monotonic() < deadline, "the job never reached step 3"
+        if time.monotonic() > deadline:
+            record = ex.refresh([record])[0]
+            show = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
+            logs = "\n".join(p.read_text(errors="replace")[-2000:] for p in (Path(launch.run_dir) / "slurm").rglob("*")
+                             if p.is_file())
+            raise AssertionError(f"the job never reached step 3: {record.state} {record.error}\n{show}\n{logs}")
         time.sleep(0.5)
     subprocess.run(["scontrol", "suspend", job], check=True)
-    time.sleep(20)  # well past stall_s, and past the watchdog's look interval
+    time.sleep(35)  # well past stall_s, and past the watchdog's look interval
     subprocess.run(["scontrol", "resume", job], check=True)
     final = _run_releasing_requeues(ex, record, timeout=300)
     agent_log = "\n".join(p.read_text(errors="replace") for p in (Path(launch.run_dir) / "slurm").rglob("*")

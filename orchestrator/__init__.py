@@ -41,6 +41,11 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'orchestrator' has no attribute {name!r}")
+    from orchestrator.platform_caps import unsupported_reason
+
+    unsupported = unsupported_reason()  # native Windows: say what to use, not which module is missing
+    if unsupported:
+        raise ImportError(f"orchestrator.{name}: {unsupported}")
     import importlib
 
     value = getattr(importlib.import_module(module), name)

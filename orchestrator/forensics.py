@@ -43,10 +43,13 @@ def waits_of(dumps: Mapping[int, str]) -> dict[str, str]:
 
 
 def capture_local(run_dir: str | Path, reason: str, ranks: Optional[list[int]] = None) -> dict[int, str]:
-    """Ask the ranks on this machine for their stacks and save them in <run>/stacks/."""
-    dumps = stack_requests.request_local(run_dir, ranks)
-    if dumps:
-        stack_files.save(run_dir, dumps, reason)
+    """Ask the ranks on this machine for their stacks and save them in <run>/stacks/. A rank that
+    could not be asked on this platform (``stack_requests.why_not_signalled``) gets a file saying
+    why, so the saved stacks never look like ranks that had ended; only real dumps are returned."""
+    dumps, refused = stack_requests.request_local_explained(run_dir, ranks)
+    unasked = {rank: f"(not asked: {why})\n" for rank, why in refused.items() if why != stack_requests.ENDED}
+    if dumps or unasked:
+        stack_files.save(run_dir, {**unasked, **dumps}, reason)
     return dumps
 
 

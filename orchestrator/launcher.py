@@ -2,10 +2,12 @@
 entrypoint, call it, and record the outcome.
 
 Locally each rank is a fork of the zygote running ``main``, or a fresh ``python -m
-orchestrator.launcher <payload.json>``, started with the environment ``rank_env.rank_environment``
-built for it. On SLURM each srun task is ``python -m orchestrator.slurm_rank <payload.json>``,
-which builds that environment from SLURM's variables and calls ``run_rank``: the same code path
-from there on. Standard library only until the entrypoint imports torch.
+orchestrator.launcher <payload.json>`` (with ``--parent-pipe=FD`` where the kernel cannot end it
+with its parent: ``watch_parent_pipe``), started with the environment
+``rank_env.rank_environment`` built for it. On SLURM each srun task is ``python -m
+orchestrator.slurm_rank <payload.json>``, which builds that environment from SLURM's variables
+and calls ``run_rank``: the same code path from there on. Standard library only until the
+entrypoint imports torch.
 """
 
 from __future__ import annotations
@@ -250,18 +252,57 @@ def apply_thread_count() -> None:
         torch.set_num_threads(int(threads))
 
 
+#: ``python -m orchestrator.launcher PAYLOAD --parent-pipe=FD``: where the kernel cannot end a rank
+#: with its parent (no prctl: macOS), the zygote hands the rank the read end of a pipe it alone
+#: writes to (``watch_parent_pipe``).
+PARENT_PIPE = "--parent-pipe="
+
+
 def main(argv: list[str] | None = None) -> int:
     """A local rank: its environment is already in place (the supervisor built it)."""
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m orchestrator.launcher PAYLOAD.json (a local rank; SLURM ranks run "
-              "orchestrator.slurm_rank)", file=sys.stderr)
+    pipes = [a for a in args if a.startswith(PARENT_PIPE)]
+    args = [a for a in args if not a.startswith(PARENT_PIPE)]
+    if len(args) != 1 or any(not p[len(PARENT_PIPE):].isdigit() for p in pipes):
+        print("usage: python -m orchestrator.launcher PAYLOAD.json [--parent-pipe=FD] (a local rank; SLURM ranks "
+              "run orchestrator.slurm_rank)", file=sys.stderr)
         return 2
+    for option in pipes:
+        watch_parent_pipe(int(option[len(PARENT_PIPE):]))
     payload = Payload.load(args[0])
     rank = int(os.environ.get("RANK", "0"))
     apply_thread_count()
     malloc.apply()  # the job's heap settings: a forked rank did not start with them
     return exit_code_of(run_rank, payload, rank)
+
+
+def watch_parent_pipe(fd: int) -> None:
+    """End this rank, and its process group (its DataLoader workers, its children), once the
+    zygote that started it is gone, however it went (SIGKILL, the OOM killer).
+
+    Linux does this in the kernel (``prctl(PR_SET_PDEATHSIG)``); elsewhere the zygote keeps the
+    only write end of a pipe whose read end is ``fd``, and never writes: a read returns only at
+    end-of-file, when the zygote has exited. A daemon thread blocked in that read costs nothing
+    until then, and needs no polling. The rank's own children inherit the read end, which keeps
+    nothing open: only a write end would."""
+    import signal
+    import threading
+
+    def wait_for_eof() -> None:
+        try:
+            while os.read(fd, 4096):
+                pass
+        except OSError:  # the entrypoint closed the descriptor: nothing left to watch
+            return
+        rank = os.environ.get("RANK", "?")
+        try:
+            os.write(2, f"[launcher] rank {rank}: the local launcher process is gone; ending this rank and "
+                        f"its process group\n".encode())
+        except OSError:
+            pass
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    threading.Thread(target=wait_for_eof, name="orchestrator-parent-watch", daemon=True).start()
 
 
 def exit_code_of(run: Any, payload: Payload, rank: int) -> int:

@@ -18,7 +18,7 @@ from typing import Any, Iterator, Mapping, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-from orchestrator import tracking
+from orchestrator import platform_caps, tracking
 from orchestrator.container import container_settings, srun_tail
 from orchestrator.interpreter import module_argv
 from orchestrator.malloc import MALLOC_DEFAULTS
@@ -193,6 +193,9 @@ def _rank_start(spec: JobSpec, executor: ExecutorName, env: Mapping[str, str]) -
                               f"{', '.join(late)}; they are set but cannot take effect" if late else None)
     if not spec.local.preload_torch:
         return "fresh", None
+    if not platform_caps.fork_after_torch_safe():
+        return "fresh", (f"local: each rank starts a fresh interpreter, since forking after import torch is not "
+                         f"safe on {platform_caps.system_name()}")
     late = startup_variables(env, os.environ)
     if late:
         return "fresh", (f"local: each rank starts a fresh interpreter, since env sets {', '.join(late[:5])}"
@@ -257,10 +260,11 @@ def _layout(spec: JobSpec, executor: ExecutorName) -> _Layout:
     if backend != spec.resolved_backend:
         notes.append(f"local dry run: {spec.resolved_backend} -> {backend} on CPU (no local.devices given)")
     if spec.distributed.interface_names():
-        notes.append(f"local dry run: interface {spec.distributed.interface!r} -> 'lo' (all ranks on this machine)")
+        notes.append(f"local dry run: interface {spec.distributed.interface!r} -> "
+                     f"{platform_caps.loopback_interface()!r} (all ranks on this machine)")
     if spec.distributed.init_method == "file" and nodes > 1:
         notes.append("local dry run: the file:// rendezvous is on this machine, which every emulated node shares")
-    return _Layout(nodes=nodes, ranks_per_node=rpn, backend=backend, interface="lo",
+    return _Layout(nodes=nodes, ranks_per_node=rpn, backend=backend, interface=platform_caps.loopback_interface(),
                    devices=spec.local.devices, notes=notes)
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Mapping, Optional, Union
 
 from orchestrator.netif import InterfaceChoice, Route, choose_interfaces, read_nccl_conf
+from orchestrator.platform_caps import loopback_interface
 from orchestrator.rendezvous import derive_port, init_url, rendezvous_file
 
 if TYPE_CHECKING:
@@ -161,8 +162,9 @@ def rank_environment(rank: RankEnv, payload: Payload, attempt: Value, requeue_ma
     return env
 
 
-#: Locally every rank runs on this machine and meets the master at 127.0.0.1.
-LOCAL_ROUTE = Route("lo", "every rank runs on this machine", loopback_only=True)
+#: Locally every rank runs on this machine and meets the master at 127.0.0.1, over the loopback
+#: interface ('lo' on Linux, 'lo0' on macOS).
+LOCAL_ROUTE = Route(loopback_interface(), "every rank runs on this machine", loopback_only=True)
 
 
 def interface_choice(setting: str | None, payload: Payload, route: Route | None) -> InterfaceChoice:

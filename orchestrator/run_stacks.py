@@ -17,7 +17,8 @@ from orchestrator import procs
 from orchestrator.errors import RunNotFinishedError, UsageError
 from orchestrator.run_folder import RunFolder
 from orchestrator.stack_files import saved_files
-from orchestrator.stack_requests import answers, rank_procs, request_local
+from orchestrator.stack_requests import (ENDED, UNCONFIRMED, RankProc, rank_procs, request_local_explained,
+                                         why_not_signalled)
 from orchestrator.stacks import where
 
 if TYPE_CHECKING:
@@ -36,13 +37,14 @@ def live_stacks(record: RunRecord, folder: Path, ranks: list[int] | None, timeou
         payload = Payload.load(RunFolder.of(folder).payload)
         return request_slurm(folder, running_job(record, folder), payload.nodes, payload.python, ranks,
                              timeout_s=max(timeout * 3, 10.0))
-    dumps = request_local(folder, ranks, timeout_s=timeout)
+    dumps, refused = request_local_explained(folder, ranks, timeout_s=timeout)
     known = rank_procs(folder)
     elsewhere = sorted({rp.host for rp in known.values() if not rp.here()})
     if not dumps and known and elsewhere:
         return dumps, (f"its ranks run on {', '.join(elsewhere)} (another host, boot or PID namespace), where only "
                        f"'orchestrator stacks {record.run_id}' can reach them")
-    return dumps, ""
+    reasons = sorted({why for why in refused.values() if why != ENDED})
+    return dumps, "; ".join(reasons) if not dumps else ""
 
 
 def live_text(record: RunRecord, folder: Path, rank: int | None, timeout: float) -> str:
@@ -50,10 +52,11 @@ def live_text(record: RunRecord, folder: Path, rank: int | None, timeout: float)
     not answer says why it may not have. Raises RunNotFinishedError when none answered."""
     dumps, problem = live_stacks(record, folder, None if rank is None else [rank], timeout)
     if not dumps:
+        again = "" if problem and not procs.can_identify() else "try again in a moment, or "
         raise RunNotFinishedError(
             f"no rank of {record.run_id} ({record.state}) answered: "
             + (problem or "none has started yet, or all have ended")
-            + f"; try again in a moment, or see orchestrator logs {record.run_id}")
+            + f"; {again}see orchestrator logs {record.run_id}")
     known = rank_procs(folder)
     parts = []
     for r in range(max(1, record.world_size)) if rank is None else [rank]:
@@ -61,16 +64,25 @@ def live_text(record: RunRecord, folder: Path, rank: int | None, timeout: float)
         rp = known.get(r)
         who = f"rank {r}" + (f" (host {rp.host}, pid {rp.pid})" if rp else "")
         if not text:
-            deaf = record.executor != "slurm" and rp is not None and procs.same_process(rp.pid, rp.start_ticks) \
-                and not answers(rp)
-            why = ("its process no longer has the launcher's stack handler (it exec'd another program?): not "
-                   "signalled; try --native") if deaf else "not started, ended, or not reachable"
-            parts.append(f"=== {who}: no answer ({why}) ===\n")
+            parts.append(f"=== {who}: no answer ({_silence(record, rp, timeout)}) ===\n")
             continue
         parts.append(f"=== {who}: {where(text).text()} ===\n{text.rstrip()}\n")
     if problem:
         parts.append(f"(srun said: {problem.splitlines()[-1]})\n")
     return "\n".join(parts)
+
+
+def _silence(record: RunRecord, rp: RankProc | None, timeout: float) -> str:
+    """Why a rank gave no dump: not asked (``why_not_signalled``), or asked and silent."""
+    if record.executor == "slurm" or rp is None or not rp.here():
+        return "not started, ended, or not reachable"
+    why = why_not_signalled(rp)
+    if why is not None:
+        return "not started or ended" if why == ENDED else why
+    if not procs.can_see_handlers():
+        return (f"asked, silent for {timeout:g}s: this system cannot tell whether its process still has the "
+                "launcher's stack handler (it exec'd another program?); try --native")
+    return f"asked, silent for {timeout:g}s"
 
 
 def saved_text(record: RunRecord, rank: int | None) -> str:
@@ -108,6 +120,9 @@ def native_text(run_id: str, spy: str, folder: Path, rank: int | None) -> str:
     parts = []
     for r, rp in sorted(rank_procs(folder).items()):
         if rank is not None and r != rank:
+            continue
+        if not procs.can_identify():
+            parts.append(f"=== rank {r} (pid {rp.pid}): not asked: {UNCONFIRMED} ===\n")
             continue
         if not procs.same_process(rp.pid, rp.start_ticks):
             parts.append(f"=== rank {r}: no longer running ===\n")

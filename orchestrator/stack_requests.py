@@ -1,4 +1,4 @@
-"""Asking live ranks for their Python stacks: faulthandler on a real-time signal.
+"""Asking live ranks for their Python stacks: faulthandler on a signal of their own.
 
 Standard library only (the ranks and the SLURM probe import it).
 
@@ -10,8 +10,13 @@ clusters and in containers), nothing installed on the compute nodes, it answers 
 is blocked in C++ (a gloo or NCCL all_reduce, holding the GIL or not), and it costs nothing
 until the signal comes. The rank keeps running.
 
-The launcher also records ``<run>/ranks/rank-N.json`` (host, pid, start time in clock ticks), so
-that the signal only ever goes to the process that still is that rank (``procs.signal_if_same``).
+The signal is SIGRTMIN+4 on Linux and SIGURG where there are no real-time signals (macOS): see
+``platform_caps.stack_signal`` for why. The launcher also records ``<run>/ranks/rank-N.json``
+(host, pid, start time, the signal it listens on), so that the signal only ever goes to the
+process that still is that rank (``procs.signal_if_same``). Where that cannot be confirmed (no
+/proc and no psutil), or where the rank may have lost its handler and the signal's default
+action would end it, the rank is not signalled and the caller is told why
+(``request_local_explained``): never an empty answer that looks like "no rank is running".
 A reader notes each file's size, signals, waits until the file grew and stopped growing (a
 bounded wait), and reads what was appended. On SLURM the ranks live on other nodes: the same
 request runs there through ``srun --overlap`` (``orchestrator.stacks_probe``) and the files are
@@ -25,21 +30,20 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping
 
-from orchestrator import procs
+from orchestrator import platform_caps, procs
 from orchestrator.ownership import this_host
 from orchestrator.run_folder import RunFolder
 
-#: The signal a rank dumps its stacks on. A real-time signal: no library or user script uses it
-#: by convention (NCCL may catch USR1, users own USR2 and TERM), and its default action is
-#: never taken because the launcher registers it before the entrypoint runs.
-STACK_SIGNAL = signal.SIGRTMIN + 4
+#: The signal a rank dumps its stacks on (``platform_caps.stack_signal``): SIGRTMIN+4 on Linux, where
+#: no library or user script uses it by convention (NCCL may catch USR1, users own USR2 and TERM);
+#: SIGURG where there are no real-time signals (macOS), whose default action is to ignore it.
+STACK_SIGNAL = platform_caps.stack_signal().number
 
 #: How long a dump file must stay the same size to count as finished (faulthandler writes the
 #: whole dump at once, from its signal handler), and how long a whole request may take.
@@ -75,7 +79,7 @@ def install(run_dir: str | Path, rank: int) -> None:
 
         write_json_atomic(rank_record_path(run_dir, rank), {
             "rank": rank, "host": socket.gethostname(), "host_key": this_host(), "pid": me,
-            "start_ticks": procs.start_time(me),
+            "start_ticks": procs.start_time(me), "stack_signal": STACK_SIGNAL,
             "time": time.time()})
     except (OSError, RuntimeError, ValueError) as exc:
         print(f"[launcher] rank {rank}: live stacks are not available ({exc})", flush=True)
@@ -89,6 +93,11 @@ class RankProc:
     pid: int
     start_ticks: int | None
     host_key: str | None = None  # ownership.this_host() of the rank: where its PID means something
+    stack_signal: int | None = None  # the signal its handler listens on (None: recorded by an older version)
+
+    @property
+    def signal(self) -> int:
+        return self.stack_signal if self.stack_signal is not None else STACK_SIGNAL
 
     def here(self) -> bool:
         """True only where this rank's PID names it: same host, boot and PID namespace (a rank
@@ -105,7 +114,8 @@ def rank_procs(run_dir: str | Path) -> dict[int, RankProc]:
             d = json.loads(path.read_text(encoding="utf-8"))
             out[int(d["rank"])] = RankProc(int(d["rank"]), str(d["host"]), int(d["pid"]),
                                            None if d.get("start_ticks") is None else int(d["start_ticks"]),
-                                           str(d["host_key"]) if d.get("host_key") else None)
+                                           str(d["host_key"]) if d.get("host_key") else None,
+                                           None if d.get("stack_signal") is None else int(d["stack_signal"]))
         except (OSError, ValueError, KeyError, TypeError):
             continue
     return out
@@ -123,22 +133,64 @@ def sizes(run_dir: str | Path, ranks: Iterable[int]) -> dict[int, int]:
 
 
 def signal_ranks(run_dir: str | Path, ranks: Iterable[int] | None = None) -> list[int]:
-    """Send STACK_SIGNAL to each rank (all, or those given) that runs here (``RankProc.here``),
-    is still that rank and still has the handler. Returns the ranks signalled."""
+    """Send each rank's stack signal to each rank (all, or those given) that runs here
+    (``RankProc.here``), is still that rank and may be signalled (``why_not_signalled``).
+    Returns the ranks signalled."""
+    return _signal(run_dir, ranks)[0]
+
+
+def _signal(run_dir: str | Path, ranks: Iterable[int] | None) -> tuple[list[int], dict[int, str]]:
+    """The ranks signalled, and why each other rank of this host (of those asked) was not."""
     wanted = None if ranks is None else set(ranks)
-    sent = []
+    sent: list[int] = []
+    refused: dict[int, str] = {}
     for rank, rp in sorted(rank_procs(run_dir).items()):
-        if (wanted is None or rank in wanted) and rp.here() and answers(rp) and \
-                procs.signal_if_same(rp.pid, rp.start_ticks, STACK_SIGNAL):
+        if (wanted is not None and rank not in wanted) or not rp.here():
+            continue
+        why = why_not_signalled(rp)
+        if why is not None:
+            refused[rank] = why
+        elif procs.signal_if_same(rp.pid, rp.start_ticks, rp.signal):
             sent.append(rank)
-    return sent
+        else:
+            refused[rank] = ENDED
+    return sent, refused
 
 
-def answers(rp: RankProc) -> bool:
-    """True while the rank's process still has the launcher's stack handler. A rank that exec'd
-    another program (``exec numactl ...``) lost it, and the signal's default action would end
-    it: it is never sent the signal."""
-    return procs.same_process(rp.pid, rp.start_ticks) and procs.catches(rp.pid, STACK_SIGNAL)
+#: Why a rank was not asked, when its process has ended (or never recorded a start time).
+ENDED = "not running (ended, or not started yet)"
+
+#: Why no rank is asked where no process table can be read: a PID alone may name anything.
+UNCONFIRMED = ("this system cannot confirm that a rank's recorded PID still names that rank (no /proc, and "
+               "psutil is not installed or cannot read processes here: pip install psutil), so no rank is sent "
+               "the stack signal")
+
+
+def why_not_signalled(rp: RankProc) -> str | None:
+    """None when the rank's process may be sent its stack signal now; else why not, as a clause a
+    user can act on. A rank that exec'd another program (``exec numactl ...``) lost its handler,
+    and a signal whose default action ends a process would end it: such a rank is never sent
+    one; where the platform cannot tell (macOS), only a signal whose default action is to ignore
+    it is sent (``platform_caps.stack_signal``)."""
+    if not procs.can_identify():
+        return UNCONFIRMED
+    if not procs.same_process(rp.pid, rp.start_ticks):
+        return ENDED
+    handled = procs.catches(rp.pid, rp.signal)
+    if handled is False:
+        return ("its process no longer has the launcher's stack handler (it exec'd another program?): not "
+                "signalled; try --native")
+    if handled is None and not _harmless(rp.signal):
+        return (f"this system cannot tell whether it still has the launcher's stack handler, and "
+                f"{procs.signal_name(rp.signal)} would end a process without it: not signalled; try --native")
+    return None
+
+
+def _harmless(sig: int) -> bool:
+    """True for a signal whose default action is to ignore it (SIGURG, the choice where handlers
+    cannot be seen): sending it to a process without our handler does nothing."""
+    chosen = platform_caps.stack_signal()
+    return chosen.harmless and sig == chosen.number
 
 
 def wait_written(run_dir: str | Path, before: Mapping[int, int], timeout_s: float = REQUEST_TIMEOUT_S) -> dict[int, int]:
@@ -177,11 +229,19 @@ def request_local(run_dir: str | Path, ranks: Iterable[int] | None = None,
                   timeout_s: float = REQUEST_TIMEOUT_S) -> dict[int, str]:
     """Signal the ranks on this machine and return each one's fresh dump ('' for a rank that did
     not answer in time). Ranks that are gone (or not on this machine) are left out."""
+    return request_local_explained(run_dir, ranks, timeout_s)[0]
+
+
+def request_local_explained(run_dir: str | Path, ranks: Iterable[int] | None = None,
+                            timeout_s: float = REQUEST_TIMEOUT_S) -> tuple[dict[int, str], dict[int, str]]:
+    """``request_local``, and why each rank of this machine that was not signalled was not
+    (``why_not_signalled``; ``ENDED`` for one that is gone): a caller says that rather than
+    "no rank is running" where the platform could not confirm who runs."""
     known = rank_procs(run_dir)
     chosen = sorted(known if ranks is None else [r for r in ranks if r in known])
     before = sizes(run_dir, chosen)
-    sent = signal_ranks(run_dir, chosen)
+    sent, refused = _signal(run_dir, chosen)
     if not sent:
-        return {}
+        return {}, refused
     after = wait_written(run_dir, {r: before[r] for r in sent}, timeout_s)
-    return {r: read_from(run_dir, r, before[r], after[r]) for r in sent}
+    return {r: read_from(run_dir, r, before[r], after[r]) for r in sent}, refused

@@ -15,6 +15,7 @@ import sys
 import time
 from typing import Any
 
+from orchestrator import platform_caps
 from orchestrator.errors import SubmissionError
 from orchestrator.interpreter import module_argv
 from orchestrator.procs import alive, signal_name
@@ -24,8 +25,10 @@ __all__ = ["ForkedRank", "ZygoteGroup", "start_zygote"]
 
 def start_zygote(preload: bool = True) -> subprocess.Popen:
     """Start the ranks' parent now. With ``preload`` it imports torch while the CLI validates and
-    plans, and forks the ranks; without, it execs each rank as a fresh interpreter."""
-    mode = "torch" if preload else "--exec"
+    plans, and forks the ranks; without, it execs each rank as a fresh interpreter. Where forking
+    after ``import torch`` is not safe (macOS: ``platform_caps.fork_after_torch_safe``) it never
+    preloads, whatever the caller asked."""
+    mode = "torch" if preload and platform_caps.fork_after_torch_safe() else "--exec"
     return subprocess.Popen(module_argv(sys.executable, "orchestrator.executors.zygote", mode, f"--parent={os.getpid()}"),
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
 

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from orchestrator import ownership, procs
+from orchestrator import ownership, platform_caps, procs
 from orchestrator.errors import JobFailedError, SubmissionError, UsageError
 from orchestrator.executors.base import (CANCEL_SLACK_S, prepare_run_dir, rank_log_path, refresh_by_supervisor,
                                          stop_grace_s)
@@ -33,6 +33,7 @@ class LocalExecutor:
         self.zygote = zygote  # started early by the CLI, so torch imports while it validates
 
     def run(self, launch: LaunchPlan) -> RunRecord:
+        platform_caps.announce_local_limits()  # macOS: one line saying what cannot be done here
         record, lock = prepare_run_dir(launch)
         supervisor = Supervisor(launch, record, lock, ConsoleEcho if sys.stdout.isatty() else PlainEcho,
                                 zygote=self.zygote)
@@ -47,6 +48,7 @@ class LocalExecutor:
         return record
 
     def submit(self, launch: LaunchPlan) -> RunRecord:
+        platform_caps.announce_local_limits()
         record, lock = prepare_run_dir(launch)
         try:
             return self._start_detached(launch, lock)

@@ -16,6 +16,16 @@ session (setsid, daemonised) is re-parented to it, not to init. When every rank 
 the zygote is told to stop (SIGTERM), it stops and reaps all its remaining descendants, so no
 process a run started outlives it.
 
+Where the kernel has no ``prctl`` (macOS; ``platform_caps.has_prctl``) there is no subreaper and
+no parent-death signal, and the same guarantee rests on process groups and on watching parents:
+each rank leads its own group, which the zygote signals whole (a rank that has ended keeps its
+group watched while members live: no platform reuses a group id in use, ``procs.group_alive``);
+the zygote polls its parent (the supervisor) and stops everything once it is gone; and each rank
+holds the read end of a pipe only the zygote writes to, so it ends its group when the zygote is
+gone (``launcher.watch_parent_pipe``). What a rank moves out of its process group (a setsid
+daemon) escapes there. Where forking after ``import torch`` is not safe (macOS;
+``platform_caps.fork_after_torch_safe``) the zygote imports nothing and execs every rank.
+
 Protocol, one JSON object per line. stdin: ``{"rank", "env", "payload", "log", "fresh"}`` per rank, then
 ``{"done": true}``. stdout: ``{"rank", "pid"}`` per fork, then ``{"rank", "exit"}`` as each
 rank ends (a negative exit is the signal that killed it, as in ``subprocess``), and finally
@@ -29,9 +39,10 @@ import json
 import os
 import signal
 import sys
+import time
 from typing import Any, NoReturn
 
-from orchestrator import procs
+from orchestrator import platform_caps, procs
 from orchestrator.interpreter import module_argv
 
 
@@ -45,9 +56,10 @@ def emit(message: dict[str, Any]) -> None:
         _stop_and_exit(signal.SIGPIPE, None)
 
 
-def child(msg: dict[str, Any], fresh: bool) -> NoReturn:
+def child(msg: dict[str, Any], fresh: bool, watch: Watch | None = None) -> NoReturn:
     """Runs in the forked rank; never returns. ``fresh``: exec a new interpreter (the zygote's
-    mode, or the rank's own ``"fresh"``: its environment sets variables read only at start-up)."""
+    mode, or the rank's own ``"fresh"``: its environment sets variables read only at start-up).
+    ``watch``: the zygote's pipe, where the kernel cannot end the rank with it."""
     code = 1
     ran = False
     try:
@@ -57,6 +69,11 @@ def child(msg: dict[str, Any], fresh: bool) -> NoReturn:
         procs.set_parent_death_signal(signal.SIGKILL)
         if os.getppid() != msg["zygote"]:
             os._exit(1)  # it died before the line above took effect
+        pipe_args: list[str] = []
+        if watch is not None:  # no parent-death signal here: the rank reads the zygote's pipe instead
+            os.close(watch.write_fd)
+            os.set_inheritable(watch.read_fd, True)
+            pipe_args = [f"{PARENT_PIPE}{watch.read_fd}"]
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2):
             signal.signal(sig, signal.SIG_DFL)
         log = os.open(msg["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -67,14 +84,14 @@ def child(msg: dict[str, Any], fresh: bool) -> NoReturn:
         os.close(log)
         os.close(null)
         if fresh:
-            os.execve(sys.executable, module_argv(sys.executable, "orchestrator.launcher", msg["payload"]),
+            os.execve(sys.executable, module_argv(sys.executable, "orchestrator.launcher", msg["payload"], *pipe_args),
                       msg["env"])
         os.environ.clear()
         os.environ.update(msg["env"])
         from orchestrator.launcher import main
 
         ran = True
-        code = main([msg["payload"]])
+        code = main([msg["payload"], *pipe_args])
     except BaseException:  # report anything, then leave without running the zygote's cleanup
         import traceback
 
@@ -136,24 +153,136 @@ def drop_user_namespaces() -> None:
                     namespace.pop(key, None)
 
 
+class Watch:
+    """The pipe a rank reads to learn that the zygote is gone, where the kernel cannot tell it
+    (``launcher.watch_parent_pipe``): the zygote holds the only write end and never writes."""
+
+    def __init__(self) -> None:
+        self.read_fd, self.write_fd = os.pipe()  # both close-on-exec; a child makes the read end inheritable
+
+
+#: The zygote's ranks still running (pid -> rank), and the process groups of ended ranks that still
+#: had members: what it stops when told to, where no subreaper collects what the ranks left.
+_RUNNING: dict[int, int] = {}
+_GROUPS: list[int] = []
+
+
 def _stop_and_exit(signum: int, frame: object) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    procs.stop_descendants(grace_s=STOP_GRACE_S)
+    stop_everything(STOP_GRACE_S)
     os._exit(128 + signum)
 
 
 #: How long the ranks have to end on SIGTERM when the zygote is told to stop, or its supervisor is
 #: gone, before SIGKILL.
 STOP_GRACE_S = 5.0
+POLL_S = 0.05  # without prctl: how often the zygote looks at its ranks and its parent
+PARENT_PIPE = "--parent-pipe="  # launcher.PARENT_PIPE, not imported: the zygote imports nothing it need not
+
+
+def stop_everything(grace_s: float) -> list[int]:
+    """Stop whatever the run started: every descendant, where the zygote is a subreaper (Linux);
+    elsewhere the process groups of its ranks, running or ended. Returns the PIDs stopped, as far
+    as they can be listed."""
+    if _KERNEL_GUARD:
+        return procs.stop_descendants(grace_s=grace_s)
+    return _stop_groups(grace_s)
+
+
+def _stop_groups(grace_s: float) -> list[int]:
+    """SIGTERM the process group of every rank (a running rank is the zygote's unreaped child, so
+    its group id names nothing else; an ended rank's group is watched, ``_prune_groups``), reap,
+    SIGKILL what is left after ``grace_s``. Returns the members seen, where they can be listed."""
+    groups = list(dict.fromkeys([*_RUNNING, *_GROUPS]))
+    seen = [pid for g in groups for pid in procs.group_members(g) if pid != os.getpid()]
+    seen += [pid for pid in procs.descendants(os.getpid()) if pid not in seen]
+    for g in groups:
+        procs.signal_group(g, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while True:
+        _reap()
+        alive = [g for g in groups if procs.group_alive(g)]
+        if not alive or time.monotonic() >= deadline:
+            break
+        time.sleep(POLL_S)
+    for g in alive:
+        procs.signal_group(g, signal.SIGKILL)
+    for pid in procs.descendants(os.getpid()):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    time.sleep(POLL_S if alive else 0)
+    _reap()
+    _GROUPS[:] = [g for g in _GROUPS if procs.group_alive(g)]
+    return seen
+
+
+def _reap() -> list[tuple[int, int]]:
+    """Collect every exited child: (pid, status) of each, without waiting. An ended rank leaves
+    ``_RUNNING``; its process group is kept watched if anything still lives in it (the group id
+    stays reserved while it has a member, so it cannot name another process's group)."""
+    reaped = []
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return reaped
+        if pid == 0:
+            return reaped
+        if _RUNNING.pop(pid, None) is not None and procs.group_alive(pid):
+            _GROUPS.append(pid)
+        reaped.append((pid, status))
+
+
+def _prune_groups() -> None:
+    """Forget the groups of ended ranks that have no member left (looked at every POLL_S, so a
+    group id is never held on to after its group ended and the number could be handed out again)."""
+    _GROUPS[:] = [g for g in _GROUPS if procs.group_alive(g)]
+
+
+def _wait_ranks(children: dict[int, int]) -> None:
+    """Report each rank's end as it comes: block in ``wait`` where the kernel guards the run
+    (prctl: the supervisor's death reaches the zygote as SIGTERM); elsewhere poll, watching the
+    supervisor (``--parent``) and the ended ranks' groups."""
+    while children:
+        if _KERNEL_GUARD:
+            try:
+                pid, status = os.wait()
+            except ChildProcessError:
+                break
+            _RUNNING.pop(pid, None)
+            ended = [(pid, status)]
+        else:
+            if _PARENT is not None and os.getppid() != _PARENT:  # the supervisor is gone
+                _stop_and_exit(signal.SIGTERM, None)
+            ended = _reap()
+            _prune_groups()
+            if not ended:
+                time.sleep(POLL_S)
+                continue
+        for pid, status in ended:
+            rank = children.pop(pid, None)  # adopted orphans are reaped here too, and ignored
+            if rank is not None:
+                emit({"rank": rank, "exit": os.waitstatus_to_exitcode(status)})
+
+
+#: Whether the kernel guards this run (prctl: subreaper and parent-death signal), and the
+#: supervisor's PID (``--parent``), which the zygote watches where it does not.
+_KERNEL_GUARD = True
+_PARENT: int | None = None
 
 
 def main(argv: list[str]) -> int:
-    fresh = "--exec" in argv
-    parent = next((int(a.split("=", 1)[1]) for a in argv if a.startswith("--parent=")), None)
+    global _KERNEL_GUARD, _PARENT
+    fresh = "--exec" in argv or not platform_caps.fork_after_torch_safe()
+    parent = _PARENT = next((int(a.split("=", 1)[1]) for a in argv if a.startswith("--parent=")), None)
+    _KERNEL_GUARD = platform_caps.has_prctl()
     procs.become_subreaper()
     signal.signal(signal.SIGTERM, _stop_and_exit)
     # The supervisor's death, however it dies (SIGKILL, the OOM killer, a closed terminal), reaches
-    # the zygote as SIGTERM: it stops every rank and whatever they started, then leaves.
+    # the zygote as SIGTERM: it stops every rank and whatever they started, then leaves. Without
+    # prctl the zygote sees it by polling its parent (_wait_ranks).
     procs.set_parent_death_signal(signal.SIGTERM)
     if parent is not None and os.getppid() != parent:
         return 1  # the supervisor was already gone: start nothing
@@ -170,6 +299,7 @@ def main(argv: list[str]) -> int:
             setproctitle.getproctitle()
     except ImportError:
         pass
+    watch = None if _KERNEL_GUARD else Watch()
     children: dict[int, int] = {}
     for line in sys.stdin:
         msg = json.loads(line)
@@ -180,19 +310,17 @@ def main(argv: list[str]) -> int:
         msg["zygote"] = os.getpid()
         pid = os.fork()
         if pid == 0:
-            child(msg, fresh or bool(msg.get("fresh")))
-        children[pid] = msg["rank"]
+            child(msg, fresh or bool(msg.get("fresh")), watch)
+        children[pid] = _RUNNING[pid] = msg["rank"]
         emit({"rank": msg["rank"], "pid": pid})
-    while children:
-        try:
-            pid, status = os.wait()
-        except ChildProcessError:
-            break
-        rank = children.pop(pid, None)  # adopted orphans are reaped here too, and ignored
-        if rank is not None:
-            emit({"rank": rank, "exit": os.waitstatus_to_exitcode(status)})
+    _wait_ranks(children)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    emit({"leftovers": procs.stop_descendants()})
+    groups_left = list(_GROUPS)  # without a subreaper: the ended ranks' groups that still have members
+    left = stop_everything(2.0)
+    if groups_left and not left:  # stopped, but this platform cannot list them: say so all the same
+        print(f"[orchestrator] stopped what {len(groups_left)} rank(s) left running in their process groups "
+              "(this system cannot list those processes)", file=sys.stderr, flush=True)
+    emit({"leftovers": left})
     return 0
 
 

@@ -153,7 +153,10 @@ def wait_queries(tmp: Path, seconds: int = 120) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--only", choices=["latency", "sweep", "status", "wait"], action="append",
+                    help="run only these figures (repeatable); all four by default")
     args = ap.parse_args()
+    only = set(args.only or ["latency", "sweep", "status", "wait"])
     up = subprocess.run(["bash", str(ROOT / "deploy" / "cluster.sh"), "up", "--nodes", "2", "--cpus", "4",
                          "--gpus", "0", "--dir", str(CLUSTER)])
     if up.returncode:
@@ -169,10 +172,14 @@ def main() -> None:
             os.environ["ORCHESTRATOR_HOME"] = str(tmp / "home")
             script = tmp / "started.py"
             script.write_text(STARTED)
-            latency(args.repeat, tmp, script)
-            sweep_submission(tmp, script)
-            status_calls(tmp, script)
-            wait_queries(tmp)
+            if "latency" in only:
+                latency(args.repeat, tmp, script)
+            if "sweep" in only:
+                sweep_submission(tmp, script)
+            if "status" in only:
+                status_calls(tmp, script)
+            if "wait" in only:
+                wait_queries(tmp)
     finally:
         subprocess.run(["bash", str(ROOT / "deploy" / "cluster.sh"), "down", "--dir", str(CLUSTER)])
 

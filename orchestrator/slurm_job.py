@@ -18,9 +18,11 @@ stop that no requeue follows (``never``, no requeues left, scontrol refused) is 
 job: when the ranks ended because they were told to stop, the agent exits non-zero (FAILED, never
 COMPLETED) and records why in end.json. scancel signals the ranks directly, as under plain
 srun, and never leads to a requeue; ``orchestrator cancel`` leaves a request in the run folder
-and signals the ranks' step only, and the agent scancels the job once the ranks ended or
-``stop_grace_s`` ran out. A SIGTERM the controller says is a preemption is a notice, not a
-cancel (``_term_is_preemption``). Being outside the job step,
+and signals the ranks' step only, and the agent scancels the job once the ranks ended,
+``stop_grace_s`` ran out, or the ranks' stacks show that they never can end on their own
+(``orchestrator.stop_judge``: every rank waits in a collective that cannot complete, as when a
+SIGTERM handler's collective meets its peers' other one). A SIGTERM the controller says is a
+preemption is a notice, not a cancel (``_term_is_preemption``). Being outside the job step,
 the agent is not killed by ``--kill-on-bad-exit`` and decides once per attempt, in one place;
 the decision never depends on what the entrypoint returns.
 
@@ -56,6 +58,7 @@ from orchestrator.slurm_task import SlurmJob, point_base
 # a second after srun started the ranks: the time to the ranks' first line is the job's start-up
 # cost, and on a busy node these imports would compete with the ranks' own.
 if TYPE_CHECKING:
+    from orchestrator.stop_judge import StopJudge
     from orchestrator.watchdog import Watch
 
 POLL_S = 0.2
@@ -219,6 +222,7 @@ class JobAgent:
         run = RunFolder(top.root.parent.parent) if top.root.parent.name == "points" else top
         self.cancel_request = run.cancel_request
         self.cancel_at: float | None = None  # monotonic time `orchestrator cancel` asked (its request file)
+        self.stop_judge: StopJudge | None = None  # looks at the ranks' stacks while a cancel's stop is under way
         self.preempted: bool | None = None  # whether the SIGTERM that came is a preemption (asked once)
         self.term_at: float | None = None  # monotonic time SIGTERM first came
         self.first_end: str | None = None  # srun's line about the first task that ended badly
@@ -377,6 +381,8 @@ class JobAgent:
                     self.srun.send_signal(self.notice)
             if self.cancel_at is not None and time.monotonic() >= self.cancel_at + self.payload.stop_grace_s:
                 self._end_cancelled(f"the ranks did not end within stop_grace_s ({self.payload.stop_grace_s:g}s)")
+            elif self.cancel_at is not None and self.cancel_at != float("inf"):
+                self._end_cancelled_if_stuck()
             if self.phase is Phase.RUNNING and not self._stopping() and time.monotonic() >= next_look:
                 next_look = time.monotonic() + LOOK_S
                 if os.path.lexists(self.cancel_request):
@@ -558,6 +564,40 @@ class JobAgent:
                 self._say(f"job {self.job_id} is being preempted{mode} (SIGTERM, then SLURM's GraceTime): the ranks "
                           f"got SIGTERM; slurm.requeue: {self.policy} decides the requeue")
         return self.preempted
+
+    def _end_cancelled_if_stuck(self) -> None:
+        """While a cancel's stop is under way, look at the ranks' stacks now and then (``srun
+        --overlap``, as the watchdog does); when every rank waits in a collective that cannot
+        complete (``orchestrator.stop_judge``), end the ranks now, not after stop_grace_s: srun,
+        sent SIGTERM, SIGKILLs its tasks at once ("forcing job termination"), as it would under a
+        plain scancel while the job still runs. (A plain scancel here would not do: once the job is
+        cancelled, slurmd ends its steps itself, SIGTERM then SIGKILL only after KillWait.) The
+        loop then sees srun end and scancels the job (CANCELLED); end.json says why and where each
+        rank waited, which status shows."""
+        from orchestrator.stop_judge import StopJudge
+
+        assert self.cancel_at is not None
+        if self.stop_judge is None:
+            self.stop_judge = StopJudge(self.cancel_at, self.world)
+        if not self.stop_judge.due(time.monotonic()):
+            return
+        from orchestrator.stacks_probe import request_slurm
+
+        asked = time.monotonic()
+        dumps, _ = request_slurm(self.run_dir, self.job_id, self.payload.nodes, self.payload.python)
+        stuck = self.stop_judge.look(asked, dumps)
+        if stuck is None:
+            return
+        from orchestrator import forensics, stack_files
+
+        message = stuck.message(self.payload.stop_grace_s)
+        try:  # the job is ended all the same when the shared folder takes no more
+            stack_files.save(self.run_dir, dumps, "stuck in collectives after the cancel's SIGTERM")
+            forensics.write_end(self.run_dir, reason="cancelled", error=message, waits=stuck.waits)
+        except OSError as exc:
+            self._say(f"could not record why in {self.run_dir}: {exc}")
+        self._say(f"orchestrator cancel: {message}")
+        self._end_ranks()
 
     def _end_cancelled(self, why: str) -> int:
         """``orchestrator cancel`` asked, and the ranks ended (or their grace ran out): scancel this

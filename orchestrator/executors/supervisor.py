@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from orchestrator import forensics, join_hook, ownership, procs
+from orchestrator import forensics, join_hook, ownership, procs, stack_files, stack_requests
 from orchestrator.errors import SubmissionError
 from orchestrator.executors.base import first_error
 from orchestrator.executors.console import LogTails
@@ -39,6 +39,7 @@ from orchestrator.records import RunRecord, disk_trouble
 from orchestrator.recovery import Failure, History, decide
 from orchestrator.run_folder import RunFolder
 from orchestrator.states import State
+from orchestrator.stop_judge import StopJudge
 from orchestrator.watchdog import Watch, did_nothing, judge
 
 #: After a failure or a watchdog verdict the other ranks are doomed: SIGTERM, then SIGKILL after
@@ -310,8 +311,9 @@ class Supervisor:
                     tails.pump()
                 return "CANCELLED" if self._cancelled else "COMPLETED"
             if self._cancelled:
-                # SIGTERM first: the ranks checkpoint and stop together, within stop_grace_s
-                self._kill_all(grace=self.launch.payload.stop_grace_s)
+                # SIGTERM first: the ranks checkpoint and stop together, within stop_grace_s,
+                # unless their stacks show they never can (stuck in collectives)
+                self._kill_all(grace=self.launch.payload.stop_grace_s, judged_in=run_dir)
                 if tails:
                     tails.pump()
                 return "CANCELLED"
@@ -398,15 +400,24 @@ class Supervisor:
         self.record.update(failed_rank=rank, error=message)
         return rank
 
-    def _kill_all(self, grace: float) -> None:
+    def _kill_all(self, grace: float, judged_in: Path | None = None) -> None:
         """SIGTERM the sessions of the ranks still running, SIGKILL them after ``grace``. A rank
         the zygote has not reported as ended is its unreaped child, so its PID (and session id)
-        cannot belong to anyone else; the sessions of ended ranks are the zygote's to clean."""
+        cannot belong to anyone else; the sessions of ended ranks are the zygote's to clean.
+
+        ``judged_in`` (a cancel's stop, the ranks' run folder): the grace is cut short once the
+        ranks' stacks show that they can never end on their own (``orchestrator.stop_judge``:
+        every rank waits in a collective that cannot complete, as when a SIGTERM handler's
+        collective meets its peers' other one), as the SLURM job's agent does."""
         running = [p for p in self.procs if p.poll() is None]
         for p in running:
             _signal_group(p.pid, signal.SIGTERM)
+        stop = StopJudge(time.monotonic(), len(self.procs)) if judged_in is not None and running else None
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline and any(p.poll() is None for p in running):
+            if stop is not None and judged_in is not None and stop.due(time.monotonic()) and \
+                    self._stuck(judged_in, stop, grace):
+                break
             time.sleep(POLL_S)
         for p in running:
             if p.poll() is None:
@@ -415,6 +426,26 @@ class Supervisor:
                 p.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 pass
+
+    def _stuck(self, run_dir: Path, stop: StopJudge, grace: float) -> bool:
+        """One look at every rank's stacks for the stop's judge; when it finds them stuck, the
+        record says so (the error, where each rank waited) and the stacks are saved."""
+        if any(p.poll() is not None for p in self.procs):
+            stop.look(time.monotonic(), {})  # a rank has ended: the others may still follow it
+            return False
+        asked = time.monotonic()
+        dumps = stack_requests.request_local(run_dir)
+        stuck = stop.look(asked, dumps)
+        if stuck is None:
+            return False
+        message = stuck.message(grace)
+        print(f"[orchestrator] {message}", file=sys.stderr, flush=True)
+        try:  # the ranks are ended all the same when the disk takes no more
+            stack_files.save(run_dir, dumps, "stuck in collectives after the stop's SIGTERM")
+        except OSError as exc:
+            print(f"[orchestrator] the stacks were not saved: {exc}", file=sys.stderr, flush=True)
+        self.record.update(error=message, waits=stuck.waits)
+        return True
 
 
 def _signal_group(pid: int, sig: int) -> None:

@@ -37,7 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="orchestrator", description="Typed DDP jobs on SLURM or locally.",
                                      allow_abbrev=False)  # --rem would reach a login node as written
     parser.add_argument("--remote", metavar="HOST",
-                        help="run submit, status, list, logs, stacks, cancel or report on this login node over SSH "
+                        help="run submit, plan, status, list, logs, stacks, cancel or report on this login node "
+                             "over SSH "
                              "(default: remote.host in ~/.config/orchestrator/config.yaml); see README 'Remote'")
     parser.add_argument("--local", action="store_true", help="ignore remote.host from the config file")
     parser.add_argument("--client-version", help=argparse.SUPPRESS)
@@ -167,20 +168,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from orchestrator.api import plan_for
+    from orchestrator.operations import show_plan  # the login node answers plan --remote with it too
 
-    launch = plan_for(_load(args))
-    if args.json:
-        try:
-            text = launch.model_dump_json(indent=2)
-        except ValueError as exc:  # pydantic refuses text that is not UTF-8: a folder's name, from os.getcwd()
-            if "surrogates not allowed" not in str(exc):
-                raise
-            text = json.dumps(launch.model_dump(mode="json"), indent=2)  # \udcXX escapes: the name's own bytes
-        print(text)
-    else:
-        from orchestrator.display import print_plan
-
-        print_plan(launch, node=args.node, rank=args.rank, run_lines=_run_lines(launch))
+    show_plan(plan_for(_load(args)), as_json=args.json, node=args.node, rank=args.rank)
     return 0
 
 
@@ -420,8 +410,12 @@ def _remote_target(args: argparse.Namespace) -> str | None:
     if args.command not in REMOTE_COMMANDS or args.local or args.client_version:
         if args.remote and args.command not in REMOTE_COMMANDS:
             raise UsageError(f"--remote works with {', '.join(REMOTE_COMMANDS)}; '{args.command}' runs here "
-                             "(plan and validate a SLURM spec here with --executor slurm)")
+                             "(validate a SLURM spec here with --executor slurm)")
         return None
+    if args.command == "plan":  # a SLURM plan is the cluster's; a local one stays here
+        from orchestrator.remote import plan_host
+
+        return plan_host(args)
     if args.remote:
         return args.remote
     if config_path().is_file():
@@ -503,6 +497,10 @@ VERSION_MISMATCH = 3
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    unsupported = _unsupported_platform()
+    if unsupported:
+        print(f"error: {unsupported}", file=sys.stderr)
+        return 2
     with _process_streams():
         words = list(sys.argv[1:] if argv is None else argv)
         client = words[1] if words[:1] == ["--client-version"] and len(words) > 1 else None
@@ -538,6 +536,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise
             print(f"error: {_not_utf8_line()}", file=sys.stderr)
             return 1
+
+
+def _unsupported_platform() -> str | None:
+    """Where the orchestrator cannot run at all (native Windows), the one line that says what to
+    use instead; checked before any subcommand imports what such a platform lacks (fcntl)."""
+    from orchestrator.platform_caps import unsupported_reason
+
+    return unsupported_reason()
 
 
 #: What to do about an errno, after the path and the errno's meaning.

@@ -22,7 +22,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from orchestrator.errors import SpecError, UsageError
-from orchestrator.spec import JobSpec
+from orchestrator.spec import HOME_ELSEWHERE, JobSpec
 from orchestrator.spec_data import MAX_DEPTH, MAX_NODES, at, join, located_problems, plain_data
 from orchestrator.validators import shown
 
@@ -281,12 +281,14 @@ def apply_override(data: dict[str, Any], path: list[str], value: Any) -> dict[st
     return deep_merge(data, nested)
 
 
-def load_spec(*sources: Any, overrides: Iterable[str] = (), executor: str | None = None) -> JobSpec:
+def load_spec(*sources: Any, overrides: Iterable[str] = (), executor: str | None = None,
+              home_elsewhere: bool = False) -> JobSpec:
     """Spec files (YAML or JSON paths), mappings and JobSpecs, deep-merged in order (later ones
     win key by key), then each ``"key.path=value"`` override in order (the value is read as
     YAML, as with ``--set``), then ``executor``. Raises SpecError naming the source, the field
     and the fix. (``orchestrator.load_spec``; the CLI calls it without importing the rest of the
-    API.)"""
+    API.) ``home_elsewhere``: the spec is for another machine (``--remote``): '~' in the path
+    fields (``spec.HOME_PATH_FIELDS``) stays as written, for that machine to expand."""
     if overrides is None or isinstance(overrides, (str, bytes, Mapping)) or not isinstance(overrides, Iterable):
         raise UsageError("overrides is a list of 'key.path=value' strings, e.g. overrides=['nodes=2'] "
                          f"(or [] for none), not {type(overrides).__name__}")
@@ -315,7 +317,7 @@ def load_spec(*sources: Any, overrides: Iterable[str] = (), executor: str | None
         applied.append((".".join(path), item))
     if executor is not None:
         data["executor"] = executor
-    return spec_from_dict(data, source=", ".join(names) or None, overrides=applied)
+    return spec_from_dict(data, source=", ".join(names) or None, overrides=applied, home_elsewhere=home_elsewhere)
 
 
 def yaml11_booleans(data: Any, model: type[BaseModel]) -> Any:
@@ -346,11 +348,12 @@ def yaml11_booleans(data: Any, model: type[BaseModel]) -> Any:
 
 
 def spec_from_dict(data: dict[str, Any], source: str | None = None,
-                   overrides: Sequence[tuple[str, str]] = ()) -> JobSpec:
+                   overrides: Sequence[tuple[str, str]] = (), home_elsewhere: bool = False) -> JobSpec:
     """Validate; each problem names where it came from: the override that set its field, if one
-    did (``--set 'nodes=0'``), else the sources."""
+    did (``--set 'nodes=0'``), else the sources. ``home_elsewhere``: as for ``load_spec`` (the
+    path fields' '~' kept, and not checked against this machine's users and disk)."""
     try:
-        return JobSpec.model_validate(data)
+        return JobSpec.model_validate(data, context={HOME_ELSEWHERE: True} if home_elsewhere else None)
     except ValidationError as exc:
         problems = located_problems(exc, data, JobSpec)
     blamed = [_override_for(path, overrides) for path, _ in problems]

@@ -119,6 +119,28 @@ def print_grid(rec: RunRecord, points: dict[str, State]) -> None:
         print(f"    {index:4d} {points.get(str(index), State.UNKNOWN):12} {args}")
 
 
+def show_plan(launch: object, as_json: bool = False, node: int | None = None, rank: int | None = None) -> None:
+    """``orchestrator plan``'s output on stdout: every rank as JSON, or the human view (one node
+    or rank in full), with the identity lines (new run, or which run it resumes). One function for
+    the CLI here and for the login node answering ``plan --remote``, so both print the same."""
+    from orchestrator.plan import LaunchPlan
+
+    assert isinstance(launch, LaunchPlan)
+    if as_json:
+        try:
+            text = launch.model_dump_json(indent=2)
+        except ValueError as exc:  # pydantic refuses text that is not UTF-8: a folder's name, from os.getcwd()
+            if "surrogates not allowed" not in str(exc):
+                raise
+            text = json.dumps(launch.model_dump(mode="json"), indent=2)  # \udcXX escapes: the name's own bytes
+        print(text)
+        return
+    from orchestrator.display import print_plan
+    from orchestrator.identity import plan_lines
+
+    print_plan(launch, node=node, rank=rank, run_lines=plan_lines(launch))
+
+
 def list_runs(as_json: bool = False) -> int:
     return status([], as_json=as_json)
 

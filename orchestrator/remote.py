@@ -25,14 +25,22 @@ The user's defaults live in ``$ORCHESTRATOR_CONFIG`` (default
       control_path: ~/.ssh/orchestrator-%C # the master's socket (ssh's ControlPath tokens)
       command: [orchestrator]              # the orchestrator on the login node
       reconnect_s: 600                     # how long a follow waits for the connection to return
+      allow_runs_in_home: false            # a relative runs_dir may land in your home there
+      client_id: null                      # this machine's id there (default: made once, kept
+                                           # in client-id beside this file)
+
+A spec sent with ``--remote`` means the cluster's paths: '~' in its path fields
+(``spec.HOME_PATH_FIELDS``) stays as written and the login node expands it for the login user.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import re
+import secrets
 import shlex
 import subprocess
 import sys
@@ -50,9 +58,12 @@ SSH_FAILED = 255
 #: Exit status of a remote orchestrator whose version differs from the client's.
 VERSION_MISMATCH = 3
 PROTOCOL = 1
-#: Commands that run on the login node under --remote; the others stay local (validate, plan) or
-#: make no sense there (run, demo).
-REMOTE_COMMANDS = ("submit", "status", "list", "logs", "stacks", "cancel", "report")
+#: Commands that run on the login node under --remote (plan: only a SLURM plan, ``plan_host``); the
+#: others stay local (validate) or make no sense there (run, demo).
+REMOTE_COMMANDS = ("submit", "plan", "status", "list", "logs", "stacks", "cancel", "report")
+#: The file beside the config file that keeps this machine's client id (``client_id``).
+CLIENT_ID_FILE = "client-id"
+_CLIENT_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 class RemoteError(OrchestratorError):
@@ -69,13 +80,20 @@ class RemoteSettings:
     control_path: str = "~/.ssh/orchestrator-%C"  # the ControlMaster socket (ssh tokens allowed)
     command: tuple[str, ...] = ("orchestrator",)  # the orchestrator's command on the login node
     reconnect_s: float = 600.0  # how long a follow waits for the connection to come back
+    #: A relative runs_dir (the default 'runs' too) lands in the login node's checkout, under the
+    #: login user's home: refused unless this is true (homes are small; see remote_receive).
+    allow_runs_in_home: bool = False
+    #: This machine's id on the login node (its checkouts are named by it); None: made once and
+    #: kept beside the config file (``client_id``).
+    client_id: Optional[str] = None
 
     @classmethod
     def parse(cls, data: dict[str, Any]) -> RemoteSettings:
         """Checked field by field; raises ValueError("field: why")."""
-        unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
+        known = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(data) - set(known))
         if unknown:
-            raise ValueError(f"{unknown[0]}: unknown setting (known: host, ssh, control_path, command, reconnect_s)")
+            raise ValueError(f"{unknown[0]}: unknown setting (known: {', '.join(known)})")
         host = data.get("host")
         if host is not None:
             _check_host(host)
@@ -91,8 +109,15 @@ class RemoteSettings:
         reconnect = data.get("reconnect_s", cls.reconnect_s)
         if isinstance(reconnect, bool) or not isinstance(reconnect, (int, float)) or not 0 <= reconnect <= 86400:
             raise ValueError("reconnect_s: give a number of seconds from 0 to 86400")
+        allow = data.get("allow_runs_in_home", cls.allow_runs_in_home)
+        if not isinstance(allow, bool):
+            raise ValueError(f"allow_runs_in_home: give true or false, not {allow!r}")
+        client = data.get("client_id")
+        if client is not None and (not isinstance(client, str) or not _CLIENT_ID.fullmatch(client)):
+            raise ValueError(f"client_id: {client!r} is not an id: give 1 to 64 letters, digits, '_', '.' or '-' "
+                             "(or leave it out: one is made once and kept beside this file)")
         return cls(host=host, ssh=words["ssh"], control_path=control, command=words["command"],
-                   reconnect_s=float(reconnect))
+                   reconnect_s=float(reconnect), allow_runs_in_home=allow, client_id=client)
 
 
 def _check_host(host: Any) -> None:
@@ -265,6 +290,8 @@ def run_command(host: Optional[str], command: str, argv: Sequence[str], args: An
     ssh = Ssh(load_settings(host))
     if command == "submit":
         return submit(ssh, args)
+    if command == "plan":
+        return plan(ssh, args)
     if command == "logs" and getattr(args, "follow", False):
         return ssh.follow(argv)
     if command == "report":
@@ -272,27 +299,76 @@ def run_command(host: Optional[str], command: str, argv: Sequence[str], args: An
     return ssh.run(argv).returncode
 
 
-def submit(ssh: Ssh, args: Any) -> int:
-    """Validate and scan here, ship what the login node lacks, submit there; then follow there."""
+def remote_spec(args: Any, command: str) -> Any:
+    """The spec as the login node will read it: validated here, with '~' in its path fields kept
+    as written (``spec.HOME_PATH_FIELDS``: the login node expands it for the login user, so
+    ``checkpoint.dir: ~/ckpt`` is the cluster's home, not this machine's), and SLURM's."""
     from orchestrator.loading import load_spec
 
-    spec = load_spec(*args.spec, overrides=args.overrides, executor=args.executor or "slurm")
+    spec = load_spec(*args.spec, overrides=args.overrides, executor=args.executor or "slurm", home_elsewhere=True)
     if spec.executor != "slurm":  # the login node refuses it too: it is shared, it only queues jobs
+        if command == "plan":
+            raise UsageError(f"--remote plan shows the cluster's plan of a SLURM job, and --executor {spec.executor} "
+                             "runs on this machine: drop --remote (or give --local) to plan it here")
         raise UsageError(f"--remote submit queues the job on SLURM there, and --executor {spec.executor} would run it "
                          "on the login node itself (shared by everyone): drop --executor, or run it here without "
                          "--remote")
-    header, sources = shipment(spec)
+    return spec
+
+
+def submit(ssh: Ssh, args: Any) -> int:
+    """Validate and scan here, ship what the login node lacks, submit there; then follow there."""
+    header, sources = shipment(remote_spec(args, "submit"), ssh.settings)
+    result, shipped, sent, code = exchange(ssh, header, sources)
+    if "submitted" not in result:
+        return code or 1
+    done = result["submitted"]
+    print(f"submitted {done['run']} on {ssh.host}: job(s) {', '.join(done['jobs']) or '-'}; run folder "
+          f"{done['run_dir']} (shipped {shipped} file(s), {sent} bytes)")
+    if args.follow:  # once it left the queue (logs -f gives up on a log that does not start)
+        from orchestrator.states import State
+
+        _status_row(ssh, done["run"], until=lambda state: state != State.PENDING)
+        ssh.follow(["logs", "-f", done["run"]])
+    if args.follow or args.wait:
+        return wait(ssh, done["run"])
+    return 0
+
+
+def plan(ssh: Ssh, args: Any) -> int:
+    """``plan`` as the login node makes it: its interpreter, its paths (its home for '~', the
+    checkout for relative ones), the code snapshot it would freeze, and whether a submission would
+    resume a run there. The project is shipped as for ``submit`` (the login node's checkout is
+    updated: the plan reads the entrypoint and the snapshot there); nothing is submitted."""
+    header, sources = shipment(remote_spec(args, "plan"), ssh.settings)
+    header["plan"] = {"json": bool(args.json), "node": args.node, "rank": args.rank}
+    result, _, _, code = exchange(ssh, header, sources)
+    planned = result.get("planned")
+    if not isinstance(planned, dict) or not isinstance(planned.get("text"), str):
+        return code or 1
+    sys.stdout.write(planned["text"])
+    sys.stdout.flush()
+    for line in planned.get("warnings") or []:
+        print(f"warning: {line}", file=sys.stderr)
+    return 0
+
+
+def exchange(ssh: Ssh, header: dict, sources: dict[str, str]) -> tuple[dict, int, int, int]:
+    """One ``remote-receive`` session: the header, then the files the login node asks for, then
+    its answer. Returns (the answer, files sent, bytes sent, ssh's exit status); an ``error``
+    answer raises RemoteError with the login node's line."""
     ssh.require_master()
     proc = subprocess.Popen(ssh.orchestrator(["remote-receive"]), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert proc.stdin is not None and proc.stdout is not None
+    missing: list = []
+    sent = 0
     try:
         proc.stdin.write(json.dumps(header).encode() + b"\n")
         proc.stdin.flush()
         answer = _read_message(proc.stdout, ssh)
-        missing = answer.get("missing")
+        missing = answer.get("missing")  # type: ignore[assignment]
         if not isinstance(missing, list):
             raise RemoteError(f"the login node answered {answer!r}, not the list of missing files")
-        sent = 0
         for sha in missing:
             path = sources.get(sha)
             if path is None:
@@ -308,19 +384,26 @@ def submit(ssh: Ssh, args: Any) -> int:
         result = _read_message(proc.stdout, ssh)
     code = proc.wait()
     ssh._check(code)
-    if "submitted" not in result:
-        return code or 1
-    done = result["submitted"]
-    print(f"submitted {done['run']} on {ssh.host}: job(s) {', '.join(done['jobs']) or '-'}; run folder "
-          f"{done['run_dir']} (shipped {len(missing)} file(s), {sent} bytes)")
-    if args.follow:  # once it left the queue (logs -f gives up on a log that does not start)
-        from orchestrator.states import State
+    return result, len(missing), sent, code
 
-        _status_row(ssh, done["run"], until=lambda state: state != State.PENDING)
-        ssh.follow(["logs", "-f", done["run"]])
-    if args.follow or args.wait:
-        return wait(ssh, done["run"])
-    return 0
+
+def plan_host(args: Any) -> Optional[str]:
+    """Where ``plan`` is made: on the login node with ``--remote HOST``; with ``remote.host`` in
+    the config, there too for a SLURM plan (the spec's executor, or ``--executor slurm``), which
+    only the cluster can make (its interpreter, its home, its checkout); a local plan stays here."""
+    if args.remote:
+        return str(args.remote)
+    if not config_path().is_file():
+        return None
+    host = load_settings().host
+    if not host:
+        return None
+    if args.executor is not None:
+        return host if args.executor == "slurm" else None
+    from orchestrator.loading import load_spec
+
+    spec = load_spec(*args.spec, overrides=args.overrides, home_elsewhere=True)
+    return host if spec.executor == "slurm" else None
 
 
 def wait(ssh: Ssh, run: str) -> int:
@@ -413,16 +496,20 @@ def _read_message(stream: IO[bytes], ssh: Ssh) -> dict:
     return message
 
 
-def shipment(spec: Any) -> tuple[dict, dict[str, str]]:
-    """What ``submit`` sends: the header (the resolved spec, the project's manifest and where the
-    CLI was called from in it) and, by hash, the local file each blob comes from."""
+def shipment(spec: Any, settings: Optional[RemoteSettings] = None) -> tuple[dict, dict[str, str]]:
+    """What ``submit`` and ``plan`` send: the header (the resolved spec, '~' kept as written in its
+    path fields; the project's manifest and where the CLI was called from in it; the checkout's
+    name, and the name an older version gave it; whether a relative runs_dir may land in the login
+    user's home) and, by hash, the local file each blob comes from."""
     from orchestrator.snapshot import Snapshot, project_root, scan, write_index
 
+    settings = settings or RemoteSettings()
     cwd = os.getcwd()
     data = spec.model_dump(mode="json", exclude_defaults=True)
     data["executor"] = spec.executor  # always said: the login node takes nothing but slurm, never a default
     root, how = project_root(spec.entrypoint, cwd)
-    header: dict[str, Any] = {"protocol": PROTOCOL, "version": __version__, "spec": data, "files": {}, "cwd": "."}
+    header: dict[str, Any] = {"protocol": PROTOCOL, "version": __version__, "spec": data, "files": {}, "cwd": ".",
+                              "allow_runs_in_home": settings.allow_runs_in_home}
     sources: dict[str, str] = {}
     if not spec.code.snapshot:
         raise UsageError("--remote submit ships the code snapshot, and this spec sets code.snapshot: false; remove "
@@ -447,21 +534,76 @@ def shipment(spec: Any) -> tuple[dict, dict[str, str]]:
     if script and os.path.isabs(spec.entrypoint):
         data["entrypoint"] = os.path.relpath(spec.entrypoint, cwd)
     header.update(files={rel: e.to_json() for rel, e in entries.items()}, cwd=rel_cwd,
-                  project=project_name(root), commit=snap.commit, diff=snap.diff)
+                  project=project_name(root, client_id(settings)), legacy_project=legacy_project_name(root),
+                  commit=snap.commit, diff=snap.diff)
     sources = {e.sha: os.path.join(root, rel) for rel, e in entries.items() if e.link is None}
     return header, sources
 
 
-def project_name(root: str) -> str:
+def project_name(root: str, client: str) -> str:
     """The login node's name for this project's checkout: the folder's name made a plain one
     (the login node accepts letters, digits, '_', '.', '-', not a leading '.' or '-'), then a
-    hash of this host and the path, which keeps projects of one name apart."""
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(root).name).lstrip(".-")[:100]
-    return f"{name or 'project'}-{_short(root)}"
+    hash of this machine's client id (``client_id``) and the path, which keeps projects of one
+    name apart and stays the same on every network (never the host name)."""
+    return f"{_plain_name(root)}-{hashlib.sha256(f'client:{client}:{root}'.encode()).hexdigest()[:8]}"
 
 
-def _short(text: str) -> str:
-    import hashlib
+def legacy_project_name(root: str) -> str:
+    """The name versions before the client id gave the checkout (a hash of the host name and the
+    path): the login node adopts that checkout once, when it holds no checkout of the new name,
+    so runs under a relative runs_dir there resume (``remote_receive.checkout_name``)."""
     import socket
 
-    return hashlib.sha256(f"{socket.gethostname()}:{text}".encode()).hexdigest()[:8]
+    return f"{_plain_name(root)}-{hashlib.sha256(f'{socket.gethostname()}:{root}'.encode()).hexdigest()[:8]}"
+
+
+def _plain_name(root: str) -> str:
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(root).name).lstrip(".-")[:100]
+    return name or "project"
+
+
+def client_id(settings: RemoteSettings) -> str:
+    """This machine's id on the login node: ``remote.client_id`` when the config sets it, else a
+    random one made the first time and kept in ``client-id`` beside the config file.
+
+    The login node names the project's checkout by it, and a relative runs_dir lives in that
+    checkout, so it must never change by itself: a host name does (macOS renames the machine on
+    another network), and a new checkout made the next submit start training over instead of
+    resuming. Two first submissions at once agree on one id (the file is linked into place only
+    if absent)."""
+    if settings.client_id:
+        return settings.client_id
+    path = config_path().with_name(CLIENT_ID_FILE)
+    for _ in range(2):
+        try:
+            text = path.read_text(encoding="ascii").strip()
+        except FileNotFoundError:
+            _make_client_id(path)
+            continue
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"cannot read this machine's client id in {path} ({exc}): fix its permissions, or set "
+                             "remote.client_id in the config file") from None
+        if not _CLIENT_ID.fullmatch(text):
+            raise UsageError(f"{path} holds no client id (1 to 64 letters, digits, '_', '.', '-'): put back the id it "
+                             "held (the login node names your checkouts by it: remote/projects/<project>-<hash>), or "
+                             "remove the file for a new id (later submissions then use new checkouts there)")
+        return text
+    raise UsageError(f"the client id file {path} vanished while it was made: submit again")
+
+
+def _make_client_id(path: Path) -> None:
+    """Write a new random id to ``path`` unless another process wrote one first (a temporary
+    file linked into place: ``link`` fails on an existing name, so the first id made wins)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{CLIENT_ID_FILE}-{os.getpid()}-{secrets.token_hex(4)}")
+        tmp.write_text(secrets.token_hex(16) + "\n", encoding="ascii")
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink(missing_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot keep this machine's client id in {path} ({exc}): make {path.parent} writable, or "
+                         "set remote.client_id in the config file") from None

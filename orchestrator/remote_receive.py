@@ -2,18 +2,31 @@
 
 One SSH session, on its stdin and stdout (the human-readable output goes to stderr):
 
-    client -> {"protocol", "version", "spec", "project", "cwd", "files": {path: entry}, "commit", "diff"}\\n
+    client -> {"protocol", "version", "spec", "project", "legacy_project", "cwd", "files": {path: entry},
+               "commit", "diff", "allow_runs_in_home", "plan"}\\n
     server -> {"missing": [sha256...]}\\n          the blobs this node has never received
     client -> "<sha256> <size>\\n" <bytes>  ...  "END\\n"
     server -> {"submitted": {"run", "jobs", "run_dir"}}\\n   or {"error": "..."}\\n
+              (with "plan": {"planned": {"text", "warnings"}}\\n: plan's output here; nothing submitted)
 
 Received files are kept once, by hash, in ``$ORCHESTRATOR_HOME/remote/blobs``. The project is a
-checkout in ``remote/projects/<name>-<hash of host and path>/``: each submission makes its files
-exactly the shipped ones (hard links to the blobs; files the previous shipment had and this one
-lacks are removed, files the jobs wrote are left), records the manifest in
+checkout in ``remote/projects/<name>-<hash of the client id and path>/``: each submission makes its
+files exactly the shipped ones (hard links to the blobs; files the previous shipment had and this
+one lacks are removed, files the jobs wrote are left), records the manifest in
 ``.orchestrator-shipped.json`` (which ``snapshot`` then freezes as is, without hashing again),
 and submits from the folder the user was in, so relative paths in the spec mean what they meant
 on the laptop, and a relative ``runs_dir`` stays the same between submissions (runs resume).
+The client id is kept in the laptop's config (``remote.client_id``); versions before it named the
+checkout by the laptop's host name (``legacy_project``): a project with no checkout of its new
+name adopts that one, once, recorded in ``remote/projects/.aliases/<project>`` (``checkout_name``).
+
+The spec's paths are the cluster's: '~' in its path fields arrives as written and is expanded
+here, for this node's user, when the spec is validated. A relative ``runs_dir`` (the default
+``runs``) or ``checkpoint.dir`` would put runs and checkpoints in the checkout, and so under this
+user's home when the orchestrator's home is there: refused unless ``allow_runs_in_home`` (the
+laptop's ``remote.allow_runs_in_home``), naming ``$SCRATCH`` / ``$WORK`` where this node sets
+them (``runs_in_home_problem``). After a submission the runs folder's store of code snapshots
+is pruned (``snapshot_prune``): the trees of runs that may still run and of the last few stay.
 
 Everything received is hostile input until checked: a damaged or older client, a tampered
 stream or another program speaking the protocol must never make this node write outside its
@@ -31,7 +44,10 @@ checked before the first answer, and refused with one line (``{"error": ...}``, 
   inside the project (an absolute target, or one that climbs out, would point elsewhere from
   the checkout than from the laptop's project);
 - ``cwd``: ``.`` or a path inside the project through no shipped file or link;
-- ``project``: letters, digits, ``_ . -``, not starting with ``.`` or ``-``, up to 120;
+- ``project`` (and ``legacy_project``, the same name but for its hash): letters, digits,
+  ``_ . -``, not starting with ``.`` or ``-``, up to 120;
+- ``allow_runs_in_home``: true or false; ``plan``: ``{"json": bool, "node": int | null,
+  "rank": int | null}`` (one of node and rank, each from 0 to the largest world);
 - the spec: ``executor: slurm`` only (this node queues jobs; it never runs them);
 - the blob stream: ``<sha256> <size>\\n`` for a blob asked for, with the size the header gave,
   then exactly that many bytes; then ``END\\n``. ``snapshot.put_blob`` hashes each while writing
@@ -82,7 +98,13 @@ FILE_MODES = ("0o644", "0o755")
 LINK_MODE = "0o777"
 #: The checkout of a submission that ships nothing (an installed package's module).
 NO_PROJECT = "_no-project"
-_HEADER_KEYS = frozenset({"protocol", "version", "spec", "project", "cwd", "files", "commit", "diff"})
+_HEADER_KEYS = frozenset({"protocol", "version", "spec", "project", "legacy_project", "cwd", "files", "commit",
+                          "diff", "allow_runs_in_home", "plan"})
+_PLAN_KEYS = frozenset({"json", "node", "rank"})
+#: Where the adoption of a host-named checkout is recorded (``checkout_name``): never a project's name.
+ALIASES = ".aliases"
+#: The site's variables naming large per-user storage, as a refused runs_dir suggests them.
+SITE_STORAGE = ("SCRATCH", "WORK")
 _SHA = re.compile(r"[0-9a-f]{64}")
 _PROJECT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,119}")
 _COMMIT = re.compile(r"[0-9a-f]{7,64}")
@@ -103,6 +125,16 @@ class Shipped:
 
 
 @dataclass(frozen=True)
+class PlanRequest:
+    """``plan --remote``: what ``orchestrator plan`` shows (the human view, one node or rank of
+    it, or every rank as JSON)."""
+
+    as_json: bool = False
+    node: Optional[int] = None
+    rank: Optional[int] = None
+
+
+@dataclass(frozen=True)
 class Submission:
     """The header, checked whole (see the module's doc)."""
 
@@ -112,6 +144,9 @@ class Submission:
     cwd: str
     commit: Optional[str]
     diff: str
+    legacy_project: Optional[str] = None
+    allow_runs_in_home: bool = False
+    plan: Optional[PlanRequest] = None
 
     def blob_sizes(self) -> dict[str, int]:
         """The content every shipped file needs, by hash, with its size."""
@@ -140,13 +175,24 @@ def serve(stdin: IO[bytes], stdout: IO[bytes]) -> int:
         submission = _header(stdin.readline(MAX_HEADER_BYTES + 1))
         base = remote_home()
         blobs = base / "blobs"
+        checkout = base / "projects" / checkout_name(base / "projects", submission)
+        home_problem = None if submission.allow_runs_in_home else runs_in_home_problem(
+            submission.spec, checkout.joinpath(*submission.cwd.split("/")), _login_home(), os.environ)
+        if home_problem is not None and submission.plan is None:  # before a byte is received or written
+            raise UsageError(home_problem)
         missing = {sha: size for sha, size in sorted(submission.blob_sizes().items())
                    if not (blobs / sha[:2] / sha).is_file()}
         say({"missing": list(missing)})
         _receive_blobs(stdin, blobs, missing)
         with contextlib.redirect_stdout(sys.stderr):  # the CLI's own lines are for the user, not the protocol
-            run = _submit(submission, base, blobs)
-        say({"submitted": run})
+            if submission.plan is not None:
+                planned = _plan(submission, checkout, blobs, submission.plan)  # plan's own output captured
+            else:
+                run = _submit(submission, checkout, blobs)
+        if submission.plan is not None:
+            say({"planned": {"text": planned, "warnings": [home_problem] if home_problem else []}})
+        else:
+            say({"submitted": run})
         return 0
     except OrchestratorError as exc:
         refuse(str(exc))
@@ -177,10 +223,13 @@ def _header(line: bytes) -> Submission:
                          "same orchestrator version on both")
     files = file_entries(header.get("files"))
     _check_links(files)
-    return Submission(spec=_checked_spec(header.get("spec")), files=files,
-                      project=_checked_project(header.get("project"), files),
+    project = _checked_project(header.get("project"), files)
+    return Submission(spec=_checked_spec(header.get("spec")), files=files, project=project,
                       cwd=_checked_cwd(header.get("cwd", "."), files),
-                      commit=_checked_commit(header.get("commit")), diff=_checked_text(header.get("diff"), "diff"))
+                      commit=_checked_commit(header.get("commit")), diff=_checked_text(header.get("diff"), "diff"),
+                      legacy_project=_checked_legacy(header.get("legacy_project"), project),
+                      allow_runs_in_home=_checked_flag(header.get("allow_runs_in_home", False), "allow_runs_in_home"),
+                      plan=_checked_plan(header.get("plan")))
 
 
 def _json(line: bytes) -> Any:
@@ -376,6 +425,48 @@ def _checked_project(project: Any, entries: Mapping[str, Shipped]) -> Optional[s
     return project
 
 
+def _checked_legacy(legacy: Any, project: Optional[str]) -> Optional[str]:
+    """The name an older client gave this project's checkout (its host name's hash): a plain name
+    as ``project`` is, differing from it only in the hash, so a checkout it adopts is this
+    project's (never a folder outside ``remote/projects``, nor another project's)."""
+    if legacy is None:
+        return None
+    if project is None or not isinstance(legacy, str) or not _PROJECT.fullmatch(legacy) or legacy == NO_PROJECT \
+            or legacy.rpartition("-")[0] != project.rpartition("-")[0]:
+        raise UsageError(f"the submission's older checkout name {_shown(legacy)} is not its project's name with "
+                         "another hash: update the orchestrator on your machine")
+    return legacy
+
+
+def _checked_flag(value: Any, name: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise UsageError(f"the submission's {name} is {_shown(value)}, not true or false: update the orchestrator on "
+                     "your machine")
+
+
+def _checked_plan(plan: Any) -> Optional[PlanRequest]:
+    """``plan --remote``'s options: a mapping of ``json`` (true/false) and one of ``node`` and
+    ``rank`` (a whole number from 0 to the largest world), or nothing (a submission)."""
+    if plan is None:
+        return None
+    from orchestrator.validators import MAX_WORLD
+
+    bad = "update the orchestrator on your machine"
+    if not isinstance(plan, dict) or set(plan) - _PLAN_KEYS:
+        raise UsageError(f"the submission's plan options {_shown(plan)} are not json, node and rank: {bad}")
+    as_json = _checked_flag(plan.get("json", False), "plan option json")
+    picked = {}
+    for key in ("node", "rank"):
+        value = plan.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < MAX_WORLD):
+            raise UsageError(f"plan --{key} {_shown(value)}: give a whole number from 0 to {MAX_WORLD - 1}")
+        picked[key] = value
+    if picked["node"] is not None and picked["rank"] is not None:
+        raise UsageError(f"plan takes one of --node and --rank, not both: {bad}")
+    return PlanRequest(as_json=as_json, node=picked["node"], rank=picked["rank"])
+
+
 def _checked_spec(spec: Any) -> dict:
     """The spec, as a mapping whose executor is SLURM: a login node is shared, so it only queues
     jobs (executor local or debug would run the user's code on the login node itself)."""
@@ -445,27 +536,202 @@ def _framed(stdin: IO[bytes], size: int) -> Iterator[bytes]:
         yield chunk
 
 
+# ---- the checkout's name -------------------------------------------------------------------------
+def checkout_name(projects: Path, submission: Submission) -> str:
+    """The checkout this submission uses (only read here; ``_adopt`` records a choice):
+
+    - the one its project adopted earlier (``.aliases/<project>`` names it), while it exists;
+    - else its project's own, when it exists;
+    - else the checkout an older client made of this project under its host-name key
+      (``legacy_project``), when that exists: runs under a relative runs_dir there resume;
+    - else its own, made now.
+    A submission that ships nothing uses the shared ``NO_PROJECT`` checkout."""
+    if not submission.files or not submission.project:
+        return NO_PROJECT
+    project = submission.project
+    adopted = _read_alias(projects, project)
+    if adopted is not None and _is_folder(projects / adopted):
+        return adopted
+    if os.path.lexists(projects / project):
+        return project
+    legacy = submission.legacy_project
+    if legacy is not None and _is_folder(projects / legacy):
+        return legacy
+    return project
+
+
+def _is_folder(path: Path) -> bool:
+    """A real folder (a link is never taken for a checkout: ``_open_checkout`` refuses it)."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _read_alias(projects: Path, project: str) -> Optional[str]:
+    """The checkout ``project`` adopted (None: none, or a record that names no plain checkout)."""
+    try:
+        fd = os.open(projects / ALIASES / project, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return None
+            name = f.read(256).decode("ascii", "replace").strip()
+    except OSError:
+        return None
+    return name if _PROJECT.fullmatch(name) and name != NO_PROJECT else None
+
+
+def _adopt(projects: Path, project: str, checkout: str) -> None:
+    """Record that ``project`` uses the older checkout ``checkout`` from now on (a file replaced
+    whole, in a folder opened without following links), so a later submission finds it again
+    even after the host name, and so the older name, changed."""
+    if checkout == project or _read_alias(projects, project) == checkout:
+        return
+    parent = os.open(projects, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        try:
+            folder = _open_child(parent, ALIASES, create=True)
+        except _Blocked:
+            raise UsageError(f"{projects / ALIASES} is not a folder: move it aside there, then submit again") from None
+        assert folder is not None
+        try:
+            def make(tmp: str) -> None:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+                             dir_fd=folder)
+                with os.fdopen(fd, "w", encoding="ascii") as out:
+                    out.write(checkout + "\n")
+
+            _replace_at(folder, project, make)
+        finally:
+            os.close(folder)
+    finally:
+        os.close(parent)
+    print(f"[orchestrator] {project}: using the checkout {checkout} that an older version made of this project "
+          "(named by your machine's host name then); later submissions keep using it", file=sys.stderr, flush=True)
+
+
+# ---- where runs land ---------------------------------------------------------------------------------
+def _login_home() -> str:
+    return os.path.expanduser("~")
+
+
+def runs_in_home_problem(spec: Mapping[str, Any], cwd: Path, home: str, env: Mapping[str, str]) -> Optional[str]:
+    """Why this submission's runs or checkpoints would land under the login user's ``home``
+    without the user asking for it (None: they would not).
+
+    A relative ``runs_dir`` (the default ``runs`` too) or ``checkpoint.dir`` is read from the
+    folder the user submitted from, in the checkout (``cwd``), which lives under the home unless
+    ``ORCHESTRATOR_HOME`` moved it; homes have small quotas on most clusters, and a full one
+    ends the job's checkpoints. Written on purpose: an absolute path, or '~' (kept as written
+    from the laptop), is the user's choice and never refused. ``spec`` is the received mapping
+    (values of another type are left to the spec's validation); ``env`` gives ``$SCRATCH`` and
+    ``$WORK`` for the suggestion."""
+    home_real = os.path.realpath(home)
+    checkpoint = spec.get("checkpoint")
+    fields = [("runs_dir", spec.get("runs_dir", "runs"), "runs and their checkpoints", "orchestrator-runs"),
+              ("checkpoint.dir", checkpoint.get("dir") if isinstance(checkpoint, dict) else None, "checkpoints",
+               "checkpoints")]
+    for field, value, what, leaf in fields:
+        if not isinstance(value, str) or not value.strip() or value.startswith(("/", "~")):
+            continue
+        landing = os.path.normpath(os.path.join(cwd, value))
+        real = os.path.realpath(landing)
+        if real != home_real and not real.startswith(home_real.rstrip("/") + "/"):
+            continue
+        return (f"{field}: {_shown(value)} is relative, so {what} would be written under your home on the login "
+                f"node ({landing}), whose quota is small on most clusters; {_storage_hint(field, leaf, env)}; or "
+                f"keep them in your home on purpose: {field}: ~/{value.strip('/')}, or remote.allow_runs_in_home: "
+                "true in the orchestrator config on your machine")
+    return None
+
+
+def _storage_hint(field: str, leaf: str, env: Mapping[str, str]) -> str:
+    """The fix with the site's own storage: ``$SCRATCH`` or ``$WORK`` as this node sets them."""
+    found = [(name, env[name]) for name in SITE_STORAGE
+             if isinstance(env.get(name), str) and os.path.isabs(env[name]) and "\n" not in env[name]]
+    if not found:
+        return (f"give {field} an absolute path on the cluster's scratch or work filesystem (this login node sets "
+                "neither $SCRATCH nor $WORK: ask your site which one is for job output)")
+    shown = ", ".join(f"${name} is {value}" for name, value in found)
+    return (f"give {field} an absolute path on the cluster's shared storage ({shown} here), e.g. "
+            f"--set {field}={found[0][1].rstrip('/')}/{leaf}")
+
+
 # ---- the submission ------------------------------------------------------------------------------
-def _submit(submission: Submission, base: Path, blobs: Path) -> dict:
+def _submit(submission: Submission, checkout: Path, blobs: Path) -> dict:
+    """Make the checkout what was shipped, enter the folder the user was in, submit from there,
+    then prune the runs folder's snapshot store (never failing the submission for it)."""
     from orchestrator.api import submit
+    from orchestrator.snapshot_prune import store_lock
+
+    with _entered_checkout(submission, checkout, blobs) as spec:
+        store = _store_of(spec)
+        with store_lock(store, exclusive=False):  # a prune waits until this run's snapshot is recorded
+            handle = submit(spec, executor="slurm", on_plan=_say_plan)
+        _prune(store)
+        return {"run": handle.id, "jobs": list(handle.job_ids), "run_dir": str(handle.run_dir)}
+
+
+def _plan(submission: Submission, checkout: Path, blobs: Path, request: PlanRequest) -> str:
+    """``plan --remote``: the checkout updated as for a submission, then ``plan``'s output as
+    this node makes it (its interpreter, its paths), captured for the client; nothing submitted."""
+    from orchestrator.api import plan_for
+    from orchestrator.operations import show_plan
+
+    with _entered_checkout(submission, checkout, blobs) as spec:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            show_plan(plan_for(spec, "slurm"), as_json=request.as_json, node=request.node, rank=request.rank)
+        return out.getvalue()
+
+
+@contextlib.contextmanager
+def _entered_checkout(submission: Submission, checkout: Path, blobs: Path) -> Iterator[Any]:
+    """The checkout made exactly the shipped files, under its lock (two submissions of one
+    project update it in turn), this process in the folder the user was in, and the spec
+    validated there ('~' expanded for this node's user): the JobSpec."""
     from orchestrator.loading import spec_from_dict
 
-    projects = base / "projects"
+    projects = checkout.parent
     projects.mkdir(parents=True, exist_ok=True)
-    checkout = projects / (submission.project if submission.files and submission.project else NO_PROJECT)
     lock = _lock(projects / f".{checkout.name}.lock") if submission.files else None
-    try:  # two submissions of one project update its checkout in turn
+    try:
         if submission.files:
+            if submission.project is not None and checkout.name != submission.project:
+                _adopt(projects, submission.project, checkout.name)
             update_checkout(checkout, submission.files, blobs, submission.commit, submission.diff)
         _enter(checkout, submission.cwd)
         spec = spec_from_dict(dict(submission.spec))
         if spec.executor != "slurm":  # checked in the header already; this is the last door before a run
             raise UsageError(f"refusing to run a spec with executor {spec.executor} on the login node")
-        handle = submit(spec, executor="slurm", on_plan=_say_plan)
-        return {"run": handle.id, "jobs": list(handle.job_ids), "run_dir": str(handle.run_dir)}
+        yield spec
     finally:
         if lock is not None:
             os.close(lock)
+
+
+def _store_of(spec: Any) -> Path:
+    """The runs folder's store of code snapshots, as ``snapshot.scan_project`` places it."""
+    from orchestrator.snapshot import STORE_NAME
+
+    return Path(os.path.abspath(os.path.expanduser(spec.runs_dir))) / STORE_NAME
+
+
+def _prune(store: Path) -> None:
+    """Prune the store after a submission (``snapshot_prune``); a failure there is one line on
+    stderr, never the submission's failure."""
+    from orchestrator.snapshot_prune import prune
+
+    try:
+        report = prune(store)
+    except (OrchestratorError, OSError) as exc:
+        print(f"[orchestrator] old code snapshots in {store} were not pruned: {exc}", file=sys.stderr, flush=True)
+        return
+    if report is not None and (report.removed or report.skipped):
+        print(report.line(), file=sys.stderr, flush=True)
 
 
 def _lock(path: Path) -> int:

@@ -40,6 +40,37 @@ RESERVED_SBATCH = frozenset(
 #: Most items a list or mapping field may hold (arguments, setup lines, sbatch options).
 MAX_ITEMS = v.MAX_SWEEP_POINTS
 
+#: Every field that names a place on the machine the job runs on, where '~' means that machine's
+#: home: the one list. Validating a spec expands '~' in them for this machine's user (runs_dir
+#: keeps its text, which names the run id, and is expanded when planned). A spec validated with
+#: the context ``{HOME_ELSEWHERE: True}`` (``loading.load_spec(..., home_elsewhere=True)``, what
+#: ``--remote`` sends) keeps '~' as written and unchecked in each, so the login node's own
+#: validation expands it for the login user: ``~/ckpt`` is the cluster's home, never the laptop's.
+#: Fields that take no '~' are not listed: slurm.python, container.image and container.mounts
+#: (absolute paths; '~' refused), code.ignore_file and code.include/exclude (inside the project,
+#: shipped with it), entrypoint (a script of the project, shipped). ``tests/unit/test_remote_paths.py``
+#: fails when a field that expands '~' is missing here.
+HOME_PATH_FIELDS: tuple[str, ...] = ("runs_dir", "workdir", "checkpoint.dir", "distributed.rendezvous_dir")
+#: The validation context's key saying that '~' in HOME_PATH_FIELDS is another machine's home.
+HOME_ELSEWHERE = "home_elsewhere"
+
+
+def _home_path(value: str, field: str, info: ValidationInfo, *, expand: bool = True, run_folder: bool = True) -> str:
+    """One of HOME_PATH_FIELDS, checked: '~' expanded here (unless ``expand`` is false), or kept
+    as written when the spec is validated for another machine (``HOME_ELSEWHERE``). ``run_folder``:
+    a folder the job names its logs after, where '%' is refused (``validators.run_path``)."""
+    if field not in HOME_PATH_FIELDS:
+        raise AssertionError(f"{field} is not in HOME_PATH_FIELDS")  # the list is the one place: keep it whole
+    elsewhere = home_elsewhere(info)
+    check = v.run_path if run_folder else v.local_path
+    return check(value, field, expand=expand and not elsewhere, home_elsewhere=elsewhere)
+
+
+def home_elsewhere(info: ValidationInfo) -> bool:
+    """Whether this validation is for another machine (``HOME_ELSEWHERE``): checks of this
+    machine's disk then say nothing about where the job runs."""
+    return isinstance(info.context, dict) and bool(info.context.get(HOME_ELSEWHERE))
+
 
 def _check_texts(value: Any, what: str) -> None:
     """Apply the one string rule (validators.text) to every string in a field, keys included."""
@@ -178,8 +209,8 @@ class DistributedSpec(_Model):
 
     @field_validator("rendezvous_dir")
     @classmethod
-    def _rdir(cls, value: str | None) -> str | None:
-        return None if value is None else v.run_path(value, "rendezvous_dir")
+    def _rdir(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return None if value is None else _home_path(value, "distributed.rendezvous_dir", info)
 
     @field_validator("interface")
     @classmethod
@@ -210,10 +241,10 @@ class CheckpointSpec(_Model):
 
     @field_validator("dir")
     @classmethod
-    def _dir(cls, value: str | None) -> str | None:
+    def _dir(cls, value: str | None, info: ValidationInfo) -> str | None:
         if value is not None and not value.strip():
             raise ValueError("checkpoint.dir is empty: give a directory, or leave it unset for <run folder>/checkpoints")
-        return None if value is None else v.local_path(value, "checkpoint.dir")
+        return None if value is None else _home_path(value, "checkpoint.dir", info, run_folder=False)
 
 
 class SlurmSpec(_Model):
@@ -752,14 +783,17 @@ class JobSpec(_Model):
 
     @field_validator("workdir")
     @classmethod
-    def _workdir(cls, value: str | None) -> str | None:
-        return None if value is None else v.folder_or_absent(v.run_path(value, "workdir"), "workdir")
+    def _workdir(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return None
+        value = _home_path(value, "workdir", info)
+        return value if home_elsewhere(info) else v.folder_or_absent(value, "workdir")
 
     @field_validator("runs_dir")
     @classmethod
-    def _runs_dir(cls, value: str) -> str:
+    def _runs_dir(cls, value: str, info: ValidationInfo) -> str:
         # '~' stays as written (plan expands it): the text names the run id, so existing runs keep theirs.
-        return v.run_path(value, "runs_dir", expand=False)
+        return _home_path(value, "runs_dir", info, expand=False)
 
     @field_validator("sweep")
     @classmethod

@@ -330,10 +330,10 @@ def sbatch_option(key: str, reserved: frozenset[str]) -> str:
     return norm
 
 
-def run_path(value: str, what: str, expand: bool = True) -> str:
+def run_path(value: str, what: str, expand: bool = True, home_elsewhere: bool = False) -> str:
     """A folder the job writes in (runs_dir, workdir, the rendezvous folder): see ``local_path``;
     and no '%', which SLURM expands in the log file names made from it."""
-    value = local_path(value, what, expand)
+    value = local_path(value, what, expand, home_elsewhere)
     if "%" in value:
         raise ValueError(
             f"{what} {shown(value)} contains '%', which SLURM expands in log file names (%j, %t); rename it"
@@ -341,15 +341,17 @@ def run_path(value: str, what: str, expand: bool = True) -> str:
     return value
 
 
-def local_path(value: str, what: str, expand: bool = True) -> str:
+def local_path(value: str, what: str, expand: bool = True, home_elsewhere: bool = False) -> str:
     """A path the ranks use: not empty, '~' expanded as a shell would (the path is never read by
     a shell, so '~/x' would otherwise make a folder named '~'), and every name in it short enough
     for the filesystem. ``expand=False`` checks that '~' can be expanded but keeps the text (for
-    runs_dir, which names the run id and is expanded when planned)."""
+    runs_dir, which names the run id and is expanded when planned). ``home_elsewhere``: the job
+    runs on another machine (``--remote``), whose users and homes this one does not know, so '~'
+    is kept as written and not checked here; that machine's own validation expands it."""
     if not value.strip():
         raise ValueError(f"{what} is empty: give a directory path")
     text(value, what)
-    if value.startswith("~"):
+    if value.startswith("~") and not home_elsewhere:
         expanded = os.path.expanduser(value)
         if expanded.startswith("~"):
             user = value[1:].split("/")[0]

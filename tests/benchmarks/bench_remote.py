@@ -76,7 +76,8 @@ def main() -> None:
     counting.chmod(0o755)
     config = base / "config.yaml"
     config.write_text(yaml.safe_dump({"remote": {"host": "orch-login", "ssh": [str(counting), "-F", ssh_config],
-                                                 "control_path": control, "command": [str(venv / "bin" / "orchestrator")]}}))
+                                                 "control_path": control, "command": [str(venv / "bin" / "orchestrator")],
+                                                 "allow_runs_in_home": True}}))  # runs_dir: runs, in the checkout
     env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
     env["ORCHESTRATOR_CONFIG"] = str(config)
     project = base / "project"

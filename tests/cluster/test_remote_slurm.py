@@ -70,7 +70,10 @@ def remote(cluster: dict[str, str], login_install: str, tmp_path: Path) -> Itera
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump({"remote": {
         "host": cluster["login_host"], "ssh": ["ssh", "-F", cluster["login_ssh_config"]], "control_path": control,
-        "command": [login_install], "reconnect_s": 90}}))
+        "command": [login_install], "reconnect_s": 90,
+        # the specs here use runs_dir: runs, in the login node's checkout under the login user's home (no
+        # $SCRATCH on the deploy cluster): said on purpose, as a user with a roomy home would
+        "allow_runs_in_home": True}}))
     env = {**os.environ, "ORCHESTRATOR_CONFIG": str(config)}
     env.pop("SLURM_CONF", None)  # the laptop has no cluster configuration
     facts = {"config": str(config), "control": control, "host": cluster["login_host"],
@@ -225,3 +228,52 @@ def test_a_client_of_another_version_is_refused(cluster: dict[str, str], remote:
                           "BatchMode=yes", "--", remote["host"], f"{login_install} --client-version 0.0.1 status"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 3 and "0.0.1" in out.stderr and "install the same version" in out.stderr, out.stderr
+
+
+CKPT_SCRIPT = '''\
+import os, sys
+folder = os.environ["ORCH_CHECKPOINT_DIR"]
+if os.environ["RANK"] == "0":
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "written-by-rank-0"), "w") as f:
+        f.write(sys.executable)
+print(f"CKPT {folder}", flush=True)
+'''
+
+
+def test_tilde_is_the_login_users_home_plan_is_the_clusters_and_a_new_host_name_resumes(
+        cluster: dict[str, str], remote: dict[str, str], project: Path, login_install: str) -> None:
+    """checkpoint.dir: ~/x written on the laptop is the login user's home on the cluster (never the
+    laptop's), plan shows what the cluster will run (the login node's python and paths), and a
+    submission after the laptop's host name changed (macOS renames it on another network) lands in
+    the same checkout, so the same run folder: the run resumes."""
+    # ssh's %C hashes the local host name too: under another host name the master is another
+    # socket (a user reopens it, as the error says). A path without it keeps this test to one master.
+    remote["control"] = f"/tmp/orch-ctl-{uuid.uuid4().hex[:8]}-%r@%h:%p"
+    config = yaml.safe_load(Path(remote["config"]).read_text())
+    config["remote"]["control_path"] = remote["control"]
+    Path(remote["config"]).write_text(yaml.safe_dump(config))
+    _open(remote)
+    folder = f"ckpt-{uuid.uuid4().hex[:8]}"
+    (project / "ckpt.py").write_text(CKPT_SCRIPT)
+    spec = yaml.safe_load((project / "spec.yaml").read_text())
+    spec.update(entrypoint="ckpt.py", nodes=1, extra_args=[], checkpoint={"dir": f"~/{folder}"})
+    (project / "spec.yaml").write_text(yaml.safe_dump(spec))
+    login_home, python = cluster["login_home"], str(Path(login_install).parent / "python")  # python or python3
+    planned = _orch(remote, "plan", "spec.yaml", cwd=project)  # remote.host is set and the spec is SLURM's
+    assert planned.returncode == 0, planned.stdout + planned.stderr
+    assert f"{login_home}/{folder}" in planned.stdout and python in planned.stdout, planned.stdout
+    assert str(Path.home()) + "/" not in planned.stdout.replace(login_home, ""), planned.stdout
+    first = _orch(remote, "submit", "spec.yaml", "--wait", cwd=project)
+    assert first.returncode == 0, first.stdout + first.stderr
+    written = Path(login_home) / folder / "written-by-rank-0"
+    assert written.read_text().startswith(login_home), written  # written by the cluster's python, there
+    assert written.stat().st_uid != 0 and not (Path.home() / folder).exists()
+    # the same laptop on another network: another host name, the same client id
+    renamed = subprocess.run(["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"',
+                              f"laptop-elsewhere-{uuid.uuid4().hex[:6]}", sys.executable, "-m", "orchestrator",
+                              "submit", "spec.yaml", "--wait"], cwd=project, capture_output=True, text=True,
+                             timeout=300, env=json.loads(remote["env"]))
+    assert renamed.returncode == 0, renamed.stdout + renamed.stderr
+    folders = re.findall(r"; run folder (\S+) \(shipped", first.stdout + renamed.stdout)
+    assert len(folders) == 2 and folders[0] == folders[1], folders

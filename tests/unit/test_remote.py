@@ -7,9 +7,13 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import re
 import subprocess
 import tarfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
@@ -185,3 +189,119 @@ def test_remote_and_local_together_are_refused(capsys: pytest.CaptureFixture[str
 
 def test_an_empty_report_stream_unpacks_nothing(tmp_path: Path) -> None:
     assert unpack_pngs(b"", tmp_path / "out") == []
+
+
+# ---- the client id: the login node's checkout keyed by this machine, never by its host name ----------
+def test_the_client_id_is_made_once_beside_the_config_and_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.remote import CLIENT_ID_FILE, client_id
+
+    monkeypatch.setenv("ORCHESTRATOR_CONFIG", str(tmp_path / "cfg" / "config.yaml"))
+    first = client_id(RemoteSettings(host="login"))
+    assert re.fullmatch(r"[0-9a-f]{32}", first)
+    assert (tmp_path / "cfg" / CLIENT_ID_FILE).read_text().strip() == first
+    assert client_id(RemoteSettings(host="login")) == first
+    assert client_id(RemoteSettings(host="login", client_id="my-laptop.2")) == "my-laptop.2"  # the config's wins
+
+
+def test_first_submissions_at_once_agree_on_one_client_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.remote import client_id
+
+    monkeypatch.setenv("ORCHESTRATOR_CONFIG", str(tmp_path / "config.yaml"))
+    barrier = threading.Barrier(8)
+
+    def one() -> str:
+        barrier.wait()
+        return client_id(RemoteSettings(host="login"))
+
+    with ThreadPoolExecutor(8) as pool:
+        ids = set(pool.map(lambda _: one(), range(8)))
+    assert len(ids) == 1 and sorted(p.name for p in tmp_path.iterdir()) == ["client-id"]
+
+
+def test_a_damaged_client_id_file_says_what_to_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.remote import client_id
+
+    monkeypatch.setenv("ORCHESTRATOR_CONFIG", str(tmp_path / "config.yaml"))
+    (tmp_path / "client-id").write_text("not an id: spaces\n")
+    with pytest.raises(UsageError, match=r"client-id holds no client id .*put back the id .*or remove the file"):
+        client_id(RemoteSettings(host="login"))
+    config = tmp_path / "config.yaml"
+    config.write_text("remote:\n  client_id: 'a b'\n")
+    with pytest.raises(UsageError, match=r"remote\.client_id: 'a b' is not an id"):
+        load_settings()
+
+
+def test_the_checkout_name_stays_when_the_host_name_changes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """macOS renames the machine on another network: the checkout (and a relative runs_dir in it)
+    must stay, so the next submit resumes instead of starting over. The older, host-named key is
+    still sent, for the login node to find a checkout an older version made."""
+    import socket
+
+    from orchestrator.remote import legacy_project_name, project_name
+
+    monkeypatch.setattr(socket, "gethostname", lambda: "alices-mbp.home")
+    name, old = project_name("/Users/alice/proj", "c0ffee"), legacy_project_name("/Users/alice/proj")
+    monkeypatch.setattr(socket, "gethostname", lambda: "alices-mbp.eduroam.example.org")
+    assert project_name("/Users/alice/proj", "c0ffee") == name
+    assert legacy_project_name("/Users/alice/proj") != old
+    assert name.startswith("proj-") and old.startswith("proj-") and name != old
+    assert project_name("/Users/alice/proj", "other-laptop") != name
+    assert project_name("/Users/alice/other/proj", "c0ffee") != name
+
+
+# ---- plan: the cluster's plan is made there ---------------------------------------------------------------
+def _plan_args(tmp_path: Path, executor: str | None = None, remote: str | None = None) -> SimpleNamespace:
+    return SimpleNamespace(spec=[str(tmp_path / "spec.yaml")], overrides=[], executor=executor, remote=remote,
+                           local=False, json=False, node=None, rank=None)
+
+
+@pytest.mark.parametrize("spec_executor,flag,configured,expected", [
+    ("slurm", None, True, "login"),      # a SLURM plan is the cluster's
+    ("local", None, True, None),         # a local plan stays here
+    ("local", "slurm", True, "login"),
+    ("slurm", "local", True, None),
+    ("slurm", None, False, None),        # no login node configured: here, as before
+])
+def test_plan_goes_to_the_login_node_for_a_slurm_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      spec_executor: str, flag: str | None, configured: bool,
+                                                      expected: str | None) -> None:
+    from orchestrator.remote import plan_host
+
+    config = tmp_path / "config.yaml"
+    monkeypatch.setenv("ORCHESTRATOR_CONFIG", str(config))
+    if configured:
+        config.write_text("remote:\n  host: login\n")
+    (tmp_path / "spec.yaml").write_text(f"name: p\nentrypoint: jobs.train:main\nexecutor: {spec_executor}\n"
+                                        "checkpoint: {dir: ~someone-only-on-the-cluster/x}\n")
+    assert plan_host(_plan_args(tmp_path, flag)) == expected
+    assert plan_host(_plan_args(tmp_path, flag, remote="other")) == "other"  # --remote HOST: always there
+
+
+def test_plan_with_local_or_on_the_login_node_itself_stays_here(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.cli import _remote_target, build_parser
+
+    config = tmp_path / "config.yaml"
+    monkeypatch.setenv("ORCHESTRATOR_CONFIG", str(config))
+    config.write_text("remote:\n  host: login\n")
+    (tmp_path / "spec.yaml").write_text("name: p\nentrypoint: jobs.train:main\nexecutor: slurm\n")
+    spec = str(tmp_path / "spec.yaml")
+    assert _remote_target(build_parser().parse_args(["plan", spec])) == "login"
+    assert _remote_target(build_parser().parse_args(["--local", "plan", spec])) is None
+    assert _remote_target(build_parser().parse_args(["--client-version", "x", "plan", spec])) is None
+    assert _remote_target(build_parser().parse_args(["plan", spec, "--executor", "local"])) is None
+
+
+def test_a_remote_plan_of_a_local_run_is_refused_before_connecting(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from unittest import mock
+
+    from orchestrator import remote
+
+    (tmp_path / "spec.yaml").write_text("name: p\nentrypoint: jobs.train:main\n")
+    monkeypatch.chdir(tmp_path)
+    ssh = mock.Mock(spec=remote.Ssh)
+    with pytest.raises(UsageError, match="--remote plan shows the cluster's plan of a SLURM job, and --executor "
+                                         "local runs on this machine"):
+        remote.plan(ssh, _plan_args(tmp_path, "local", remote="login"))
+    assert ssh.mock_calls == []

@@ -131,36 +131,45 @@ class Arena:
 
 
 @contextlib.contextmanager
-def receiver(home: Path) -> Iterator[list]:
-    """ORCHESTRATOR_HOME at ``home``, the working folder restored after, and ``submit`` recorded
-    instead of run (the list it yields)."""
+def receiver(home: Path, user_home: Optional[Path] = None, also: Optional[Callable[[], None]] = None,
+             ) -> Iterator[list]:
+    """ORCHESTRATOR_HOME at ``home``, the login user's HOME at ``user_home`` (default: a folder
+    beside it, so a relative runs_dir is not in the home unless a case says so), the working
+    folder restored after, and ``submit`` recorded instead of run (the list it yields; ``also``
+    is called in its place too, in the folder it was called from)."""
     calls: list = []
 
     def recorded_submit(spec: Any, *, executor: str = "slurm", on_plan: Any = None) -> Any:
         calls.append((spec, executor, os.getcwd()))
+        if also is not None:
+            also()
         return SimpleNamespace(id="run-1", job_ids=["101"], run_dir=Path(os.getcwd()) / "runs" / "run-1")
 
-    cwd, before = os.getcwd(), os.environ.get("ORCHESTRATOR_HOME")
+    saved = {name: os.environ.get(name) for name in ("ORCHESTRATOR_HOME", "HOME")}
+    cwd = os.getcwd()
     os.environ["ORCHESTRATOR_HOME"] = str(home)
+    os.environ["HOME"] = str(user_home or home.parent / "login-user-home")
     try:
         with mock.patch.object(orchestrator.api, "submit", recorded_submit):
             yield calls
     finally:
         os.chdir(cwd)
-        if before is None:
-            os.environ.pop("ORCHESTRATOR_HOME", None)
-        else:
-            os.environ["ORCHESTRATOR_HOME"] = before
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def encode(header: Any) -> bytes:
     return header if isinstance(header, bytes) else json.dumps(header).encode() + b"\n"
 
 
-def feed(arena: Arena, header: Any, stream: bytes = b"END\n") -> tuple[int, list[dict], list]:
+def feed(arena: Arena, header: Any, stream: bytes = b"END\n", user_home: Optional[Path] = None,
+         also: Optional[Callable[[], None]] = None) -> tuple[int, list[dict], list]:
     """Run the receiver on ``header`` and ``stream``: its exit status, its messages, the submissions."""
     out = io.BytesIO()
-    with receiver(arena.home) as calls:
+    with receiver(arena.home, user_home, also) as calls:
         code = serve(io.BytesIO(encode(header) + stream), out)
     return code, [json.loads(line) for line in out.getvalue().splitlines()], calls
 
@@ -170,7 +179,7 @@ def blob_stream(*contents: bytes) -> bytes:
 
 
 def assert_refused(arena: Arena, header: Any, stream: bytes = b"END\n", match: str = "",
-                   plant: Optional[Callable[[], None]] = None) -> str:
+                   plant: Optional[Callable[[], None]] = None, user_home: Optional[Path] = None) -> str:
     """Feed it; it must be refused with one line, nothing outside the allowed roots changed,
     nothing submitted. Returns the error."""
     if plant is not None:
@@ -179,7 +188,7 @@ def assert_refused(arena: Arena, header: Any, stream: bytes = b"END\n", match: s
     before = arena.state(skip)
     st_ = os.lstat(arena.honest_blob)
     honest = (st_.st_ino, st_.st_mode, arena.honest_blob.read_bytes())
-    code, messages, calls = feed(arena, header, stream)
+    code, messages, calls = feed(arena, header, stream, user_home)
     assert calls == [], "a hostile submission reached submit"
     assert code != 0 and messages and "error" in messages[-1], messages
     assert all(set(m) == {"missing"} and isinstance(m["missing"], list) for m in messages[:-1]), messages
@@ -426,6 +435,114 @@ def test_a_malformed_header_is_one_line(arena: Arena, header: bytes, match: str)
     assert_refused(arena, header, HONEST_STREAM, match)
 
 
+@pytest.mark.parametrize("legacy", ["..", ".", "../fuzz-00000000", "fuzz-0123abcd/x", NO_PROJECT, HONEST,
+                                    "other-0123abcd", "fuzz", ".fuzz-00000000", "x" * 121, 7, True, ["fuzz-1"], {}])
+def test_an_older_checkout_name_that_is_not_this_projects_is_refused(arena: Arena, legacy: Any) -> None:
+    """legacy_project names the checkout an older client made of this project: a plain name that is
+    the project's own but for the hash, never a folder elsewhere nor another project's checkout."""
+    assert_refused(arena, honest_header(legacy_project=legacy), HONEST_STREAM, "older checkout name")
+
+
+def test_an_older_checkout_name_without_a_project_is_refused(arena: Arena) -> None:
+    header = honest_header(legacy_project="fuzz-00000000", project=None, files={}, cwd=".")
+    assert_refused(arena, header, b"END\n", "older checkout name")
+
+
+@pytest.mark.parametrize("value", ["true", 1, 0, None, [], {"x": 1}])
+def test_allow_runs_in_home_is_true_or_false(arena: Arena, value: Any) -> None:
+    assert_refused(arena, honest_header(allow_runs_in_home=value), HONEST_STREAM, "not true or false")
+
+
+@pytest.mark.parametrize("plan,match", [
+    ("plan", "plan options"), ([], "plan options"), ({"json": True, "extra": 1}, "plan options"),
+    ({"json": 1}, "json .* not true or false"), ({"node": -1}, "--node -1"), ({"rank": True}, "--rank True"),
+    ({"node": 10**12}, "--node"), ({"rank": "0"}, "--rank '0'"), ({"rank": 1.0}, "--rank 1.0"),
+    ({"node": 0, "rank": 0}, "not both"),
+])
+def test_malformed_plan_options_are_one_line(arena: Arena, plan: Any, match: str) -> None:
+    assert_refused(arena, honest_header(plan=plan), HONEST_STREAM, match)
+
+
+def test_runs_that_would_land_in_the_login_users_home_are_refused_before_anything_is_received(arena: Arena) -> None:
+    """The checkout is under the login user's home (ORCHESTRATOR_HOME unset there), and the spec's
+    runs_dir is the default relative one: refused before a file is asked for or written."""
+    error = assert_refused(arena, honest_header(), HONEST_STREAM, r"^runs_dir: 'runs' is relative",
+                           user_home=arena.home)
+    assert "remote.allow_runs_in_home: true" in error and str(arena.checkout() / "pkg" / "runs") in error
+    assert not arena.checkout().exists()
+    code, messages, calls = feed(arena, honest_header(allow_runs_in_home=True), HONEST_STREAM, user_home=arena.home)
+    assert code == 0 and len(calls) == 1, messages
+    code, messages, calls = feed(arena, honest_header(spec=dict(SPEC, entrypoint="mod.py", runs_dir="~/runs")),
+                                 b"END\n", user_home=arena.home)
+    assert code == 0 and calls[0][0].runs_dir == "~/runs", messages
+
+
+def test_tilde_in_a_received_path_is_the_login_users_home(arena: Arena) -> None:
+    spec = dict(SPEC, entrypoint="mod.py", checkpoint={"dir": "~/ckpt/x"}, workdir="~/work")
+    code, messages, calls = feed(arena, honest_header(spec=spec), HONEST_STREAM, user_home=arena.root / "alice")
+    assert code == 0, messages
+    (received, _, _), = calls
+    assert received.checkpoint.dir == str(arena.root / "alice" / "ckpt" / "x")
+    assert received.workdir == str(arena.root / "alice" / "work")
+
+
+def test_an_older_host_named_checkout_is_adopted_once_and_kept(arena: Arena) -> None:
+    """A checkout made before the client id (named by the laptop's host name) holds runs under a
+    relative runs_dir: the first submission under the new name uses it, and later ones keep it
+    even after the host name (and so the older name) changed."""
+    old = arena.checkout("fuzz-01d0c0de")
+    (old / "pkg" / "runs" / "fuzz-run").mkdir(parents=True)
+    (old / "pkg" / "runs" / "fuzz-run" / "ckpt.pt").write_text("step 300")
+    code, messages, calls = feed(arena, honest_header(legacy_project="fuzz-01d0c0de"), HONEST_STREAM)
+    assert code == 0 and calls[0][2] == str(old / "pkg"), messages
+    assert not arena.checkout().exists() and (old / "pkg" / "mod.py").read_bytes() == MOD
+    assert (arena.projects / ".aliases" / PROJECT).read_text().strip() == "fuzz-01d0c0de"
+    code, messages, calls = feed(arena, honest_header(legacy_project="fuzz-0ddba11e"), b"END\n")  # host renamed
+    assert code == 0 and calls[0][2] == str(old / "pkg") and not arena.checkout().exists(), messages
+    assert (old / "pkg" / "runs" / "fuzz-run" / "ckpt.pt").read_text() == "step 300"
+
+
+def test_a_projects_own_checkout_wins_over_an_older_one(arena: Arena) -> None:
+    assert feed(arena, honest_header(), HONEST_STREAM)[0] == 0
+    arena.checkout("fuzz-01d0c0de").mkdir()
+    code, messages, calls = feed(arena, honest_header(legacy_project="fuzz-01d0c0de"), b"END\n")
+    assert code == 0 and calls[0][2] == str(arena.checkout() / "pkg"), messages
+    assert not (arena.projects / ".aliases").exists()
+
+
+def test_an_alias_naming_no_plain_checkout_is_ignored(arena: Arena) -> None:
+    """The alias record lies in the receiver's own folder, but is read as hostile all the same."""
+    (arena.projects / ".aliases").mkdir()
+    (arena.projects / ".aliases" / PROJECT).write_text("../../victim\n")
+    code, messages, calls = feed(arena, honest_header(), HONEST_STREAM)
+    assert code == 0 and calls[0][2] == str(arena.checkout() / "pkg"), messages
+    assert sorted(p.name for p in arena.victim.iterdir()) == ["secret.txt", "sub"]
+
+
+def test_plan_answers_the_login_nodes_plan_and_submits_nothing(arena: Arena) -> None:
+    import sys
+
+    spec = dict(SPEC, entrypoint="mod.py", checkpoint={"dir": "~/ckpt/x"})
+    code, messages, calls = feed(arena, honest_header(spec=spec, plan={"json": False, "node": None, "rank": None}),
+                                 HONEST_STREAM, user_home=arena.root / "alice")
+    assert code == 0 and calls == [], messages
+    planned = messages[-1]["planned"]
+    assert planned["warnings"] == []
+    assert sys.executable in planned["text"] and str(arena.checkout() / "pkg" / "runs") in planned["text"]
+    code, messages, calls = feed(arena, honest_header(spec=spec, plan={"json": True}), b"END\n",
+                                 user_home=arena.root / "alice")
+    launch = json.loads(messages[-1]["planned"]["text"])
+    assert launch["payload"]["checkpoint"]["dir"] == str(arena.root / "alice" / "ckpt" / "x")
+    assert launch["payload"]["python"] == sys.executable and calls == []
+
+
+def test_plan_warns_where_submit_would_refuse_runs_in_the_home(arena: Arena) -> None:
+    code, messages, calls = feed(arena, honest_header(plan={}), HONEST_STREAM, user_home=arena.home)
+    assert code == 0 and calls == [], messages
+    (warning,) = messages[-1]["planned"]["warnings"]
+    assert warning.startswith("runs_dir: 'runs' is relative")
+
+
 def test_an_oversized_header_is_refused(arena: Arena, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("orchestrator.remote_receive.MAX_HEADER_BYTES", 100)
     assert_refused(arena, honest_header(), HONEST_STREAM, "header is over")
@@ -492,13 +609,15 @@ def test_load_settings_refuses_an_empty_host(tmp_path: Path, monkeypatch: pytest
 
 
 def test_the_project_name_the_client_sends_is_one_the_receiver_takes() -> None:
-    from orchestrator.remote import project_name
+    from orchestrator.remote import legacy_project_name, project_name
 
     for root in ("/home/me/My Project", "/home/me/.dotfiles", "/home/me/-x", "/home/me/ünï", "/"):
-        name = project_name(root)
+        name, legacy = project_name(root, "0123abcd" * 4), legacy_project_name(root)
         assert _PROJECT_NAME.fullmatch(name) and name != NO_PROJECT, name
-        header = {"protocol": 1, "spec": dict(SPEC), "project": name, "cwd": ".", "files": {"a.py": file_entry(b"a")}}
-        assert _header(encode(header)).project == name
+        header = {"protocol": 1, "spec": dict(SPEC), "project": name, "legacy_project": legacy, "cwd": ".",
+                  "files": {"a.py": file_entry(b"a")}}
+        checked = _header(encode(header))
+        assert (checked.project, checked.legacy_project) == (name, legacy)
 
 
 # ---- (b) hostile submissions, generated -----------------------------------------------------------
@@ -560,7 +679,8 @@ def hostile_cases(draw: st.DrawFn, root: str) -> tuple[Any, bytes, list[str]]:
     # stream and plant twice as often: only they get past the header to the blob stream and the checkout
     kinds = draw(st.lists(st.sampled_from(
         ["path", "link_out", "cwd_under_link", "beneath", "size", "mode", "sha", "shape", "link_field", "executor",
-         "project", "cwd", "stream", "plant", "raw", "reserved", "stream", "plant"]), min_size=1, max_size=3))
+         "project", "cwd", "stream", "plant", "raw", "reserved", "stream", "plant", "legacy", "flag", "plan"]),
+        min_size=1, max_size=3))
     for kind in kinds:
         if kind == "path":
             files[draw(hostile_paths(root))] = file_entry(draw(st.sampled_from([TRAIN, MOD, b"evil"])))
@@ -613,6 +733,21 @@ def hostile_cases(draw: st.DrawFn, root: str) -> tuple[Any, bytes, list[str]]:
                                          json.dumps(dict(header, surprise=1)).encode() + b"\n"])), stream, kinds
         elif kind == "reserved":
             files[draw(st.sampled_from(["", "pkg/", "new/"])) + SHIPPED_NAME] = file_entry(MOD)
+        elif kind == "legacy":
+            header["legacy_project"] = draw(st.one_of(HOSTILE_PROJECTS, st.sampled_from([HONEST, "other-0123abcd"]))
+                                            .filter(lambda name: name is not None))  # None: no older name, honest
+        elif kind == "flag":
+            header["allow_runs_in_home"] = draw(st.one_of(st.integers(), st.text(max_size=5), st.none(),
+                                                          st.lists(st.booleans(), max_size=2)))
+        elif kind == "plan":
+            header["plan"] = draw(st.one_of(
+                st.text(max_size=5), st.integers(), st.lists(st.integers(), max_size=2),
+                st.fixed_dictionaries({"node": st.one_of(st.integers(max_value=-1), st.booleans(), st.text(max_size=3),
+                                                         st.floats(allow_nan=False))}),
+                st.fixed_dictionaries({"node": st.integers(0, 3), "rank": st.integers(0, 3)}),
+                st.fixed_dictionaries({"json": st.one_of(st.integers(), st.text(max_size=3), st.none())}),
+                st.dictionaries(st.sampled_from(["jsn", "nodes", "ranks", "all"]), st.integers(), min_size=1,
+                                max_size=2)))
     if "cwd" in plants:
         header["cwd"] = "work/new"
     return header, stream, [*kinds, *(f"plant:{p}" for p in plants)]

@@ -603,7 +603,11 @@ class _Interrupts:
     def pass_on(self) -> None:
         if self.signum is None:
             return
-        if self.prev.get(self.signum) is None:  # no handler of ours was in place: ours to say
+        prev = self.prev.get(self.signum)
+        # No handler of ours was in place, or a Ctrl-C whose earlier disposition was not a handler
+        # (SIG_IGN inherited from a parent that ignores SIGINT, as a shell does for a background
+        # job): the interrupt is ours to say, so the CLI exits 130, never 1 as if a stage failed.
+        if prev is None or (self.signum == signal.SIGINT and not callable(prev)):
             raise KeyboardInterrupt
         signal.raise_signal(self.signum)
 

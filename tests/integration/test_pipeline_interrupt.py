@@ -62,13 +62,23 @@ def _ranks_of(folder: Path) -> list[int]:
     return found
 
 
-@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, -signal.SIGTERM)], ids=["ctrl-c", "term"])
-def test_an_interrupt_during_a_stage_stops_the_whole_local_pipeline(tmp_path: Path, sig: int, code: int) -> None:
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("sig, code, inherited", [(signal.SIGINT, 130, False), (signal.SIGTERM, -signal.SIGTERM, False),
+                                                  (signal.SIGINT, 130, True)],
+                         ids=["ctrl-c", "term", "ctrl-c-started-ignoring-it"])
+def test_an_interrupt_during_a_stage_stops_the_whole_local_pipeline(tmp_path: Path, sig: int, code: int,
+                                                                    inherited: bool) -> None:
+    """``inherited``: the CLI starts with SIGINT ignored, as a shell's background job (or a CI
+    runner's) does: it once exited 1 then, as if a stage had failed."""
     pipeline = _project(tmp_path)
     out, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
     with open(out, "w") as stdout, open(err, "w") as stderr:
         proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "pipeline", str(pipeline)],
-                                stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL)
+                                stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL,
+                                preexec_fn=_ignore_sigint if inherited else None)
     try:
         _eventually(lambda: (tmp_path / "out" / "first.started").exists() or proc.poll() is not None,
                     "the first stage's rank runs")

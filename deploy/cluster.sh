@@ -3,13 +3,18 @@
 # N compute nodes, each a network namespace with its own hostname, address and eth0.
 #
 #   deploy/cluster.sh up   [--nodes N] [--cpus C] [--gpus G] [--gpu-type T] [--profile P] [--dir DIR]
-#                          [--login [--login-user NAME] [--login-totp]] [--oci]    (idempotent)
+#                          [--login [--login-user NAME] [--login-totp]] [--oci] [--no-accounting]
+#                                                                           (idempotent)
 #   deploy/cluster.sh down [--dir DIR]                                     (idempotent)
 #   deploy/cluster.sh status [--dir DIR]
 #   source DIR/env    # exports SLURM_CONF for sbatch, sacct, submitit ...
 #   ssh -F DIR/login/ssh_config orch-login sinfo    # with --login: SLURM as from a laptop
 #
 # Needs root and Debian 12 (it installs slurm-wlm 22.05, munge, slurmdbd and MariaDB itself).
+# --no-accounting runs without slurmdbd and MariaDB (AccountingStorageType=accounting_storage/none),
+# as small clusters do: sacct answers "Slurm accounting storage is disabled", and only squeue and
+# scontrol know a job, until MinJobAge after its end. DIR/accounting records which (slurmdbd or
+# none); switching needs `down` first, as switching profiles does.
 # Daemons are stopped by the PIDs recorded in DIR only. Fake GPUs are GRES backed by character
 # devices (mknod c 1 3), so scheduling and CUDA_VISIBLE_DEVICES binding are real; CUDA is not.
 # They are typed (--gpu-type, default a100: Gres=gpu:a100:G), so jobs may ask for
@@ -19,9 +24,12 @@
 # --profile kind (the default) is quick and forgiving, for tests. --profile site configures what
 # real sites do and kind does not: tasks bound to their CPUs (task/affinity), no requeue unless
 # the job asks (JobRequeue=0), a 'high' partition whose jobs preempt 'debug' jobs (REQUEUE, 30 s
-# GraceTime), KillWait 30 s, memory as a consumable resource, 2 CPUs per GPU by default
-# (DefCpuPerGPU), a default time limit, and each node
-# resolving its own name to 127.0.1.1 as Debian's /etc/hosts does. DIR/profile records which.
+# GraceTime), a 'cancel' and a 'suspend' partition whose jobs 'high' preempts by CANCEL and by
+# SUSPEND (PreemptMode=SUSPEND,GANG for the cluster), KillWait 30 s, memory as a consumable
+# resource, 2 CPUs per GPU by default (DefCpuPerGPU), a default time limit, associations enforced
+# (an account, physics, that root and the login user charge by default; others are refused) and
+# TrackWCKey (both left out with --no-accounting), and each node resolving its own name to
+# 127.0.1.1 as Debian's /etc/hosts does. DIR/profile records which.
 # Switching profiles needs `down` first: plugins change only when the daemons restart.
 #
 # --login adds a login node, as users reach a real cluster: a namespace 'login' (orch-login,
@@ -45,7 +53,7 @@ set -euo pipefail
 
 CMD=${1:-}; shift || true
 NODES=2; CPUS=4; GPUS=2; GPU_TYPE=a100; PROFILE=kind; DIR=${ORCH_CLUSTER_DIR:-/var/tmp/orch-cluster}
-LOGIN=0; LOGIN_USER=orchuser; LOGIN_USER_SET=0; LOGIN_TOTP=0; OCI=0
+LOGIN=0; LOGIN_USER=orchuser; LOGIN_USER_SET=0; LOGIN_TOTP=0; OCI=0; ACCOUNTING=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --nodes) NODES=$2; shift 2 ;;
@@ -58,6 +66,7 @@ while [ $# -gt 0 ]; do
     --login-user) LOGIN_USER=$2; LOGIN_USER_SET=1; shift 2 ;;
     --login-totp) LOGIN_TOTP=1; shift ;;
     --oci) OCI=1; shift ;;
+    --no-accounting) ACCOUNTING=0; shift ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -73,6 +82,10 @@ case "$PROFILE" in kind|site) ;; *) echo "--profile '$PROFILE': use kind (the de
 [[ "$LOGIN_USER" =~ ^[a-z_][a-z0-9_-]{0,31}$ && "$LOGIN_USER" != root ]] || {
   echo "--login-user '$LOGIN_USER': use a lower-case user name other than root (e.g. orchuser)" >&2; exit 2; }
 BRIDGE=orchbr0; NET=10.77.0; CTL_ADDR=$NET.1; CLUSTER=orch; DB_PORT=3307
+# The site profile's account: with associations enforced, a job must charge an account its user has
+# an association with; root and the login user get one here, as their default. And their default
+# wckey (TrackWCKey): a job without --wckey is booked to it.
+SITE_ACCOUNT=physics; SITE_WCKEY=physics
 # The login node: its namespace, its address (above any node's, NET.(10+i)) and its user's home,
 # on the shared filesystem but outside /tmp and /var/tmp, which the orchestrator treats as
 # node-local (as a site's /home is shared).
@@ -112,8 +125,8 @@ else
 fi
 
 install_packages() {
-  local need=() bins=(slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client munged:munge slurmdbd:slurmdbd
-                      mariadbd:mariadb-server ip:iproute2 nsenter:util-linux)
+  local need=() bins=(slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client munged:munge ip:iproute2 nsenter:util-linux)
+  [ "$ACCOUNTING" = 0 ] || bins+=(slurmdbd:slurmdbd mariadbd:mariadb-server)
   [ "$LOGIN" = 0 ] || bins+=(sshd:openssh-server ssh:openssh-client ssh-keygen:openssh-client useradd:passwd)
   [ "$OCI" = 0 ] || bins+=(runc:runc)
   for bin in "${bins[@]}"; do
@@ -189,10 +202,11 @@ site_conf() {
 # Preemption by partition: a pending job of 'high' (PriorityTier=2) that needs resources held by
 # 'debug' jobs (PriorityTier=1) preempts them, as a site's scavenger/low-priority partition.
 PreemptType=preempt/partition_prio
-# The cluster default, and debug's: a preempted job that asked for --requeue is requeued (sacct
-# records the run as PREEMPTED; the job pends ~120 s, Reason=BeginTime, Restarts+1); one that did
-# not (JobRequeue=0) is cancelled and ends PREEMPTED.
-PreemptMode=REQUEUE
+# The cluster default: SUSPEND with GANG, which slurm.conf(5) requires at the cluster level for any
+# partition that suspends (the gang scheduler resumes a suspended job once its preemptor ends).
+# Every partition names its own mode below, so no job gets this default: debug REQUEUE, cancel
+# CANCEL, suspend SUSPEND, high OFF. With OverSubscribe=NO (the default) GANG time-slices nothing.
+PreemptMode=SUSPEND,GANG
 # A job's time limit is hard (the default): at the limit, SIGTERM, then SIGKILL after KillWait.
 OverTimeLimit=0
 # Steps still alive 60 s after SIGKILL drain their node (the default), as an unkillable process
@@ -203,19 +217,41 @@ DefMemPerCPU=$((REAL_MEMORY / CPUS))
 # A job that gives neither --cpus-per-task nor --cpus-per-gpu gets 2 CPUs per allocated GPU.
 DefCpuPerGPU=2
 EOF
+  if [ "$ACCOUNTING" = 1 ]; then
+    cat <<EOF
+# A job must charge an account its user has an association with (sacctmgr): sbatch refuses any
+# other with "Invalid account or account/partition combination specified"; a job that names none
+# charges the user's default account ($SITE_ACCOUNT for root and the login user, set by 'up').
+AccountingStorageEnforce=associations
+# Jobs are booked to a workload characterization key: --wckey, else the user's default wckey
+# ($SITE_WCKEY for root and the login user), else '*'. Not enforced (no 'wckeys' above): a job with
+# a wckey the user does not have is booked to it anyway, never refused.
+TrackWCKey=yes
+EOF
+  else
+    echo "# --no-accounting: no associations to enforce and no wckeys to track (they live in slurmdbd)."
+  fi
 }
 
-# Partitions. kind: one, no time limit. site: the same nodes in two partitions; a job without
+# Partitions. kind: one, no time limit. site: the same nodes in four partitions; a job without
 # --time gets one hour (so --signal@margin fires as it would at a site) and none may ask for more
 # than a day. debug's jobs are preempted with a 30 s GraceTime: their srun tasks get SIGCONT and
 # SIGTERM at once (the batch shell does not, and --signal is not sent unless
 # SlurmctldParameters=preempt_send_user_signal), then, at the end of the grace time (checked every
 # 30 s), the whole job gets SIGCONT and SIGTERM, and SIGKILL KillWait later. high's jobs are not
-# preempted.
+# preempted. A preempted debug job that asked for --requeue is requeued (the run is PREEMPTED in
+# sacct; the job pends ~120 s, Reason=BeginTime, Restarts+1); one that did not (JobRequeue=0) is
+# cancelled and ends PREEMPTED. cancel's jobs are preempted as debug's, but cancelled even with
+# --requeue (they end PREEMPTED), as a site's scavenger partition. suspend's jobs are suspended (SIGTSTP, then SIGSTOP)
+# while high's job runs and resumed (SIGCONT) when it ends; a suspended job keeps its memory, so
+# the preemptor must fit in what is left (DefMemPerCPU gives a whole-node job all of it: ask --mem).
 write_partitions() {
   if [ "$PROFILE" = site ]; then
-    echo "PartitionName=debug Nodes=ALL Default=YES DefaultTime=01:00:00 MaxTime=1-00:00:00 State=UP PriorityTier=1 PreemptMode=REQUEUE GraceTime=30"
-    echo "PartitionName=high Nodes=ALL Default=NO DefaultTime=01:00:00 MaxTime=1-00:00:00 State=UP PriorityTier=2 PreemptMode=OFF"
+    local limits="DefaultTime=01:00:00 MaxTime=1-00:00:00 State=UP"
+    echo "PartitionName=debug Nodes=ALL Default=YES $limits PriorityTier=1 PreemptMode=REQUEUE GraceTime=30"
+    echo "PartitionName=high Nodes=ALL Default=NO $limits PriorityTier=2 PreemptMode=OFF"
+    echo "PartitionName=cancel Nodes=ALL Default=NO $limits PriorityTier=1 PreemptMode=CANCEL GraceTime=30"
+    echo "PartitionName=suspend Nodes=ALL Default=NO $limits PriorityTier=1 PreemptMode=SUSPEND"
   else
     echo "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP"
   fi
@@ -225,6 +261,7 @@ write_configs() {
   local host; host=$(hostname)
   mkdir -p "$DIR"/{state,spool,log,dev}
   echo "$PROFILE" > "$DIR/profile"
+  if [ "$ACCOUNTING" = 1 ]; then echo slurmdbd > "$DIR/accounting"; else echo none > "$DIR/accounting"; fi
   for i in $(seq 0 $((GPUS - 1))); do [ -c "$DIR/dev/nvidia$i" ] || mknod "$DIR/dev/nvidia$i" c 1 3; done
   {
     echo "127.0.0.1 localhost"
@@ -243,25 +280,19 @@ write_configs() {
   # Nodes resolve names from the hosts file only. The host's DNS server is unreachable from a
   # namespace, and each reverse lookup (c10d does them) would otherwise wait 5 s for a timeout.
   echo "nameserver 127.0.0.1" > "$DIR/resolv.conf"
-  cat > "$DIR/slurmdbd.conf" <<EOF
-DbdHost=localhost
-SlurmUser=root
-AuthType=auth/munge
-StorageType=accounting_storage/mysql
-StorageHost=127.0.0.1
-StoragePort=$DB_PORT
-StorageUser=slurm
-StoragePass=slurm
-StorageLoc=slurm_acct_db
-PidFile=$DIR/slurmdbd.pid
-LogFile=$DIR/log/slurmdbd.log
-EOF
-  chmod 600 "$DIR/slurmdbd.conf"
-  local gres="" typed=""
+  [ "$ACCOUNTING" = 0 ] || write_slurmdbd_conf
+  local gres="" typed="" storage
   [ -n "$GPU_TYPE" ] && typed="$GPU_TYPE:"
   [ "$GPUS" -gt 0 ] && gres="Gres=gpu:$typed$GPUS"
   # AccountingStorageHost is slurmdbd's address on the bridge (it listens on every address), not
   # localhost: sacct and sacctmgr on the login node and the nodes reach it as on a real cluster.
+  # Without accounting, slurmctld alone knows a job: until MinJobAge after its end (squeue -t all).
+  if [ "$ACCOUNTING" = 1 ]; then
+    storage="AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=$CTL_ADDR"
+  else
+    storage="AccountingStorageType=accounting_storage/none"
+  fi
   cat > "$DIR/slurm.conf" <<EOF
 ClusterName=$CLUSTER
 SlurmctldHost=$host($CTL_ADDR)
@@ -283,8 +314,7 @@ SlurmdPidFile=$DIR/slurmd-%n.pid
 SlurmctldLogFile=$DIR/log/slurmctld.log
 SlurmdLogFile=$DIR/log/slurmd-%n.log
 SchedulerParameters=batch_sched_delay=0,sched_min_interval=0
-AccountingStorageType=accounting_storage/slurmdbd
-AccountingStorageHost=$CTL_ADDR
+$storage
 JobAcctGatherType=$ACCT_GATHER
 GresTypes=gpu
 SlurmdTimeout=10
@@ -309,6 +339,24 @@ EOF
     echo "AutoDetect=off" > "$DIR/gres.conf"
   fi
   echo "export SLURM_CONF=$DIR/slurm.conf" > "$DIR/env"
+}
+
+# slurmdbd's configuration: its private MariaDB on DB_PORT (not written with --no-accounting).
+write_slurmdbd_conf() {
+  cat > "$DIR/slurmdbd.conf" <<EOF
+DbdHost=localhost
+SlurmUser=root
+AuthType=auth/munge
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort=$DB_PORT
+StorageUser=slurm
+StoragePass=slurm
+StorageLoc=slurm_acct_db
+PidFile=$DIR/slurmdbd.pid
+LogFile=$DIR/log/slurmdbd.log
+EOF
+  chmod 600 "$DIR/slurmdbd.conf"
 }
 
 # A namespace NS with an eth0 at ADDR on the bridge, through the veth pair orchvSUFFIX (host
@@ -589,15 +637,18 @@ check_login() {
   local out=""
   if [ "$LOGIN_TOTP" = 1 ]; then check_login_totp; return; fi
   for _ in $(seq 10); do
-    # shellcheck disable=SC2016  # expanded by the login node's shell, not here
+    # The escaped \$(...) and \$SLURM_CONF are expanded by the login node's shell, login_sacct here.
     out=$(timeout 30 ssh -F "$DIR/login/ssh_config" -o BatchMode=yes orch-login \
-          'echo "$(hostname) $(id -un) $SLURM_CONF"; sinfo -h -o %P >/dev/null && sacct -n -X >/dev/null && echo login-ok' 2>&1) || true
+          "echo \"\$(hostname) \$(id -un) \$SLURM_CONF\"; sinfo -h -o %P >/dev/null && $(login_sacct)echo login-ok" 2>&1) || true
     [[ "$out" == *login-ok* ]] && break
     sleep 0.5
   done
   [[ "$out" == *login-ok* ]] || { log "ssh to the login node failed: $out (see $DIR/log/sshd-login.log)"; exit 1; }
   log "login: ${out%%$'\n'*}; ssh -F $DIR/login/ssh_config orch-login"
 }
+
+# The login check's sacct (with accounting only: without it sacct answers that it is disabled).
+login_sacct() { if [ "$ACCOUNTING" = 1 ]; then echo "sacct -n -X >/dev/null && "; fi; }
 
 check_login_totp() {
   local out=""
@@ -609,13 +660,15 @@ check_login_totp() {
   [[ "$out" == *"partial success"*"Permission denied (keyboard-interactive)"* ]] || {
     log "the login node does not ask for a code after the key: $(echo "$out" | tail -3)"; exit 1; }
   nsenter --net="/run/netns/$LOGIN_NS" runuser -u "$LOGIN_USER" -- env SLURM_CONF="$DIR/slurm.conf" \
-    sh -c 'sinfo -h -o %P >/dev/null && sacct -n -X >/dev/null' || { log "sinfo or sacct fail for $LOGIN_USER on the login node"; exit 1; }
+    sh -c "sinfo -h -o %P >/dev/null && $(login_sacct)true" || { log "sinfo or sacct fail for $LOGIN_USER on the login node"; exit 1; }
   log "login: $LOGIN_USER with key + TOTP code; ssh -F $DIR/login/ssh_config orch-login (code: oathtool --totp \$(cat $DIR/login/totp_secret))"
 }
 
 up_login() {
   mkdir -p "$DIR/login"
   ensure_login_user
+  # Under site with accounting, the login user's jobs must charge an account it is associated with.
+  if [ "$PROFILE" = site ] && [ "$ACCOUNTING" = 1 ]; then add_association "$LOGIN_USER"; fi
   make_netns "$LOGIN_NS" l "$LOGIN_ADDR"
   write_login_files
   start_login_sshd
@@ -649,6 +702,11 @@ up() {
   if [ "$was" != "$PROFILE" ] && alive "$(pid_of "$DIR/slurmctld.pid")"; then
     echo "the cluster at $DIR is up with --profile $was; run 'deploy/cluster.sh down --dir $DIR' first" >&2; exit 2
   fi
+  was=$(cat "$DIR/accounting" 2>/dev/null || echo slurmdbd)
+  if [ "$was" != "$(accounting_word)" ] && alive "$(pid_of "$DIR/slurmctld.pid")"; then
+    echo "the cluster at $DIR is up with accounting '$was' (DIR/accounting); AccountingStorageType changes only" \
+         "when slurmctld starts: run 'deploy/cluster.sh down --dir $DIR' first" >&2; exit 2
+  fi
   was=$(cat "$DIR/login/user" 2>/dev/null || true)
   if [ "$LOGIN" = 1 ] && [ -n "$was" ] && [ "$was" != "$LOGIN_USER" ]; then
     echo "the login node at $DIR is for user $was; run 'deploy/cluster.sh down --dir $DIR' first" >&2; exit 2
@@ -657,14 +715,9 @@ up() {
   mkdir -p "$DIR/log"
   write_configs
   start_munge
-  start_mariadb
   export SLURM_CONF=$DIR/slurm.conf
   make_network  # before slurmdbd is asked anything: AccountingStorageHost is on the bridge
-  if ! alive "$(pid_of "$DIR/slurmdbd.pid")"; then
-    slurmdbd
-    for _ in $(seq 100); do sacctmgr -n list cluster >/dev/null 2>&1 && break; sleep 0.2; done
-  fi
-  sacctmgr -n list cluster format=cluster | grep -qw $CLUSTER || sacctmgr -i add cluster $CLUSTER >/dev/null
+  if [ "$ACCOUNTING" = 1 ]; then start_accounting; fi
   alive "$(pid_of "$DIR/slurmctld.pid")" || slurmctld -f "$DIR/slurm.conf"
   for _ in $(seq 100); do scontrol ping 2>/dev/null | grep -q UP && break; sleep 0.2; done
   for i in $(seq 1 "$NODES"); do start_slurmd "$i"; done
@@ -677,10 +730,53 @@ up() {
   done
   sinfo -h -N -o '%N %T' | grep -q idle || { log "nodes did not come up; see $DIR/log"; sinfo -N; exit 1; }
   # Warm-up: the first batch job after slurmctld starts waits ~3 s; pay it here, not in a test.
-  sbatch -Q --wait -o /dev/null --wrap true >/dev/null 2>&1 || true
+  # Watched with squeue every 0.1 s (at most 15 s): sbatch --wait looks at 2 s, 3 s... (10 s here).
+  local warm
+  warm=$(sbatch --parsable -Q -o /dev/null --wrap true 2>/dev/null || true)
+  for _ in $(seq 150); do
+    [ -n "$warm" ] && [ -n "$(squeue -h -j "${warm%%;*}" -o %T 2>/dev/null)" ] || break
+    sleep 0.1
+  done
   if [ "$OCI" = 1 ]; then up_oci; fi
   if [ "$LOGIN" = 1 ]; then up_login; fi
-  log "up: $NODES node(s), ${GPUS} GPU(s) ${GPU_TYPE:-untyped} per node, profile $PROFILE, SLURM_CONF=$DIR/slurm.conf"
+  log "up: $NODES node(s), ${GPUS} GPU(s) ${GPU_TYPE:-untyped} per node, profile $PROFILE, accounting $(accounting_word), SLURM_CONF=$DIR/slurm.conf"
+}
+
+# What DIR/accounting says: slurmdbd (accounting on) or none (--no-accounting).
+accounting_word() { if [ "$ACCOUNTING" = 1 ]; then echo slurmdbd; else echo none; fi; }
+
+# MariaDB, slurmdbd and the cluster in its database; under site, the account every job charges and
+# root's association with it (the login user's is made with the user, in up_login). Before
+# slurmctld starts, so that it loads the associations it enforces from the start.
+start_accounting() {
+  start_mariadb
+  if ! alive "$(pid_of "$DIR/slurmdbd.pid")"; then
+    slurmdbd
+    for _ in $(seq 100); do sacctmgr -n list cluster >/dev/null 2>&1 && break; sleep 0.2; done
+  fi
+  sacctmgr -n list cluster format=cluster | grep -qw $CLUSTER || sacctmgr -i add cluster $CLUSTER >/dev/null
+  if [ "$PROFILE" = site ]; then
+    sacctmgr -n -P list account "$SITE_ACCOUNT" format=account | grep -qx "$SITE_ACCOUNT" ||
+      sacctmgr -i add account "$SITE_ACCOUNT" description="the site profile's required account" \
+        organization=orch >/dev/null
+    add_association root
+  fi
+}
+
+# USER may charge SITE_ACCOUNT, and does when a job names no account (its default account); its
+# jobs without --wckey are booked to its default wckey, SITE_WCKEY. Idempotent. slurmctld learns of
+# both from slurmdbd at once (or when it starts).
+# Why a default wckey: without one, TrackWCKey books such jobs to '*', which slurmdbd then creates
+# for the user as it records the job; a job cancelled seconds after submission (a dependency that
+# can never be met) was then recorded with the cancel as its start (sacct Start) in 11 of 14 runs.
+add_association() {
+  local user=$1
+  sacctmgr -n -P list assoc user="$user" account="$SITE_ACCOUNT" format=user | grep -qx "$user" ||
+    sacctmgr -i add user "$user" account="$SITE_ACCOUNT" defaultaccount="$SITE_ACCOUNT" >/dev/null
+  sacctmgr -n -P list user "$user" format=defaultaccount | grep -qx "$SITE_ACCOUNT" ||
+    sacctmgr -i modify user where name="$user" set defaultaccount="$SITE_ACCOUNT" >/dev/null
+  sacctmgr -n -P list user "$user" format=defaultwckey | grep -qx "$SITE_WCKEY" ||
+    sacctmgr -i add user "$user" wckeys="$SITE_WCKEY" defaultwckey="$SITE_WCKEY" >/dev/null
 }
 
 kill_pidfile() {
@@ -717,7 +813,14 @@ down() {
 
 status() {
   export SLURM_CONF=$DIR/slurm.conf
-  for f in slurmctld slurmdbd mysql; do echo "$f: $(alive "$(pid_of "$DIR/$f.pid")" && echo running || echo stopped)"; done
+  echo "slurmctld: $(alive "$(pid_of "$DIR/slurmctld.pid")" && echo running || echo stopped)"
+  if [ "$(cat "$DIR/accounting" 2>/dev/null)" = none ]; then
+    echo "accounting: off (--no-accounting: AccountingStorageType=accounting_storage/none, no slurmdbd or MariaDB;" \
+         "sacct answers 'Slurm accounting storage is disabled', squeue knows a job until MinJobAge after its end)"
+  else
+    for f in slurmdbd mysql; do echo "$f: $(alive "$(pid_of "$DIR/$f.pid")" && echo running || echo stopped)"; done
+    echo "accounting: on (slurmdbd)"
+  fi
   if [ -d "$DIR/login" ]; then
     if alive "$(pid_of "$DIR/login/sshd.pid")"; then
       local auth=key
@@ -734,5 +837,5 @@ case "$CMD" in
   up) up ;;
   down) down ;;
   status) status ;;
-  *) echo "usage: deploy/cluster.sh up|down|status [--nodes N] [--cpus C] [--gpus G] [--gpu-type T] [--profile kind|site] [--dir DIR] [--login [--login-user NAME] [--login-totp]] [--oci]" >&2; exit 2 ;;
+  *) echo "usage: deploy/cluster.sh up|down|status [--nodes N] [--cpus C] [--gpus G] [--gpu-type T] [--profile kind|site] [--dir DIR] [--login [--login-user NAME] [--login-totp]] [--oci] [--no-accounting]" >&2; exit 2 ;;
 esac

@@ -4,6 +4,13 @@ that touches submitit), with a fresh submitit executor for every submission.
 The sbatch script submitit writes is the one ``plan`` rendered: same parameters, same folder
 (``<run_dir>/slurm``). A sweep is one job array (split at MaxArraySize). Status for any number
 of runs is one ``sacct`` call; SLURM's states are kept distinct (see STATE_MAP).
+
+A cluster without accounting (no slurmdbd: sacct answers "Slurm accounting storage is disabled",
+or there is no sacct) is supported: that is noticed once per process and cluster, and status is
+then one ``squeue -t all`` call, which knows a job until MinJobAge after its end. A job neither
+knows any more gets its end from what its agent recorded in the run folder (``end_from_agent``):
+never COMPLETED unless the agent recorded that, and UNKNOWN, with the reason, when it recorded
+nothing.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ import contextlib
 import io
 import math
 import os
+import pwd
 import shlex
 import subprocess
 import sys
@@ -25,7 +33,7 @@ from orchestrator.errors import SubmissionError
 from orchestrator.executors.base import CANCEL_SLACK_S, first_error, prepare_run_dir, stop_grace_s
 from orchestrator.plan import DEFAULT_MAX_ARRAY_SIZE, LaunchPlan, array_chunks, job_command
 from orchestrator.records import RunRecord, point_dir, write_json_atomic
-from orchestrator.recovery import HISTORY_FILE
+from orchestrator.recovery import HISTORY_FILE, Attempt, History
 from orchestrator.run_folder import RunFolder
 from orchestrator.spec import AfterSpec
 from orchestrator.states import State
@@ -301,17 +309,9 @@ def controller_problem(tool: str, stderr: str) -> str | None:
     return None
 
 
-def _query(cmd: list[str]) -> list[tuple[str, str]]:
-    check_slurm_conf()
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
-    except (FileNotFoundError, subprocess.TimeoutExpired) as exc:
-        raise SubmissionError(f"{cmd[0]} could not run ({exc}); run this on a SLURM login node") from None
-    if out.returncode != 0:
-        raise SubmissionError(controller_problem(cmd[0], out.stderr) or
-                              f"{cmd[0]} failed ({out.stderr.strip()}); is SLURM_CONF set and the controller "
-                              "(and, for sacct, slurmdbd) running?")
-    return [tuple(line.split("|", 1)) for line in out.stdout.splitlines() if "|" in line]  # type: ignore[misc]
+def _pairs(stdout: str) -> list[tuple[str, str]]:
+    """'12|RUNNING' lines -> [('12', 'RUNNING')]."""
+    return [tuple(part.strip() for part in line.split("|", 1)) for line in stdout.splitlines() if "|" in line]  # type: ignore[misc]
 
 
 def _queue_states(bases: list[str]) -> list[str] | None:
@@ -329,6 +329,146 @@ def _queue_states(bases: list[str]) -> list[str] | None:
             raise SubmissionError(problem)
         return [] if "Invalid job id" in out.stderr else None
     return [line.split("|", 1)[1].strip() for line in out.stdout.splitlines() if "|" in line]
+
+
+def squeue_states(bases: list[str], every_state: bool = True) -> dict[str, State]:
+    """One squeue call for these jobs (array tasks listed one by one): {job or task id: state}.
+
+    ``every_state`` (``-t all``): finished jobs too, for as long as the controller keeps them
+    (MinJobAge after their end), with their end state; else only jobs still pending, running or
+    completing. A job squeue does not know is left out ("Invalid job id", which squeue answers
+    when the only job asked for is gone, is an empty answer, not an error)."""
+    check_slurm_conf()
+    cmd = ["squeue", "-h", "-r", *(["-t", "all"] if every_state else []), "-o", "%i|%T", "-j", ",".join(bases)]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+    except (FileNotFoundError, subprocess.TimeoutExpired) as exc:
+        raise SubmissionError(f"squeue could not run ({exc}); run this on a SLURM login node") from None
+    if out.returncode != 0:
+        if "Invalid job id" in out.stderr:
+            return {}
+        raise SubmissionError(controller_problem("squeue", out.stderr) or
+                              f"squeue failed ({out.stderr.strip()}); is SLURM_CONF set and the controller running?")
+    return {jid: map_state(raw) for jid, raw in _pairs(out.stdout)}
+
+
+# ---- a cluster without accounting -----------------------------------------------------------
+
+#: What sacct answers (exit 1) on a cluster with AccountingStorageType=accounting_storage/none.
+ACCOUNTING_DISABLED = "accounting storage is disabled"
+#: Clusters this process found without accounting: (SLURM_CONF, its mtime) -> why. Keyed by the
+#: file's mtime too, because a cluster rebuilt at the same path (deploy/cluster.sh up) writes a new
+#: slurm.conf and may have accounting again.
+_ACCOUNTING_OFF: dict[tuple[str, int], str] = {}
+
+
+def _cluster_key() -> tuple[str, int]:
+    """Which cluster this process talks to: SLURM_CONF (or the default path) and its mtime."""
+    conf = os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
+    try:
+        return conf, os.stat(conf).st_mtime_ns
+    except OSError:
+        return conf, 0
+
+
+def accounting_off() -> str | None:
+    """Why this cluster has no accounting to ask (sacct disabled or missing), once that was seen
+    by this process; None while sacct has answered (or has not been asked yet)."""
+    return _ACCOUNTING_OFF.get(_cluster_key())
+
+
+def sacct_unusable(returncode: int | None, stderr: str) -> str | None:
+    """Whether sacct's answer says this cluster keeps no accounting; None for any other answer
+    (a slurmdbd that is down is a problem to report, not a cluster without accounting).
+    ``returncode`` None: sacct is not installed."""
+    if returncode is None:
+        return "sacct is not installed here"
+    if returncode != 0 and ACCOUNTING_DISABLED in stderr.lower():
+        return "sacct: Slurm accounting storage is disabled (AccountingStorageType=accounting_storage/none)"
+    return None
+
+
+def _sacct(bases: list[str]) -> list[tuple[str, str]] | None:
+    """sacct's (job id, state) rows for these jobs; None when this cluster keeps no accounting
+    (noted for the rest of the process: sacct is not asked again)."""
+    check_slurm_conf()
+    cmd = ["sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j", ",".join(bases)]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+    except FileNotFoundError:
+        _ACCOUNTING_OFF[_cluster_key()] = sacct_unusable(None, "") or ""
+        return None
+    except subprocess.TimeoutExpired as exc:
+        raise SubmissionError(f"sacct could not run ({exc}); run this on a SLURM login node") from None
+    why = sacct_unusable(out.returncode, out.stderr)
+    if why:
+        _ACCOUNTING_OFF[_cluster_key()] = why
+        return None
+    if out.returncode != 0:
+        raise SubmissionError(controller_problem("sacct", out.stderr) or
+                              f"sacct failed ({out.stderr.strip()}); is SLURM_CONF set and the controller "
+                              "(and slurmdbd) running?")
+    return _pairs(out.stdout)
+
+
+#: What an attempt's outcome (``recovery.Attempt.outcome``, written by the job's agent) says about
+#: the job's end, for a job the scheduler no longer knows. An attempt that led to a restart or a
+#: requeue did not end the job; "lost" (its agent was killed) and anything else say nothing.
+OUTCOME_STATE: dict[str, State] = {
+    "completed": State.COMPLETED, "cancelled": State.CANCELLED, "timeout": State.TIMEOUT,
+    "preempted": State.PREEMPTED, "crash": State.FAILED, "hang": State.FAILED, "unhealthy": State.FAILED,
+    "node_failure": State.FAILED, "failed": State.FAILED, "not_requeued": State.FAILED,
+}
+
+
+#: The words of the reason ``end_from_agent`` gives for an unknown end (refresh clears it once known).
+UNKNOWN_END = "is no longer known to SLURM"
+
+
+def end_from_agent(job: str, attempts: Sequence[Attempt], end: Mapping[str, Any] | None,
+                   cancel_requested: bool, history: str | Path) -> tuple[State, str]:
+    """The end state of ``job`` from its run folder alone, for when the scheduler no longer lists it
+    and there is no accounting to ask: (state, '') or (UNKNOWN, why, for status). ``history``:
+    the recovery.json the attempts were read from (named in the reason).
+
+    - Its last attempt (``attempts``, from recovery.json) ended and led to no restart or requeue:
+      the outcome the agent recorded (OUTCOME_STATE). The agent takes the time limit's SIGTERM for
+      a cancel; ``end`` (end.json) saying ``time_limit`` with no cancel asked makes it TIMEOUT.
+    - Otherwise, ``orchestrator cancel`` asked for this submission (``cancel_requested``) and the
+      job is gone: CANCELLED (a pending job never ran an agent).
+    - Otherwise nothing tells: UNKNOWN, and why. Never COMPLETED without the agent's record."""
+    mine = [a for a in attempts if a.job == job]
+    last = mine[-1] if mine else None
+    if last is not None and last.ended is not None and last.action not in ("restart", "requeue"):
+        state = OUTCOME_STATE.get(last.outcome or "")
+        if state == State.CANCELLED and not cancel_requested and (end or {}).get("reason") == "time_limit":
+            state = State.TIMEOUT
+        if state is not None:
+            return state, ""
+    if cancel_requested:
+        return State.CANCELLED, ""
+    if last is None:
+        seen = f"no attempt of it is recorded in {history} (it never started, or its agent could not write there)"
+    elif last.ended is None:
+        seen = f"its agent recorded attempt {last.number}'s start in {history} but not its end (killed, or its node lost)"
+    elif last.action in ("restart", "requeue"):
+        seen = f"its agent recorded a {last.action} after attempt {last.number} in {history}, and no later attempt"
+    else:
+        seen = f"attempt {last.number} is recorded as {last.outcome or 'ended'} in {history}"
+        if last.why:
+            seen += f" ({' '.join(last.why.split())[:200]})"
+    return State.UNKNOWN, (f"job {job} {UNKNOWN_END} (squeue does not list it, and this cluster keeps no accounting "
+                           f"for sacct) and {seen}, so how it ended is unknown; 'orchestrator logs RUN' shows what "
+                           "its ranks printed")
+
+
+def agent_end(rec: RunRecord, index: int, job: str) -> tuple[State, str]:
+    """``end_from_agent`` for the ``index``-th job of a run (a sweep's array task: its point's folder)."""
+    from orchestrator.forensics import read_end
+
+    folder = point_dir(rec.run_dir, index) if rec.sweep_size else Path(rec.run_dir)
+    return end_from_agent(job, History.load(folder).attempts, read_end(folder),
+                          ownership.cancel_requested(rec.run_dir), folder / HISTORY_FILE)
 
 
 def _scancel(*args: str, quiet: bool = False) -> None:
@@ -371,24 +511,25 @@ def sacct_states(job_ids: list[str]) -> dict[str, State]:
     """At most two scheduler queries for any number of jobs: {job id (or array task id): state}.
 
     sacct knows every job, finished ones included, but learns of a new job a moment after
-    sbatch returns; the jobs it does not know yet are asked of squeue in a second call.
+    sbatch returns; the jobs it does not know yet are asked of squeue in a second call. On a
+    cluster without accounting (``accounting_off``) it is one squeue call, which lists finished
+    jobs until MinJobAge after their end. A job no one lists is left out (``end_from_agent``).
     """
     if not job_ids:
         return {}
     bases = sorted({j.split("_")[0] for j in job_ids})
-    states = {task: map_state(raw) for jid, raw in
-              _query(["sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j", ",".join(bases)])
-              for task in expand_array_id(jid)}
+    rows = None if accounting_off() else _sacct(bases)
+    if rows is None:
+        return squeue_states(bases)
+    states = {task: map_state(raw) for jid, raw in rows for task in expand_array_id(jid)}
     missing = [b for b in bases if b not in states and not any(k.startswith(b + "_") for k in states)]
     # A job SLURM requeues after a node failure (it asked --requeue) reads NODE_FAIL in sacct for a
     # moment before its next record exists: squeue, which lists only jobs still queued or running, tells.
     failed = sorted({k.split("_")[0] for k, st in states.items() if st == State.NODE_FAIL})
     if failed:
-        states.update({jid: map_state(raw) for jid, raw in
-                       _query(["squeue", "-h", "-r", "-o", "%i|%T", "-j", ",".join(failed)])})
+        states.update(squeue_states(failed, every_state=False))
     if missing:
-        states.update({jid: map_state(raw) for jid, raw in
-                       _query(["squeue", "-h", "-r", "-t", "all", "-o", "%i|%T", "-j", ",".join(missing)])})
+        states.update(squeue_states(missing))
     return states
 
 
@@ -445,21 +586,41 @@ class SlurmExecutor:
             record.update(state=State.FAILED, error=f"submission failed: {exc}", ended=time.time())
             hint = (" (run 'orchestrator validate SPEC --cluster': it names the field this cluster cannot satisfy)"
                     if any(s in str(exc) for s in _UNSATISFIABLE) else "")
+            slurm = launch.spec.get("slurm") or {}
+            hint += account_hint(str(exc), slurm.get("account"), slurm.get("partition"))
             raise SubmissionError(controller_problem("sbatch", str(exc)) or
                                   f"sbatch refused the job: {_one_line(exc)}{hint}") from exc
         sys.stderr.write(sbatch_stderr.getvalue())
         return record.update(state=State.PENDING, job_ids=job_ids)
 
     def refresh(self, records: list[RunRecord]) -> list[RunRecord]:
+        """The records of runs not ended, refreshed with one scheduler query for all of them (two
+        when accounting has not heard of a new job yet); a job the scheduler no longer knows (no
+        accounting, and past MinJobAge) takes its end from its agent's record (``agent_end``)."""
         live = [r for r in records if not r.state.terminal]
         states = sacct_states([j for r in live for j in r.job_ids])
         out = []
         for rec in records:
             if rec in live:
-                per_job = [states.get(j, State.UNKNOWN) if "_" in j or j in states else
-                           combine([s for k, s in states.items() if k.startswith(j + "_")]) for j in rec.job_ids]
+                per_job, unknown = [], []
+                for index, job in enumerate(rec.job_ids):
+                    if job in states:
+                        per_job.append(states[job])
+                        continue
+                    tasks = [s for k, s in states.items() if k.startswith(job + "_")] if "_" not in job else []
+                    if tasks:
+                        per_job.append(combine(tasks))
+                        continue
+                    state, why = agent_end(rec, index, job)
+                    per_job.append(state)
+                    if why:
+                        unknown.append(why)
                 state = combine(per_job)
                 changes: dict = {"state": state}
+                if state == State.UNKNOWN and unknown:
+                    changes["error"] = unknown[0]
+                elif rec.state == State.UNKNOWN and UNKNOWN_END in (rec.error or ""):
+                    changes["error"] = None  # the unknown end's reason no longer holds
                 if state.terminal:
                     changes["ended"] = time.time()
                     err = first_error(rec.run_dir)
@@ -552,6 +713,42 @@ def agent_verdict(rec: RunRecord, state: State) -> dict:
         if changes:
             return changes
     return {}
+
+
+#: sbatch's answer when the job charges an account its user has no association with (sites that
+#: enforce associations: AccountingStorageEnforce=associations).
+_INVALID_ACCOUNT = "Invalid account"
+
+
+def account_hint(sbatch_error: str, account: str | None, partition: str | None,
+                 environ: Mapping[str, str] | None = None, user: str | None = None) -> str:
+    """What to add to sbatch's "Invalid account or account/partition combination specified",
+    which names neither: the account the job charged and where it came from (``slurm.account``,
+    else the SBATCH_ACCOUNT sbatch read, else the user's default), the partition, and how to
+    list the accounts the user may charge. '' for any other error."""
+    if _INVALID_ACCOUNT not in sbatch_error:
+        return ""
+    env = os.environ if environ is None else environ
+    user = user or _user_name()
+    if account:
+        named = f"the account '{account}' (slurm.account)"
+    elif env.get("SBATCH_ACCOUNT"):
+        named = f"the account '{env['SBATCH_ACCOUNT']}' (SBATCH_ACCOUNT in this environment)"
+    else:
+        named = f"{user}'s default account (the spec names none)"
+    where = partition or env.get("SBATCH_PARTITION")
+    on = f" on partition '{where}'" if where else ""
+    fix = ("set slurm.account to one of them" if account else
+           "set slurm.account (or SBATCH_ACCOUNT) to one of them")
+    return (f": {named} is not one user {user} may charge{on}; list those with 'sacctmgr show assoc "
+            f"user={user} format=account,partition' and {fix} (or ask the site for an association)")
+
+
+def _user_name() -> str:
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())
 
 
 def _one_line(exc: BaseException) -> str:

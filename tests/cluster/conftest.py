@@ -1,10 +1,15 @@
-"""Bring a real 2-node SLURM cluster up from deploy/ for this test session, and down after."""
+"""Bring a real 2-node SLURM cluster up from deploy/ for this test session, and down after.
+
+tests/cluster/test_no_accounting.py runs last (``pytest_collection_modifyitems``): its module
+fixture (``cluster_without_accounting``) brings the same cluster down and up again without
+slurmdbd (``--no-accounting``), and the session's teardown takes that one down."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -16,12 +21,32 @@ CLUSTER_DIR = Path("/var/tmp/orch-test-cluster")
 # (/tmp, /var/tmp ...), which validate refuses for SLURM jobs, as on a real cluster.
 RUNS_DIR = Path("/srv/orch-test-runs")
 # The site profile (deploy/README.md): tasks bound to their CPUs, requeue only when asked for,
-# preemption, KillWait 30 s, each node's own name on 127.0.1.1; as real sites are, not kinder.
+# preemption, KillWait 30 s, each node's own name on 127.0.1.1, associations enforced; as real
+# sites are, not kinder.
 # --login adds a login node reached over SSH as a non-root user (deploy/README.md, "Login node").
 # --oci: SLURM's own OCI containers (runc, DIR/oci.conf) and a small bundle at DIR/oci-bundle.
 UP_ARGS = ["up", "--nodes", "2", "--cpus", "4", "--gpus", "2", "--profile", "site", "--dir", str(CLUSTER_DIR),
            "--login", "--oci"]
 LOGIN_DIR = CLUSTER_DIR / "login"
+#: The module that needs the cluster without accounting: it runs last (it rebuilds the cluster).
+NO_ACCOUNTING_MODULE = "test_no_accounting.py"
+
+
+def _cluster_sh(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", str(ROOT / "deploy" / "cluster.sh"), *args], capture_output=True, text=True,
+                          timeout=900)
+
+
+def _down() -> None:
+    subprocess.run(["bash", str(ROOT / "deploy" / "cluster.sh"), "down", "--dir", str(CLUSTER_DIR)], timeout=300)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The no-accounting module last: its fixture rebuilds the session's cluster without slurmdbd,
+    which no other test could then use (they read sacct). The others keep their order."""
+    last = [item for item in items if Path(str(item.fspath)).name == NO_ACCOUNTING_MODULE]
+    if last:
+        items[:] = [item for item in items if item not in last] + last
 
 
 @pytest.fixture(scope="session")
@@ -30,10 +55,9 @@ def cluster() -> Iterator[dict[str, str]]:
         if os.environ.get("CI") == "true":
             pytest.fail("the cluster tests need root and apt-get in CI")
         pytest.skip("the cluster tests need root and Debian's apt-get")
-    up = subprocess.run(["bash", str(ROOT / "deploy" / "cluster.sh"), *UP_ARGS], capture_output=True, text=True,
-                        timeout=900)
+    up = _cluster_sh(*UP_ARGS)
     if up.returncode != 0:
-        subprocess.run(["bash", str(ROOT / "deploy" / "cluster.sh"), "down", "--dir", str(CLUSTER_DIR)], timeout=300)
+        _down()
         pytest.fail(f"deploy/cluster.sh up failed:\n{up.stdout}\n{up.stderr}")
     conf = str(CLUSTER_DIR / "slurm.conf")
     old = os.environ.get("SLURM_CONF")
@@ -47,9 +71,25 @@ def cluster() -> Iterator[dict[str, str]]:
                "login_user": (LOGIN_DIR / "user").read_text().strip(),
                "login_home": (LOGIN_DIR / "home").read_text().strip()}
     finally:
-        subprocess.run(["bash", str(ROOT / "deploy" / "cluster.sh"), "down", "--dir", str(CLUSTER_DIR)], timeout=300)
+        _down()
         shutil.rmtree(RUNS_DIR, ignore_errors=True)
         if old is None:
             os.environ.pop("SLURM_CONF", None)
         else:
             os.environ["SLURM_CONF"] = old
+
+
+@pytest.fixture(scope="module")
+def cluster_without_accounting(cluster: dict[str, str]) -> Iterator[dict[str, str]]:
+    """The session's cluster, rebuilt with the same options but ``--no-accounting`` (no slurmdbd,
+    no MariaDB: AccountingStorageType=accounting_storage/none), as small sites run. The cheapest
+    honest way to a real cluster without accounting: a `down` and an `up` (SLURM takes its
+    AccountingStorageType only when slurmctld starts), about 15 s. Not undone: this module runs
+    last, and the session's teardown takes the cluster down. Job ids start again at 1."""
+    started = time.monotonic()
+    _down()
+    up = _cluster_sh(*UP_ARGS, "--no-accounting")
+    if up.returncode != 0:
+        pytest.fail(f"deploy/cluster.sh up --no-accounting failed:\n{up.stdout}\n{up.stderr}")
+    print(f"[cluster] rebuilt without accounting in {time.monotonic() - started:.1f}s")
+    yield {**cluster, "accounting": "none"}

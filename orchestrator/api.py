@@ -293,7 +293,7 @@ class Run:
                 state = states.look()
             if watch is not None:  # "pending again" only from the scheduler's own answer, never a stale state
                 self._say_attempts(watch, state, live, fresh=states.asked)
-            if state.terminal:
+            if state.terminal or (state == State.UNKNOWN and states.asked and _forgotten(self._record)):
                 return state
             if deadline is not None:
                 left = deadline - _now()
@@ -463,6 +463,15 @@ def check_attempt(attempt: Any) -> int:
         raise UsageError(f"attempt is counted from 1 (as 'orchestrator status' counts), not {attempt!r}: "
                          "e.g. .logs(rank=0, attempt=2)")
     return attempt
+
+
+def _forgotten(record: RunRecord) -> bool:
+    """The scheduler no longer knows the job and nothing on record tells how it ended (a cluster
+    without accounting, an agent that could not write its end): no later look can change that, so
+    a wait ends with UNKNOWN and the record's reason instead of waiting forever."""
+    from orchestrator.executors.slurm import UNKNOWN_END
+
+    return UNKNOWN_END in (record.error or "")
 
 
 class StateWatch:

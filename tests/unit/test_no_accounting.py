@@ -268,6 +268,31 @@ def test_wait_ends_on_a_cluster_without_accounting(cluster: SimpleNamespace, mon
     assert "sacct" in c.scheduler.tools()[:1] and set(c.scheduler.tools()[1:]) == {"squeue"}
 
 
+def test_wait_ends_with_unknown_when_nothing_can_tell(cluster: SimpleNamespace, monkeypatch) -> None:
+    """The job left squeue's view and its agent recorded no end (its node lost): the wait does not
+    poll forever; it returns UNKNOWN with the reason on the record, well inside its timeout."""
+    from orchestrator import api
+    from orchestrator.api import Run
+
+    c = cluster
+    c.scheduler.queue["62"] = "RUNNING"
+    rec = _run(c, "lost-wait", "62")
+    History(Path(rec.run_dir) / "recovery.json", [Attempt(1, 1.0, ["node2"], job="62")]).save()
+    clock = SimpleNamespace(now=0.0)
+
+    def sleep(seconds: float) -> None:
+        clock.now += seconds
+        if clock.now > 30:
+            c.scheduler.queue.pop("62", None)
+
+    monkeypatch.setattr(api, "_now", lambda: clock.now)
+    monkeypatch.setattr(api, "_sleep", sleep)
+    run = Run(RunRecord.load(rec.run_dir))
+    assert run.wait(timeout=3600, attempts=False) == State.UNKNOWN
+    assert clock.now < 300, clock.now
+    assert (run.record.error or "").startswith("job 62 is no longer known to SLURM")
+
+
 def test_after_and_pipelines_see_the_agents_end_through_refresh(cluster: SimpleNamespace) -> None:
     """A parent squeue forgot: COMPLETED by its agent needs no dependency (SLURM would refuse one on
     a job it no longer knows); FAILED by its agent can never satisfy 'ok'."""

@@ -51,6 +51,7 @@ def main() -> None:
     py = sys.executable
     big = Path(tempfile.mkdtemp()) / "big.yaml"
     big.write_text("name: big\nentrypoint: jobs.train:main\nexecutor: slurm\nnodes: 4096\ngpus_per_node: 8\n"
+                   "slurm: {assume_shared_paths: true}  # planned only, never run\n"
                    f"runs_dir: {big.parent}\n")
     cases = {
         "python -c pass": [py, "-c", "pass"],

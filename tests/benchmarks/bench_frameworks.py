@@ -73,7 +73,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--only", choices=["accelerate", "transformers"], action="append",
+                        help="these cases alone (default: all)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="one round, no page-cache warm-up: does it still run? (its figures mean nothing)")
     opts = parser.parse_args()
+    if opts.smoke:
+        opts.rounds = 1
     work = Path(tempfile.mkdtemp(prefix="bench-fw-"))
     n = opts.ranks
     cases = {
@@ -94,8 +100,11 @@ def main() -> None:
     print(f"{'case':<14}{'peer':>10}{'ours':>10}{'ours/peer':>11}")
     try:
         for name, (peer, orch) in cases.items():
+            if opts.only and name not in opts.only:
+                continue
             times: dict[str, list[float]] = {"peer": [], "ours": []}
-            timed(peer(), work)  # warm the page cache for both sides
+            if not opts.smoke:
+                timed(peer(), work)  # warm the page cache for both sides
             for _ in range(opts.rounds):
                 times["peer"].append(timed(peer(), work))
                 times["ours"].append(timed(orch(), work))

@@ -56,9 +56,9 @@ def main() -> None:
     a = p.parse_args()
     cluster = Path(a.cluster)
     ssh_config = str(cluster / "login" / "ssh_config")
-    user = (cluster / "login" / "created-user").read_text().strip() if (cluster / "login" / "created-user").exists() \
-        else "orchuser"
-    home = Path(f"/srv/orch-login-home/{user}")
+    # deploy/cluster.sh up --login records the login user and its home (created or found) there
+    user = (cluster / "login" / "user").read_text().strip()
+    home = Path((cluster / "login" / "home").read_text().strip())
     venv = home / "venv"
     if not (venv / "bin" / "orchestrator").exists():
         sys.path.insert(0, str(ROOT))

@@ -38,6 +38,10 @@ ROOT = HERE.parents[1]
 PY = sys.executable
 ORCH = [PY, "-m", "orchestrator"]
 TORCHRUN = [PY, "-m", "torch.distributed.run", "--standalone"]
+#: The sizes of one round; ``--smoke`` shrinks them to prove the benchmark still runs (the suite's
+#: tests/integration/test_benchmarks_smoke.py), its figures then meaning nothing.
+SIZES = {"launch_ranks": (2, 4), "epochs": 15, "allreduce_mb": 64, "thread_variants": 4, "demo_epochs": 12}
+SMOKE = {"launch_ranks": (2,), "epochs": 2, "allreduce_mb": 1, "thread_variants": 1, "demo_epochs": 1}
 # What a user's shell gives: nothing set that a user would not set (OMP_NUM_THREADS above all:
 # setting it on both sides once hid a default that made the demo 3.3x slower).
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -90,7 +94,7 @@ def launch_once(kind: str, n: int, tmp: Path) -> tuple[float, float]:
 def bench_launch(repeat: int, tmp: Path) -> None:
     print("\n== launch to first all_reduce, and to every process exited (s, median) ==")
     kinds = ("floor", "torchrun", "orchestrator")
-    for n in (2, 4):
+    for n in SIZES["launch_ranks"]:
         first: dict[str, list[float]] = {k: [] for k in kinds}
         ended: dict[str, list[float]] = {k: [] for k in kinds}
         for _ in range(repeat):
@@ -112,10 +116,10 @@ def bench_throughput(repeat: int, tmp: Path) -> None:
     ours, hand = [], []
     for _ in range(repeat):
         out = Path(tempfile.mkdtemp(dir=tmp))
-        run_quiet([*TORCHRUN, "--nproc-per-node=2", str(HERE / "hand_ddp_loop.py"), "--epochs", "15", "--out", str(out)])
+        run_quiet([*TORCHRUN, "--nproc-per-node=2", str(HERE / "hand_ddp_loop.py"), "--epochs", str(SIZES["epochs"]), "--out", str(out)])
         hand.append(statistics.mean(statistics.mean(json.loads((out / f"hand-{r}.json").read_text())[1:]) for r in range(2)))
         spec = _spec(tmp, entrypoint="jobs.train:main", cpu_ranks_per_node=2,
-                     args={"dataset": "digits", "epochs": 15, "batch-size": 32, "log-every": 1000},
+                     args={"dataset": "digits", "epochs": SIZES["epochs"], "batch-size": 32, "log-every": 1000},
                      checkpoint={"keep_last": 1})
         run_quiet([*ORCH, "run", str(spec)])
         run_dir = max((tmp / "runs").glob("bench-*"), key=lambda p: p.stat().st_mtime)
@@ -130,14 +134,14 @@ def bench_throughput(repeat: int, tmp: Path) -> None:
 
 
 def bench_allreduce(repeat: int, tmp: Path) -> None:
-    print("\n== all-reduce bandwidth at 64 MB, 2 ranks gloo loopback (GB/s algbw, median) ==")
+    print(f"\n== all-reduce bandwidth at {SIZES['allreduce_mb']} MB, 2 ranks gloo loopback (GB/s algbw, median) ==")
     ours, bare = [], []
     for _ in range(repeat):
         out = Path(tempfile.mkdtemp(dir=tmp))
-        run_quiet([*TORCHRUN, "--nproc-per-node=2", str(HERE / "bare_allreduce.py"), "--size-mb", "64", "--out", str(out)])
+        run_quiet([*TORCHRUN, "--nproc-per-node=2", str(HERE / "bare_allreduce.py"), "--size-mb", str(SIZES["allreduce_mb"]), "--out", str(out)])
         bare.append(json.loads((out / "bare.json").read_text())["gbps"])
         spec = _spec(tmp, entrypoint="jobs.allreduce:main", cpu_ranks_per_node=2,
-                     args={"sizes-mb": [64], "iters": 10})
+                     args={"sizes-mb": [SIZES["allreduce_mb"]], "iters": 10})
         run_quiet([*ORCH, "run", str(spec)])
         run_dir = max((tmp / "runs").glob("bench-*"), key=lambda p: p.stat().st_mtime)
         ours.append(json.loads((run_dir / "allreduce.json").read_text())["rows"][0]["algbw_gbps"])
@@ -152,13 +156,14 @@ def bench_threads(repeat: int, tmp: Path) -> None:
     demo = ROOT / "orchestrator" / "examples" / "demo.yaml"
     cores = os.cpu_count() or 1
     variants: dict[str, dict[str, str]] = {"defaults": ENV}
-    for n in sorted({1, max(1, cores // 4), max(1, cores // 2), cores}):
+    for n in sorted({1, max(1, cores // 4), max(1, cores // 2), cores})[:SIZES["thread_variants"]]:
         variants[f"OMP_NUM_THREADS={n}"] = {**ENV, "OMP_NUM_THREADS": str(n)}
     times: dict[str, list[float]] = {k: [] for k in variants}
     for _ in range(repeat):
         for name, env in variants.items():
             t0 = time.monotonic()
-            run_quiet([*ORCH, "run", str(demo), "--set", f"runs_dir={tmp / 'runs'}", "--fresh"], env=env)
+            run_quiet([*ORCH, "run", str(demo), "--set", f"runs_dir={tmp / 'runs'}",
+                       "--set", f"args.epochs={SIZES['demo_epochs']}", "--fresh"], env=env)
             times[name].append(time.monotonic() - t0)
     med = {k: statistics.median(v) for k, v in times.items()}
     best = min((v, k) for k, v in med.items() if k != "defaults")
@@ -171,7 +176,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--only", choices=["launch", "throughput", "allreduce", "threads"])
+    ap.add_argument("--smoke", action="store_true", help="one round at the smallest sizes: does it still run?")
     args = ap.parse_args()
+    if args.smoke:
+        SIZES.update(SMOKE)
+        args.repeat = 1
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         if args.only in (None, "launch"):

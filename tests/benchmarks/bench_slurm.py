@@ -1,8 +1,8 @@
 """The SLURM executor against plain sbatch, on a real cluster from deploy/cluster.sh.
 
-Run (root): .venv/bin/python tests/benchmarks/bench_slurm.py [--repeat 5]
+Run (root): .venv/bin/python tests/benchmarks/bench_slurm.py [--repeat 5] [--cluster DIR] [--smoke]
 It brings a 2-node cluster up in its own folder and takes it down at the end (stop the test
-cluster first: both use the same namespaces).
+cluster first: both use the same namespaces), unless --cluster names a running one to use.
 
 1. submit -> all ranks running: `orchestrator submit` of a 2 x 2 job whose ranks record the
    time they start, against `sbatch --wrap "srun ..."` running the same script. Ratio reported.
@@ -16,6 +16,7 @@ cluster first: both use the same namespaces).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -30,6 +31,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
 CLUSTER = Path("/var/tmp/orch-bench-cluster")
+TOOLS = ("sacct", "squeue", "scontrol", "sinfo")
 SHARED = Path("/srv/orch-bench")
 STARTED = """import os, sys, time
 out = sys.argv[sys.argv.index('--out') + 1]
@@ -87,67 +89,67 @@ def latency(repeat: int, tmp: Path, script: Path) -> None:
           f"{statistics.median([a - b for a, b in zip(ours, cli)]):.2f} s")
 
 
-def sweep_submission(tmp: Path, script: Path) -> list[str]:
+def sweep_submission(tmp: Path, script: Path, points: int = 100) -> list[str]:
     out = tmp / "sweep"
     out.mkdir()
-    spec = spec_file(tmp, name="sweep100", entrypoint=str(script), extra_args=["--out", str(out)],
-                     sweep={"seed": list(range(100))})
+    spec = spec_file(tmp, name=f"sweep{points}", entrypoint=str(script), extra_args=["--out", str(out)],
+                     sweep={"seed": list(range(points))})
     t0 = time.perf_counter()
     subprocess.run([PY, "-m", "orchestrator", "submit", str(spec)], check=True, stdout=subprocess.DEVNULL)
-    print(f"100-point sweep submitted as one array in {time.perf_counter() - t0:.2f} s wall (target <= 2 s)")
+    print(f"{points}-point sweep submitted as one array in {time.perf_counter() - t0:.2f} s wall (target <= 2 s for 100)")
     return []
 
 
-def status_calls(tmp: Path, script: Path) -> None:
-    import orchestrator.executors.slurm as slurm_mod
-    from orchestrator.operations import refresh
-    from orchestrator.records import RunRecord, registered_runs
+def counting_path(tmp: Path, log: Path) -> dict[str, str]:
+    """An environment whose PATH puts wrappers of the scheduler's query tools first: each logs its
+    call to ``log``, then runs the real tool. Counts what the orchestrator's own processes ask,
+    whatever module asks it."""
+    wrappers = tmp / f"counting-bin-{log.name}"
+    wrappers.mkdir()
+    for tool in TOOLS:
+        real = subprocess.run(["which", tool], capture_output=True, text=True, check=True).stdout.strip()
+        (wrappers / tool).write_text(f'#!/bin/sh\necho "{tool} $*" >> {log}\nexec {real} "$@"\n')
+        (wrappers / tool).chmod(0o755)
+    return {**os.environ, "PATH": f"{wrappers}:{os.environ['PATH']}"}
 
-    for i in range(20):
+
+def count_calls(log: Path) -> tuple[int, dict[str, int]]:
+    calls = log.read_text().splitlines() if log.exists() else []
+    return len(calls), {t: sum(c.startswith(t + " ") for c in calls) for t in TOOLS}
+
+
+def status_calls(tmp: Path, script: Path, singles: int = 20) -> None:
+    for i in range(singles):
         out = tmp / f"single-{i}"
         out.mkdir()
         subprocess.run([PY, "-m", "orchestrator", "submit", str(spec_file(tmp, name=f"single{i}", entrypoint=str(script),
                         extra_args=["--out", str(out)]))], check=True, stdout=subprocess.DEVNULL)
-    records = [RunRecord.load(e["run_dir"]) for e in registered_runs()]
-    records = [r for r in records if r.executor == "slurm"]
-    jobs = sum(len(r.job_ids) for r in records)
-    calls: list[Any] = []
-    real = slurm_mod.subprocess.run
-
-    def counting(cmd: list[str], *a: Any, **k: Any) -> Any:
-        calls.append(cmd[0])
-        return real(cmd, *a, **k)
-
-    slurm_mod.subprocess.run = counting  # type: ignore[assignment]
-    try:
-        t0 = time.perf_counter()
-        refresh(records)
-        took = time.perf_counter() - t0
-    finally:
-        slurm_mod.subprocess.run = real  # type: ignore[assignment]
-    print(f"status over {len(records)} runs / {jobs} jobs: {len(calls)} scheduler call(s) ({', '.join(calls)}), "
-          f"{took:.2f} s (target: 1-2 calls)")
+    log = tmp / "status-calls"
+    env = counting_path(tmp, log)
+    t0 = time.perf_counter()
+    shown = subprocess.run([PY, "-m", "orchestrator", "list", "--json"], check=True, env=env, capture_output=True,
+                           text=True).stdout
+    took = time.perf_counter() - t0
+    runs = [r for r in json.loads(shown) if r.get("executor") == "slurm"]
+    jobs = sum(len(r.get("job_ids") or []) for r in runs)
+    n, by_tool = count_calls(log)
+    print(f"orchestrator list over {len(runs)} runs / {jobs} jobs: {n} scheduler call(s) "
+          f"({', '.join(f'{t} {c}' for t, c in by_tool.items() if c)}), {took:.2f} s (target: 1-2 calls)")
 
 
 def wait_queries(tmp: Path, seconds: int = 120) -> None:
-    wrappers, log = tmp / "counting-bin", tmp / "scheduler-calls"
-    wrappers.mkdir()
-    for tool in ("sacct", "squeue", "scontrol", "sinfo"):
-        real = subprocess.run(["which", tool], capture_output=True, text=True, check=True).stdout.strip()
-        (wrappers / tool).write_text(f'#!/bin/sh\necho "{tool} $*" >> {log}\nexec {real} "$@"\n')
-        (wrappers / tool).chmod(0o755)
-    job = tmp / "two-minutes.py"
+    log = tmp / "wait-calls"
+    env = counting_path(tmp, log)
+    job = tmp / "sleeper.py"
     job.write_text(f"import time\ntime.sleep({seconds})\n")
-    spec = spec_file(tmp, name="wait2min", entrypoint=str(job))
-    env = {**os.environ, "PATH": f"{wrappers}:{os.environ['PATH']}"}
+    spec = spec_file(tmp, name=f"wait{seconds}s", entrypoint=str(job))
     t0 = time.perf_counter()
     subprocess.run([PY, "-m", "orchestrator", "submit", str(spec), "--wait"], check=True, env=env,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     took = time.perf_counter() - t0
-    calls = log.read_text().splitlines() if log.exists() else []
-    by_tool = {t: sum(c.startswith(t + " ") for c in calls) for t in ("sacct", "squeue", "scontrol", "sinfo")}
-    print(f"submit --wait of a {seconds} s job: {len(calls)} scheduler calls in {took:.0f} s ({by_tool}; "
-          "target <= 15)")
+    n, by_tool = count_calls(log)
+    print(f"submit --wait of a {seconds} s job: {n} scheduler calls in {took:.0f} s ({by_tool}; "
+          "target <= 15 for 120 s)")
 
 
 def main() -> None:
@@ -155,19 +157,30 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--only", choices=["latency", "sweep", "status", "wait"], action="append",
                     help="run only these figures (repeatable); all four by default")
+    ap.add_argument("--cluster", type=Path, default=None,
+                    help="use this running deploy cluster (its folder); neither brought up nor down")
+    ap.add_argument("--shared", type=Path, default=SHARED, help="a folder every node sees, not node-local")
+    ap.add_argument("--smoke", action="store_true",
+                    help="one short round of each figure: does it still run? (its figures mean nothing)")
     args = ap.parse_args()
     only = set(args.only or ["latency", "sweep", "status", "wait"])
-    up = subprocess.run(["bash", str(ROOT / "deploy" / "cluster.sh"), "up", "--nodes", "2", "--cpus", "4",
-                         "--gpus", "0", "--dir", str(CLUSTER)])
-    if up.returncode:
-        sys.exit("could not bring the cluster up")
-    os.environ["SLURM_CONF"] = str(CLUSTER / "slurm.conf")
+    sizes = {"points": 100, "singles": 20, "wait_s": 120}
+    if args.smoke:
+        args.repeat, sizes = 1, {"points": 5, "singles": 2, "wait_s": 5}
+    own = args.cluster is None
+    cluster = CLUSTER if own else args.cluster
+    if own:
+        up = subprocess.run(["bash", str(ROOT / "deploy" / "cluster.sh"), "up", "--nodes", "2", "--cpus", "4",
+                             "--gpus", "0", "--dir", str(CLUSTER)])
+        if up.returncode:
+            sys.exit("could not bring the cluster up")
+    os.environ["SLURM_CONF"] = str(cluster / "slurm.conf")
     try:
         # Not under /var/tmp or /tmp: validate refuses node-local folders for SLURM runs, as a site's
         # nodes would not see them. /srv is outside every node-local prefix, and every namespace
         # node sees it.
-        SHARED.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=SHARED) as d:
+        args.shared.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=args.shared) as d:
             tmp = Path(d)
             os.environ["ORCHESTRATOR_HOME"] = str(tmp / "home")
             script = tmp / "started.py"
@@ -175,13 +188,14 @@ def main() -> None:
             if "latency" in only:
                 latency(args.repeat, tmp, script)
             if "sweep" in only:
-                sweep_submission(tmp, script)
+                sweep_submission(tmp, script, sizes["points"])
             if "status" in only:
-                status_calls(tmp, script)
+                status_calls(tmp, script, sizes["singles"])
             if "wait" in only:
-                wait_queries(tmp)
+                wait_queries(tmp, sizes["wait_s"])
     finally:
-        subprocess.run(["bash", str(ROOT / "deploy" / "cluster.sh"), "down", "--dir", str(CLUSTER)])
+        if own:
+            subprocess.run(["bash", str(ROOT / "deploy" / "cluster.sh"), "down", "--dir", str(CLUSTER)])
 
 
 if __name__ == "__main__":

@@ -56,7 +56,8 @@ def main() -> None:
                 "recovery": {"max_restarts": 1}}
         t0 = time.time()
         r = api.run(spec, wait=True, executor="local")
-        out["nccl_crash_once"] = {"state": str(r.state), "seconds": round(time.time() - t0, 2),
+        out["nccl_crash_once"] = {"ok": str(r.state) == "COMPLETED", "state": str(r.state),
+                                  "seconds": round(time.time() - t0, 2),
                                   "resumed_at": (ckpt / "done").read_text() if (ckpt / "done").exists() else None,
                                   "attempts": [(x.number, x.outcome, x.action, x.why) for x in
                                                History.load(r.run_dir).attempts],

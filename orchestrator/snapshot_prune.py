@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
-from orchestrator.snapshot import STORE_NAME, _remove_tree, human_size, load_manifest, read_code_record
+from orchestrator.snapshot_model import STORE_NAME, human_size, load_manifest, read_code_record
+from orchestrator.snapshot_store import _remove_tree
 
 #: How many of the most recently used snapshots are kept, whatever their runs' states.
 KEEP = 5

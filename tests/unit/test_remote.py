@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 from orchestrator.cli import _command_argv
 from orchestrator.errors import UsageError
 from orchestrator.remote import RemoteSettings, Ssh, load_settings, unpack_pngs
-from orchestrator.remote_receive import _header, update_checkout
+from orchestrator.remote_checkout import update_checkout
+from orchestrator.remote_protocol import _header
 from orchestrator.snapshot import SHIPPED_NAME
 
 WORDS = st.lists(st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"), min_size=0,

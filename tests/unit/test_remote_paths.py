@@ -136,6 +136,31 @@ def test_the_shipped_header_keeps_tilde_in_the_spec(tmp_path: Path, monkeypatch:
     assert str(Path.home()) not in json.dumps(header["spec"])
 
 
+def test_a_project_reached_through_a_link_ships_from_the_folder_the_user_is_in(tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """macOS's /tmp and /var are links to /private/...: a project (and an absolute entrypoint)
+    spelled through a link is the folder the user is in (os.getcwd() names it resolved), not
+    'outside the project'; the entrypoint keeps its own name."""
+    from orchestrator.remote import RemoteSettings, project_name, shipment
+
+    monkeypatch.setenv("ORCHESTRATOR_CONFIG", str(tmp_path / "cfg" / "config.yaml"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))
+    project = tmp_path / "private" / "proj"
+    (project / "conf").mkdir(parents=True)
+    (project / "train.py").write_text("print(1)\n")
+    (tmp_path / "tmp").symlink_to(tmp_path / "private")
+    linked = tmp_path / "tmp" / "proj"
+    (project / "conf" / "spec.yaml").write_text(f"name: t\nentrypoint: {linked / 'train.py'}\nruns_dir: /scratch/runs\n")
+    monkeypatch.chdir(linked / "conf")
+    spec = load_spec(str(linked / "conf" / "spec.yaml"), executor="slurm", home_elsewhere=True)
+    header, sources = shipment(spec, RemoteSettings(host="login", client_id="mac"))
+    assert header["cwd"] == "conf" and header["spec"]["entrypoint"] == "../train.py", header
+    assert header["project"] == project_name(str(project), "mac") and sorted(header["files"]) == ["conf/spec.yaml",
+                                                                                                  "train.py"]
+    assert all(path.startswith(str(project)) for path in sources.values())
+
+
 # ---- a relative runs_dir under the login user's home -------------------------------------------------
 HOME = "/home/alice"
 CHECKOUT = Path(HOME) / ".local/share/orchestrator/remote/projects/proj-1234abcd"

@@ -41,6 +41,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator import snapshot as snap_mod
+from orchestrator import snapshot_files, snapshot_scan, snapshot_store
 from orchestrator.snapshot import (CONFIG_MAX_BYTES, LEFT_BIG_CONFIG, LEFT_CHANGING, LEFT_IGNORED, LEFT_NOT_CODE,
                                    LEFT_OUTPUT, LEFT_RUN, SnapshotError, changes_since, project_root, scan,
                                    scan_project, store, unified_diff)
@@ -308,7 +309,7 @@ def test_a_repo_with_no_commit_yet_has_no_commit_and_no_diff(tmp_path: Path) -> 
 def test_git_files_lists_tracked_and_untracked_never_the_runs_folder(tmp_path: Path) -> None:
     repo = git_repo(tmp_path / "proj", {"train.py": "x", ".gitignore": "*.log\n"})
     write(repo, {"runs/.code/trees/abc/train.py": "x", "runs/job-1/log.txt": "y", "new.py": "", "out.log": "l"})
-    tracked, untracked = snap_mod._git_files(str(repo.resolve()), ["runs"])
+    tracked, untracked = snapshot_files._git_files(str(repo.resolve()), ["runs"])
     assert tracked == [".gitignore", "train.py"]
     assert untracked == ["new.py"]
 
@@ -472,7 +473,7 @@ def test_a_project_over_the_limit_is_refused_before_any_file_is_read(no_outer_gi
     proj = no_outer_git / "big"
     write(proj, {"train.py": "x", "weights.bin": b"\0" * 3_000_000})
     calls: list[str] = []
-    monkeypatch.setattr(snap_mod, "_read_stable", lambda path, blobs: calls.append(path))
+    monkeypatch.setattr(snapshot_scan, "_read_stable", lambda path, blobs: calls.append(path))
     with pytest.raises(SnapshotError, match="over code.max_mb=1"):
         scan_project("train.py", str(proj), "runs", max_mb=1, include_patterns=["*.bin"], stage=True)
     assert calls == []
@@ -490,7 +491,7 @@ class Appender:
         self.cond = threading.Condition()
         self.thread = threading.Thread(target=self._run, daemon=True)
         if slow_reads:
-            real = snap_mod._copy_hashing
+            real = snapshot_scan._copy_hashing
 
             def copy_hashing(f, blobs, path_read):  # noqa: ANN001, ANN202 - the wrapped function's
                 with self.cond:
@@ -501,7 +502,7 @@ class Appender:
                         assert self.cond.wait_for(lambda: self.appended > seen + 1, timeout=10)
                 return out
 
-            monkeypatch.setattr(snap_mod, "_copy_hashing", copy_hashing)
+            monkeypatch.setattr(snapshot_scan, "_copy_hashing", copy_hashing)
 
     def _run(self) -> None:
         while not self.stop.is_set():
@@ -546,7 +547,7 @@ def test_a_file_appended_to_by_a_thread_during_the_scan_never_raises(no_outer_gi
     """The same with no help to tear the reads: frozen as one consistent read, or left out."""
     proj, store_dir = no_outer_git / "proj", no_outer_git / "store"
     write(proj, {"train.py": "", "log.txt": "# start\n" * 50_000})
-    monkeypatch.setattr(snap_mod, "_CHUNK", 4096)
+    monkeypatch.setattr(snapshot_scan, "_CHUNK", 4096)
     with Appender(proj / "log.txt", monkeypatch, slow_reads=False):
         snaps = [scan(str(proj), "folder", str(store_dir), stage=True) for _ in range(3)]
     for snap in snaps:
@@ -690,7 +691,7 @@ def test_a_start_never_replaces_a_sound_tree_another_start_built_meanwhile(no_ou
     write(proj, {"train.py": "t\n", "a.py": "a\n"})
     snap = scan(str(proj), "folder", str(store_dir), stage=True)
     copying, release = threading.Event(), threading.Event()
-    real = snap_mod._copy_verified
+    real = snapshot_store._copy_verified
 
     def copy_verified(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - the wrapped function's
         if threading.current_thread().name == "late-start":
@@ -698,7 +699,7 @@ def test_a_start_never_replaces_a_sound_tree_another_start_built_meanwhile(no_ou
             release.wait(10)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(snap_mod, "_copy_verified", copy_verified)
+    monkeypatch.setattr(snapshot_store, "_copy_verified", copy_verified)
     errors: list[BaseException] = []
 
     def late() -> None:
@@ -762,8 +763,8 @@ def test_a_staged_scan_copies_only_what_the_store_lacks(no_outer_git: Path, monk
     write(proj, {f"f{i}.py": f"x = {i}\n" for i in range(5)})
     store(scan(str(proj), "folder", str(store_dir), stage=True))
     reads: list[tuple[str, object]] = []
-    real = snap_mod._read_stable
-    monkeypatch.setattr(snap_mod, "_read_stable", lambda path, blobs: reads.append((path, blobs)) or real(path, blobs))
+    real = snapshot_scan._read_stable
+    monkeypatch.setattr(snapshot_scan, "_read_stable", lambda path, blobs: reads.append((path, blobs)) or real(path, blobs))
     (proj / "f1.py").write_text("x = 11\n")
     snap = scan(str(proj), "folder", str(store_dir), stage=True)
     assert reads == [(str(proj / "f1.py"), store_dir / "blobs")]
@@ -936,13 +937,13 @@ def test_an_unchanged_tree_is_not_read_again(no_outer_git: Path, monkeypatch: py
     proj, store_dir = no_outer_git / "proj", no_outer_git / "store"
     write(proj, {f"f{i}.py": f"x = {i}\n" for i in range(10)})
     calls: list[str] = []
-    real = snap_mod._read_stable
+    real = snapshot_scan._read_stable
 
     def counting(path: str, blobs: object) -> object:
         calls.append(path)
         return real(path, blobs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(snap_mod, "_read_stable", counting)
+    monkeypatch.setattr(snapshot_scan, "_read_stable", counting)
     first = scan(str(proj), "folder", str(store_dir))
     assert len(calls) == 10
     second = scan(str(proj), "folder", str(store_dir))

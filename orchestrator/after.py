@@ -15,11 +15,15 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Literal, Optional, Sequence
 
 from orchestrator.errors import OrchestratorError, RunNotFoundError, SubmissionError
 from orchestrator.records import RunRecord, resolve_run
 from orchestrator.states import State
+
+if TYPE_CHECKING:
+    from orchestrator.plan import LaunchPlan
+    from orchestrator.spec import AfterSpec, JobSpec
 
 When = Literal["ok", "any", "notok"]
 #: sbatch's word for each ``when``.
@@ -107,7 +111,7 @@ def find_record(run_id: str) -> Optional[RunRecord]:
         return None
 
 
-def resolve(entries: Sequence[Any], executor: str | None, refresh: Refresh | None = None,
+def resolve(entries: Sequence[AfterSpec], executor: str | None, refresh: Refresh | None = None,
             own_run_id: str | None = None) -> list[Parent]:
     """Each AfterSpec (``.run``, ``.when``) -> a Parent, its record refreshed by ``refresh`` (the
     scheduler's view; None: as recorded). A spec file that cannot be loaded raises its SpecError."""
@@ -167,12 +171,10 @@ def local_problems(parents: Sequence[Parent]) -> list[str]:
     return problems
 
 
-def check_local(launch: Any, refresh: Refresh | None = None) -> None:
+def check_local(launch: LaunchPlan, refresh: Refresh | None = None) -> None:
     """``orchestrator run`` of a spec with ``after:`` (a LaunchPlan's): refuse (SubmissionError,
     every problem named) unless each named run has ended as its ``when`` asks."""
-    from orchestrator.spec import AfterSpec
-
-    entries = [AfterSpec.model_validate(e) for e in launch.spec.get("after") or []]
+    entries = launch.spec.after
     if not entries:
         return
     problems = local_problems(resolve(entries, launch.executor, refresh, launch.run_id))
@@ -180,13 +182,11 @@ def check_local(launch: Any, refresh: Refresh | None = None) -> None:
         raise SubmissionError(f"{launch.run_id} waits for runs that are not ready:\n  " + "\n  ".join(problems))
 
 
-def after_lines(spec: Any) -> list[str]:
+def after_lines(spec: JobSpec | LaunchPlan) -> list[str]:
     """``plan``'s line for a spec's ``after:`` (a JobSpec, or a LaunchPlan): each run it waits for, its ``when`` and the state its
     folder records now (no scheduler query): 'after: prep-1a2b3c4d (ok; COMPLETED), ...'."""
-    if not hasattr(spec, "after"):  # a LaunchPlan: its spec as data, and its executor
-        from orchestrator.spec import JobSpec
-
-        spec = JobSpec.model_validate(spec.spec)
+    if not hasattr(spec, "after"):  # a LaunchPlan: the spec it was made from (its executor the plan's)
+        spec = spec.spec
     if not spec.after:
         return []
     shown = []

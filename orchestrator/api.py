@@ -131,7 +131,7 @@ def run(spec: SpecLike, wait: bool = True, *, executor: str | None = None, fresh
         raise UsageError("'run' is for the local and debug executors: submit to SLURM with 'orchestrator submit' "
                          "(Python: submit(spec)), or pass --executor local (Python: executor='local') "
                          "for a local dry run")
-    if launch.spec.get("after"):  # a local run does not wait: the runs it names must have ended as asked
+    if launch.spec.after:  # a local run does not wait: the runs it names must have ended as asked
         from orchestrator.after import check_local
 
         check_local(launch, lambda records: [r.record for r in refresh([Run(x) for x in records])])

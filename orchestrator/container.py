@@ -33,10 +33,8 @@ from orchestrator.payload import ContainerSettings
 if TYPE_CHECKING:
     from orchestrator.payload import Payload
     from orchestrator.snapshot import Snapshot
-
-#: ``orchestrator.spec.JobSpec``, not imported even for type checking: spec.py calls ``problems``,
-#: and plan.py (the ``LaunchPlan`` that ``plan_lines`` reads) imports this module; imports must not cycle.
-JobSpec = Any
+    # spec.py calls ``problems`` and plan.py imports this module: both are read through their views.
+    from orchestrator.views import LaunchView, SpecView
 
 #: Where this package's folder is bound inside the image (``PACKAGE_DST/orchestrator``).
 PACKAGE_DST = "/opt/orchestrator"
@@ -74,7 +72,7 @@ def _same_path_mounts(paths: Sequence[tuple[str, str]]) -> list[str]:
     return [f"{p}:{p}" + (":ro" if m == "ro" else "") for p, m in _same_path_folders(paths)]
 
 
-def _bound_folders(spec: JobSpec, run_dir: str, store_dir: Optional[str]) -> list[tuple[str, str, str]]:
+def _bound_folders(spec: SpecView, run_dir: str, store_dir: Optional[str]) -> list[tuple[str, str, str]]:
     """(the field that names it, path, mode) for each host folder the ranks need at its host path:
     the run folder, the workdir, the rendezvous and checkpoint folders when the spec puts them
     elsewhere, and the code snapshot store (``store_dir``), or without one the live files."""
@@ -94,7 +92,7 @@ def _bound_folders(spec: JobSpec, run_dir: str, store_dir: Optional[str]) -> lis
     return paths
 
 
-def automatic_mounts(spec: JobSpec, run_dir: str, code: Optional[Snapshot]) -> list[str]:
+def automatic_mounts(spec: SpecView, run_dir: str, code: Optional[Snapshot]) -> list[str]:
     """What every rank needs inside: this package (read-only, at PACKAGE_DST), and at their host
     paths the run folder, the code snapshot store (read-only), the workdir, and the rendezvous and
     checkpoint folders when the spec puts them elsewhere; where the CLI ran and the entrypoint
@@ -112,7 +110,7 @@ def automatic_mounts(spec: JobSpec, run_dir: str, code: Optional[Snapshot]) -> l
     return [*ours, *_same_path_mounts(paths), *resolve]
 
 
-def container_settings(spec: JobSpec, run_dir: str, code: Optional[Snapshot]) -> Optional[ContainerSettings]:
+def container_settings(spec: SpecView, run_dir: str, code: Optional[Snapshot]) -> Optional[ContainerSettings]:
     """The spec's ``container`` section with the automatic mounts before the user's own."""
     c = spec.container
     if c is None:
@@ -212,7 +210,7 @@ def mount_path_problem(path: str, runtime: str) -> Optional[str]:
     return f"{path!r} holds {' and '.join(repr(ch) for ch in bad)}, which splits {where}"
 
 
-def problems(spec: JobSpec) -> list[str]:
+def problems(spec: SpecView) -> list[str]:
     """Spec-level rules (``spec.cross_field_problems``); each says which field to change."""
     c = spec.container
     if c is None:
@@ -378,7 +376,7 @@ def prepare(payload: Payload) -> None:
 _WHAT = {"apptainer": "apptainer image", "pyxis": "pyxis image", "oci": "OCI bundle"}
 
 
-def plan_lines(launch: Any) -> list[str]:
+def plan_lines(launch: LaunchView | Payload) -> list[str]:
     """What ``orchestrator plan`` says about the container (``launch``: a LaunchPlan or its Payload):
     the image, the command each rank runs inside, the mounts, and that the agent stays on the host
     (or that a local run does not use it)."""
@@ -406,7 +404,7 @@ def plan_lines(launch: Any) -> list[str]:
 PYTHON_CHECK = "import sys; assert sys.version_info >= (3, 10), sys.version"
 
 
-def node_check_argv(spec: JobSpec, launch_srun: Sequence[str] | None = None) -> list[list[str]]:
+def node_check_argv(spec: SpecView, launch_srun: Sequence[str] | None = None) -> list[list[str]]:
     """Two one-task sruns on one node: the mounts' sources and the image exist there (on the
     host), then the image's python runs and is >= 3.10 (inside, as the ranks will run)."""
     c = spec.container
@@ -433,7 +431,7 @@ def node_check_argv(spec: JobSpec, launch_srun: Sequence[str] | None = None) -> 
     return [exists, inside]
 
 
-def check_on_node(spec: JobSpec, timeout_s: float = 300) -> list[str]:
+def check_on_node(spec: SpecView, timeout_s: float = 300) -> list[str]:
     """Problems with the container on one of the cluster's nodes (``validate --cluster``)."""
     import subprocess
 

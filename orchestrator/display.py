@@ -31,7 +31,7 @@ def code_line(launch: LaunchPlan) -> str:
     """What the ranks import: the snapshot (files, bytes, what the store still lacks) or the live files."""
     c = launch.code
     if c is None:
-        why = "code.snapshot: false" if not launch.spec.get("code", {}).get("snapshot", True) else \
+        why = "code.snapshot: false" if not launch.spec.code.snapshot else \
             "the debug executor" if launch.executor == "debug" else "the entrypoint is an installed package"
         return f"code: the ranks import the live files ({why})"
     from orchestrator.snapshot import human_size

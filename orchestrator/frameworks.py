@@ -30,16 +30,18 @@ raced on one output file), because accelerate only goes distributed on CPU when 
   and takes ``cpu=True`` from ``--use_cpu`` or ACCELERATE_USE_CPU.
 
 ``environment`` runs on every rank (via ``rank_env.rank_environment``): standard library only.
-``problems`` is called by ``spec.cross_field_problems`` with the JobSpec, duck-typed (this module
-imports nothing of the orchestrator, so no import cycle). ``plan_lines`` is what ``plan`` shows.
+``problems`` is called by ``spec.cross_field_problems`` with the JobSpec, read through
+``views.SpecView`` (this module imports nothing of the orchestrator at run time, and not spec.py
+even for type checking: no import cycle). ``plan_lines`` is what ``plan`` shows.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # types only: this module imports nothing of the orchestrator when it runs
     from orchestrator.payload import Payload
+    from orchestrator.views import LaunchView, SpecView
 
 FRAMEWORKS = ("lightning", "fabric", "accelerate", "transformers")
 #: Frameworks whose usual command-line parsers read a boolean as a value ('--flag false'):
@@ -90,9 +92,9 @@ def variables(name: str, devices: str, nodes: str, cpu: bool) -> dict[str, str]:
 
 
 # ---- spec checks -----------------------------------------------------------------------------
-def problems(spec: Any) -> list[str]:
+def problems(spec: SpecView) -> list[str]:
     """Where the framework's world settings in the spec disagree with the run's shape (each
-    message names the field and the fix). ``spec``: a JobSpec, duck-typed."""
+    message names the field and the fix)."""
     name = getattr(spec, "framework", None)
     if not name:
         return []
@@ -118,7 +120,7 @@ def problems(spec: Any) -> list[str]:
     return found
 
 
-def _shape(spec: Any) -> tuple[int, int, str]:
+def _shape(spec: SpecView) -> tuple[int, int, str]:
     """(nodes, ranks per node) of the run the spec's executor makes, and how to name it."""
     if spec.executor == "slurm":
         return spec.nodes, spec.ranks_per_node, f"the job runs {spec.nodes} node(s) x {spec.ranks_per_node} rank(s)"
@@ -130,14 +132,14 @@ def _shape(spec: Any) -> tuple[int, int, str]:
     return nodes, rpn, f"a local run of this spec is {nodes} node(s) x {rpn} rank(s){also}"
 
 
-def _gpu_run(spec: Any) -> bool:
+def _gpu_run(spec: SpecView) -> bool:
     """Whether the ranks see GPUs: SLURM gives them with GRES; locally only local.devices does."""
     if spec.executor == "slurm":
         return spec.gpus_per_node > 0
     return bool(spec.local.devices)
 
 
-def _settings(spec: Any, keys: tuple[str, ...], env_name: str | None = None) -> list[tuple[str, Any]]:
+def _settings(spec: SpecView, keys: tuple[str, ...], env_name: str | None = None) -> list[tuple[str, Any]]:
     """(field, value) for each of ``keys`` set in args or sweep (every sweep value), and the
     framework's own variable in env."""
     wanted = set(keys)
@@ -185,7 +187,7 @@ def _mismatch(field: str, shown: str, right: int, what: str, where: str, name: s
             f"{name} gives every rank the run's own shape ({shape_vars}); {fix}")
 
 
-def _accelerate_problems(spec: Any, nodes: int, rpn: int, where: str) -> list[str]:
+def _accelerate_problems(spec: SpecView, nodes: int, rpn: int, where: str) -> list[str]:
     """`accelerate launch`'s own options, if a script takes them too: num_processes is the whole
     world, num_machines the nodes; machine_rank differs per node, so no spec value can be right."""
     found = []
@@ -201,7 +203,7 @@ def _accelerate_problems(spec: Any, nodes: int, rpn: int, where: str) -> list[st
     return found
 
 
-def _transformers_problems(spec: Any) -> list[str]:
+def _transformers_problems(spec: SpecView) -> list[str]:
     """TrainingArguments' ddp_backend must be the process group the ranks are set up for."""
     backend = spec.resolved_backend if spec.executor == "slurm" else spec.local_backend()
     return [f"{field}: {value!r}, but the ranks' backend is {backend} (distributed.backend, on this executor); "
@@ -210,10 +212,10 @@ def _transformers_problems(spec: Any) -> list[str]:
 
 
 # ---- what plan shows -------------------------------------------------------------------------
-def plan_lines(launch: Any) -> list[str]:
+def plan_lines(launch: LaunchView) -> list[str]:
     """The plan's lines for ``framework:``: what rank 0 gets and the launcher command it stands
     for, and a note when a false in args is dropped for a framework whose CLI reads values.
-    ``launch``: a LaunchPlan, duck-typed."""
+    """
     name = launch.payload.framework
     if not name or not launch.ranks:
         return []
@@ -228,7 +230,7 @@ def plan_lines(launch: Any) -> list[str]:
     return lines
 
 
-def _what_it_stands_for(name: str, launch: Any, cpu: bool) -> str:
+def _what_it_stands_for(name: str, launch: LaunchView, cpu: bool) -> str:
     n, rpn, world = launch.nodes, launch.ranks_per_node, launch.world_size
     if name == "fabric":
         acc = "--accelerator cpu " if cpu else ""
@@ -249,14 +251,14 @@ def _what_it_stands_for(name: str, launch: Any, cpu: bool) -> str:
             "(TrainingArguments reads the world from RANK/WORLD_SIZE/LOCAL_RANK, as under torchrun)")
 
 
-def _bool_note(name: str, spec: Mapping[str, Any]) -> str | None:
+def _bool_note(name: str, spec: SpecView) -> str | None:
     """With bool_args: flag, a false in args or sweep is left off the command line: right for
     argparse's store_true, silently wrong for a CLI that reads '--flag false' (a field whose
     default is true stays true)."""
-    if name not in VALUE_BOOLEANS or spec.get("bool_args", "flag") != "flag":
+    if name not in VALUE_BOOLEANS or spec.bool_args != "flag":
         return None
-    dropped = [k for k, v in spec.get("args", {}).items() if v is False]
-    dropped += [k for k, vals in spec.get("sweep", {}).items() if any(v is False for v in vals) and k not in dropped]
+    dropped = [k for k, v in spec.args.items() if v is False]
+    dropped += [k for k, vals in spec.sweep.items() if any(v is False for v in vals) and k not in dropped]
     if not dropped:
         return None
     return (f"framework: {name}: {', '.join(dropped[:3])}: false is left off the command line (bool_args: flag); "

@@ -170,7 +170,7 @@ def plan_lines(launch: Any) -> list[str]:
     ckpt = launch.payload.checkpoint
     lines = [f"identity: {resume_line(launch.run_dir, ckpt.dir, len(launch.sweep), ckpt.resume)}"]
     try:
-        lines += [f"warning: {w}" for w in sibling_warnings(JobSpec.model_validate(launch.spec), launch.run_dir)]
+        lines += [f"warning: {w}" for w in sibling_warnings(launch.spec, launch.run_dir)]
     except OSError:
         pass
     return lines

@@ -72,7 +72,8 @@ class LaunchPlan(BaseModel):
     run_id: str
     run_dir: str
     executor: ExecutorName
-    spec: dict[str, Any]
+    #: The validated spec the plan was made from (plan.json holds it as JSON; spec.yaml as YAML).
+    spec: JobSpec
     nodes: int
     ranks_per_node: int
     world_size: int
@@ -155,7 +156,7 @@ def plan(spec: JobSpec, executor: ExecutorName | None = None, max_array_size: in
     payload = _payload(spec, run_id, run_dir, layout, env, python, srun, rank_log, code)
     start, start_note = _rank_start(spec, executor, chosen_env)
     common: dict[str, Any] = dict(
-        run_id=run_id, run_dir=run_dir, executor=executor, spec=spec.model_dump(mode="json"),
+        run_id=run_id, run_dir=run_dir, executor=executor, spec=spec,
         nodes=layout.nodes, ranks_per_node=layout.ranks_per_node,
         world_size=layout.nodes * layout.ranks_per_node, backend=layout.backend,
         notes=layout.notes + ([start_note] if start_note else []), payload=payload, sweep=sweep, rank_start=start,

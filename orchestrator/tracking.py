@@ -13,13 +13,13 @@ import hashlib
 import os
 import re
 from pathlib import PurePosixPath
-from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Mapping
 
 from orchestrator.payload import TrackingSettings
 
 if TYPE_CHECKING:
     from orchestrator.payload import Payload
-    from orchestrator.spec import TrackingSpec
+    from orchestrator.views import LaunchView, SpecView, TrackingView  # plan.py imports this module
 
 #: The variables each tracker's defaults set: the user setting any one of them keeps all of that
 #: tracker's defaults off (a WANDB_DIR of theirs with our run id, or the reverse, would split runs).
@@ -31,7 +31,7 @@ WANDB_ID_MAX = 64
 _WANDB_BAD = re.compile(r"[^A-Za-z0-9_.-]")
 
 
-def settings(spec: TrackingSpec, env: Mapping[str, str], environ: Mapping[str, str]) -> TrackingSettings:
+def settings(spec: TrackingView, env: Mapping[str, str], environ: Mapping[str, str]) -> TrackingSettings:
     """Which trackers get defaults: those the spec leaves on and whose variables nobody set."""
 
     def free(names: tuple[str, ...]) -> bool:
@@ -80,19 +80,7 @@ def environment(payload: Payload) -> dict[str, str]:
     return env
 
 
-class _Launch(Protocol):
-    """What ``plan_lines`` reads of a LaunchPlan (``orchestrator.plan`` imports this module: no import back)."""
-
-    run_id: str
-    run_dir: str
-    spec: dict[str, Any]
-    payload: Payload
-    sweep: Sequence[Any]
-
-    def payload_for_point(self, index: int | None) -> Payload: ...
-
-
-def plan_lines(launch: _Launch, environ: Mapping[str, str] | None = None) -> list[str]:
+def plan_lines(launch: LaunchView, environ: Mapping[str, str] | None = None) -> list[str]:
     """What ``plan`` says about the trackers: where each one's defaults point, and which are off and why
     (the spec's tracking section, or a variable the user set: then theirs are used as they are)."""
     environ = os.environ if environ is None else environ
@@ -118,12 +106,12 @@ def plan_lines(launch: _Launch, environ: Mapping[str, str] | None = None) -> lis
     return lines
 
 
-def _off_reason(spec: Mapping[str, Any], environ: Mapping[str, str], name: str, label: str,
+def _off_reason(spec: SpecView, environ: Mapping[str, str], name: str, label: str,
                 names: tuple[str, ...]) -> str:
     """Why one tracker's defaults are off: the spec turned them off, or whose variable is set."""
-    if not spec.get("tracking", {}).get(name, True):
+    if not getattr(spec.tracking, name):
         return f"{label} (tracking.{name}: false)"
-    env = spec.get("env") or {}
+    env = spec.env
     mine = [n for n in names if n in env]
     if mine:
         return f"{label} (the spec's env sets {', '.join(mine)}: yours are used)"

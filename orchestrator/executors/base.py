@@ -234,7 +234,7 @@ def _start_attempt(launch: LaunchPlan, run_dir: Path, run: RunFolder, record: Ru
 
     _store_code(launch)
     ownership.forget_requests(run_dir)
-    write_text_atomic(run.spec, yaml.safe_dump(launch.spec, sort_keys=False))
+    write_text_atomic(run.spec, yaml.safe_dump(launch.spec.model_dump(mode="json"), sort_keys=False))
     write_json_atomic(run.plan, launch.model_dump(mode="json"))
     write_json_atomic(run.payload, launch.payload.to_dict())
     if launch.code is not None:

@@ -56,7 +56,7 @@ def _spec_file(tmp_path: Path, launch) -> Path:  # type: ignore[no-untyped-def]
     import yaml
 
     path = tmp_path / "spec.yaml"
-    spec = dict(launch.spec)
+    spec = launch.spec.model_dump(mode="json")
     path.write_text(yaml.safe_dump(spec))
     return path
 

@@ -233,7 +233,7 @@ def test_debug_executor_runs_one_rank_in_process(tmp_path: Path, monkeypatch: py
     from orchestrator.plan import plan as make
 
     launch = make_plan(tmp_path, nodes=2, cpu_ranks_per_node=2, args=TRAIN_ARGS)
-    debug = make(spec_from_dict({**launch.spec, "executor": "debug"}), "debug")
+    debug = make(spec_from_dict({**launch.spec.model_dump(mode="json"), "executor": "debug"}), "debug")
     assert debug.world_size == 1
     seen: list[dict] = []
     real_train = jobs.train.train

@@ -58,7 +58,7 @@ def test_each_runtime_wraps_only_the_rank_command(tmp_path: Path, monkeypatch: p
                                                     "/data:/data:ro")
     lines = container.plan_lines(launch)
     assert "ranks run `python3 -m orchestrator.container" in lines[0] and "agent runs on the host" in lines[0]
-    local = container.plan_lines(plan(spec_from_dict({**launch.spec, "executor": "local"})))
+    local = container.plan_lines(plan(spec_from_dict({**launch.spec.model_dump(mode="json"), "executor": "local"})))
     assert len(local) == 1 and "the ranks run on the host" in local[0], local
 
 

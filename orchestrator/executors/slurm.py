@@ -35,7 +35,6 @@ from orchestrator.plan import DEFAULT_MAX_ARRAY_SIZE, LaunchPlan, array_chunks, 
 from orchestrator.records import RunRecord, point_dir, write_json_atomic
 from orchestrator.recovery import HISTORY_FILE, Attempt, History
 from orchestrator.run_folder import RunFolder
-from orchestrator.spec import AfterSpec
 from orchestrator.states import State
 
 #: sacct/squeue state -> our state. One table, tested; nothing is folded into FAILED.
@@ -553,7 +552,7 @@ class SlurmExecutor:
 
     def dependency(self, launch: LaunchPlan, after: Sequence[tuple[str, Sequence[str]]] = ()) -> dict[str, str]:
         """The sbatch options for what the job waits for (``orchestrator.after``); {} for nothing."""
-        entries = [AfterSpec.model_validate(e) for e in launch.spec.get("after") or []]
+        entries = launch.spec.after
         parents = resolve(entries, "slurm", self._refresh_slurm, launch.run_id) if entries else []
         return dependency_options([*after, *slurm_dependencies(parents)])
 
@@ -568,7 +567,7 @@ class SlurmExecutor:
         folder.mkdir(parents=True, exist_ok=True)
         for index, point in enumerate(launch.sweep):
             write_json_atomic(RunFolder.of(launch.run_dir).point(index).payload, launch.payload_for_point(index).to_dict())
-        python = launch.spec["slurm"].get("python")
+        python = launch.spec.slurm.python
         chunks: list[list[int]] | list[None] = [None]
         if launch.sweep:  # the plan assumed SLURM's default MaxArraySize; this cluster's may be smaller
             chunks = array_chunks(len(launch.sweep), max_array_size())
@@ -586,8 +585,7 @@ class SlurmExecutor:
             record.update(state=State.FAILED, error=f"submission failed: {exc}", ended=time.time())
             hint = (" (run 'orchestrator validate SPEC --cluster': it names the field this cluster cannot satisfy)"
                     if any(s in str(exc) for s in _UNSATISFIABLE) else "")
-            slurm = launch.spec.get("slurm") or {}
-            hint += account_hint(str(exc), slurm.get("account"), slurm.get("partition"))
+            hint += account_hint(str(exc), launch.spec.slurm.account, launch.spec.slurm.partition)
             raise SubmissionError(controller_problem("sbatch", str(exc)) or
                                   f"sbatch refused the job: {_one_line(exc)}{hint}") from exc
         sys.stderr.write(sbatch_stderr.getvalue())

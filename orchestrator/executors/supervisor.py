@@ -89,7 +89,7 @@ class Supervisor:
         self._cancelled = False
         self._signalled: int | None = None  # the signal that stopped the run (passed on at its end)
         self.end_recorded = True  # False once the end state could not be written (_record_end)
-        self.timeout_s = launch.spec["local"].get("timeout_s")
+        self.timeout_s = launch.spec.local.timeout_s
         self.stall_s: float | None = launch.payload.watchdog.stall_s
         self.stacks_on_failure = launch.payload.watchdog.stacks_on_failure
         self.watch = Watch(0, time.time())

@@ -109,10 +109,10 @@ def config_path() -> Path:
 def load_settings(host: Optional[str] = None) -> RemoteSettings:
     """The ``remote:`` section of the user's config file, with ``--remote HOST`` on top.
 
-    The file is read as specs are (``loading.parse_text``): YAML 1.2's booleans, so an unquoted
+    The file is read as specs are (``yaml_text.parse_text``, which imports no pydantic): YAML 1.2's booleans, so an unquoted
     ``host: on`` or a command word ``off`` stays the text written (PyYAML's YAML 1.1 would make
     them True and False), and a setting given twice is refused rather than the last one winning."""
-    from orchestrator.loading import parse_text
+    from orchestrator.yaml_text import parse_text
 
     path = config_path()
     data: dict[str, Any] = {}

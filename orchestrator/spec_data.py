@@ -16,26 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from orchestrator.errors import SpecError, UsageError
 from orchestrator.validators import shown
-
-#: A parsed spec may hold at most this many values (counting each use of a YAML alias, and
-#: each pair a YAML merge key ``<<`` copies in) ...
-MAX_NODES = 100_000
-#: ... nested at most this deep.
-MAX_DEPTH = 32
-
-
-def at(path: str) -> str:
-    if len(path) > 120:
-        path = f"{path[:100]}... ({path.count('.') + path.count('[')} levels)"
-    return f"{path}: " if path else ""
-
-
-def join(path: str, key: Any) -> str:
-    """``path.key``, with a key that is long or not printable shown as its (shortened) repr."""
-    key = str(key)
-    key = key if len(key) <= 40 and key.isprintable() and key.strip() == key and key else shown(key, 40)
-    return f"{path}.{key}" if path else key
-
+from orchestrator.yaml_text import MAX_DEPTH, MAX_NODES, at, join
 
 
 def plain_data(value: Any, source: str, path: str = "", depth: int = 1, budget: list[int] | None = None) -> Any:
@@ -102,7 +83,6 @@ def _kind(value: Any) -> str:
     if isinstance(value, numbers.Number):
         return "a number"
     return "a " + type(value).__name__
-
 
 
 def spec_error(exc: ValidationError, data: Mapping[str, Any], model: type[BaseModel]) -> SpecError:

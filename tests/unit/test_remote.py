@@ -84,6 +84,22 @@ def test_the_config_file_has_yaml_1_2_booleans_and_no_key_twice(tmp_path: Path,
         load_settings()
 
 
+def test_list_with_a_config_file_reads_it_without_pydantic(tmp_path: Path) -> None:
+    """``orchestrator list`` reads the config file (is remote.host set?) as specs are read, YAML
+    1.2 and no key twice, but through ``yaml_text`` alone: the spec's models (pydantic, ~0.2 s
+    of every such command) are never imported for it."""
+    import os
+    import sys
+
+    config = tmp_path / "config.yaml"
+    config.write_text("remote:\n  allow_runs_in_home: false\n")
+    code = ("import sys\nfrom orchestrator.cli import main\nrc = main(['list'])\n"
+            "print('RC', rc, 'HEAVY', sorted({m.split('.')[0] for m in sys.modules} & {'pydantic', 'torch'}))\n")
+    env = {**os.environ, "ORCHESTRATOR_CONFIG": str(config), "ORCHESTRATOR_HOME": str(tmp_path / "home")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip().endswith("RC 0 HEAVY []"), out.stdout + out.stderr
+
+
 def test_the_login_node_gets_the_command_without_the_global_options() -> None:
     assert _command_argv(["--remote", "login", "status", "--json", "r1"]) == ["status", "--json", "r1"]
     assert _command_argv(["--remote=login", "--local", "logs", "-f", "r"]) == ["logs", "-f", "r"]

@@ -62,12 +62,18 @@ def load_spec(*sources: Any, overrides: Iterable[str] = (), executor: str | None
     return load(*sources, overrides=overrides, executor=executor)
 
 
-def as_spec(spec: SpecLike) -> JobSpec:
-    """Anything ``load_spec`` takes, through ``load_spec``: a JobSpec too, which is validated again
-    (one changed with ``model_copy(update=...)`` was never checked), with the same errors."""
+def as_spec(spec: SpecLike, executor: str | None = None) -> JobSpec:
+    """Anything ``load_spec`` takes, through ``load_spec`` (with ``executor``, whose rules apply). A
+    JobSpec validated on this machine (by ``load_spec`` or its constructor) for that executor is
+    taken as it is: a spec is validated once per run or submission. Any other JobSpec (one changed
+    with ``model_copy(update=...)`` was never checked) is validated again, with the same errors."""
+    from orchestrator.spec import is_validated
+
+    if is_validated(spec) and executor in (None, cast("JobSpec", spec).executor):
+        return cast("JobSpec", spec)
     if isinstance(spec, (list, tuple)):
-        return load_spec(*spec)
-    return load_spec(spec)
+        return load_spec(*spec, executor=executor)
+    return load_spec(spec, executor=executor)
 
 
 def plan_for(spec: SpecLike, executor: str | None = None) -> LaunchPlan:
@@ -86,10 +92,9 @@ def planned(spec: SpecLike, executor: str | None = None, *,
     its executor writes nothing."""
     from orchestrator.plan import plan
 
-    checked = as_spec(spec)
-    chosen = executor or checked.executor
-    code = scan_code(checked, chosen, stage=chosen in stage_for)
-    return plan(checked, executor, code=code), code  # type: ignore[arg-type]
+    checked = as_spec(spec, executor)  # the executor's own rules apply (local caps, node-local paths)
+    code = scan_code(checked, checked.executor, stage=checked.executor in stage_for)
+    return plan(checked, code=code), code
 
 
 def scan_code(spec: JobSpec, executor: str, *, stage: bool = False) -> Snapshot | None:

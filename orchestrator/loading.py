@@ -20,7 +20,7 @@ from typing import Any, Iterable, Mapping, Sequence, get_args, get_origin
 from pydantic import BaseModel, ValidationError
 
 from orchestrator.errors import SpecError, UsageError
-from orchestrator.spec import HOME_ELSEWHERE, JobSpec
+from orchestrator.spec import HOME_ELSEWHERE, JobSpec, mark_validated
 from orchestrator.spec_data import located_problems, plain_data
 from orchestrator.validators import shown
 from orchestrator.yaml_text import (MAX_DEPTH, MAX_NODES, YAML11_BOOLEANS, SpecLoader,  # noqa: F401 (re-exported)
@@ -174,7 +174,8 @@ def spec_from_dict(data: dict[str, Any], source: str | None = None,
     did (``--set 'nodes=0'``), else the sources. ``home_elsewhere``: as for ``load_spec`` (the
     path fields' '~' kept, and not checked against this machine's users and disk)."""
     try:
-        return JobSpec.model_validate(data, context={HOME_ELSEWHERE: True} if home_elsewhere else None)
+        spec = JobSpec.model_validate(data, context={HOME_ELSEWHERE: True} if home_elsewhere else None)
+        return spec if home_elsewhere else mark_validated(spec)  # one for another machine is checked there again
     except ValidationError as exc:
         problems = located_problems(exc, data, JobSpec)
     blamed = [_override_for(path, overrides) for path, _ in problems]

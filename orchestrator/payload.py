@@ -205,6 +205,8 @@ class Payload:
         return cls.from_dict(data, where=f"the job payload {path}")
 
     def write(self, path: str | Path) -> None:
+        """The one writer of payload files (the run's, each sweep point's, the local supervisor's
+        per-point copy): atomically, as JSON, in the format ``from_dict`` reads."""
         from orchestrator.records import write_json_atomic
 
         write_json_atomic(Path(path), self.to_dict())

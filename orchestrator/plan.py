@@ -130,13 +130,14 @@ def render_argv(args: dict[str, Any], extra: list[str], bools: str = "flag") -> 
 
 def plan(spec: JobSpec, executor: ExecutorName | None = None, max_array_size: int = DEFAULT_MAX_ARRAY_SIZE,
          code: Snapshot | None = None) -> LaunchPlan:
-    """``code``: the scanned project (``snapshot.scan``); the ranks then import from its tree. The
-    scan reads the disk and runs git, so it is the caller's (``api.plan_for``), not the plan's."""
+    """``spec``: validated (``api.plan_for`` validates once, with the executor it plans for).
+    ``executor``: another executor than the spec's, whose own rules apply (local caps, node-local
+    paths): the spec is validated again for it by its constructor. ``code``: the scanned project
+    (``snapshot.scan``); the ranks then import from its tree. The scan reads the disk and runs
+    git, so it is the caller's (``api.plan_for``), not the plan's."""
     executor = executor or spec.executor
-    if executor != spec.executor:  # the executor's own rules apply (local caps, node-local paths)
-        from orchestrator.loading import spec_from_dict
-
-        spec = spec_from_dict({**spec.model_dump(mode="json", exclude_defaults=True), "executor": executor})
+    if executor != spec.executor:
+        spec = JobSpec(**{**spec.model_dump(mode="json", exclude_defaults=True), "executor": executor})
     run_id = run_id_for(spec)
     run_dir = os.path.abspath(os.path.join(os.path.expanduser(spec.runs_dir), run_id))
     layout = _layout(spec, executor)

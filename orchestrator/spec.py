@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+import weakref
 from itertools import product
 from typing import Any, Literal, Union
 
@@ -89,6 +90,25 @@ def _check_texts(value: Any, what: str) -> None:
             _check_texts(item, f"{what}.{key}")
 
 
+#: The JobSpecs validated for this machine (by their constructor or ``loading.spec_from_dict``), by id
+#: (a weak reference each, so a collected spec's id is never mistaken for a new one): ``api.as_spec``
+#: takes them as they are. A copy (``model_copy(update=...)``, never checked) is not among them.
+_VALIDATED: dict[int, weakref.ref[JobSpec]] = {}
+
+
+def mark_validated(spec: JobSpec) -> JobSpec:
+    """Record that ``spec`` was validated for this machine (not for another: ``HOME_ELSEWHERE``)."""
+    key = id(spec)
+    _VALIDATED[key] = weakref.ref(spec, lambda _ref: _VALIDATED.pop(key, None))
+    return spec
+
+
+def is_validated(spec: object) -> bool:
+    """Whether ``spec`` is a JobSpec validated for this machine, as it is now."""
+    ref = _VALIDATED.get(id(spec))
+    return ref is not None and ref() is spec
+
+
 class _Model(BaseModel):
     """Strict: no coercion (``nodes: true`` and ``port: "80"`` are refused, not converted),
     no NaN or infinity, no unknown keys, and every string obeys ``validators.text``."""
@@ -105,6 +125,8 @@ class _Model(BaseModel):
             from orchestrator.spec_data import spec_error
 
             raise spec_error(exc, data, type(self)) from None
+        if isinstance(self, JobSpec):
+            mark_validated(self)
 
     # Only a direct call runs the wrapper: pydantic validates nested models and model_validate()
     # as for its own __init__ (so spec_from_dict still sees every error with its full location).

@@ -236,7 +236,7 @@ def _start_attempt(launch: LaunchPlan, run_dir: Path, run: RunFolder, record: Ru
     ownership.forget_requests(run_dir)
     write_text_atomic(run.spec, yaml.safe_dump(launch.spec.model_dump(mode="json"), sort_keys=False))
     write_json_atomic(run.plan, launch.model_dump(mode="json"))
-    write_json_atomic(run.payload, launch.payload.to_dict())
+    launch.payload.write(run.payload)
     if launch.code is not None:
         write_json_atomic(run.code, launch.code)
     else:

@@ -94,7 +94,22 @@ def planned(spec: SpecLike, executor: str | None = None, *,
 
     checked = as_spec(spec, executor)  # the executor's own rules apply (local caps, node-local paths)
     code = scan_code(checked, checked.executor, stage=checked.executor in stage_for)
-    return plan(checked, code=code), code
+    limit, why = array_limit(checked)
+    return plan(checked, code=code, max_array_size=limit, array_limit_why=why), code
+
+
+def array_limit(spec: JobSpec) -> tuple[int | None, str | None]:
+    """A SLURM sweep's MaxArraySize as submit splits it (``executors.slurm.max_array_size``), so
+    ``plan`` shows the arrays submit makes; (None, why) when no cluster answers (no SLURM here, a
+    controller down): the plan then assumes SLURM's default and says so."""
+    if spec.executor != "slurm" or not spec.sweep:
+        return None, None
+    from orchestrator.executors.slurm import max_array_size
+
+    try:
+        return max_array_size(), None
+    except (OrchestratorError, OSError) as exc:
+        return None, " ".join(str(exc).split())[:200]
 
 
 def scan_code(spec: JobSpec, executor: str, *, stage: bool = False) -> Snapshot | None:

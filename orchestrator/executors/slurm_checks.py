@@ -349,7 +349,7 @@ def rank_cpus(spec: JobSpec, part: Partition, config: ClusterConfig, members: li
     decide them (plan's "CPUs:" line says the same before the numbers are known):
 
     1. slurm.cpus_per_task: that many per rank (strategy dp: times the node's GPUs), for sbatch
-       and the ranks' srun (``plan.srun_cpus_per_task``);
+       and the ranks' srun (``slurm_plan.srun_cpus_per_task``);
     2. whole nodes (slurm.exclusive, SBATCH_EXCLUSIVE, an OverSubscribe=EXCLUSIVE partition): the
        smallest member node's CPUs, shared by its ranks;
     3. CPUs per GPU (slurm.cpus_per_gpu, else SBATCH_CPUS_PER_GPU, which sbatch reads when the
@@ -359,7 +359,7 @@ def rank_cpus(spec: JobSpec, part: Partition, config: ClusterConfig, members: li
        where the cluster allocates cores).
 
     ``members``: the partition's nodes (for 2)."""
-    from orchestrator.plan import srun_cpus_per_task  # the plan's own rule; plan imports much validate needs not
+    from orchestrator.slurm_plan import srun_cpus_per_task  # the plan's own rule; plan imports much validate needs not
 
     s, gpus, rpn = spec.slurm, spec.gpus_per_node, max(1, spec.ranks_per_node)
     if s.cpus_per_task is not None:

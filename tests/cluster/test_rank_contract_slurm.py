@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from orchestrator.plan import SLURM_RULES
+from orchestrator.slurm_plan import SLURM_RULES
 from orchestrator.rank_env import cpu_share_rule, granted_cpus
 from orchestrator.rendezvous import derive_port
 from orchestrator.slurm_task import SlurmJob

@@ -22,7 +22,8 @@ from orchestrator.loading import spec_from_dict
 from orchestrator.netif import (GLOO_IFNAME, NCCL_IFNAME, NCCL_OWN_CHOICE, NcclConf, Route, choose_interfaces,
                                 parse_nccl_conf, read_nccl_conf)
 from orchestrator.payload import Payload
-from orchestrator.plan import SLURM_RULES, plan
+from orchestrator.plan import plan
+from orchestrator.slurm_plan import SLURM_RULES
 from orchestrator.rank_env import local_rank_env, rank_env_from_slurm, rank_environment
 from orchestrator.slurm_task import SlurmTask
 

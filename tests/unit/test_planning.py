@@ -9,7 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from orchestrator.loading import load_spec, spec_from_dict
-from orchestrator.plan import array_chunks, plan, render_argv, run_id_for
+from orchestrator.plan import plan, render_argv, run_id_for
+from orchestrator.slurm_plan import array_chunks
 from orchestrator.rank_env import RankEnv, node_devices, slurm_visible_devices
 from orchestrator.rendezvous import PORT_BASE, PORT_SPAN, derive_port
 from orchestrator.slurm_task import SlurmTask, expand_nodelist

@@ -433,26 +433,24 @@ def node_check_argv(spec: SpecView, launch_srun: Sequence[str] | None = None) ->
 
 def check_on_node(spec: SpecView, timeout_s: float = 300) -> list[str]:
     """Problems with the container on one of the cluster's nodes (``validate --cluster``)."""
-    import subprocess
+    from orchestrator.slurm_controller import run as run_slurm
 
     if spec.container is None:
         return []
     exists, inside = node_check_argv(spec)
     out: list[str] = []
-    try:
-        r = subprocess.run(exists, capture_output=True, text=True, timeout=timeout_s, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return [f"container: could not run srun to check the image on a node ({exc})"]
+    r = run_slurm(exists, timeout_s)
+    if r.returncode is None:
+        return [f"container: could not run srun to check the image on a node ({r.error})"]
     missing = [line for line in r.stdout.splitlines() if line.startswith("missing on")]
     if r.returncode != 0:
         out.append(f"container: srun on one node failed ({r.stderr.strip()[-300:]})")
     out += [f"container: {line} (container.image or container.mounts: every node must see it)" for line in missing]
     if out:
         return out
-    try:
-        r = subprocess.run(inside, capture_output=True, text=True, timeout=timeout_s, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return [f"container: could not run the image's python on a node ({exc})"]
+    r = run_slurm(inside, timeout_s)
+    if r.returncode is None:
+        return [f"container: could not run the image's python on a node ({r.error})"]
     if r.returncode != 0:
         said = (r.stderr.strip() or r.stdout.strip())[-400:]
         out.append(f"container: `{shlex.join(inside[inside.index(spec.container.python):])}` inside "

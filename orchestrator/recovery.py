@@ -33,8 +33,9 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from orchestrator.payload import RecoverySettings
+from orchestrator.states import Action, EndReason, FailureKind, Outcome
 
-KINDS = ("crash", "node_failure", "hang", "unhealthy")
+KINDS = tuple(FailureKind)
 #: Signals that point at the machine rather than the code: a bus error (ECC, a dying disk behind
 #: an mmap) or an illegal instruction (a CPU or a driver). A segfault or an OOM kill does not.
 HARDWARE_SIGNALS = frozenset({"SIGBUS", "SIGILL", "Bus error", "Illegal instruction"})
@@ -120,17 +121,17 @@ class History:
 
     # -- what the decision reads ---------------------------------------------------------------
     def restarts(self) -> int:
-        return sum(1 for a in self.attempts if a.action == "restart")
+        return sum(1 for a in self.attempts if a.action == Action.RESTART)
 
     def requeues(self) -> int:
-        return sum(1 for a in self.attempts if a.action == "requeue")
+        return sum(1 for a in self.attempts if a.action == Action.REQUEUE)
 
     def failures_without_progress(self) -> int:
         """Failed attempts in a row, most recent last, that wrote no new checkpoint (an attempt the
         health gate stopped ran nothing and is skipped)."""
         streak = 0
         for a in reversed(self.attempts):
-            if a.outcome is None or a.outcome == "unhealthy":  # the attempt being decided on, or a gate's
+            if a.outcome is None or a.outcome == Outcome.UNHEALTHY:  # the attempt being decided on, or a gate's
                 continue
             if a.outcome in KINDS and a.progress is False:
                 streak += 1
@@ -155,7 +156,7 @@ class History:
         recorded as lost, never left 'running'. Returns them."""
         lost = [a for a in self.attempts if a.ended is None]
         for a in lost:
-            a.ended, a.outcome, a.why = time.time(), "lost", why
+            a.ended, a.outcome, a.why = time.time(), Outcome.LOST, why
         if lost:
             self.save()
         return lost
@@ -165,7 +166,7 @@ class History:
         return bool(now) and now != attempt.checkpoint_at_start
 
     def finish(self, attempt: Attempt, outcome: str, why: str = "", *, progress: Optional[bool] = None,
-               action: str = "", blamed: Iterable[str] = (), exclude: Iterable[str] = ()) -> None:
+               action: str = Action.NONE, blamed: Iterable[str] = (), exclude: Iterable[str] = ()) -> None:
         attempt.ended, attempt.outcome, attempt.why, attempt.action = time.time(), outcome, why, action
         attempt.progress, attempt.blamed = progress, sorted(set(blamed))
         self.excluded = sorted(set(self.excluded) | set(exclude))
@@ -176,7 +177,7 @@ class History:
 class Failure:
     """What ended an attempt, as the supervisor or the agent saw it."""
 
-    kind: str  # one of KINDS
+    kind: FailureKind
     why: str
     blamed: tuple[str, ...] = ()
 
@@ -184,8 +185,8 @@ class Failure:
 @dataclass(frozen=True)
 class Decision:
     restart: bool
-    #: why not, as end.json's reason: the failure's own kind, "no_progress", "not_enough_nodes"
-    reason: str
+    #: why not, as end.json's reason: the failure's own kind, no_progress, not_enough_nodes
+    reason: EndReason
     message: str  # one line for the user: what happens and why
     exclude: tuple[str, ...] = ()
 
@@ -196,7 +197,7 @@ def decide(settings: RecoverySettings, history: History, failure: Failure, progr
 
     ``nodes_available``: on SLURM, how many nodes of the job's partition could still run it
     before this failure's exclusions (None: not known, or local)."""
-    kind = failure.kind
+    kind = EndReason(failure.kind)
     if settings.max_restarts == 0:
         return Decision(False, kind, "")
     if kind not in settings.on:
@@ -205,17 +206,17 @@ def decide(settings: RecoverySettings, history: History, failure: Failure, progr
     if used >= settings.max_restarts:
         return Decision(False, kind, f"no restarts left ({used} of {settings.max_restarts} used; "
                                      "recovery.max_restarts)")
-    if kind != "unhealthy":
+    if kind != EndReason.UNHEALTHY:
         streak = history.failures_without_progress() + (0 if progressed else 1)
         if streak >= settings.stop_without_progress:
-            return Decision(False, "no_progress",
+            return Decision(False, EndReason.NO_PROGRESS,
                             f"no progress: {streak} attempt(s) in a row failed before writing a new checkpoint "
                             f"(recovery.stop_without_progress: {settings.stop_without_progress}); the failure "
                             "repeats, so fix it and submit again")
     exclude = tuple(sorted(set(failure.blamed) - set(history.excluded))) if settings.exclude_failed_nodes else ()
     if nodes_available is not None and nodes_available - len(exclude) < nodes_needed:
         left = nodes_available - len(exclude)
-        return Decision(False, "not_enough_nodes",
+        return Decision(False, EndReason.NOT_ENOUGH_NODES,
                         f"only {max(left, 0)} node(s) of the partition are left once "
                         f"{', '.join(sorted(set(history.excluded) | set(exclude)))} are excluded, and the job needs "
                         f"{nodes_needed}: no restart")
@@ -230,13 +231,13 @@ def describe(history: History) -> list[str]:
     and the nodes excluded. Nothing for a run whose only attempt is running or ended well."""
     attempts = history.attempts
     quiet = len(attempts) <= 1 and not history.excluded and all(
-        a.outcome in (None, "completed") and not a.health for a in attempts)
+        a.outcome in (None, Outcome.COMPLETED) and not a.health for a in attempts)
     if quiet:
         return []
     lines = [f"attempts: {len(attempts)} ({history.restarts()} restart(s), {history.requeues()} requeue(s) "
              "for the time limit or a preemption)" + (f"; excluded: {', '.join(history.excluded)}"
                                                       if history.excluded else "")]
-    followed = {"restart": "restarted", "requeue": "requeued", "stop": "stopped"}
+    followed = {Action.RESTART: "restarted", Action.REQUEUE: "requeued", Action.STOP: "stopped"}
     for a in attempts:
         where = f" on {','.join(a.nodes)}" if a.nodes else ""
         if a.outcome is None:
@@ -245,7 +246,7 @@ def describe(history: History) -> list[str]:
         then = f", {followed[a.action]}" if a.action in followed else ""
         blamed = f"; blamed: {', '.join(a.blamed)}" if a.blamed else ""
         progress = "" if a.progress is None else ("; new checkpoint" if a.progress else "; no new checkpoint")
-        why = f": {a.why}" if a.why and a.outcome != "completed" else ""
+        why = f": {a.why}" if a.why and a.outcome != Outcome.COMPLETED else ""
         lines.append(f"  attempt {a.number}{where}: {a.outcome}{then}{why}{blamed}{progress}")
         for node, problem in sorted(a.health.items()):
             lines.append(f"    unhealthy {node}: {problem}")

@@ -9,11 +9,10 @@ the shared run folder, where the caller reads them. Standard library only.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
-from orchestrator import stack_requests
+from orchestrator import slurm_controller, stack_requests
 
 #: srun has to create a step in the allocation; a busy controller takes its time.
 SRUN_TIMEOUT_S = 20.0
@@ -43,12 +42,11 @@ def request_slurm(run_dir: str | Path, job_id: str, nodes: int, python: str, ran
            and not k.startswith("SBATCH_") and not k.startswith("SRUN_")}
     # The probe needs this PATH and Python on the node, also where sites default to --export=NONE.
     env["SLURM_EXPORT_ENV"] = "ALL"
-    try:
-        out = subprocess.run(probe_argv(run_dir, job_id, nodes, python, ranks), capture_output=True, text=True,
-                             timeout=timeout_s, env=env, stdin=subprocess.DEVNULL)
+    out = slurm_controller.run(probe_argv(run_dir, job_id, nodes, python, ranks), timeout_s, env=env, quiet_stdin=True)
+    if out.returncode is None:
+        problem = f"srun --overlap could not reach the job's nodes ({out.error})"
+    else:
         problem = out.stderr.strip() if out.returncode != 0 else ""
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        problem = f"srun --overlap could not reach the job's nodes ({exc})"
     after = stack_requests.wait_written(run_dir, before, timeout_s=1.0)  # the probes waited; this is the shared FS
     return {r: stack_requests.read_from(run_dir, r, before[r], after[r]) for r in chosen}, problem
 

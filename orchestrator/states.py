@@ -5,6 +5,11 @@ A ``State`` is a ``str``: it compares equal to its name (``State.COMPLETED == "C
 hashes like it, prints and formats as it, and is written to record.json as it, so records on
 disk and any comparison with a plain string keep working. SLURM's own words (sacct, squeue) are
 mapped onto these in one table, ``executors.slurm.STATE_MAP``.
+
+The other words that records and decisions use are here too, as ``StrEnum`` (so recovery.json,
+end.json and comparisons with plain strings keep working): how an attempt ended (``Outcome``), a
+failure's kind (``FailureKind``), what an attempt led to (``Action``), why a job ended
+(``EndReason``, end.json's ``reason``), and where the SLURM job agent's attempt stands (``Phase``).
 """
 
 from __future__ import annotations
@@ -58,3 +63,85 @@ class State(_StrEnum):
 #: The states a run ends in.
 TERMINAL: frozenset[State] = frozenset({State.COMPLETED, State.FAILED, State.CANCELLED, State.TIMEOUT,
                                         State.PREEMPTED, State.NODE_FAIL, State.OUT_OF_MEMORY})
+
+
+class FailureKind(_StrEnum):
+    """What ended an attempt that failed (``recovery.Failure.kind``), which recovery decides on."""
+
+    CRASH = "crash"  # a rank raised, or a signal killed it
+    NODE_FAILURE = "node_failure"  # a node was lost (srun said so, or SLURM's node state)
+    HANG = "hang"  # the watchdog's verdict: a rank never joined, or no rank progressed
+    UNHEALTHY = "unhealthy"  # the health gate failed before any rank started
+
+
+class Outcome(_StrEnum):
+    """How one attempt ended (``recovery.Attempt.outcome`` in recovery.json): a failure's kind
+    (``FailureKind``, same words) or one of these."""
+
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"
+    TIMEOUT = "timeout"
+    PREEMPTED = "preempted"
+    REQUEUED = "requeued"
+    NOT_REQUEUED = "not_requeued"  # stopped early, and no requeue followed
+    FAILED = "failed"
+    LOST = "lost"  # its agent never recorded the end (killed, or its node lost)
+    CRASH = FailureKind.CRASH.value
+    NODE_FAILURE = FailureKind.NODE_FAILURE.value
+    HANG = FailureKind.HANG.value
+    UNHEALTHY = FailureKind.UNHEALTHY.value
+
+    @classmethod
+    def of_failure(cls, kind: FailureKind) -> Outcome:
+        return cls(kind.value)
+
+
+class Action(_StrEnum):
+    """What an attempt led to (``recovery.Attempt.action``): nothing yet (''), a requeue (time
+    limit, preemption), a restart (recovery after a failure), or the job's stop."""
+
+    NONE = ""
+    REQUEUE = "requeue"
+    RESTART = "restart"
+    STOP = "stop"
+
+
+class EndReason(_StrEnum):
+    """Why a job (or its attempt) ended, as end.json's ``reason`` (``forensics.write_end``),
+    which status shows: a failure's kind (``FailureKind``, same words) or one of these."""
+
+    INIT_DEADLINE = "init_deadline"  # a rank never joined its process group in time (watchdog)
+    STALL = "stall"  # no rank progressed for watchdog.stall_s
+    TIME_LIMIT = "time_limit"  # the time limit's notice with no requeue to follow (stacks saved)
+    DID_NOTHING = "did_nothing"  # the ranks ended without ever joining (a warning)
+    RANK_KILLED = "rank_killed"  # a signal ended a rank, which left no traceback
+    NO_PORT = "no_port"  # no free port for the ranks' rendezvous
+    CANCELLED = "cancelled"
+    NOT_REQUEUED = "not_requeued"
+    NO_PROGRESS = "no_progress"  # recovery stopped: failures without progress
+    NOT_ENOUGH_NODES = "not_enough_nodes"  # recovery stopped: too few nodes left
+    CRASH = FailureKind.CRASH.value
+    NODE_FAILURE = FailureKind.NODE_FAILURE.value
+    HANG = FailureKind.HANG.value
+    UNHEALTHY = FailureKind.UNHEALTHY.value
+
+
+class Phase(enum.Enum):
+    """Where one attempt of the agent stands. Every attempt starts RUNNING and makes at most one
+    decision (``agent_state.AgentState.enter`` refuses any other move,
+    by ``agent_state.MOVES``):
+
+    RUNNING ─┬─> REQUEUEING ─┬─> REQUEUED       scontrol accepted; the next attempt is SLURM's
+             │        ^      └─> NOT_REQUEUED   no requeue left, or scontrol refused
+             └─> ENDING ┘                        the watchdog ended the ranks (init deadline, stall);
+                                                 recovery may restart the job from there (a hang)
+
+    A cancel (SIGTERM from scancel, or ``orchestrator cancel``'s request) is a fact the agent
+    received, not a phase: from RUNNING it only rules out a requeue and a watchdog verdict. A
+    SIGTERM that is a preemption (``preempted``) is a notice instead, like the time limit's."""
+
+    RUNNING = "running"
+    REQUEUEING = "requeueing"
+    REQUEUED = "requeued"
+    NOT_REQUEUED = "not_requeued"
+    ENDING = "ending"

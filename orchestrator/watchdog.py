@@ -13,9 +13,10 @@ signal, and the straggler is then named from evidence (``straggler``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Literal, Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 from orchestrator.stacks import Where, where
+from orchestrator.states import EndReason
 
 
 @dataclass
@@ -76,7 +77,7 @@ class Verdict:
     """Why the job must end now, whom to blame, and what to tell the user (``<run>`` stands for
     the run folder). ``dumps``: the stacks taken to decide, for the record."""
 
-    reason: Literal["init_deadline", "stall"]
+    reason: EndReason  # INIT_DEADLINE or STALL
     rank: Optional[int]
     message: str
     dumps: Mapping[int, str]
@@ -96,14 +97,14 @@ def judge(watch: Watch, now: float, calling: Callable[[], Sequence[int]],
         inside = calling()
         message = never_joined_message(missing, inside, watch.world_size, watch.init_timeout_s or 0)
         dumps = capture(INIT_DEADLINE, False)
-        return Verdict("init_deadline", init_culprits(missing, inside)[0], message, dumps)
+        return Verdict(EndReason.INIT_DEADLINE, init_culprits(missing, inside)[0], message, dumps)
     if watch.stalled(now):
         last = {r: watch.last_progress(r) for r in range(watch.world_size)}
         dumps = capture(f"no progress for {watch.stall_s or 0:g}s (watchdog.stall_s)", True)
         wheres = {r: where(dumps[r]) if dumps.get(r) else None for r in last}
         rank, why = straggler(wheres, last)
         message = stall_message(watch.stall_s or 0, rank, why, wheres.get(rank) if rank is not None else None)
-        return Verdict("stall", rank, message, dumps)
+        return Verdict(EndReason.STALL, rank, message, dumps)
     return None
 
 

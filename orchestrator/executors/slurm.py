@@ -21,7 +21,6 @@ import math
 import os
 import pwd
 import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,12 +30,13 @@ from orchestrator import ownership, submitit_adapter
 from orchestrator.after import dependency_options, resolve, slurm_dependencies
 from orchestrator.errors import SubmissionError
 from orchestrator.executors.base import CANCEL_SLACK_S, first_error, prepare_run_dir, stop_grace_s
-from orchestrator.plan import LaunchPlan
+from orchestrator.plan import DEFAULT_MAX_ARRAY_SIZE, LaunchPlan, array_chunks, job_command
 from orchestrator.records import RunRecord, point_dir
 from orchestrator.recovery import HISTORY_FILE, Attempt, History
 from orchestrator.run_folder import RunFolder
-from orchestrator.slurm_plan import DEFAULT_MAX_ARRAY_SIZE, array_chunks, job_command
-from orchestrator.states import State
+from orchestrator.slurm_controller import check_slurm_conf, controller_problem, one_line
+from orchestrator.slurm_controller import run as run_slurm
+from orchestrator.states import Action, EndReason, Outcome, State
 
 #: sacct/squeue state -> our state. One table, tested; nothing is folded into FAILED.
 STATE_MAP: dict[str, State] = {
@@ -270,43 +270,12 @@ def rotate_folder(folder: Path) -> None:
 #: How long past stop_grace_s a cancel waits for the job's agent to end the job itself before it
 #: scancels the job plainly (the agent looks once a second; srun and scancel take a moment).
 AGENT_ACT_S = 15.0
-#: What SLURM's tools print when they find no configuration, no slurmdbd, or no controller.
-_NO_CONFIG = ("Could not establish a configuration source", "DNS SRV lookup failed", "fetch_config",
-              "Unable to process configuration file")
 #: sbatch's answers that do not say which field the cluster cannot satisfy.
 _UNSATISFIABLE = ("Requested node configuration is not available", "Invalid node name specified",
                   "Invalid generic resource")
-_NO_DBD = ("Problem talking to the database", "slurmdbd")
-_NO_CONTROLLER = ("Unable to contact slurm controller", "connect failure", "Connection refused",
-                  "Socket timed out", "Zero Bytes were transmitted")
 
 
-def check_slurm_conf() -> None:
-    """A SLURM_CONF naming a missing file makes every SLURM tool retry for a minute: say so at once."""
-    conf = os.environ.get("SLURM_CONF")
-    if conf is not None and not conf.strip():
-        raise SubmissionError("SLURM_CONF is set but empty (every SLURM tool would retry for a minute); unset it to "
-                              "use this machine's slurm.conf, or point it at the cluster's")
-    if conf and not os.path.isfile(conf):
-        raise SubmissionError(f"SLURM_CONF={conf} does not exist; point it at the cluster's slurm.conf "
-                              "(for the deploy/ cluster: source /var/tmp/orch-cluster/env)")
-
-
-def controller_problem(tool: str, stderr: str) -> str | None:
-    """One line with the fix, when a SLURM tool failed for want of a cluster to talk to; else None."""
-    conf = os.environ.get("SLURM_CONF")
-    if any(s in stderr for s in _NO_CONFIG):
-        where = f"SLURM_CONF={conf}" if conf else "SLURM_CONF is not set and this machine has no slurm.conf"
-        return (f"{tool} found no SLURM cluster ({where}): set SLURM_CONF to the cluster's slurm.conf or run "
-                "this on a login node (for the deploy/ cluster: source /var/tmp/orch-cluster/env)")
-    if any(s in stderr for s in _NO_DBD):
-        return (f"{tool} could not reach the accounting daemon (slurmdbd): check that it is running "
-                "('sacctmgr show cluster' answers when it is)")
-    if any(s in stderr for s in _NO_CONTROLLER):
-        named = f"named in {conf}" if conf else "named in this machine's slurm.conf"
-        return (f"{tool} could not reach the SLURM controller {named}: check that slurmctld is running "
-                "('scontrol ping') and that SLURM_CONF names this cluster")
-    return None
+# check_slurm_conf and controller_problem: orchestrator.slurm_controller (re-exported here).
 
 
 def _pairs(stdout: str) -> list[tuple[str, str]]:
@@ -318,10 +287,8 @@ def _queue_states(bases: list[str]) -> list[str] | None:
     """One squeue call: the states of the jobs it still lists (pending, running, completing...);
     [] once it lists none of them (ended, or purged from the controller: "Invalid job id"); None
     when squeue could not answer (missing, timed out, or another error): they may still be there."""
-    try:
-        out = subprocess.run(["squeue", "-h", "-o", "%i|%T", "-j", ",".join(bases)], capture_output=True,
-                             text=True, timeout=60, check=False)
-    except (FileNotFoundError, subprocess.TimeoutExpired):
+    out = run_slurm(["squeue", "-h", "-o", "%i|%T", "-j", ",".join(bases)])
+    if out.returncode is None:
         return None
     if out.returncode != 0:
         problem = controller_problem("squeue", out.stderr)
@@ -340,10 +307,9 @@ def squeue_states(bases: list[str], every_state: bool = True) -> dict[str, State
     when the only job asked for is gone, is an empty answer, not an error)."""
     check_slurm_conf()
     cmd = ["squeue", "-h", "-r", *(["-t", "all"] if every_state else []), "-o", "%i|%T", "-j", ",".join(bases)]
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
-    except (FileNotFoundError, subprocess.TimeoutExpired) as exc:
-        raise SubmissionError(f"squeue could not run ({exc}); run this on a SLURM login node") from None
+    out = run_slurm(cmd)
+    if out.returncode is None:
+        raise SubmissionError(f"squeue could not run ({out.error}); run this on a SLURM login node")
     if out.returncode != 0:
         if "Invalid job id" in out.stderr:
             return {}
@@ -393,13 +359,12 @@ def _sacct(bases: list[str]) -> list[tuple[str, str]] | None:
     (noted for the rest of the process: sacct is not asked again)."""
     check_slurm_conf()
     cmd = ["sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j", ",".join(bases)]
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
-    except FileNotFoundError:
+    out = run_slurm(cmd)
+    if out.missing:
         _ACCOUNTING_OFF[_cluster_key()] = sacct_unusable(None, "") or ""
         return None
-    except subprocess.TimeoutExpired as exc:
-        raise SubmissionError(f"sacct could not run ({exc}); run this on a SLURM login node") from None
+    if out.returncode is None:
+        raise SubmissionError(f"sacct could not run ({out.error}); run this on a SLURM login node")
     why = sacct_unusable(out.returncode, out.stderr)
     if why:
         _ACCOUNTING_OFF[_cluster_key()] = why
@@ -415,9 +380,10 @@ def _sacct(bases: list[str]) -> list[tuple[str, str]] | None:
 #: the job's end, for a job the scheduler no longer knows. An attempt that led to a restart or a
 #: requeue did not end the job; "lost" (its agent was killed) and anything else say nothing.
 OUTCOME_STATE: dict[str, State] = {
-    "completed": State.COMPLETED, "cancelled": State.CANCELLED, "timeout": State.TIMEOUT,
-    "preempted": State.PREEMPTED, "crash": State.FAILED, "hang": State.FAILED, "unhealthy": State.FAILED,
-    "node_failure": State.FAILED, "failed": State.FAILED, "not_requeued": State.FAILED,
+    Outcome.COMPLETED: State.COMPLETED, Outcome.CANCELLED: State.CANCELLED, Outcome.TIMEOUT: State.TIMEOUT,
+    Outcome.PREEMPTED: State.PREEMPTED, Outcome.CRASH: State.FAILED, Outcome.HANG: State.FAILED,
+    Outcome.UNHEALTHY: State.FAILED, Outcome.NODE_FAILURE: State.FAILED, Outcome.FAILED: State.FAILED,
+    Outcome.NOT_REQUEUED: State.FAILED,
 }
 
 
@@ -439,9 +405,9 @@ def end_from_agent(job: str, attempts: Sequence[Attempt], end: Mapping[str, Any]
     - Otherwise nothing tells: UNKNOWN, and why. Never COMPLETED without the agent's record."""
     mine = [a for a in attempts if a.job == job]
     last = mine[-1] if mine else None
-    if last is not None and last.ended is not None and last.action not in ("restart", "requeue"):
+    if last is not None and last.ended is not None and last.action not in (Action.RESTART, Action.REQUEUE):
         state = OUTCOME_STATE.get(last.outcome or "")
-        if state == State.CANCELLED and not cancel_requested and (end or {}).get("reason") == "time_limit":
+        if state == State.CANCELLED and not cancel_requested and (end or {}).get("reason") == EndReason.TIME_LIMIT:
             state = State.TIMEOUT
         if state is not None:
             return state, ""
@@ -451,7 +417,7 @@ def end_from_agent(job: str, attempts: Sequence[Attempt], end: Mapping[str, Any]
         seen = f"no attempt of it is recorded in {history} (it never started, or its agent could not write there)"
     elif last.ended is None:
         seen = f"its agent recorded attempt {last.number}'s start in {history} but not its end (killed, or its node lost)"
-    elif last.action in ("restart", "requeue"):
+    elif last.action in (Action.RESTART, Action.REQUEUE):
         seen = f"its agent recorded a {last.action} after attempt {last.number} in {history}, and no later attempt"
     else:
         seen = f"attempt {last.number} is recorded as {last.outcome or 'ended'} in {history}"
@@ -472,20 +438,21 @@ def agent_end(rec: RunRecord, index: int, job: str) -> tuple[State, str]:
 
 
 def _scancel(*args: str, quiet: bool = False) -> None:
-    out = subprocess.run(["scancel", *args], capture_output=True, text=True, timeout=60, check=False)
-    problem = controller_problem("scancel", out.stderr) if out.returncode else None
+    out = run_slurm(["scancel", *args])
+    if out.returncode is None and not quiet:
+        raise SubmissionError(f"scancel could not run ({out.error}); run this on a SLURM login node")
+    problem = out.problem
     if problem and not quiet:
         raise SubmissionError(problem)
 
 
 def max_array_size() -> int:
     """The cluster's MaxArraySize (array task ids must stay below it)."""
-    try:
-        out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=60, check=False)
-    except (FileNotFoundError, subprocess.TimeoutExpired) as exc:
-        raise SubmissionError(f"cannot ask the cluster for its MaxArraySize ({exc}); submit from a SLURM "
-                              "login node with SLURM_CONF set") from None
-    problem = controller_problem("scontrol", out.stderr) if out.returncode else None
+    out = run_slurm(["scontrol", "show", "config"])
+    if out.returncode is None:
+        raise SubmissionError(f"cannot ask the cluster for its MaxArraySize ({out.error}); submit from a SLURM "
+                              "login node with SLURM_CONF set")
+    problem = out.problem
     if problem:
         raise SubmissionError(problem)
     for line in out.stdout.splitlines():
@@ -588,7 +555,7 @@ class SlurmExecutor:
                     if any(s in str(exc) for s in _UNSATISFIABLE) else "")
             hint += account_hint(str(exc), launch.spec.slurm.account, launch.spec.slurm.partition)
             raise SubmissionError(controller_problem("sbatch", str(exc)) or
-                                  f"sbatch refused the job: {_one_line(exc)}{hint}") from exc
+                                  f"sbatch refused the job: {one_line(exc)}{hint}") from exc
         sys.stderr.write(sbatch_stderr.getvalue())
         return record.update(state=State.PENDING, job_ids=job_ids)
 
@@ -748,7 +715,3 @@ def _user_name() -> str:
         return pwd.getpwuid(os.getuid()).pw_name
     except KeyError:
         return str(os.getuid())
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:500]

@@ -25,26 +25,21 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from orchestrator.errors import SpecError, SubmissionError
+from orchestrator.errors import SpecError
 from orchestrator.hostlist import MAX_HOSTS  # noqa: F401  (re-exported)
 from orchestrator.hostlist import expand as expand_hostlist
+from orchestrator.slurm_controller import scontrol_text
 from orchestrator.spec import JobSpec
 from orchestrator.validators import slurm_time_minutes
 
 
 def _scontrol(*args: str) -> str:
-    try:
-        out = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=30, check=False)
-    except FileNotFoundError as exc:
-        raise SubmissionError("scontrol not found: run 'validate --cluster' on a SLURM login node") from exc
-    if out.returncode != 0:
-        raise SubmissionError(f"scontrol {' '.join(args)} failed: {out.stderr.strip()} (is SLURM_CONF set?)")
-    return out.stdout
+    """``scontrol ARGS``'s text (``orchestrator.slurm_controller``: its timeout and error mapping)."""
+    return scontrol_text(*args)
 
 
 def _records(text: str) -> list[dict[str, str]]:

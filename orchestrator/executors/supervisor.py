@@ -38,7 +38,7 @@ from orchestrator.rendezvous import derive_port, pick_port, port_is_free, remove
 from orchestrator.records import RunRecord, disk_trouble
 from orchestrator.recovery import Failure, History, decide
 from orchestrator.run_folder import RunFolder
-from orchestrator.states import State
+from orchestrator.states import Action, EndReason, FailureKind, Outcome, State
 from orchestrator.stop_judge import StopJudge
 from orchestrator.watchdog import Watch, did_nothing, judge
 
@@ -102,24 +102,24 @@ class Supervisor:
         stopped the run is passed on to the caller's own handler once the end is recorded
         (``_pass_on_signal``)."""
         prev = self._handle_signals()  # first: from here on a signal stops the run in order
-        state, error = "FAILED", None
+        state, error = State.FAILED, None
         try:
             try:
                 me = os.getpid()
-                self.record.update(state="RUNNING", supervisor_pid=me, supervisor_start=procs.start_time(me),
+                self.record.update(state=State.RUNNING, supervisor_pid=me, supervisor_start=procs.start_time(me),
                                    host=ownership.this_host(), job_ids=self.record.job_ids or [f"local-{me}"])
                 if self.lock is not None:
                     self.lock.renew()  # the lease names this process from now on
                 points = range(len(self.launch.sweep)) if self.launch.sweep else [None]
                 for index in points:
                     if self._cancelled:  # stopped between points (or before the first): start no more
-                        state = "CANCELLED"
+                        state = State.CANCELLED
                         break
                     state = self._run_point_recovering(index)
-                    if state != "COMPLETED":
+                    if state != State.COMPLETED:
                         break
             except Exception as exc:
-                state, error = "FAILED", disk_trouble(exc, self.record.run_dir)
+                state, error = State.FAILED, disk_trouble(exc, self.record.run_dir)
                 if error is None:  # a bug, or a problem of the machine's: the caller sees it
                     error = f"{type(exc).__name__}: {exc}"
                     raise
@@ -157,7 +157,7 @@ class Supervisor:
             return {}
         return {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
 
-    def _record_end(self, state: str, error: str | None) -> None:
+    def _record_end(self, state: State, error: str | None) -> None:
         """Record the end state, then give up the lock. A full disk must not turn into a traceback,
         nor lose the end: it is written over the record in place (``RunRecord.save``). Where even
         that fails (a read-only disk, no room) this process's record says FAILED, naming the disk
@@ -168,7 +168,7 @@ class Supervisor:
         except OSError as exc:
             self.end_recorded = False
             trouble = disk_trouble(exc, self.record.run_dir) or f"{exc.strerror or exc}"
-            lost = f"; the run ended {state}, but that could not be recorded" if state != "FAILED" else ""
+            lost = f"; the run ended {state}, but that could not be recorded" if state != State.FAILED else ""
             self.record.state, self.record.ended = State.FAILED, time.time()
             prior = error or self.record.error
             self.record.error = f"{trouble}{lost}" + (f"\n{prior}" if prior and prior != trouble else "")
@@ -182,7 +182,7 @@ class Supervisor:
         self._cancelled = True
         self._signalled = self._signalled or signum
 
-    def _run_point_recovering(self, index: int | None) -> str:
+    def _run_point_recovering(self, index: int | None) -> State:
         """One point, its ranks restarted in place after a failure the spec's ``recovery`` covers
         (``orchestrator.recovery.decide``); every attempt is kept in <run>/recovery.json."""
         payload = self.launch.payload_for_point(index)
@@ -193,17 +193,17 @@ class Supervisor:
             attempt = history.begin(self.record.attempts, [socket.gethostname()], payload.checkpoint.dir)
             state = self._run_point(index)
             failure = self.failure
-            if state != "FAILED" or failure is None or self._cancelled:
-                history.finish(attempt, state.lower(), self.record.error or "")
+            if state != State.FAILED or failure is None or self._cancelled:
+                history.finish(attempt, Outcome(state.lower()), self.record.error or "")
                 return state
             progressed = history.progressed(attempt, payload.checkpoint.dir)
             decision = decide(payload.recovery, history, failure, progressed)
             history.finish(attempt, failure.kind, failure.why, progress=progressed, blamed=failure.blamed,
-                           action="restart" if decision.restart else "stop")
+                           action=Action.RESTART if decision.restart else Action.STOP)
             if decision.message:
                 print(f"[orchestrator] {decision.message}", file=sys.stderr, flush=True)
             if not decision.restart:
-                if decision.reason == "no_progress":
+                if decision.reason == EndReason.NO_PROGRESS:
                     self.record.update(error=f"{decision.message}\nthe last attempt's failure: {self.record.error}")
                 return state
             self.record.update(attempts=self.record.attempts + 1, failed_rank=None, error=None, waits={})
@@ -227,10 +227,10 @@ class Supervisor:
         why = f"the health gate failed on {node}: {'; '.join(result.problems)}"
         print(f"[orchestrator] {why}", file=sys.stderr, flush=True)
         self.record.update(failed_rank=None, error=why)
-        self.failure = Failure("unhealthy", why)
+        self.failure = Failure(FailureKind.UNHEALTHY, why)
         return False
 
-    def _run_point(self, index: int | None) -> str:
+    def _run_point(self, index: int | None) -> State:
         payload = self.launch.payload_for_point(index)
         run_dir = Path(payload.run_dir)
         folder = RunFolder(run_dir)
@@ -242,7 +242,7 @@ class Supervisor:
         port, envs = rank_environments(self.launch, payload, attempt)
         folder.forget_attempt()
         if not self._health_gate(payload, self.record.attempts):
-            return "FAILED"
+            return State.FAILED
         offsets, forks = [], []
         fresh = not self.preload
         for rank, env in enumerate(envs):
@@ -262,7 +262,7 @@ class Supervisor:
             if self.echo_factory and self.echo is None:
                 self.echo = self.echo_factory()
             state = self._watch(run_dir, offsets)
-            if state == "COMPLETED":
+            if state == State.COMPLETED:
                 self._warn_if_did_nothing(run_dir)
             return state
         finally:
@@ -279,7 +279,7 @@ class Supervisor:
                 except OSError:
                     pass
 
-    def _watch(self, run_dir: Path, offsets: list[int]) -> str:
+    def _watch(self, run_dir: Path, offsets: list[int]) -> State:
         start = time.monotonic()
         tails = LogTails(run_dir, offsets, self.echo) if self.echo else None
         next_look = 0.0
@@ -295,39 +295,39 @@ class Supervisor:
                 for pid, start in zip(self.record.rank_pids, self.record.rank_starts):
                     procs.signal_session(pid, start, signal.SIGKILL)
                 self.record.update(failed_rank=None, error=self.group.lost)
-                self.failure = Failure("crash", self.group.lost)
-                return "CANCELLED" if self._cancelled else "FAILED"
+                self.failure = Failure(FailureKind.CRASH, self.group.lost)
+                return State.CANCELLED if self._cancelled else State.FAILED
             if failed:
                 if not self._cancelled:
                     self._capture(run_dir, f"rank {failed[0]} ended with exit code {codes[failed[0]]}")
                 rank = self._first_failure(failed, codes, run_dir)
-                self.failure = Failure("crash", (self.record.error or f"rank {rank} failed").splitlines()[0])
+                self.failure = Failure(FailureKind.CRASH, (self.record.error or f"rank {rank} failed").splitlines()[0])
                 self._kill_all(grace=GRACE_S)
                 if tails:
                     tails.pump()
-                return "CANCELLED" if self._cancelled else "FAILED"
+                return State.CANCELLED if self._cancelled else State.FAILED
             if all(c == 0 for c in codes):
                 if tails:
                     tails.pump()
-                return "CANCELLED" if self._cancelled else "COMPLETED"
+                return State.CANCELLED if self._cancelled else State.COMPLETED
             if self._cancelled:
                 # SIGTERM first: the ranks checkpoint and stop together, within stop_grace_s,
                 # unless their stacks show they never can (stuck in collectives)
                 self._kill_all(grace=self.launch.payload.stop_grace_s, judged_in=run_dir)
                 if tails:
                     tails.pump()
-                return "CANCELLED"
+                return State.CANCELLED
             if self.timeout_s and time.monotonic() - start > self.timeout_s:
                 self._capture(run_dir, f"local.timeout_s ({self.timeout_s:.0f}s) reached")
                 self.record.update(error=f"local.timeout_s ({self.timeout_s:.0f}s) reached")
                 self._kill_all(grace=self.launch.payload.stop_grace_s)  # as SLURM's time limit: TERM, KillWait, KILL
-                return "TIMEOUT"
+                return State.TIMEOUT
             if time.monotonic() >= next_look:  # the watchdog reads files: once a second is plenty
                 next_look = time.monotonic() + LOOK_S
                 self._look_at_requests()
                 verdict = self._watchdog(run_dir)
                 if verdict:
-                    self.failure = Failure("hang", (self.record.error or verdict).splitlines()[0])
+                    self.failure = Failure(FailureKind.HANG, (self.record.error or verdict).splitlines()[0])
                     self._kill_all(grace=GRACE_S)
                     if tails:
                         tails.pump()
@@ -343,7 +343,7 @@ class Supervisor:
             self._cancelled = True
 
     # -- the watchdog ---------------------------------------------------------------------------
-    def _watchdog(self, run_dir: Path) -> str | None:
+    def _watchdog(self, run_dir: Path) -> State | None:
         """The init deadline and the stall watchdog (orchestrator.watchdog.judge); FAILED, with
         the stacks saved, when either fires."""
         if self.watch.settled():
@@ -355,10 +355,10 @@ class Supervisor:
         if verdict is None:
             return None
         error = verdict.message.replace("<run>", str(run_dir))
-        if verdict.reason == "stall":
+        if verdict.reason == EndReason.STALL:
             error += f"\nstacks of every rank: {RunFolder(run_dir).stacks}"
         self.record.update(failed_rank=verdict.rank, error=error)
-        return "FAILED"
+        return State.FAILED
 
     def _capture(self, run_dir: Path, reason: str, always: bool = False) -> dict[int, str]:
         """Save the stacks of the ranks still running (spec watchdog.stacks_on_failure) and record

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator.slurm_job import MOVES, UNFINISHED_EXIT, JobAgent, Phase, exit_code
+from orchestrator.agent_state import AgentState
+from orchestrator.slurm_job import MOVES, UNFINISHED_EXIT, Phase, exit_code
 
 
 def test_every_phase_is_reachable_from_running_and_final_phases_are_final() -> None:
@@ -27,17 +28,17 @@ def test_every_phase_is_reachable_from_running_and_final_phases_are_final() -> N
 
 @given(st.lists(st.sampled_from(list(Phase)), max_size=6))
 def test_enter_refuses_every_move_the_table_does_not_name(moves: list[Phase]) -> None:
-    agent = JobAgent.__new__(JobAgent)  # the phase machine only; no payload, no srun
-    agent.phase = Phase.RUNNING
+    state = AgentState()  # the phase machine only; no payload, no srun
+    assert state.phase is Phase.RUNNING
     for phase in moves:
-        before = agent.phase
+        before = state.phase
         if phase in MOVES[before]:
-            agent._enter(phase)
-            assert agent.phase is phase
+            state.enter(phase)
+            assert state.phase is phase
         else:
             with pytest.raises(RuntimeError, match=f"from {before.value} to {phase.value}"):
-                agent._enter(phase)
-            assert agent.phase is before
+                state.enter(phase)
+            assert state.phase is before
 
 
 @pytest.mark.parametrize("phase,code,early", list(itertools.product(list(Phase), [0, 1, 137, -9, -15], [False, True])))

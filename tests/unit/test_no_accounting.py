@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from orchestrator.after import resolve, slurm_dependencies
 from orchestrator.errors import SubmissionError
+from orchestrator import slurm_controller
 from orchestrator.executors import slurm
 from orchestrator.executors.slurm import (OUTCOME_STATE, SlurmExecutor, account_hint, end_from_agent,
                                           sacct_unusable)
@@ -149,7 +150,7 @@ def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
     monkeypatch.setenv("ORCHESTRATOR_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(slurm, "_ACCOUNTING_OFF", {})
     scheduler = NoAccounting({})
-    monkeypatch.setattr(slurm, "subprocess", SimpleNamespace(run=scheduler.run, TimeoutExpired=subprocess.TimeoutExpired))
+    monkeypatch.setattr(slurm_controller, "subprocess", SimpleNamespace(run=scheduler.run, TimeoutExpired=subprocess.TimeoutExpired))
     return SimpleNamespace(conf=conf, scheduler=scheduler, runs=tmp_path / "runs")
 
 

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator import api, operations, remote
+from orchestrator import api, operations, remote, slurm_controller
 from orchestrator.api import Run
 from orchestrator.executors import slurm
 from orchestrator.executors.slurm import SchedulerPacing
@@ -159,7 +159,7 @@ def two_minute_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Story:
     story.at(125.0, lambda: story.history(Attempt(1, 5.0, ["node1"], job="4242", ended=125.0, outcome="completed")))
     monkeypatch.setattr(api, "_now", story.clock)
     monkeypatch.setattr(api, "_sleep", story.sleep)
-    monkeypatch.setattr(slurm, "subprocess", SimpleNamespace(run=story.run, TimeoutExpired=subprocess.TimeoutExpired))
+    monkeypatch.setattr(slurm_controller, "subprocess", SimpleNamespace(run=story.run, TimeoutExpired=subprocess.TimeoutExpired))
     return story
 
 
@@ -222,7 +222,7 @@ def test_a_requeue_is_said_once_and_seen_soon(tmp_path: Path, monkeypatch: pytes
     story.at(130.0, lambda: story.history(ended, Attempt(2, 70.0, ["n2"], job="50", ended=130.0, outcome="completed")))
     monkeypatch.setattr(api, "_now", story.clock)
     monkeypatch.setattr(api, "_sleep", story.sleep)
-    monkeypatch.setattr(slurm, "subprocess", SimpleNamespace(run=story.run, TimeoutExpired=subprocess.TimeoutExpired))
+    monkeypatch.setattr(slurm_controller, "subprocess", SimpleNamespace(run=story.run, TimeoutExpired=subprocess.TimeoutExpired))
     assert Run(RunRecord.load(run_dir)).wait() == State.COMPLETED
     err = capsys.readouterr().err
     assert err.count("job 50 is pending again (requeued)") == 1, err
@@ -265,7 +265,7 @@ def test_status_of_many_runs_is_one_scheduler_call(tmp_path: Path, monkeypatch: 
         calls.append(cmd)
         return subprocess.CompletedProcess(cmd, 0, "".join(f"{40 + i}|RUNNING\n" for i in range(5)), "")
 
-    monkeypatch.setattr(slurm, "subprocess", SimpleNamespace(run=run, TimeoutExpired=subprocess.TimeoutExpired))
+    monkeypatch.setattr(slurm_controller, "subprocess", SimpleNamespace(run=run, TimeoutExpired=subprocess.TimeoutExpired))
     runs = []
     for i in range(5):
         folder = tmp_path / f"r{i}-0123abcd"
@@ -308,7 +308,7 @@ def test_cancel_waits_for_the_job_with_few_scheduler_calls(tmp_path: Path, monke
     story = Story(run_dir, "77", [(0.0, "RUNNING"), (8.0, "COMPLETING"), (9.0, "CANCELLED")])
     story.at(8.0, lambda: story.history(Attempt(1, 0.0, ["n1"], job="77", ended=8.0, outcome="cancelled")))
     scancels: list[tuple[float, tuple[str, ...]]] = []
-    monkeypatch.setattr(slurm, "subprocess", SimpleNamespace(run=story.run, TimeoutExpired=subprocess.TimeoutExpired))
+    monkeypatch.setattr(slurm_controller, "subprocess", SimpleNamespace(run=story.run, TimeoutExpired=subprocess.TimeoutExpired))
     monkeypatch.setattr(slurm, "_scancel", lambda *a, quiet=False: scancels.append((story.now, a)))
     monkeypatch.setattr(slurm, "time", SimpleNamespace(monotonic=story.clock, sleep=story.sleep, time=lambda: story.now))
     monkeypatch.setattr(slurm.ownership, "request_cancel", lambda *a: None)

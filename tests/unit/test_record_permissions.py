@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from orchestrator import operations, records
+from orchestrator import operations, records, slurm_controller
 from orchestrator.cli import main
 from orchestrator.errors import RunNotFoundError
 from orchestrator.executors import slurm
@@ -116,7 +116,7 @@ def test_a_teammate_who_cannot_write_the_folder_still_gets_the_status(tmp_path: 
     """status refreshes the record from the scheduler; a reader who may not write it keeps the answer."""
     run_dir = _record(tmp_path)
     monkeypatch.delenv("SLURM_CONF", raising=False)
-    monkeypatch.setattr(slurm, "subprocess", SimpleNamespace(
+    monkeypatch.setattr(slurm_controller, "subprocess", SimpleNamespace(
         run=lambda cmd, **kw: subprocess.CompletedProcess(cmd, 0, "31|RUNNING\n", ""),
         TimeoutExpired=subprocess.TimeoutExpired))
 

@@ -254,7 +254,7 @@ def test_wait_lines_group_ranks_at_the_same_place() -> None:
 def test_the_stacks_probe_keeps_its_environment_on_export_none_sites(monkeypatch) -> None:
     """srun reads SLURM_EXPORT_ENV as --export: the probe's srun says ALL, so a site defaulting to
     --export=NONE still starts the probe with this PATH and Python; a surrounding job's SLURM_* stay out."""
-    from orchestrator import stacks_probe
+    from orchestrator import slurm_controller, stacks_probe
 
     seen: dict = {}
 
@@ -266,7 +266,7 @@ def test_the_stacks_probe_keeps_its_environment_on_export_none_sites(monkeypatch
     monkeypatch.setattr(stack_requests, "sizes", lambda run_dir, ranks: {r: 0 for r in ranks})
     monkeypatch.setattr(stack_requests, "wait_written", lambda run_dir, before, timeout_s=1.0: before)
     monkeypatch.setattr(stack_requests, "read_from", lambda run_dir, rank, a, b: "")
-    monkeypatch.setattr(stacks_probe.subprocess, "run", fake_run)
+    monkeypatch.setattr(slurm_controller.subprocess, "run", fake_run)
     monkeypatch.setenv("SLURM_EXPORT_ENV", "NONE")
     monkeypatch.setenv("SLURM_JOB_ID", "5")
     stacks_probe.request_slurm("/nonexistent/run", "77", 2, sys.executable)

@@ -1,0 +1,219 @@
+"""The SLURM job agent's attempts and recovery: each attempt recorded in <run>/recovery.json
+(its start, and how it ended), the health gate before any rank starts, what a failure is blamed
+on, and restart (a requeue without the blamed nodes) or stop by ``orchestrator.recovery.decide``.
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+
+from orchestrator import slurm_controller
+from orchestrator.agent_decisions import attempt_outcome, cancelled, failed_exit, hang_blamed
+from orchestrator.agent_requeue import Requeuer
+from orchestrator.agent_state import AgentContext, Phase
+from orchestrator.interpreter import module_argv
+from orchestrator.recovery import HARDWARE_SIGNALS, Failure, decide
+from orchestrator.run_folder import RunFolder
+from orchestrator.states import Action, EndReason, FailureKind, Outcome
+
+#: The health gate's srun: the token wait (health.TOKEN_WAIT_S) and node_check (NODE_CHECK_TIMEOUT_S)
+#: fit in it, and a node where the task cannot start is reported as not reporting.
+HEALTH_SRUN_TIMEOUT_S = 150.0
+
+
+class AgentRecovery:
+    """One attempt's record, and what follows a failure."""
+
+    def __init__(self, ctx: AgentContext, requeuer: Requeuer) -> None:
+        self.ctx = ctx
+        self.state = ctx.state
+        self.requeuer = requeuer
+
+    def begin_attempt(self) -> None:
+        """Record this attempt's start, and the previous one's end if its agent never recorded it:
+        then it died with the job, which SLURM ended for a lost node (NODE_FAIL, and requeued it,
+        as --requeue asks) or killed outright."""
+        c, history = self.ctx, self.ctx.history
+        earlier = history.attempts[-1] if history.attempts else None
+        if earlier is not None and earlier.job != c.job_id:  # another submission's: it ended however it did
+            history.close_lost(f"job {earlier.job or '?'} ended without its agent recording how "
+                               "(killed, or its node lost)")
+        elif earlier is not None and earlier.outcome == Outcome.PREEMPTED and earlier.action != Action.REQUEUE:
+            # Preempted, and SLURM requeued the job itself (PreemptMode=REQUEUE): a requeue, not a failure.
+            history.finish(earlier, Outcome.PREEMPTED, earlier.why or "preempted; SLURM requeued the job",
+                           action=Action.REQUEUE, progress=earlier.progress)
+        elif earlier is not None and (earlier.ended is None or earlier.action not in (Action.RESTART, Action.REQUEUE)):
+            # The same job runs again though its agent requeued nothing: SLURM did (a node failure
+            # under --requeue; the agent was killed, or took the SIGTERM for a cancel, or its own
+            # requeue came too late). The nodes it saw lost count, with those SLURM says are gone.
+            gone = sorted(set(earlier.blamed) | (set(earlier.nodes) & slurm_controller.nodes_gone(earlier.nodes)))
+            why = (f"node(s) {', '.join(gone)} failed and SLURM requeued the job" if gone else
+                   "SLURM ended the attempt and requeued the job (a node failure)")
+            c.say(f"attempt {earlier.number}: {why}")
+            history.finish(earlier, Outcome.NODE_FAILURE, why, action=Action.RESTART, blamed=gone)
+            limit = c.payload.recovery.max_restarts
+            if limit and history.restarts() > limit:  # SLURM's requeue was one restart too many
+                self.state.over_limit = (f"{why}; no restarts left ({history.restarts() - 1} of {limit} used; "
+                                         "recovery.max_restarts)")
+        number = earlier.number + 1 if earlier is not None else 1
+        c.attempt = history.begin(number, c.slurm.hosts, c.payload.checkpoint.dir, job=c.job_id)
+
+    def end_attempt(self, code: int | None) -> None:
+        c, s = self.ctx, self.state
+        if c.attempt is None or c.attempt.ended is not None:
+            return
+        outcome = attempt_outcome(was_cancelled=cancelled(s.cancel_at, s.received, s.preempted),
+                                  failure=s.failure.kind if s.failure else None, action=s.action, phase=s.phase,
+                                  preempted=s.preempted, code=code)
+        why = s.failure.why if s.failure is not None else (s.not_requeued or s.requeued_why)
+        try:
+            c.history.finish(c.attempt, outcome, why, action=s.action, progress=c.attempt.progress,
+                             blamed=s.failure.blamed if s.failure else sorted(s.lost_nodes))
+        except OSError as exc:
+            c.say(f"could not record the attempt in {c.history.path}: {exc}")
+
+    def over_limit(self) -> int:
+        """SLURM requeued the job after a node failure with no restart left: stop it."""
+        from orchestrator import forensics
+
+        s = self.state
+        self.ctx.say(s.over_limit)
+        s.failure = Failure(FailureKind.NODE_FAILURE, s.over_limit)
+        s.action = Action.STOP
+        forensics.write_end(self.ctx.run_dir, reason=EndReason.NODE_FAILURE, error=s.over_limit)
+        return 1
+
+    # -- the health gate, what a failure is blamed on, restart or stop --------------------------
+    def health_gate(self, environ: dict[str, str]) -> Failure | None:
+        """``orchestrator.health`` on every node (one srun task each) before any rank starts; the
+        nodes that fail it, or never report, are the failure (unhealthy), blamed on them."""
+        import json
+        import shutil
+
+        from orchestrator import health
+
+        c = self.ctx
+        assert c.attempt is not None
+        number, hosts = c.attempt.number, list(c.slurm.hosts) or [socket.gethostname()]
+        shutil.rmtree(health.health_dir(c.run_dir, number), ignore_errors=True)  # a resubmission's leftovers
+        p = c.payload
+        gpus = p.ranks_per_node if p.backend == "nccl" and p.strategy == "ddp" else 0
+        argv = ["srun", f"--nodes={len(hosts)}", f"--ntasks={len(hosts)}", "--ntasks-per-node=1",
+                "--kill-on-bad-exit=0", "--cpus-per-task=1",  # never importing from the submit folder (a json.py)
+                *module_argv(p.python, "orchestrator.health", "--run-dir", c.run_dir, "--checkpoint-dir",
+                             p.checkpoint.dir, "--attempt", str(number), "--nodes", ",".join(hosts), "--gpus", str(gpus),
+                             unbuffered=False)]
+        if p.interface:
+            argv += ["--interface", p.interface]
+        if p.recovery.node_check:
+            argv += ["--node-check-json", json.dumps(list(p.recovery.node_check))]
+        started = time.monotonic()
+        answer = slurm_controller.run(argv, HEALTH_SRUN_TIMEOUT_S, backoff_s=(), env=environ, quiet_stdin=True,
+                                      capture=False)
+        if answer.returncode is None:
+            c.say(f"health gate: srun did not finish ({answer.error})")
+        bad = health.unhealthy(health.read_results(c.run_dir, number, hosts))
+        shutil.rmtree(health.checkpoint_tokens(p.checkpoint.dir, number).parent, ignore_errors=True)
+        c.attempt.health = bad
+        if not bad:
+            c.say(f"health gate: {len(hosts)} node(s) healthy in {time.monotonic() - started:.1f}s")
+            return None
+        why = "; ".join(f"{node}: {problem}" for node, problem in sorted(bad.items()))
+        c.say(f"health gate: {why}")
+        from orchestrator import forensics
+
+        forensics.write_end(c.run_dir, reason=EndReason.UNHEALTHY, error=f"the health gate failed: {why}",
+                            unhealthy=bad)
+        return Failure(FailureKind.UNHEALTHY, f"the health gate failed: {why}", tuple(sorted(bad)))
+
+    def classify(self) -> Failure:
+        """What ended the attempt, and the nodes it is blamed on: a lost node (srun's message, or
+        SLURM's node state), a rank a hardware-like signal killed (its node), a hang (the
+        straggler's node when its stack is not inside a collective); a traceback blames nothing."""
+        from orchestrator import forensics
+
+        c, s = self.ctx, self.state
+        end = forensics.read_end(c.run_dir) or {}
+        error = str(end.get("error") or "")
+        if s.phase is Phase.ENDING:
+            blamed = hang_blamed(end.get("failed_rank"), c.slurm.hosts, c.payload.ranks_per_node, s.straggler_outside)
+            return Failure(FailureKind.HANG, error.splitlines()[0] if error else f"watchdog: {end.get('reason')}",
+                           blamed)
+        gone = s.lost_nodes | slurm_controller.nodes_gone(c.slurm.hosts)
+        if gone:
+            return Failure(FailureKind.NODE_FAILURE, f"lost node(s) {', '.join(sorted(gone))}", tuple(sorted(gone)))
+        if s.killed is not None:
+            host, rank, what = s.killed
+            return Failure(FailureKind.CRASH, f"rank {rank} on {host} was killed by a signal ({what})",
+                           (host,) if what in HARDWARE_SIGNALS else ())
+        err = self._first_traceback()
+        if err is not None:
+            return Failure(FailureKind.CRASH,
+                           f"rank {err.get('rank')} raised {err.get('type')}: {err.get('message')}".splitlines()[0])
+        return Failure(FailureKind.CRASH, error.splitlines()[0] if error else (s.first_end or "a rank failed").strip())
+
+    def _first_traceback(self) -> dict | None:
+        """The earliest error a rank of this attempt recorded (<run>/errors/rank-N.json)."""
+        import json
+
+        found = []
+        for path in RunFolder.of(self.ctx.run_dir).error_files():
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            if isinstance(data, dict):
+                found.append(data)
+        return min(found, key=lambda d: d.get("time") or 0) if found else None
+
+    def _partition_nodes(self) -> int | None:
+        """How many nodes of the job's partition are not excluded (None: unknown)."""
+        c = self.ctx
+        job = slurm_controller.show_job(c.job_id)
+        partition = job.get("Partition")
+        if not partition:
+            return None
+        rows = slurm_controller.node_states(partition=partition)
+        if rows is None:
+            return None
+        # Every node of the partition counts, whatever its state now: a drained or down node may come
+        # back, and the job may wait for it. Only the excluded ones can never run it.
+        excluded = set(c.history.excluded) | set(slurm_controller.controller_hosts(job.get("ExcNodeList", "")))
+        return len({node for node, _ in rows} - excluded)
+
+    def recover(self, code: int | None) -> int:
+        """After a failure: restart (requeue without the blamed nodes) or stop, by the spec's
+        ``recovery`` (``orchestrator.recovery.decide``). Returns the agent's exit code."""
+        c, s = self.ctx, self.state
+        assert s.failure is not None and c.attempt is not None
+        failure, settings = s.failure, c.payload.recovery
+        progressed = failure.kind != FailureKind.UNHEALTHY and c.history.progressed(c.attempt, c.payload.checkpoint.dir)
+        c.attempt.progress = progressed
+        available = self._partition_nodes() if settings.max_restarts and failure.blamed else None
+        decision = decide(settings, c.history, failure, progressed, c.payload.nodes, available)
+        failed_code = failed_exit(s.phase, code)
+        if not decision.restart:
+            s.action = Action.STOP
+            if decision.message:
+                c.say(decision.message)
+            if decision.reason in (EndReason.NO_PROGRESS, EndReason.NOT_ENOUGH_NODES):
+                from orchestrator import forensics
+
+                forensics.write_end(c.run_dir, reason=decision.reason,
+                                    error=f"{decision.message}; the last failure: {failure.why}")
+            return failed_code
+        c.say(decision.message)
+        s.enter(Phase.REQUEUEING)
+        s.action = Action.RESTART
+        excluded = sorted(set(c.history.excluded) | set(decision.exclude))
+        c.history.excluded = excluded
+        self.requeuer.scontrol_requeue(excluded if decision.exclude else None)
+        if s.phase is not Phase.REQUEUED:
+            s.action = Action.STOP
+            from orchestrator import forensics
+
+            forensics.write_end(c.run_dir, reason=failure.kind, error=f"{failure.why}; the restart failed: {s.not_requeued}")
+            return failed_code
+        return 0

@@ -16,16 +16,16 @@ the fix; the CLI prints the same messages.
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence, Union, cast
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, cast
 
-from orchestrator.errors import (JobFailedError, OrchestratorError, RunNotFinishedError, RunNotFoundError,
-                                 UsageError, WaitTimeoutError)
+from orchestrator.errors import (JobFailedError, OrchestratorError, RunNotFinishedError, RunNotFoundError, UsageError,
+                                 WaitTimeoutError)
+from orchestrator.planning import SpecLike, array_limit, as_spec, load_spec, plan_for, planned, scan_code
 from orchestrator.records import RunRecord, registered_runs, resolve_run
+from orchestrator.run_files import attempt_part, check_attempt, live_folder, read_result
 from orchestrator.run_folder import RunFolder
 from orchestrator.states import State
 
@@ -34,12 +34,11 @@ if TYPE_CHECKING:
 
     from orchestrator.executors.base import Executor, ForegroundExecutor
     from orchestrator.plan import LaunchPlan
-    from orchestrator.snapshot import Snapshot
-    from orchestrator.spec import JobSpec
 
-#: What ``run`` and ``submit`` accept: a JobSpec, a mapping of spec fields, a spec file, or a
-#: list of any of these (merged in order, as by ``load_spec``).
-SpecLike = Union["JobSpec", Mapping[str, Any], str, Path, Sequence[Any]]
+#: Defined in ``orchestrator.planning`` (specs in, plans out) and ``orchestrator.run_files``
+#: (what a run left), and part of this module's API.
+__all__ = ["SpecLike", "array_limit", "as_spec", "load_spec", "plan_for", "planned", "scan_code", "check_attempt",
+           "run", "submit", "Run", "StateWatch", "refresh", "registered", "POLL_S"]
 
 #: How often ``Run.wait`` looks at the run. A look at a local run reads its folder (cheap). A look
 #: at a SLURM run is a few ``stat`` calls on its folder; the scheduler itself is asked only when
@@ -49,79 +48,6 @@ POLL_S = {"local": 0.2, "debug": 0.2, "slurm": 1.0}
 #: The clock and the sleep of every waiting loop here (tests replace them with a fake clock).
 _now = time.monotonic
 _sleep = time.sleep
-
-
-# ---- specs ---------------------------------------------------------------------------------
-def load_spec(*sources: Any, overrides: Iterable[str] = (), executor: str | None = None) -> JobSpec:
-    """Spec files (YAML or JSON paths), mappings and JobSpecs, deep-merged in order (later ones
-    win key by key), then each ``"key.path=value"`` override in order (the value is read as
-    YAML, as with ``--set``), then ``executor``. Raises SpecError naming the source, the field
-    and the fix. (Defined in ``orchestrator.loading``, which brings pydantic in.)"""
-    from orchestrator.loading import load_spec as load
-
-    return load(*sources, overrides=overrides, executor=executor)
-
-
-def as_spec(spec: SpecLike, executor: str | None = None) -> JobSpec:
-    """Anything ``load_spec`` takes, through ``load_spec`` (with ``executor``, whose rules apply). A
-    JobSpec validated on this machine (by ``load_spec`` or its constructor) for that executor is
-    taken as it is: a spec is validated once per run or submission. Any other JobSpec (one changed
-    with ``model_copy(update=...)`` was never checked) is validated again, with the same errors."""
-    from orchestrator.spec import is_validated
-
-    if is_validated(spec) and executor in (None, cast("JobSpec", spec).executor):
-        return cast("JobSpec", spec)
-    if isinstance(spec, (list, tuple)):
-        return load_spec(*spec, executor=executor)
-    return load_spec(spec, executor=executor)
-
-
-def plan_for(spec: SpecLike, executor: str | None = None) -> LaunchPlan:
-    """The LaunchPlan (what ``orchestrator plan`` prints): nothing is started or written (the
-    project is read to show its code snapshot). Every spec is validated here, whatever made it,
-    so run/submit/plan never act on an unchecked one."""
-    return planned(spec, executor)[0]
-
-
-def planned(spec: SpecLike, executor: str | None = None, *,
-            stage_for: tuple[str, ...] = ()) -> tuple[LaunchPlan, Snapshot | None]:
-    """The plan and the scanned code snapshot it runs (None: live files, ``code.snapshot: false``,
-    the debug executor, or an entrypoint from an installed package). ``stage_for``: the executors
-    for which the scan copies the files the store lacks into it while hashing them (run: local,
-    submit: slurm), so a file that changes afterwards never refuses the run, and a run refused for
-    its executor writes nothing."""
-    from orchestrator.plan import plan
-
-    checked = as_spec(spec, executor)  # the executor's own rules apply (local caps, node-local paths)
-    code = scan_code(checked, checked.executor, stage=checked.executor in stage_for)
-    limit, why = array_limit(checked)
-    return plan(checked, code=code, max_array_size=limit, array_limit_why=why), code
-
-
-def array_limit(spec: JobSpec) -> tuple[int | None, str | None]:
-    """A SLURM sweep's MaxArraySize as submit splits it (``executors.slurm.max_array_size``), so
-    ``plan`` shows the arrays submit makes; (None, why) when no cluster answers (no SLURM here, a
-    controller down): the plan then assumes SLURM's default and says so."""
-    if spec.executor != "slurm" or not spec.sweep:
-        return None, None
-    from orchestrator.executors.slurm import max_array_size
-
-    try:
-        return max_array_size(), None
-    except (OrchestratorError, OSError) as exc:
-        return None, " ".join(str(exc).split())[:200]
-
-
-def scan_code(spec: JobSpec, executor: str, *, stage: bool = False) -> Snapshot | None:
-    """Read and hash the project the spec's entrypoint lives in (``orchestrator.snapshot``)."""
-    if not spec.code.snapshot or executor == "debug":
-        return None
-    from orchestrator.snapshot import scan_project
-
-    extra = [os.path.abspath(p) for p in (spec.checkpoint.dir, spec.distributed.rendezvous_dir) if p]
-    return scan_project(spec.entrypoint, os.getcwd(), spec.runs_dir, ignore_file=spec.code.ignore_file,
-                        max_mb=spec.code.max_mb, exclude=extra, include_patterns=spec.code.include,
-                        exclude_patterns=spec.code.exclude, stage=stage)
 
 
 # ---- starting runs -------------------------------------------------------------------------
@@ -307,7 +233,7 @@ class Run:
                 state, text = next(looks)
                 if text:
                     follower.write(text)
-                live = _live_folder(self._record)
+                live = live_folder(self._record)
                 follower.progress(live)
             else:
                 state = states.look()
@@ -330,7 +256,7 @@ class Run:
         import sys
 
         rec = self._record
-        folder = live if live is not None else (_live_folder(rec) if rec.sweep_size else Path(rec.run_dir))
+        folder = live if live is not None else (live_folder(rec) if rec.sweep_size else Path(rec.run_dir))
         where = f"point {int(folder.name)}: " if rec.sweep_size and folder.name.isdigit() else ""
         for line in watch.look(folder, state == State.PENDING and fresh, list(rec.job_ids)):
             try:
@@ -359,8 +285,8 @@ class Run:
         if self._record.sweep_size:
             from orchestrator.records import point_dir
 
-            return [_read_result(point_dir(self.run_dir, i)) for i in range(self._record.sweep_size)]
-        return _read_result(self.run_dir)
+            return [read_result(point_dir(self.run_dir, i)) for i in range(self._record.sweep_size)]
+        return read_result(self.run_dir)
 
     def log_path(self, rank: int = 0, point: int | None = None) -> Path:
         """Where a rank's log is (or will be): the latest sweep point's, unless ``point`` is given."""
@@ -410,44 +336,7 @@ class Run:
         if data is None:
             raise RunNotFoundError(f"no log for rank {rank} yet at {path} ({self.id} is {self._record.state})")
         text = data.decode(errors="replace")
-        return text if attempt is None else self._attempt_part(text, attempt, rank, point, path)
-
-    def _attempt_part(self, text: str, attempt: int, rank: int, point: int | None, path: Path) -> str:
-        """Attempt ``attempt``'s part of ``text``, rank ``rank``'s log at ``path``
-        (``orchestrator.attempt_logs``); AttemptNotFoundError names the attempts it holds."""
-        from orchestrator.attempt_logs import AttemptNotFoundError, attempt_text, first_attempts, held
-        from orchestrator.fs_checks import shown
-
-        history = self._log_history(path, point)
-        try:
-            return attempt_text(text, attempt, first_attempts(history))
-        except AttemptNotFoundError as exc:
-            known = {a.number: a for a in history.attempts} if history is not None else {}
-            why = ""
-            if attempt in known and known[attempt].outcome == "unhealthy":
-                why = f"; attempt {attempt} was stopped by the health gate before any rank started"
-            elif known and attempt > max(known):
-                why = f"; {self.id} has had {max(known)} attempt(s) so far"
-            raise AttemptNotFoundError(attempt, exc.present,
-                                       f"attempt {attempt} is not in rank {rank}'s log {shown(path)}: it holds "
-                                       f"{held(exc.present)}{why} (orchestrator status {self.id} lists every "
-                                       "attempt)") from None
-
-    def _log_history(self, path: Path, point: int | None = None) -> Any:
-        """The attempts (``recovery.History``, or None when there is none to read) of the run or
-        sweep point whose rank log is ``path``."""
-        from orchestrator.attempt_logs import job_of_log, read_history
-        from orchestrator.records import point_dir
-
-        rec = self._record
-        if rec.executor != "slurm":
-            return read_history(path.parent.parent)  # <folder>/logs/rank-N.log
-        if not rec.sweep_size:
-            return read_history(rec.run_dir)
-        if point is None:
-            job = job_of_log(path)
-            point = rec.job_ids.index(job) if job in rec.job_ids else None
-        return read_history(point_dir(rec.run_dir, point)) if point is not None else None
+        return text if attempt is None else attempt_part(self._record, text, attempt, rank, point, path)
 
     def stacks(self, rank: int | None = None, timeout: float = 5.0, native: bool = False) -> str:
         """The Python stack of every thread of every live rank (or of ``rank``), as the ranks are
@@ -460,14 +349,14 @@ class Run:
 
         if native:
             spy = run_stacks.py_spy(self.executor)
-            return run_stacks.native_text(self.id, spy, _live_folder(self.record), rank)
+            return run_stacks.native_text(self.id, spy, live_folder(self.record), rank)
         self.status()
         world = max(1, self._record.world_size)
         if rank is not None and not 0 <= rank < world:
             raise RunNotFoundError(f"rank {rank} is not in {self.id} (ranks 0-{world - 1})")
         if self._record.state.terminal:
             return run_stacks.saved_text(self._record, rank)
-        return run_stacks.live_text(self._record, _live_folder(self._record), rank, timeout)
+        return run_stacks.live_text(self._record, live_folder(self._record), rank, timeout)
 
     def report(self) -> str:
         """Write ``<run>/report/`` (PNG plots of loss, accuracy and throughput) and return the
@@ -475,14 +364,6 @@ class Run:
         from orchestrator.report import write_report
 
         return write_report(str(self.run_dir))
-
-
-def check_attempt(attempt: Any) -> int:
-    """An attempt number as ``logs`` takes it: an int from 1."""
-    if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 1:
-        raise UsageError(f"attempt is counted from 1 (as 'orchestrator status' counts), not {attempt!r}: "
-                         "e.g. .logs(rank=0, attempt=2)")
-    return attempt
 
 
 def _forgotten(record: RunRecord) -> bool:
@@ -551,25 +432,6 @@ class StateWatch:
 
         rec = self.run._record
         return (file_stat(RunFolder.of(rec.run_dir).record), *folder_news(rec))
-
-
-def _live_folder(rec: RunRecord) -> Path:
-    """Where the running ranks record themselves: the run folder, or in a sweep the folder of the
-    point the current attempt reached (points run in order locally; on SLURM the newest task)."""
-    from orchestrator.executors.base import current_point
-    from orchestrator.records import point_dir
-
-    return point_dir(rec.run_dir, current_point(rec)) if rec.sweep_size else Path(rec.run_dir)
-
-
-def _read_result(folder: Path) -> Any:
-    path = RunFolder.of(folder).result
-    try:
-        return json.loads(path.read_text(encoding="utf-8")).get("result")
-    except FileNotFoundError:
-        raise OrchestratorError(f"{path} is missing although the run COMPLETED: was it removed?") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as exc:
-        raise OrchestratorError(f"{path} is unreadable ({type(exc).__name__}); the rank logs have the output") from None
 
 
 # ---- many runs ---------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from orchestrator.errors import OrchestratorError, RunNotFoundError, UsageError
 from orchestrator.fs_checks import errno_text, kind, read_file, shown
 from orchestrator.records import RunRecord, no_permission, registered_runs
 from orchestrator.recovery import History, describe
+from orchestrator.run_files import attempt_part, log_history
 from orchestrator.run_folder import RunFolder
 from orchestrator.stacks import wait_lines
 from orchestrator.states import State
@@ -158,7 +159,7 @@ def logs(ref: str, rank: int, follow: bool, point: int | None = None,
             print(f"no log for rank {rank} yet at {shown(path)}", file=sys.stderr)
             return 1
         text = data.decode(errors="replace")
-        sys.stdout.write(text if attempt is None else run._attempt_part(text, attempt, rank, point, path))
+        sys.stdout.write(text if attempt is None else attempt_part(run.record, text, attempt, rank, point, path))
         sys.stdout.flush()
         return 0
     stream = None
@@ -170,7 +171,7 @@ def logs(ref: str, rank: int, follow: bool, point: int | None = None,
 def _attempt_stream(run: Run, path: Path, rank: int, point: int | None, attempt: int) -> AttemptStream:
     """``logs -f --attempt K``: only the latest attempt is still written to, so only it can be
     followed (the run's latest by recovery.json, else the latest the log holds, else 1)."""
-    history = run._log_history(path, point)
+    history = log_history(run.record, path, point)
     first = first_attempts(history)
     if history is not None:
         latest = history.attempts[-1].number

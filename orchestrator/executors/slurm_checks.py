@@ -2,7 +2,7 @@
 
 Three scheduler queries (``scontrol show partition``, ``show node`` and ``show config``); with
 ``container:``, two one-task sruns on one node (the image and the
-mounts' sources are there, and the image's python is >= 3.10: ``container.check_on_node``).
+mounts' sources are there, and the image's python is >= 3.10: ``container_check.check_on_node``).
 Problems are reported like spec errors (exit code 2), naming the field.
 
 What sbatch 22.05 itself says for the mistakes checked here is no help: a GPU type the nodes lack
@@ -447,7 +447,7 @@ def check_against_cluster(spec: JobSpec, environ: Mapping[str, str] | None = Non
     for line in warnings:
         print(f"warning: {line}", file=sys.stderr)
     if spec.container is not None and not problems:  # one srun on one node: worth it only for a job that fits
-        from orchestrator.container import check_on_node
+        from orchestrator.container_check import check_on_node
 
         problems += check_on_node(spec)
     if problems:

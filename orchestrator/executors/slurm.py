@@ -30,12 +30,13 @@ from orchestrator import ownership, submitit_adapter
 from orchestrator.after import dependency_options, resolve, slurm_dependencies
 from orchestrator.errors import SubmissionError
 from orchestrator.executors.base import CANCEL_SLACK_S, first_error, prepare_run_dir, stop_grace_s
-from orchestrator.plan import DEFAULT_MAX_ARRAY_SIZE, LaunchPlan, array_chunks, job_command
+from orchestrator.plan import LaunchPlan
 from orchestrator.records import RunRecord, point_dir
 from orchestrator.recovery import HISTORY_FILE, Attempt, History
 from orchestrator.run_folder import RunFolder
 from orchestrator.slurm_controller import check_slurm_conf, controller_problem, one_line
 from orchestrator.slurm_controller import run as run_slurm
+from orchestrator.slurm_plan import DEFAULT_MAX_ARRAY_SIZE, array_chunks, job_command
 from orchestrator.states import Action, EndReason, Outcome, State
 
 #: sacct/squeue state -> our state. One table, tested; nothing is folded into FAILED.

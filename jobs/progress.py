@@ -1,7 +1,8 @@
 """The rank API's progress heartbeat: ``heartbeat(step, total, samples)`` once a step.
 
-It feeds ``<run>/progress/rank-N.json`` (``orchestrator.progress``, standard library only), which
-the orchestrator's live progress line and stall watchdog (``watchdog.stall_s``) read. Cheap
+It feeds ``<run>/progress/`` (``orchestrator.progress``, standard library only: one file per node,
+published by one of the node's ranks), which the orchestrator's live progress line and stall
+watchdog (``watchdog.stall_s``) read. Cheap
 enough for every step: the writer touches the file at most once a second, and between writes a
 call costs a clock read. Outside the orchestrator (no ORCH_RUN_DIR) it does nothing.
 """
@@ -13,7 +14,7 @@ import numbers
 import os
 from typing import Any
 
-from orchestrator.progress import ProgressWriter
+from orchestrator.progress import NodePlace, ProgressWriter
 from orchestrator.rank_env import OrchVar
 
 _writers: dict[tuple[str, int, int], ProgressWriter] = {}
@@ -74,5 +75,5 @@ def _writer() -> ProgressWriter | None:
     key = (run_dir, int(os.environ.get("RANK", "0")), int(os.environ.get(OrchVar.ATTEMPT, "0")))
     writer = _writers.get(key)
     if writer is None:  # a new run (the debug executor runs several in one process) or attempt
-        writer = _writers[key] = ProgressWriter(*key)
+        writer = _writers[key] = ProgressWriter(*key, place=NodePlace.from_env())
     return writer

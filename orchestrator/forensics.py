@@ -6,6 +6,7 @@ Run folder, per attempt (cleared when an attempt starts)::
 
     <run>/ranks/rank-N.json       who each rank is (host, pid, start time): written by the rank
     <run>/joined/rank-N           the rank's init_process_group returned
+    <run>/progress/node-G.json    the heartbeats of node G's ranks (orchestrator.progress)
     <run>/stacks/live/rank-N.txt  its stack dumps on request (orchestrator stacks)
     <run>/stacks/rank-N.txt       the stacks saved at an abnormal end (kept until the next end)
     <run>/end.json                the agent's verdict (SLURM): reason, failed rank, message, waits
@@ -25,16 +26,21 @@ from orchestrator.run_folder import RunFolder
 
 
 def look(watch: Watch, run_dir: str | Path, log_paths: Mapping[int, Path], now: Optional[float] = None) -> None:
-    """Feed the watch one observation: log sizes, heartbeats, joins."""
+    """Feed the watch one observation: heartbeats (one listing of ``progress/`` and a read per
+    node), the joins until every rank has joined (one listing), and the log size only of ranks
+    that send no heartbeat (the watch judges a rank by its heartbeat once it has one): a look
+    at a job of rank-API scripts costs a few operations per node, not per rank."""
+    beats = {p.rank: p.time for p in read_progress(run_dir, watch.world_size) if p is not None}
     sizes = {}
     for rank, path in log_paths.items():
+        if rank in watch.heartbeat:  # a heartbeat of this attempt: its log says nothing more
+            continue
         try:
             sizes[rank] = path.stat().st_size
         except OSError:
             sizes[rank] = 0
-    beats = {p.rank: p.time for p in read_progress(run_dir, watch.world_size) if p is not None}
-    watch.observe(time.time() if now is None else now, sizes, beats,
-                  join_hook.joined_ranks(run_dir, watch.world_size))
+    joined = [] if len(watch.joined) >= watch.world_size else join_hook.joined_ranks(run_dir, watch.world_size)
+    watch.observe(time.time() if now is None else now, sizes, beats, joined)
 
 
 def waits_of(dumps: Mapping[int, str]) -> dict[str, str]:

@@ -34,12 +34,31 @@ def calling_path(run_dir: str | Path, rank: int) -> Path:
 
 
 def joined_ranks(run_dir: str | Path, world_size: int) -> list[int]:
-    return [r for r in range(world_size) if joined_path(run_dir, r).exists()]
+    """The ranks whose marker is in ``<run>/joined``: one listing of the folder, not a look per rank."""
+    return _listed(joined_path(run_dir, 0), world_size)
 
 
 def calling_ranks(run_dir: str | Path, world_size: int) -> list[int]:
     """Ranks that called init_process_group (whether or not it has returned)."""
-    return [r for r in range(world_size) if calling_path(run_dir, r).exists() or joined_path(run_dir, r).exists()]
+    return sorted(set(_listed(calling_path(run_dir, 0), world_size)) | set(joined_ranks(run_dir, world_size)))
+
+
+def _listed(example: Path, world_size: int) -> list[int]:
+    """The ranks below ``world_size`` with a file named like ``example`` (its number aside) in its folder."""
+    head, tail = example.name.rsplit("-", 1)  # 'rank', '0' or '0.calling' (made with rank 0)
+    prefix, suffix = head + "-", tail[1:]
+    try:
+        names = os.listdir(example.parent)
+    except OSError:
+        return []
+    ranks = set()
+    for name in names:
+        if not (name.startswith(prefix) and name.endswith(suffix)):
+            continue
+        number = name[len(prefix):len(name) - len(suffix)]
+        if number.isascii() and number.isdigit() and int(number) < world_size:
+            ranks.add(int(number))
+    return sorted(ranks)
 
 
 def _touch(path: Path, what: str) -> None:

@@ -160,6 +160,9 @@ def run_rank(payload: Payload, rank: int, own_process: bool = True) -> Any:
         raise
     finally:
         remove_rendezvous_file(os.environ.get(OrchVar.INIT_METHOD, ""))
+        from orchestrator import progress
+
+        progress.leave()  # the rank's last heartbeat published; the node's staging folder gone with its last rank
         if finder is not None and not own_process:
             from orchestrator import code_redirect
 

@@ -1,25 +1,49 @@
-"""Progress reports (the rank API's heartbeat): one small JSON file per rank, one format.
+"""Progress reports (the rank API's heartbeat): one small JSON file per node, one format.
 
-Standard library only. A rank writes ``<run>/progress/rank-N.json`` through ``ProgressWriter``
-(at most once per ``min_interval_s``, atomically, so a shared filesystem sees at most one small
-rename a second per rank); the orchestrator reads them for the live progress line
-(``summarize``), the stall watchdog (which rank stopped advancing) and ``status``.
+Standard library only. A rank reports through ``ProgressWriter`` at most once per
+``min_interval_s``. Inside a job (its node known: ``GROUP_RANK``/``LOCAL_RANK`` from the rank's
+environment) the report goes to a staging folder on the node's own memory (``/dev/shm``, else
+the temporary folder), and one of the node's ranks publishes all of them as
+``<run>/progress/node-G.json``: one small atomic rename per node per second on the shared
+filesystem, whatever the ranks per node (a metadata server sees nodes, not ranks). The
+publisher is whichever rank is due: each rank's first report is published at once, then local
+rank ``L`` publishes once the node's last publication is ``(1 + L/2)`` intervals old, so local
+rank 0 does it while it runs, and a node whose local
+rank 0 is stopped (SIGSTOP, stuck outside Python) is still published by the next one, with rank
+0's frozen report in it, which is how the watchdog names it. Without a node (the debug executor,
+a script run by hand with ORCH_RUN_DIR) a rank writes ``<run>/progress/rank-N.json`` itself, as
+every rank did before, and readers still read such files (jobs queued before the change).
+
+The orchestrator reads them (``read_progress``: one listing of the folder, one read per node)
+for the live progress line (``summarize``), the stall watchdog (which rank stopped advancing)
+and ``status``. What a file says is checked as the ranks' input: a report is kept only with the
+right types and a rank inside the world.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
+
+NODE_FILE = "node-{}.json"
+RANK_FILE = "rank-{}.json"
 
 
 def progress_path(run_dir: str | Path, rank: int) -> Path:
+    """A rank's own report file (written only where no node is known; see the module's doc)."""
     from orchestrator.run_folder import RunFolder
 
     return RunFolder.of(run_dir).progress(rank)
+
+
+def node_progress_path(run_dir: str | Path, node: int) -> Path:
+    return progress_path(run_dir, 0).with_name(NODE_FILE.format(int(node)))
 
 
 @dataclass(frozen=True)
@@ -33,19 +57,54 @@ class Progress:
     attempt: int
 
 
+@dataclass(frozen=True)
+class NodePlace:
+    """Where a rank sits: its node's number in the job and its rank on that node."""
+
+    node: int
+    local_rank: int
+
+    @classmethod
+    def from_env(cls, environ: Optional[dict[str, str]] = None) -> Optional[NodePlace]:
+        """From the torchrun variables every rank gets (None outside a job that set them)."""
+        env = os.environ if environ is None else environ
+        try:
+            node = int(env.get("GROUP_RANK", env.get("NODE_RANK", "")))
+            local = int(env["LOCAL_RANK"])
+        except (KeyError, ValueError):
+            return None
+        return cls(node, local) if node >= 0 and local >= 0 else None
+
+
+def staging_dir(run_dir: str | Path, attempt: int, node: int) -> Path:
+    """The node's staging folder for one run's attempt: on the node's own memory where it has
+    one, named by the run folder (two runs, or two emulated nodes, on one machine never meet)."""
+    shm = Path("/dev/shm")
+    base = shm if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK) else Path(tempfile.gettempdir())
+    key = hashlib.sha256(str(Path(run_dir).absolute()).encode()).hexdigest()[:16]
+    return base / f"orch-progress-{key}-a{int(attempt)}-n{int(node)}"
+
+
 class ProgressWriter:
     """Writes one rank's reports; calls between two writes cost a clock read."""
 
-    def __init__(self, run_dir: str | Path, rank: int, attempt: int = 0, min_interval_s: float = 1.0) -> None:
+    def __init__(self, run_dir: str | Path, rank: int, attempt: int = 0, min_interval_s: float = 1.0,
+                 place: Optional[NodePlace] = None) -> None:
+        self.run_dir = Path(run_dir)
         self.path = progress_path(run_dir, rank)
         self.rank, self.attempt, self.min_interval_s = rank, attempt, min_interval_s
+        self.place = place
         self._last_write = 0.0
         self._last_step: Optional[int] = None
+        self._staging: Optional[Path] = None
+        self._published = False
+        _WRITERS.append(self)
 
     def report(self, step: int, total: Optional[int] = None, samples: Optional[int] = None,
                force: bool = False) -> bool:
         """Record that this rank reached ``step`` of ``total`` (``samples``: how many samples one
-        step is, for the rate). Returns whether a file was written."""
+        step is, for the rate). Returns whether a report was written. ``force``: now, and
+        published at once (the last step)."""
         now = time.time()
         if not force and now - self._last_write < self.min_interval_s:
             return False
@@ -56,25 +115,163 @@ class ProgressWriter:
         report = Progress(rank=self.rank, time=now, step=int(step), total=total, steps_per_s=steps_per_s,
                           samples_per_s=steps_per_s * samples if steps_per_s and samples else None,
                           attempt=self.attempt)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(asdict(report)), encoding="utf-8")
-        os.replace(tmp, self.path)
+        if self.place is None or not self._stage(report, now, force):
+            _write_atomic(self.path, asdict(report))
+        return True
+
+    def _stage(self, report: Progress, now: float, force: bool) -> bool:
+        """The report into the node's staging folder, and the node's file published if this rank
+        is due. False when there is no staging folder to use (the rank then writes its own file)."""
+        assert self.place is not None
+        try:
+            if self._staging is None:
+                self._staging = staging_dir(self.run_dir, self.attempt, self.place.node)
+                self._staging.mkdir(mode=0o700, exist_ok=True)
+            _write_atomic(self._staging / RANK_FILE.format(self.rank), asdict(report))
+        except OSError:
+            self.place = None  # no node-local memory to stage in: this rank's own file from now on
+            return False
+        due = self.min_interval_s * (1 + self.place.local_rank / 2)
+        if force or not self._published or now - _published_at(self._staging) >= due:
+            # A rank's first report is published at once: a rank the watchdog has no heartbeat
+            # of is judged by its log instead, so none may wait on a publisher that got stuck.
+            publish(self.run_dir, self._staging, self.place.node, now)
+            self._published = True
         return True
 
 
-def read_progress(run_dir: str | Path, world_size: int) -> list[Optional[Progress]]:
-    """Every rank's latest report (None where a rank has sent none, or its file is unreadable)."""
-    out: list[Optional[Progress]] = []
-    for rank in range(world_size):
+    def leave(self) -> None:
+        """This rank ends: its last report published, and the node's staging folder removed by
+        the last of the node's ranks to leave (each leaves a ``left-N`` mark)."""
+        staging, place = self._staging, self.place
+        if staging is None or place is None:
+            return
+        publish(self.run_dir, staging, place.node)
         try:
-            d = json.loads(progress_path(run_dir, rank).read_text(encoding="utf-8"))
-            out.append(Progress(rank=int(d["rank"]), time=float(d["time"]), step=int(d["step"]),
-                                total=d.get("total"), steps_per_s=d.get("steps_per_s"),
-                                samples_per_s=d.get("samples_per_s"), attempt=int(d.get("attempt", 0))))
-        except (OSError, ValueError, KeyError, TypeError):
-            out.append(None)
+            (staging / f"left-{self.rank}").touch()
+            names = os.listdir(staging)
+        except OSError:
+            return
+        staged = {n[len("rank-"):-len(".json")] for n in names if n.startswith("rank-") and n.endswith(".json")}
+        if staged <= {n[len("left-"):] for n in names if n.startswith("left-")}:
+            import shutil
+
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+#: The writers of this process (a rank has one; the debug executor one per run it runs).
+_WRITERS: list[ProgressWriter] = []
+
+
+def leave() -> None:
+    """At a rank's end (the launcher calls it): every writer of this process leaves its node."""
+    while _WRITERS:
+        try:
+            _WRITERS.pop().leave()
+        except OSError:
+            pass
+
+
+def publish(run_dir: str | Path, staging: Path, node: int, now: Optional[float] = None) -> None:
+    """Every report staged on this node, merged into ``<run>/progress/node-G.json`` (atomically):
+    a report already in the file stays unless a newer one for its rank is staged, so ranks that
+    do not share a staging folder (a container with a /dev/shm of its own each) still each keep
+    their report in the node's file."""
+    now = time.time() if now is None else now
+    target = node_progress_path(run_dir, node)
+    try:
+        held = json.loads(target.read_text(encoding="utf-8")).get("ranks")
+    except (OSError, ValueError, AttributeError):
+        held = None
+    ranks: dict[str, Any] = {k: v for k, v in held.items() if isinstance(v, dict)} if isinstance(held, dict) else {}
+    try:
+        names = os.listdir(staging)
+    except OSError:
+        return
+    for name in names:
+        if name.startswith("rank-") and name.endswith(".json"):
+            try:
+                data = json.loads((staging / name).read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            if isinstance(data, dict) and "rank" in data and _newer(data, ranks.get(str(data["rank"]))):
+                ranks[str(data["rank"])] = data
+    try:
+        (staging / ".published").write_text(repr(now), encoding="utf-8")
+        _write_atomic(target, {"node": int(node), "time": now, "ranks": ranks})
+    except OSError:
+        pass  # the next report tries again; the watchdog sees an old heartbeat, never a wrong one
+
+
+def _newer(report: dict[str, Any], than: Any) -> bool:
+    try:
+        return not isinstance(than, dict) or float(report["time"]) >= float(than["time"])
+    except (KeyError, ValueError, TypeError):
+        return True
+
+
+def _published_at(staging: Path) -> float:
+    try:
+        return float((staging / ".published").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return 0.0
+
+
+def _write_atomic(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def read_progress(run_dir: str | Path, world_size: int) -> list[Optional[Progress]]:
+    """Every rank's latest report (None where a rank has sent none, or its report is unreadable):
+    one listing of ``<run>/progress``, then the node files and any rank's own file, the newer
+    report winning where both hold a rank."""
+    out: list[Optional[Progress]] = [None] * world_size
+    folder = progress_path(run_dir, 0).parent
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return out
+    for name in names:
+        if name.startswith("."):
+            continue
+        try:
+            data = json.loads((folder / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if name.startswith("node-") and isinstance(data, dict) and isinstance(data.get("ranks"), dict):
+            entries = list(data["ranks"].values())
+        elif name.startswith("rank-"):
+            entries = [data]
+        else:
+            continue
+        for entry in entries:
+            report = _parse(entry)
+            if report is not None and 0 <= report.rank < world_size:
+                held = out[report.rank]
+                if held is None or report.time > held.time:
+                    out[report.rank] = report
     return out
+
+
+def _parse(d: Any) -> Optional[Progress]:
+    try:
+        report = Progress(rank=int(d["rank"]), time=float(d["time"]), step=int(d["step"]),
+                          total=_opt_int(d.get("total")), steps_per_s=_opt_float(d.get("steps_per_s")),
+                          samples_per_s=_opt_float(d.get("samples_per_s")), attempt=int(d.get("attempt", 0)))
+    except (KeyError, ValueError, TypeError, OverflowError):
+        return None
+    return report
+
+
+def _opt_int(value: Any) -> Optional[int]:
+    return None if value is None else int(value)
+
+
+def _opt_float(value: Any) -> Optional[float]:
+    return None if value is None else float(value)
 
 
 @dataclass(frozen=True)

@@ -45,9 +45,10 @@ def test_user_script_on_the_rank_api_resumes_bit_exactly_after_usr2(tmp_path: Pa
                        args={**ARGS, "step-delay": 0.1}, checkpoint={"interval_steps": 10})
     ex = LocalExecutor()
     record = ex.submit(launch)
-    progress = Path(launch.run_dir) / "progress" / "rank-2.json"
+    from orchestrator.progress import read_progress
+
     deadline = time.monotonic() + 120
-    while not (progress.exists() and json.loads(progress.read_text())["step"] >= 13):
+    while not ((seen := read_progress(launch.run_dir, 4)[2]) is not None and seen.step >= 13):
         assert time.monotonic() < deadline, "training never got going"
         time.sleep(0.05)
     # A preemption that reaches one rank only (here rank 2): the ranks agree on it at the next step.
@@ -82,9 +83,10 @@ def test_user_script_on_the_rank_api_resumes_bit_exactly_after_usr2(tmp_path: Pa
     for name in a:
         assert torch.equal(a[name], b[name]), f"{name} differs after the preemption and resume"
     # The heartbeat: every rank's last report is the last step (the writer's 1/s limit notwithstanding).
-    for rank in range(4):
-        report = json.loads((Path(launch.run_dir) / "progress" / f"rank-{rank}.json").read_text())
-        assert (report["step"], report["total"]) == (TOTAL, TOTAL), report
+    # One heartbeat file per node (2 nodes x 2 ranks), published by one of its ranks.
+    for rank, report in enumerate(read_progress(launch.run_dir, 4)):
+        assert report is not None and (report.step, report.total) == (TOTAL, TOTAL), (rank, report)
+    assert sorted(p.name for p in (Path(launch.run_dir) / "progress").iterdir()) == ["node-0.json", "node-1.json"]
     from orchestrator.report import write_report
 
     summary = write_report(launch.run_dir)
@@ -134,6 +136,25 @@ def test_heartbeat_writes_this_ranks_progress_at_most_once_a_second(tmp_path: Pa
     assert report["samples_per_s"] > 0
     monkeypatch.delenv("ORCH_RUN_DIR")
     assert not jobs.heartbeat(5)  # outside the orchestrator: nothing to write to
+
+
+def test_heartbeat_of_a_rank_with_a_node_goes_into_its_nodes_file(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank that knows its node (GROUP_RANK, LOCAL_RANK: every rank the orchestrator starts)
+    stages its report on the node's own memory, and the node's one file holds it."""
+    import jobs
+    from orchestrator import progress
+
+    for name, value in {"ORCH_RUN_DIR": str(tmp_path), "RANK": "5", "ORCH_ATTEMPT": "1", "GROUP_RANK": "2",
+                        "LOCAL_RANK": "1"}.items():
+        monkeypatch.setenv(name, value)
+    assert jobs.heartbeat(7, 7, samples=8)  # the last step: published at once
+    assert [p.name for p in (tmp_path / "progress").iterdir()] == ["node-2.json"]
+    assert progress.read_progress(tmp_path, 6)[5].step == 7  # type: ignore[union-attr]
+    staging = progress.staging_dir(tmp_path, 1, 2)
+    assert staging.is_dir()
+    progress.leave()  # the rank ends: its node's staging folder goes with its last rank
+    assert not staging.exists()
 
 
 def test_settling_ddp_buckets_changes_nothing_but_the_layout(tmp_path: Path) -> None:

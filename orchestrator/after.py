@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Literal, Optional, Sequence
 
+from orchestrator.backends import backend
 from orchestrator.errors import OrchestratorError, RunNotFoundError, SubmissionError
 from orchestrator.records import RunRecord, resolve_run
 from orchestrator.states import State
@@ -147,7 +148,7 @@ def slurm_dependencies(parents: Sequence[Parent]) -> list[tuple[str, list[str]]]
             raise SubmissionError(f"after: {_named(p)} ended {p.state}, and when: {p.when} waits for it to have "
                                   f"{MEANING[p.when]}: submit it again first, or change that entry's 'when'")
         if status == "wait":
-            if p.record.executor != "slurm" or not p.record.job_ids:
+            if not backend(p.record.executor).scheduled or not p.record.job_ids:
                 raise SubmissionError(f"after: {_named(p)} is {p.state} outside SLURM ({p.record.executor}); a SLURM "
                                       "job can only wait for SLURM jobs: submit this once it has ended")
             deps.append((p.when, list(p.record.job_ids)))
@@ -200,6 +201,6 @@ def after_lines(spec: JobSpec | LaunchPlan) -> list[str]:
         state = record.state if record is not None else "no run yet"
         named = rid if rid == entry.run else f"{rid} [{Path(entry.run).name}]"
         shown.append(f"{named} ({entry.when}; {state})")
-    extra = " (SLURM: --dependency with --kill-on-invalid-dep=yes)" if spec.executor == "slurm" else \
+    extra = " (SLURM: --dependency with --kill-on-invalid-dep=yes)" if backend(spec.executor).scheduled else \
         " (checked before it starts)"
     return ["after: " + ", ".join(shown) + extra]

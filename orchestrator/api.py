@@ -21,6 +21,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, cast
 
+from orchestrator.backends import BACKENDS, backend
 from orchestrator.errors import (JobFailedError, OrchestratorError, RunNotFinishedError, RunNotFoundError, UsageError,
                                  WaitTimeoutError)
 from orchestrator.planning import SpecLike, array_limit, as_spec, load_spec, plan_for, planned, scan_code
@@ -43,7 +44,7 @@ __all__ = ["SpecLike", "array_limit", "as_spec", "load_spec", "plan_for", "plann
 #: How often ``Run.wait`` looks at the run. A look at a local run reads its folder (cheap). A look
 #: at a SLURM run is a few ``stat`` calls on its folder; the scheduler itself is asked only when
 #: ``executors.slurm.SchedulerPacing`` says so (at most once per 10 s, backing off to 60 s).
-POLL_S = {"local": 0.2, "debug": 0.2, "slurm": 1.0}
+POLL_S = {name: b.poll_s for name, b in BACKENDS.items()}
 
 #: The clock and the sleep of every waiting loop here (tests replace them with a fake clock).
 _now = time.monotonic
@@ -73,7 +74,7 @@ def run(spec: SpecLike, wait: bool = True, *, executor: str | None = None, fresh
     launch = planned(spec, executor, stage_for=("local",))[0]
     if on_plan is not None:
         on_plan(launch)
-    if launch.executor == "slurm":
+    if not backend(launch.executor).foreground:
         raise UsageError("'run' is for the local and debug executors: submit to SLURM with 'orchestrator submit' "
                          "(Python: submit(spec)), or pass --executor local (Python: executor='local') "
                          "for a local dry run")
@@ -105,10 +106,7 @@ def submit(spec: SpecLike, *, executor: str = "slurm", on_plan: Callable[[Launch
     state is PENDING. Follow it with ``.status()``, ``.wait(timeout=...)`` and ``.logs()``.
     The project's code is frozen first (``orchestrator.snapshot``): edits made after this call
     never reach the job, requeues included. ``on_plan`` as for ``run``."""
-    if executor == "slurm":  # a cluster that cannot take the job is said before the snapshot is stored
-        from orchestrator.executors.slurm import check_slurm_conf
-
-        check_slurm_conf()
+    backend(executor).preflight()  # a cluster that cannot take the job is said before the snapshot is stored
     launch = planned(spec, executor, stage_for=("slurm", "local"))[0]
     if on_plan is not None:
         on_plan(launch)
@@ -116,7 +114,10 @@ def submit(spec: SpecLike, *, executor: str = "slurm", on_plan: Callable[[Launch
 
 
 def _executor(name: str, zygote: subprocess.Popen | None = None) -> Executor:
-    if name == "local" and zygote is not None:
+    """The executor for ``name``; ``zygote`` (a launcher that imported torch early) serves a run
+    whose ranks are processes started on this machine (the local executor's)."""
+    b = backend(name)
+    if zygote is not None and b.foreground and not b.in_process:
         from orchestrator.executors.local import LocalExecutor
 
         return LocalExecutor(zygote)
@@ -216,7 +217,7 @@ class Run:
         if attempts:
             from orchestrator.attempt_logs import AttemptWatch
 
-            watch = AttemptWatch(slurm=self.executor == "slurm")
+            watch = AttemptWatch(slurm=backend(self.executor).scheduled)
         try:
             return self._wait(deadline, timeout, poll, follower, watch)
         finally:
@@ -387,7 +388,7 @@ class StateWatch:
     def __init__(self, run: Run, pacing: Any = None) -> None:
         self.run = run
         self.pacing = None
-        if run.executor == "slurm":
+        if backend(run.executor).scheduled:
             from orchestrator.executors.slurm import SchedulerPacing
 
             self.pacing = pacing or SchedulerPacing()

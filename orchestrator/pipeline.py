@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
 from orchestrator.after import after_lines, edge_status  # after_lines: plan's line for a spec's after:
+from orchestrator.backends import backend
 from orchestrator.errors import SpecError, SubmissionError, UsageError
 from orchestrator.pipeline_graph import (WHEN, Action, CycleError, Decision, Edge, ParentView, Pipeline, PipelineError,
                                          StageDef, decide, decide_all, effective_state, parse_pipeline,
@@ -199,7 +200,7 @@ def run_pipeline(path: str | Path, executor: str | None = None,
     stages = load_stages(load_pipeline(path), executor)
     say = say or (lambda line: None)
     _refuse_before_starting(stages)
-    if stages[0].spec.executor == "slurm":
+    if backend(stages[0].spec.executor).scheduled:  # every stage queued at once, each with its --dependency
         return _submit_all(stages, say)
     return _run_in_order(stages, say)
 
@@ -210,7 +211,7 @@ def _refuse_before_starting(stages: Sequence[Stage]) -> None:
     pipeline that a stage's own ``after:`` names and that are missing or can never be waited for."""
     from orchestrator.after import local_problems, resolve, slurm_dependencies
 
-    slurm = stages[0].spec.executor == "slurm"
+    slurm = backend(stages[0].spec.executor).scheduled
     observed = _states(observe(stages))
     problems = []
     for s in stages:

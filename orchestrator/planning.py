@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence, Union, cast
 
+from orchestrator.backends import backend
 from orchestrator.errors import OrchestratorError
 
 if TYPE_CHECKING:
@@ -72,7 +73,7 @@ def array_limit(spec: JobSpec) -> tuple[int | None, str | None]:
     """A SLURM sweep's MaxArraySize as submit splits it (``executors.slurm.max_array_size``), so
     ``plan`` shows the arrays submit makes; (None, why) when no cluster answers (no SLURM here, a
     controller down): the plan then assumes SLURM's default and says so."""
-    if spec.executor != "slurm" or not spec.sweep:
+    if not backend(spec.executor).scheduled or not spec.sweep:
         return None, None
     from orchestrator.executors.slurm import max_array_size
 
@@ -84,7 +85,7 @@ def array_limit(spec: JobSpec) -> tuple[int | None, str | None]:
 
 def scan_code(spec: JobSpec, executor: str, *, stage: bool = False) -> Snapshot | None:
     """Read and hash the project the spec's entrypoint lives in (``orchestrator.snapshot``)."""
-    if not spec.code.snapshot or executor == "debug":
+    if not spec.code.snapshot or backend(executor).in_process:
         return None
     from orchestrator.snapshot import scan_project
 

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.backends import backend
 from orchestrator.errors import OrchestratorError, UsageError
 from orchestrator.records import RunRecord
 from orchestrator.run_folder import RunFolder
@@ -71,7 +72,7 @@ def log_history(rec: RunRecord, path: Path, point: int | None = None) -> History
     from orchestrator.attempt_logs import job_of_log, read_history
     from orchestrator.records import point_dir
 
-    if rec.executor != "slurm":
+    if not backend(rec.executor).scheduled:  # the supervisor's logs: <folder>/logs/rank-N.log
         return read_history(path.parent.parent)  # <folder>/logs/rank-N.log
     if not rec.sweep_size:
         return read_history(rec.run_dir)

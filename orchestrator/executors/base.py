@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Iterator, Protocol
 
 from orchestrator import ownership, procs
+from orchestrator.backends import backend
 from orchestrator.errors import SubmissionError
 from orchestrator.plan import LaunchPlan
 from orchestrator.run_folder import RunFolder
@@ -212,7 +213,7 @@ def _start_attempt(launch: LaunchPlan, run_dir: Path, run: RunFolder, record: Ru
     attempts = 1
     if run.record.exists() or run.record.is_symlink():
         old = RunRecord.load(run_dir)
-        if not old.state.terminal and old.executor == "slurm":
+        if not old.state.terminal and backend(old.executor).scheduled:
             raise SubmissionError(
                 f"run {launch.run_id} is still {old.state} in {run_dir}; follow it with "
                 f"'orchestrator status {launch.run_id}' or stop it with 'orchestrator cancel {launch.run_id}'"
@@ -343,7 +344,7 @@ def _active_state(run_dir: Path) -> State | None:
     if not record.is_file():
         return State.RUNNING if ownership.is_held(run_dir) else None
     rec = RunRecord.load(run_dir)
-    if not rec.state.terminal and rec.executor != "slurm":
+    if not rec.state.terminal and not backend(rec.executor).scheduled:
         rec = refresh_by_supervisor(rec)
     if not rec.state.terminal:
         return rec.state

@@ -33,7 +33,10 @@ from orchestrator.states import State
 if TYPE_CHECKING:
     import subprocess
 
+    from orchestrator.attempt_logs import AttemptWatch
     from orchestrator.executors.base import Executor, ForegroundExecutor
+    from orchestrator.executors.console import Follower
+    from orchestrator.executors.slurm import SchedulerPacing
     from orchestrator.plan import LaunchPlan
 
 #: Defined in ``orchestrator.planning`` (specs in, plans out) and ``orchestrator.run_files``
@@ -224,8 +227,8 @@ class Run:
             if follower is not None:
                 follower.close()
 
-    def _wait(self, deadline: float | None, timeout: float | None, poll: float, follower: Any,
-              watch: Any = None) -> State:
+    def _wait(self, deadline: float | None, timeout: float | None, poll: float, follower: Follower | None,
+              watch: AttemptWatch | None = None) -> State:
         states = StateWatch(self)
         looks = self._tail(0, None, states) if follower is not None else None
         while True:
@@ -252,7 +255,7 @@ class Run:
             else:
                 _sleep(poll)
 
-    def _say_attempts(self, watch: Any, state: State, live: Path | None, fresh: bool = True) -> None:
+    def _say_attempts(self, watch: AttemptWatch, state: State, live: Path | None, fresh: bool = True) -> None:
         """One look at recovery.json (the run's, or the live sweep point's): print what changed."""
         import sys
 
@@ -385,9 +388,9 @@ class StateWatch:
     ``end.json`` with its verdict (of the run, or of up to WATCHED_POINTS sweep points); a
     ``record.json`` that another client wrote with an end state is taken as it is, unasked."""
 
-    def __init__(self, run: Run, pacing: Any = None) -> None:
+    def __init__(self, run: Run, pacing: SchedulerPacing | None = None) -> None:
         self.run = run
-        self.pacing = None
+        self.pacing: SchedulerPacing | None = None
         if backend(run.executor).scheduled:
             from orchestrator.executors.slurm import SchedulerPacing
 

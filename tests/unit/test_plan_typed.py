@@ -95,3 +95,24 @@ def test_after_entries_are_parsed_once() -> None:
     again = [f"{p.relative_to(ROOT)}:{c.lineno}" for p in sorted((ROOT / "orchestrator").rglob("*.py"))
              for c in _calls(p, "model_validate") if "AfterSpec" in ast.unparse(c)]
     assert not again, again
+
+
+def _members(protocol: type) -> set[str]:
+    return {n for n in vars(protocol) if not n.startswith("_")}
+
+
+def test_the_views_name_only_what_jobspec_and_launchplan_have(tmp_path: Path) -> None:
+    """``views`` types container/frameworks/tracking without importing spec.py or plan.py: each
+    Protocol member must exist on the real object (no type checker runs in CI), nested ones too."""
+    from orchestrator import views
+
+    launch = plan(_spec(tmp_path, container={"runtime": "apptainer", "image": "/img.sif"}), "slurm")  # type: ignore[arg-type]
+    spec = launch.spec
+    nested = {"container": views.ContainerView, "slurm": views.SlurmView, "local": views.LocalView,
+              "distributed": views.DistributedView, "checkpoint": views.CheckpointView, "code": views.CodeView,
+              "tracking": views.TrackingView}
+    assert _members(views.SpecView) <= set(dir(spec))
+    for name, protocol in nested.items():
+        assert _members(protocol) <= set(dir(getattr(spec, name))), name
+    assert _members(views.LaunchView) <= set(dir(launch))
+    assert _members(views.RankView) <= set(dir(launch.ranks[0]))

@@ -1,6 +1,7 @@
-"""The SLURM job agent's state, explicit: its ``Phase`` (with the moves it may make) and every
-fact it has gathered during one attempt (``AgentState``), plus what its parts share
-(``AgentContext``). ``Phase`` is defined with the other states (``orchestrator.states``). Standard library only (the agent runs it on the job's first node).
+"""The SLURM job agent's state, explicit: its ``Phase`` (defined with the other states in
+``orchestrator.states``; the moves it may make are here) and every fact it has gathered during
+one attempt (``AgentState``), plus what its parts share (``AgentContext``). Standard library only
+(the agent runs it on the job's first node).
 
 The decisions on this state are pure functions in ``orchestrator.agent_decisions``; the agent's
 loop (``orchestrator.slurm_job``) and its parts (``agent_requeue``, ``agent_recovery``,

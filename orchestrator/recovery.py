@@ -237,7 +237,7 @@ def describe(history: History) -> list[str]:
     lines = [f"attempts: {len(attempts)} ({history.restarts()} restart(s), {history.requeues()} requeue(s) "
              "for the time limit or a preemption)" + (f"; excluded: {', '.join(history.excluded)}"
                                                       if history.excluded else "")]
-    followed = {Action.RESTART: "restarted", Action.REQUEUE: "requeued", Action.STOP: "stopped"}
+    followed = {action: action.done for action in Action if action.done}
     for a in attempts:
         where = f" on {','.join(a.nodes)}" if a.nodes else ""
         if a.outcome is None:

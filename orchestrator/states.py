@@ -105,6 +105,11 @@ class Action(_StrEnum):
     RESTART = "restart"
     STOP = "stop"
 
+    @property
+    def done(self) -> str:
+        """The action as status says it happened: restarted, requeued, stopped ('' for none)."""
+        return {"restart": "restarted", "requeue": "requeued", "stop": "stopped"}.get(self.value, "")
+
 
 class EndReason(_StrEnum):
     """Why a job (or its attempt) ended, as end.json's ``reason`` (``forensics.write_end``),

@@ -208,28 +208,6 @@ class Supervisor:
                 return state
             self.record.update(attempts=self.record.attempts + 1, failed_rank=None, error=None, waits={})
 
-    def _health_gate(self, payload: Payload, attempt: int) -> bool:
-        """The health gate (``orchestrator.health``) for this machine, before any rank starts."""
-        if not payload.recovery.health_check:
-            return True
-        from orchestrator import health
-
-        node = socket.gethostname()
-        result = health.check_node(node, payload.run_dir, payload.checkpoint.dir, attempt, [node],
-                                   interface=None, gpus=len(payload.devices or ()),
-                                   node_check=payload.recovery.node_check,
-                                   environ={**os.environ, **({"CUDA_VISIBLE_DEVICES": ",".join(map(str, payload.devices))}
-                                                           if payload.devices else {})})
-        health.write_result(payload.run_dir, attempt, result)
-        shutil.rmtree(health.checkpoint_tokens(payload.checkpoint.dir, attempt).parent, ignore_errors=True)
-        if result.ok:
-            return True
-        why = f"the health gate failed on {node}: {'; '.join(result.problems)}"
-        print(f"[orchestrator] {why}", file=sys.stderr, flush=True)
-        self.record.update(failed_rank=None, error=why)
-        self.failure = Failure(FailureKind.UNHEALTHY, why)
-        return False
-
     def _run_point(self, index: int | None) -> State:
         payload = self.launch.payload_for_point(index)
         run_dir = Path(payload.run_dir)
@@ -241,7 +219,10 @@ class Supervisor:
         remove_earlier_files(payload.rendezvous_dir, self.launch.run_id)  # an earlier attempt's, if it was killed
         port, envs = rank_environments(self.launch, payload, attempt)
         folder.forget_attempt()
-        if not self._health_gate(payload, self.record.attempts):
+        unhealthy = health_gate(payload, self.record.attempts)
+        if unhealthy is not None:
+            self.record.update(failed_rank=None, error=unhealthy.why)
+            self.failure = unhealthy
             return State.FAILED
         offsets, forks = [], []
         fresh = not self.preload
@@ -300,7 +281,8 @@ class Supervisor:
             if failed:
                 if not self._cancelled:
                     self._capture(run_dir, f"rank {failed[0]} ended with exit code {codes[failed[0]]}")
-                rank = self._first_failure(failed, codes, run_dir)
+                rank, message = first_failure(failed, codes, run_dir, self.launch.payload.devices)
+                self.record.update(failed_rank=rank, error=message)
                 self.failure = Failure(FailureKind.CRASH, (self.record.error or f"rank {rank} failed").splitlines()[0])
                 self._kill_all(grace=GRACE_S)
                 if tails:
@@ -378,28 +360,6 @@ class Supervisor:
         if warning:
             self.record.update(warning=warning)
 
-    def _first_failure(self, failed: list[int], codes: list[int | None], run_dir: Path) -> int:
-        """Prefer a rank killed by a signal (peers then fail because it vanished), then the
-        earliest traceback. A rank that recorded a traceback before a signal ended it raised
-        first: the signal came at its exit (torch can abort there while a group is still up),
-        as on SLURM, where the traceback is the report too."""
-        folder = RunFolder(run_dir)
-        by_signal = [r for r in failed if (codes[r] or 0) < 0 and not folder.error(r).is_file()]
-        err = first_error(run_dir)
-        if by_signal:
-            rank = by_signal[0]
-            message = f"rank {rank} was killed by signal {procs.signal_name(-(codes[rank] or 0))}"
-        elif err is not None and err["rank"] in failed:
-            rank = err["rank"]
-            message = f"rank {rank} raised {err['type']}: {err['message']}\n{err.get('user_traceback') or err['traceback']}"
-            hint = hidden_gpu_hint(err["message"], self.launch.payload.devices)
-            message += f"\n{hint}" if hint else ""
-        else:
-            rank = failed[0]
-            message = f"rank {rank} exited with code {codes[rank]}"
-        self.record.update(failed_rank=rank, error=message)
-        return rank
-
     def _kill_all(self, grace: float, judged_in: Path | None = None) -> None:
         """SIGTERM the sessions of the ranks still running, SIGKILL them after ``grace``. A rank
         the zygote has not reported as ended is its unreaped child, so its PID (and session id)
@@ -446,6 +406,51 @@ class Supervisor:
             print(f"[orchestrator] the stacks were not saved: {exc}", file=sys.stderr, flush=True)
         self.record.update(error=message, waits=stuck.waits)
         return True
+
+
+def health_gate(payload: Payload, attempt: int) -> Failure | None:
+    """The health gate (``orchestrator.health``) for this machine, before any rank starts: the
+    failure (unhealthy) when it fails, else None."""
+    if not payload.recovery.health_check:
+        return None
+    from orchestrator import health
+
+    node = socket.gethostname()
+    result = health.check_node(node, payload.run_dir, payload.checkpoint.dir, attempt, [node],
+                               interface=None, gpus=len(payload.devices or ()),
+                               node_check=payload.recovery.node_check,
+                               environ={**os.environ, **({"CUDA_VISIBLE_DEVICES": ",".join(map(str, payload.devices))}
+                                                       if payload.devices else {})})
+    health.write_result(payload.run_dir, attempt, result)
+    shutil.rmtree(health.checkpoint_tokens(payload.checkpoint.dir, attempt).parent, ignore_errors=True)
+    if result.ok:
+        return None
+    why = f"the health gate failed on {node}: {'; '.join(result.problems)}"
+    print(f"[orchestrator] {why}", file=sys.stderr, flush=True)
+    return Failure(FailureKind.UNHEALTHY, why)
+
+
+def first_failure(failed: list[int], codes: list[int | None], run_dir: Path,
+                  devices: tuple[int, ...] | None) -> tuple[int, str]:
+    """Prefer a rank killed by a signal (peers then fail because it vanished), then the
+    earliest traceback. A rank that recorded a traceback before a signal ended it raised
+    first: the signal came at its exit (torch can abort there while a group is still up),
+    as on SLURM, where the traceback is the report too."""
+    folder = RunFolder(run_dir)
+    by_signal = [r for r in failed if (codes[r] or 0) < 0 and not folder.error(r).is_file()]
+    err = first_error(run_dir)
+    if by_signal:
+        rank = by_signal[0]
+        message = f"rank {rank} was killed by signal {procs.signal_name(-(codes[rank] or 0))}"
+    elif err is not None and err["rank"] in failed:
+        rank = err["rank"]
+        message = f"rank {rank} raised {err['type']}: {err['message']}\n{err.get('user_traceback') or err['traceback']}"
+        hint = hidden_gpu_hint(err["message"], devices)
+        message += f"\n{hint}" if hint else ""
+    else:
+        rank = failed[0]
+        message = f"rank {rank} exited with code {codes[rank]}"
+    return rank, message
 
 
 def _signal_group(pid: int, sig: int) -> None:

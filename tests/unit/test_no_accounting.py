@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from orchestrator.after import resolve, slurm_dependencies
 from orchestrator.errors import SubmissionError
 from orchestrator import slurm_controller
-from orchestrator.executors import slurm
+from orchestrator.executors import slurm, slurm_status
 from orchestrator.executors.slurm import (OUTCOME_STATE, SlurmExecutor, account_hint, end_from_agent,
                                           sacct_unusable)
 from orchestrator.records import RunRecord, register
@@ -148,7 +148,7 @@ def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
     conf.write_text("ClusterName=orch\n")
     monkeypatch.setenv("SLURM_CONF", str(conf))
     monkeypatch.setenv("ORCHESTRATOR_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(slurm, "_ACCOUNTING_OFF", {})
+    monkeypatch.setattr(slurm_status, "_ACCOUNTING_OFF", {})
     scheduler = NoAccounting({})
     monkeypatch.setattr(slurm_controller, "subprocess", SimpleNamespace(run=scheduler.run, TimeoutExpired=subprocess.TimeoutExpired))
     return SimpleNamespace(conf=conf, scheduler=scheduler, runs=tmp_path / "runs")

@@ -19,28 +19,51 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from orchestrator import join_hook, stack_files, stack_requests, stacks
-from orchestrator.progress import read_progress
+from orchestrator import join_hook, progress, stack_files, stack_requests, stacks
 from orchestrator.watchdog import Watch
 from orchestrator.run_folder import RunFolder
 
 
 def look(watch: Watch, run_dir: str | Path, log_paths: Mapping[int, Path], now: Optional[float] = None) -> None:
-    """Feed the watch one observation: heartbeats (one listing of ``progress/`` and a read per
-    node), the joins until every rank has joined (one listing), and the log size only of ranks
-    that send no heartbeat (the watch judges a rank by its heartbeat once it has one): a look
-    at a job of rank-API scripts costs a few operations per node, not per rank."""
-    beats = {p.rank: p.time for p in read_progress(run_dir, watch.world_size) if p is not None}
+    """Feed the watch one observation: heartbeats (``progress.HeartbeatReader``: one listing of
+    ``progress/``, then the node files, or at a large job a share of them a look in turn, all of
+    them again before the watch would call a stall), the joins until every rank has joined (one
+    listing), and the log size only of ranks that send no heartbeat (the watch judges a rank by
+    its heartbeat once it has one). A look at a job of rank-API scripts costs a few operations
+    per node at most, not per rank."""
+    now = time.time() if now is None else now
+    reader = _reader(watch, run_dir)
+    beats = reader.look()
     sizes = {}
-    for rank, path in log_paths.items():
-        if rank in watch.heartbeat:  # a heartbeat of this attempt: its log says nothing more
-            continue
+    for rank in log_paths.keys() - watch.heartbeat.keys():  # a heartbeat of this attempt: its log says nothing more
         try:
-            sizes[rank] = path.stat().st_size
+            sizes[rank] = log_paths[rank].stat().st_size
         except OSError:
             sizes[rank] = 0
     joined = [] if len(watch.joined) >= watch.world_size else join_hook.joined_ranks(run_dir, watch.world_size)
-    watch.observe(time.time() if now is None else now, sizes, beats, joined)
+    watch.observe(now, sizes, beats, joined)
+    if reader.cover_looks > 1 and watch.stalled(now):
+        watch.observe(now, {}, reader.everything(), [])  # a verdict is near: the whole picture first
+
+
+#: Files a look reads at most in steady state, spread over looks: at 1,024 nodes the node files
+#: are read a share a look, each at least every COVER_S seconds (and every stall_s / 6).
+SHARE_ABOVE = 64
+COVER_S = 10.0
+_READERS: dict[int, tuple[Watch, progress.HeartbeatReader]] = {}
+
+
+def _reader(watch: Watch, run_dir: str | Path) -> progress.HeartbeatReader:
+    """The heartbeat reader of this watch (one per attempt's watch, kept while it is in use)."""
+    held = _READERS.get(id(watch))
+    if held is not None and held[0] is watch:
+        return held[1]
+    cover = max(1, int(min(COVER_S, watch.stall_s / 6))) if watch.stall_s else 1
+    reader = progress.HeartbeatReader(run_dir, watch.world_size, cover, share_above=SHARE_ABOVE)
+    if len(_READERS) > 32:
+        _READERS.clear()  # watches of attempts long over
+    _READERS[id(watch)] = (watch, reader)
+    return reader
 
 
 def waits_of(dumps: Mapping[int, str]) -> dict[str, str]:

@@ -4,13 +4,13 @@ Standard library only. A rank reports through ``ProgressWriter`` at most once pe
 ``min_interval_s``. Inside a job (its node known: ``GROUP_RANK``/``LOCAL_RANK`` from the rank's
 environment) the report goes to a staging folder on the node's own memory (``/dev/shm``, else
 the temporary folder), and one of the node's ranks publishes all of them as
-``<run>/progress/node-G.json``: one small atomic rename per node per second on the shared
+``<run>/progress/node-G.json``: one small atomic rename per node every two seconds on the shared
 filesystem, whatever the ranks per node (a metadata server sees nodes, not ranks). The
 publisher is whichever rank is due: each rank's first report is published at once, then local
-rank ``L`` publishes once the node's last publication is ``(1 + L/2)`` intervals old, so local
-rank 0 does it while it runs, and a node whose local
-rank 0 is stopped (SIGSTOP, stuck outside Python) is still published by the next one, with rank
-0's frozen report in it, which is how the watchdog names it. Without a node (the debug executor,
+rank ``L`` publishes once the node's last publication is ``PUBLISH_EVERY x (1 + L/2)`` report
+intervals old, so local rank 0 does it while it runs, and a node whose local rank 0 is stopped
+(SIGSTOP, stuck outside Python) is still published by the next one, with rank 0's frozen report
+in it, which is how the watchdog names it. Without a node (the debug executor,
 a script run by hand with ORCH_RUN_DIR) a rank writes ``<run>/progress/rank-N.json`` itself, as
 every rank did before, and readers still read such files (jobs queued before the change).
 
@@ -32,6 +32,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 NODE_FILE = "node-{}.json"
+#: A node's file is published every PUBLISH_EVERY report intervals (2 s at the 1 s default): with
+#: the watchdog's read once a second, about 2 metadata operations a node a second in all.
+PUBLISH_EVERY = 2
+_MADE: set[Path] = set()
 RANK_FILE = "rank-{}.json"
 
 
@@ -63,6 +67,7 @@ class NodePlace:
 
     node: int
     local_rank: int
+    local_world_size: int = 0  # the node's ranks (0: not known)
 
     @classmethod
     def from_env(cls, environ: Optional[dict[str, str]] = None) -> Optional[NodePlace]:
@@ -71,9 +76,10 @@ class NodePlace:
         try:
             node = int(env.get("GROUP_RANK", env.get("NODE_RANK", "")))
             local = int(env["LOCAL_RANK"])
+            size = int(env.get("LOCAL_WORLD_SIZE", "0") or 0)
         except (KeyError, ValueError):
             return None
-        return cls(node, local) if node >= 0 and local >= 0 else None
+        return cls(node, local, max(size, 0)) if node >= 0 and local >= 0 else None
 
 
 def staging_dir(run_dir: str | Path, attempt: int, node: int) -> Path:
@@ -131,22 +137,21 @@ class ProgressWriter:
         except OSError:
             self.place = None  # no node-local memory to stage in: this rank's own file from now on
             return False
-        due = self.min_interval_s * (1 + self.place.local_rank / 2)
+        due = PUBLISH_EVERY * self.min_interval_s * (1 + self.place.local_rank / 2)
         if force or not self._published or now - _published_at(self._staging) >= due:
             # A rank's first report is published at once: a rank the watchdog has no heartbeat
             # of is judged by its log instead, so none may wait on a publisher that got stuck.
-            publish(self.run_dir, self._staging, self.place.node, now)
+            publish(self.run_dir, self._staging, self.place.node, now, self.place.local_world_size)
             self._published = True
         return True
 
 
     def leave(self) -> None:
-        """This rank ends: its last report published, and the node's staging folder removed by
-        the last of the node's ranks to leave (each leaves a ``left-N`` mark)."""
+        """This rank ends (each leaves a ``left-N`` mark): the node's last rank to leave publishes
+        every rank's last report and removes the node's staging folder."""
         staging, place = self._staging, self.place
         if staging is None or place is None:
             return
-        publish(self.run_dir, staging, place.node)
         try:
             (staging / f"left-{self.rank}").touch()
             names = os.listdir(staging)
@@ -154,6 +159,9 @@ class ProgressWriter:
             return
         staged = {n[len("rank-"):-len(".json")] for n in names if n.startswith("rank-") and n.endswith(".json")}
         if staged <= {n[len("left-"):] for n in names if n.startswith("left-")}:
+            # the node's last rank to leave: every rank's last report out, then the folder gone (the
+            # others' last reports stay staged for the ranks still running to publish)
+            publish(self.run_dir, staging, place.node, expect=place.local_world_size)
             import shutil
 
             shutil.rmtree(staging, ignore_errors=True)
@@ -172,30 +180,34 @@ def leave() -> None:
             pass
 
 
-def publish(run_dir: str | Path, staging: Path, node: int, now: Optional[float] = None) -> None:
-    """Every report staged on this node, merged into ``<run>/progress/node-G.json`` (atomically):
-    a report already in the file stays unless a newer one for its rank is staged, so ranks that
-    do not share a staging folder (a container with a /dev/shm of its own each) still each keep
-    their report in the node's file."""
+def publish(run_dir: str | Path, staging: Path, node: int, now: Optional[float] = None, expect: int = 0) -> None:
+    """Every report staged on this node into ``<run>/progress/node-G.json`` (atomically). When
+    fewer than ``expect`` (the node's ranks; 0: unknown) are staged, they are merged into what
+    the file holds: a report there stays unless a newer one for its rank is staged, so ranks
+    that do not share a staging folder (a container with a /dev/shm of its own each) still each
+    keep their report in the node's file. A publication costs the shared filesystem a create
+    and a rename (and a read while merging)."""
     now = time.time() if now is None else now
     target = node_progress_path(run_dir, node)
-    try:
-        held = json.loads(target.read_text(encoding="utf-8")).get("ranks")
-    except (OSError, ValueError, AttributeError):
-        held = None
-    ranks: dict[str, Any] = {k: v for k, v in held.items() if isinstance(v, dict)} if isinstance(held, dict) else {}
     try:
         names = os.listdir(staging)
     except OSError:
         return
-    for name in names:
-        if name.startswith("rank-") and name.endswith(".json"):
-            try:
-                data = json.loads((staging / name).read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                continue
-            if isinstance(data, dict) and "rank" in data and _newer(data, ranks.get(str(data["rank"]))):
-                ranks[str(data["rank"])] = data
+    staged = [n for n in names if n.startswith("rank-") and n.endswith(".json")]
+    held: Any = None
+    if not expect or len(staged) < expect:
+        try:
+            held = json.loads(target.read_text(encoding="utf-8")).get("ranks")
+        except (OSError, ValueError, AttributeError):
+            held = None
+    ranks: dict[str, Any] = {k: v for k, v in held.items() if isinstance(v, dict)} if isinstance(held, dict) else {}
+    for name in staged:
+        try:
+            data = json.loads((staging / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and "rank" in data and _newer(data, ranks.get(str(data["rank"]))):
+            ranks[str(data["rank"])] = data
     try:
         (staging / ".published").write_text(repr(now), encoding="utf-8")
         _write_atomic(target, {"node": int(node), "time": now, "ranks": ranks})
@@ -218,7 +230,9 @@ def _published_at(staging: Path) -> float:
 
 
 def _write_atomic(path: Path, data: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.parent not in _MADE:  # once a process: a mkdir is a metadata operation on a shared filesystem
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _MADE.add(path.parent)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data), encoding="utf-8")
     os.replace(tmp, path)
@@ -230,30 +244,98 @@ def read_progress(run_dir: str | Path, world_size: int) -> list[Optional[Progres
     report winning where both hold a rank."""
     out: list[Optional[Progress]] = [None] * world_size
     folder = progress_path(run_dir, 0).parent
+    for entry in _entries(folder, report_files(folder)):
+        report = _parse(entry)
+        if report is not None and 0 <= report.rank < world_size:
+            held = out[report.rank]
+            if held is None or report.time > held.time:
+                out[report.rank] = report
+    return out
+
+
+def report_files(folder: Path) -> list[str]:
+    """The report files in ``<run>/progress`` (one listing), node files first."""
     try:
-        names = sorted(os.listdir(folder))
+        names = os.listdir(folder)
     except OSError:
-        return out
-    for name in names:
-        if name.startswith("."):
-            continue
+        return []
+    return sorted((n for n in names if n.endswith(".json") and n.startswith(("node-", "rank-"))),
+                  key=lambda n: (not n.startswith("node-"), n))
+
+
+def heartbeats(folder: Path, names: list[str], world_size: int) -> dict[int, float]:
+    """Rank -> the time of its latest report, from these report files only: what the watchdog
+    needs, read without building a report per rank."""
+    beats: dict[int, float] = {}
+    for entry in _entries(folder, names):
         try:
-            data = json.loads((folder / name).read_text(encoding="utf-8"))
+            rank, t = int(entry["rank"]), float(entry["time"])
+        except (KeyError, ValueError, TypeError, OverflowError):
+            continue
+        if 0 <= rank < world_size and t > beats.get(rank, float("-inf")):
+            beats[rank] = t
+    return beats
+
+
+class HeartbeatReader:
+    """The watchdog's reader of a run's heartbeats, at a bounded cost a look: all the report
+    files when there are at most ``share_above``, else a share of them a look in turn, so that every file is read at
+    least once every ``cover_looks`` looks (the watchdog looks once a second; what it has not
+    re-read this look keeps its last time, an older one: never a heartbeat that did not happen).
+    ``everything()`` reads them all: before a verdict, so a stale share never condemns a job."""
+
+    def __init__(self, run_dir: str | Path, world_size: int, cover_looks: int = 1, share_above: int = 0) -> None:
+        self.folder = progress_path(run_dir, 0).parent
+        self.world_size = world_size
+        self.cover_looks = max(1, cover_looks)
+        self.share_above = share_above  # up to this many files, all of them every look
+        self._cursor = 0
+
+    def look(self) -> dict[int, float]:
+        names = report_files(self.folder)
+        share = -(-len(names) // self.cover_looks)  # ceil
+        if share >= len(names) or len(names) <= self.share_above:
+            return heartbeats(self.folder, names, self.world_size)
+        start = self._cursor % len(names)
+        chosen = (names + names)[start:start + share]
+        self._cursor = start + share
+        return heartbeats(self.folder, chosen, self.world_size)
+
+    def everything(self) -> dict[int, float]:
+        return heartbeats(self.folder, report_files(self.folder), self.world_size)
+
+
+def _entries(folder: Path, names: list[str]) -> list[Any]:
+    """The reports these files hold (a node file's ranks, a rank file's one), unchecked."""
+    out: list[Any] = []
+    for name in names:
+        try:
+            data = json.loads(_read_small(folder / name))
         except (OSError, ValueError):
             continue
-        if name.startswith("node-") and isinstance(data, dict) and isinstance(data.get("ranks"), dict):
-            entries = list(data["ranks"].values())
-        elif name.startswith("rank-"):
-            entries = [data]
-        else:
-            continue
-        for entry in entries:
-            report = _parse(entry)
-            if report is not None and 0 <= report.rank < world_size:
-                held = out[report.rank]
-                if held is None or report.time > held.time:
-                    out[report.rank] = report
+        if name.startswith("node-"):
+            ranks = data.get("ranks") if isinstance(data, dict) else None
+            if isinstance(ranks, dict):
+                out.extend(v for v in ranks.values() if isinstance(v, dict))
+        elif isinstance(data, dict):
+            out.append(data)
     return out
+
+
+def _read_small(path: Path) -> bytes:
+    """A small file's bytes in an open, a read or two and a close (no stat, no text layer)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        chunks = []
+        while True:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+            if len(chunks) > 256:  # 16 MiB: no heartbeat file is that big
+                raise ValueError(f"{path} is too large for a heartbeat file")
+    finally:
+        os.close(fd)
 
 
 def _parse(d: Any) -> Optional[Progress]:

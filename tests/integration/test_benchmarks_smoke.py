@@ -26,7 +26,8 @@ BENCH = ROOT / "tests" / "benchmarks"
 
 #: benchmark -> (arguments of one short round, a line its output must hold)
 LOCAL: dict[str, tuple[list[str], str]] = {
-    "bench_agent_look.py": (["--ranks", "64", "--repeat", "1"], r"64 ranks, stall watchdog on: \d+ look"),
+    "bench_agent_look.py": (["--ranks", "64", "--repeat", "1", "--seconds", "1"],
+                            r"one heartbeat file per node \(today\)\s+[\d.]+ ms a look"),
     "bench_cli.py": (["--repeat", "1"], r"4096 x 8: plan [\d.]+ s"),
     "bench_frameworks.py": (["--smoke", "--only", "accelerate"], r"accelerate\s+[\d.]+s\s+[\d.]+s"),
     "bench_heap_retention.py": (["--repeats", "1"], r"override\s+[\d.]+"),
@@ -36,8 +37,8 @@ LOCAL: dict[str, tuple[list[str], str]] = {
     "bench_snapshot.py": (["--files", "20", "--rounds", "1", "--changed-mb", "1", "--dir", "{tmp}"],
                           r"changed\s+\(1 MB new\): ours [\d.]+ s"),
     "bench_snapshot_messy.py": (["--mb", "2"], r"\| after, no writer \| again \|"),
-    "side_by_side.py": (["--base", str(ROOT), "--rounds", "1", "bench_agent_look.py", "--ranks", "8", "--repeat", "1"],
-                        r"8 ranks, watchdog off"),
+    "side_by_side.py": (["--base", str(ROOT), "--rounds", "1", "bench_agent_look.py", "--ranks", "8", "--repeat", "1",
+                         "--seconds", "1"], r"watchdog off \(init deadline only\)"),
 }
 #: Over a minute on 2 busy cores even at their smallest (each trains through several launches).
 SLOW = {"bench_runtime.py", "bench_resnet.py"}

@@ -1,0 +1,209 @@
+"""docs/ARCHITECTURE.md is the map, and this test holds the code to it (so neither drifts).
+
+The map puts every module of ``orchestrator`` and ``jobs`` on one side (a ``### `side` `` heading
+followed by one ``- `module`: its job`` line per module), and each side's heading line says which sides it may
+import and whether it is standard library only. Checked here, from the source (ast, nothing
+imported):
+
+- every module is on exactly one side, and every module the map names exists;
+- no import cycle among module-level imports (TYPE_CHECKING blocks aside);
+- no upward import, at any level (a function's lazy import too): a module imports only from its
+  own side and the sides its side may import ("imports: ..."), and inside functions also from
+  those its heading names "lazily: ..." (a registry naming its backends);
+- a standard-library-only side imports nothing outside the standard library and its own kind
+  (but the optional packages its heading names, used only where installed), directly or through
+  another module of the project (these run on compute nodes before the
+  user's code, where only the interpreter is certain);
+- the generic planner imports no backend.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+MAP = ROOT / "docs" / "ARCHITECTURE.md"
+PACKAGES = ("orchestrator", "jobs")
+SIDE = re.compile(r"^### `(?P<side>[a-z_]+)`(?P<rest>.*)$")
+ITEM = re.compile(r"^- `(?P<module>(?:orchestrator|jobs)(?:\.[a-z_0-9]+)*)`:")
+MAY = re.compile(r"imports: (?P<sides>[^.;)]*)")
+OPTIONAL = re.compile(r"optional: (?P<packages>[^;)]*)")
+LAZY = re.compile(r"lazily: (?P<sides>[^;)]*)")
+
+
+def _name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+@lru_cache(maxsize=1)
+def modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if "examples" in path.relative_to(ROOT).parts:
+                continue  # spec and script examples shipped as data, not modules of the project
+            found[_name(path)] = path
+    return found
+
+
+@lru_cache(maxsize=1)
+def the_map() -> tuple[dict[str, str], dict[str, set[str]], dict[str, set[str]]]:
+    """(module -> side, side -> sides it may import, standard-library-only side -> the optional
+    packages it may use where installed, each import of one guarded)."""
+    side_of, may, stdlib_only, _ = _read_map()
+    return side_of, may, stdlib_only
+
+
+@lru_cache(maxsize=1)
+def lazily() -> dict[str, set[str]]:
+    """Side -> the sides it may import inside a function only (a registry naming its backends)."""
+    return _read_map()[3]
+
+
+def _read_map() -> tuple[dict[str, str], dict[str, set[str]], dict[str, set[str]], dict[str, set[str]]]:
+    side_of: dict[str, str] = {}
+    may: dict[str, set[str]] = {}
+    lazy: dict[str, set[str]] = {}
+    stdlib_only: dict[str, set[str]] = {}
+    current = None
+    for line in MAP.read_text().splitlines():
+        head = SIDE.match(line)
+        if head:
+            current = head["side"]
+            rest = head["rest"]
+            allowed = MAY.search(rest)
+            may[current] = {s.strip(" `") for s in allowed["sides"].split(",")} - {"", "nothing"} if allowed else set()
+            late = LAZY.search(rest)
+            lazy[current] = {s.strip(" `") for s in late["sides"].split(",")} - {""} if late else set()
+            if "standard library only" in rest:
+                optional = OPTIONAL.search(rest)
+                stdlib_only[current] = {p.strip() for p in optional["packages"].split(",")} if optional else set()
+            continue
+        if line.startswith("## "):
+            current = None
+        if current is None:
+            continue
+        listed = ITEM.match(line)
+        if listed:
+            name = listed["module"]
+            assert name not in side_of, f"{name} is listed twice in {MAP}: on {side_of[name]} and {current}"
+            side_of[name] = current
+    return side_of, may, stdlib_only, lazy
+
+
+@lru_cache(maxsize=None)
+def imports(path: Path, module_level_only: bool) -> set[str]:
+    """The project's modules and the top-level names of other packages ``path`` imports."""
+    tree = ast.parse(path.read_text())
+    out: set[str] = set()
+    known = modules()
+
+    def add(name: str) -> None:
+        out.add(name if name.split(".")[0] not in PACKAGES else _project(name, known))
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                continue
+            nested = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+            if not (module_level_only and in_function):
+                if isinstance(child, ast.Import):
+                    for alias in child.names:
+                        add(alias.name)
+                elif isinstance(child, ast.ImportFrom) and child.module and child.level == 0:
+                    for alias in child.names:
+                        full = f"{child.module}.{alias.name}"
+                        add(full if full in known else child.module)
+            visit(child, nested)
+
+    visit(tree, False)
+    return out - {_name(path)}
+
+
+def _project(name: str, known: dict[str, Path]) -> str:
+    while name not in known and "." in name:
+        name = name.rsplit(".", 1)[0]
+    return name
+
+
+def test_every_module_is_on_exactly_one_side_of_the_map() -> None:
+    side_of, may, _ = the_map()
+    missing = sorted(set(modules()) - set(side_of))
+    gone = sorted(set(side_of) - set(modules()))
+    assert not missing, f"modules missing from {MAP.name} (put each on its side): {missing}"
+    assert not gone, f"{MAP.name} names modules that do not exist: {gone}"
+    assert set(side_of.values()) <= set(may), "a side without its heading"
+    for side, allowed in may.items():
+        assert allowed <= set(may), f"side {side} may import unknown sides {allowed - set(may)}"
+
+
+def test_module_level_imports_have_no_cycle() -> None:
+    graph = {m: {i for i in imports(p, True) if i in modules()} for m, p in modules().items()}
+    done: set[str] = set()
+
+    def walk(node: str, path: list[str]) -> None:
+        if node in path:
+            raise AssertionError("import cycle: " + " -> ".join(path[path.index(node):] + [node]))
+        if node in done:
+            return
+        for nxt in sorted(graph[node]):
+            if nxt.startswith(node + "."):
+                continue  # a package importing its own modules
+            walk(nxt, path + [node])
+        done.add(node)
+
+    for module in sorted(graph):
+        walk(module, [])
+
+
+def test_no_upward_import() -> None:
+    side_of, may, _ = the_map()
+    late = lazily()
+    wrong = []
+    for module, path in modules().items():
+        mine = side_of.get(module)
+        if mine is None:
+            continue  # reported by the map test
+        at_top = imports(path, True)
+        for target in sorted(imports(path, False)):
+            theirs = side_of.get(target)
+            if theirs is None or theirs == mine or target in ("orchestrator", "jobs"):
+                continue
+            allowed = may[mine] if target in at_top else may[mine] | late.get(mine, set())
+            if theirs not in allowed:
+                wrong.append(f"{module} ({mine}) imports {target} ({theirs}); {mine} may import: "
+                             f"{', '.join(sorted(may[mine])) or 'nothing'}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_standard_library_only_sides_stay_so() -> None:
+    side_of, _, stdlib_only = the_map()
+    stdlib = set(sys.stdlib_module_names) | {"__future__"}
+    wrong = []
+    for module, path in modules().items():
+        if side_of.get(module) not in stdlib_only:
+            continue
+        for target in sorted(imports(path, False)):
+            top = target.split(".")[0]
+            if top in PACKAGES:
+                if target not in ("orchestrator", "jobs") and side_of.get(target) not in stdlib_only:
+                    wrong.append(f"{module} imports {target}, which is not standard library only")
+            elif top not in stdlib and top not in stdlib_only[side_of[module]]:
+                wrong.append(f"{module} imports {target}")
+    assert not wrong, "standard-library-only modules (they run on nodes before the user's code):\n" + "\n".join(wrong)
+
+
+def test_the_generic_planner_imports_no_backend() -> None:
+    side_of, _, _ = the_map()
+    planner = [m for m, side in side_of.items() if side == "plan"]
+    assert planner, "no plan side in the map"
+    for module in planner:
+        backends = sorted(t for t in imports(modules()[module], False) if side_of.get(t) == "backends")
+        assert not backends, f"{module} (the generic planner) imports backends: {backends}"

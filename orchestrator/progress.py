@@ -180,6 +180,15 @@ def leave() -> None:
             pass
 
 
+def clear_staging(run_dir: str | Path, attempt: int, nodes: set[int]) -> None:
+    """Remove the staging folders of these nodes of an attempt on this machine (the local
+    supervisor, once its ranks are gone: a rank killed never left its node)."""
+    import shutil
+
+    for node in nodes:
+        shutil.rmtree(staging_dir(run_dir, attempt, node), ignore_errors=True)
+
+
 def publish(run_dir: str | Path, staging: Path, node: int, now: Optional[float] = None, expect: int = 0) -> None:
     """Every report staged on this node into ``<run>/progress/node-G.json`` (atomically). When
     fewer than ``expect`` (the node's ranks; 0: unknown) are staged, they are merged into what

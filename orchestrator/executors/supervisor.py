@@ -25,7 +25,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from orchestrator import forensics, join_hook, ownership, procs, stack_files, stack_requests
+from orchestrator import forensics, join_hook, ownership, procs, progress, stack_files, stack_requests
+from orchestrator.progress import NodePlace
 from orchestrator.errors import SubmissionError
 from orchestrator.executors.base import first_error
 from orchestrator.executors.console import LogTails
@@ -250,6 +251,8 @@ class Supervisor:
             self._kill_all(grace=GRACE_S)
             group.close()
             remove_earlier_files(payload.rendezvous_dir, self.launch.run_id)
+            # the heartbeats' node-local staging, should a rank have been killed before it left
+            progress.clear_staging(payload.run_dir, attempt, {p.node for p in map(NodePlace.from_env, envs) if p})
             if group.leftovers:
                 note = (f"[orchestrator] stopped {len(group.leftovers)} process(es) the ranks left running: "
                         f"pids {', '.join(map(str, group.leftovers[:10]))}")

@@ -48,6 +48,74 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.integration)
         if "cluster" in parts:
             item.add_marker(pytest.mark.cluster)
+        if item.nodeid.split("[")[0] in SLOW:
+            item.add_marker(pytest.mark.slow)
+
+
+# -- no test takes over a minute unless it is marked slow ------------------------------------------
+# A test's own run (pytest's "call" phase; fixtures shared by a module or the session, such as the
+# cluster, are not its own) over SLOW_LIMIT_S fails the session unless the test is marked ``slow``:
+# written on the test, or listed here (tests whose wait is the point: SLURM's one-minute time limits,
+# its requeue hold, a 60 s timeout of the product; or whole trainings that came near the limit when
+# the suites ran side by side on 2 cores). A slow test that is not here is a wait to shorten, or a
+# test to mark, on purpose.
+
+SLOW_LIMIT_S = 60.0
+SLOW = {
+    # a real time limit (3 min, USR2 120 s before it) and the requeued attempt
+    "tests/cluster/test_rank_api_slurm.py::test_rank_api_script_resumes_bit_exactly_after_its_time_limit",
+    # the health gate's 60 s wait for the other node's token is the product's bound being proved
+    "tests/cluster/test_rank_api_slurm.py::test_a_checkpoint_folder_the_nodes_do_not_share_fails_the_job_naming_the_ranks",
+    # SLURM's one-minute minimum time limit, then KillWait (30 s)
+    "tests/cluster/test_user_scripts.py::test_a_script_without_a_usr2_handler_runs_to_its_time_limit",
+    "tests/cluster/test_user_scripts.py::test_snapshotting_script_outlives_its_time_limit_with_requeue_always",
+    "tests/cluster/test_code_snapshot_slurm.py::test_after_a_timeout_a_longer_time_limit_resumes_the_same_run",
+    "tests/cluster/test_stacks_slurm.py::test_time_limit_without_requeue_saves_the_stacks_first",
+    # a preemption's GraceTime (30 s) and the resumed attempt; a suspension longer than stall_s
+    "tests/cluster/test_preemption.py::test_a_real_preemption_requeues_a_rank_api_job_which_resumes_and_completes",
+    "tests/cluster/test_preemption.py::test_a_suspended_job_is_not_called_stalled_and_completes",
+    # the requeued attempt after a wandb/tensorboard run, and the requeues of test_slurm
+    "tests/cluster/test_tracking_slurm.py::test_a_requeued_offline_job_is_one_wandb_run_and_tensorboard_holds_every_step_once",
+    "tests/cluster/test_slurm.py::test_requeue_resumes_to_the_same_weights",
+    # a node lost: SLURM's own detection of the dead slurmd, then the node brought back
+    "tests/cluster/test_slurm.py::test_lost_node_ends_the_job",
+    # the suspension itself (35 s) past stall_s, then the rest of the work
+    "tests/cluster/test_preemption.py::test_a_suspended_job_is_not_called_stalled_and_completes",
+    # a crash, a requeue and the resumed attempt
+    "tests/cluster/test_recovery_slurm.py::test_a_crash_requeues_the_job_and_it_resumes_from_its_snapshot",
+    "tests/cluster/test_recovery_slurm.py::test_a_failure_without_progress_stops_with_no_progress",
+    # 4-rank jobs of torch, Lightning, Fabric or Accelerate that wait for the other cluster session's
+    # jobs to free CPUs or GPUs (tests/cluster/streams.py): 45 to 120 s side by side under load
+    "tests/cluster/test_frameworks_slurm.py::test_framework_scripts_train_as_one_world_on_slurm",
+    "tests/cluster/test_lightning_cancel.py::test_cancel_of_an_unmodified_lightning_job_ends_every_rank_within_seconds",
+    "tests/cluster/test_gpu_types.py::test_exclude_keeps_the_job_off_a_node_and_untyped_gpus_still_bind",
+    "tests/cluster/test_gpu_types.py::test_typed_gpus_on_a_bracketed_nodelist",
+    "tests/cluster/test_slurm.py::test_two_nodes_file_init",
+    "tests/cluster/test_slurm.py::test_two_nodes_tcp_training_completes",
+    "tests/cluster/test_stacks_slurm.py::test_stall_on_slurm_names_the_straggler_with_every_stack",
+    "tests/cluster/test_remote_slurm.py::test_a_second_submit_ships_only_what_changed_and_resumes_the_same_run",
+    # whole trainings, twice or more, CPU-bound (40 to 50 s side by side on 2 cores)
+    "tests/integration/test_ownership.py::test_generated_sequences_keep_one_owner_per_run",
+    "tests/integration/test_rank_api.py::test_user_script_on_the_rank_api_resumes_bit_exactly_after_usr2",
+    "tests/integration/test_local_runs.py::test_interrupt_and_resume_is_bit_identical",
+}
+_TOOK: dict[str, float] = {}  # node id -> seconds its call phase took, for tests not marked slow
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if "cluster" in report.keywords:
+        _CLUSTER.setdefault(report.nodeid, {})[report.when] = report.outcome
+    if report.when == "call" and "slow" not in report.keywords and report.duration > SLOW_LIMIT_S:
+        _TOOK[report.nodeid] = report.duration
+
+
+def _too_slow_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _TOOK:
+        terminalreporter.write_sep("!", f"{len(_TOOK)} test(s) not marked slow took over {SLOW_LIMIT_S:.0f}s: "
+                                   "this FAILS the session (shorten the wait, or mark the test slow in "
+                                   "tests/conftest.py's SLOW if the wait is what it proves)", red=True, bold=True)
+        for nodeid, took in sorted(_TOOK.items(), key=lambda kv: -kv[1]):
+            terminalreporter.write_line(f"{took:7.1f}s {nodeid}")
 
 
 # -- cluster tests are never skipped quietly ------------------------------------------------------
@@ -60,11 +128,6 @@ _CLUSTER: dict[str, dict[str, str]] = {}  # test id -> {phase: outcome}
 
 def can_run_cluster_tests() -> bool:
     return hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("apt-get") is not None
-
-
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    if "cluster" in report.keywords:
-        _CLUSTER.setdefault(report.nodeid, {})[report.when] = report.outcome
 
 
 def cluster_counts() -> dict[str, int]:
@@ -85,11 +148,12 @@ def _skipped_but_runnable() -> bool:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    if _skipped_but_runnable() and session.exitstatus == pytest.ExitCode.OK:
+    if (_skipped_but_runnable() or _TOOK) and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    _too_slow_summary(terminalreporter)
     if not _CLUSTER:
         return  # no cluster test was selected (e.g. pytest tests/unit)
     c = cluster_counts()

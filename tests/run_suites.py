@@ -1,43 +1,78 @@
-"""Run every suite in about two thirds of the time one session takes: ``tests/cluster`` beside
-``tests/unit`` and ``tests/integration``, in two pytest sessions at once (26 minutes on 2 cores
-instead of 38). This is the README's test command, so CI runs it.
+"""Run every suite at once: ``tests/unit`` and ``tests/integration`` in one pytest session, and
+beside it ``tests/cluster`` against one real SLURM cluster, in three sessions (tests/cluster/streams.py):
+two side by side (``a``, ``b``), then one alone (``serial``: the tests that change the cluster for
+every job). This is the README's test command, so CI runs it.
 
-Why two at once: the cluster suite spends most of its time waiting on SLURM (one-minute time
+Why side by side: the cluster tests spend most of their time waiting on SLURM (one-minute time
 limits, requeue holds, KillWait, a job's state reaching sacct), not on the CPU, and the unit and
 integration suites do not touch the cluster. Each session has its own temporary folders
 (``session-<pid>``), its own run registries (per test) and its own processes (the integration
-tests look only for their own run folders' processes; the cluster tests only inside the node
-namespaces), so neither sees the other.
+tests look only for their own run folders' processes; a cluster session only for its own jobs'
+processes in the node namespaces), so none sees the others.
 
-Contention: a test that fails side by side is run once more, alone, after both sessions ended.
+The cluster: brought up here once (deploy/cluster.sh up, with tests/cluster/conftest.py's options)
+and taken down here at the end, whatever happened; the cluster sessions run with
+``TESTS_CLUSTER_SHARED=1`` and their ``TESTS_CLUSTER_STREAM``. Without root and apt-get, one cluster
+session runs (its tests skip, loudly; in CI they fail).
+
+Contention: a test that fails side by side is run once more, alone, after every session ended
+(cluster tests in one fresh session that brings its own cluster up and down).
 It is reported either way, loudly (``[run_suites] FAILED under contention, passed alone: ...``),
 since a failure that only contention shows can be a real bug (a slow start meeting a signal, as
 in slurm_rank's time-limit notice once); a test that fails alone too fails the run.
 
-The unit and integration session prints as it goes; the cluster session writes to a log printed
-when it ends. Every wait is bounded: a session still running after ``--limit-min`` minutes gets
-SIGINT (pytest then runs its teardown, which brings the cluster down), then SIGKILL.
+The unit and integration session prints as it goes; the cluster sessions write to logs printed
+when they end. Every wait is bounded: a session still running after ``--limit-min`` minutes (from
+the start) gets SIGINT (pytest then runs its teardown), then SIGKILL.
 
-Usage: .venv/bin/python tests/run_suites.py [--limit-min 50] [pytest options for both sessions...]
+Usage: .venv/bin/python tests/run_suites.py [--limit-min 50] [pytest options for every session...]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import IO
 
 ROOT = Path(__file__).resolve().parents[1]
-GRACE_S = 180  # after SIGINT: time for the cluster's teardown (cluster.sh down) before SIGKILL
+GRACE_S = 180  # after SIGINT: time for a session's teardown (cluster.sh down) before SIGKILL
+sys.path.insert(0, str(ROOT))
+
+from tests.cluster import streams  # noqa: E402  (the checkout's tests package, after sys.path)
 
 
-def start(args: list[str], out: int | None) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "pytest", *args], cwd=ROOT, stdout=out,
-                            stderr=subprocess.STDOUT if out is not None else None, start_new_session=True)
+STARTED: list[subprocess.Popen[bytes]] = []
+INTERRUPTED: list[int] = []  # the signal that interrupted this run, once one did
+
+
+def start(args: list[str], out: IO[bytes] | None, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """A pytest session in its own process group, with SIGINT's default action restored (a shell
+    that runs this in the background starts it with SIGINT ignored, and then pytest would never
+    get the SIGINT that ends it at the limit, teardown included)."""
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", *args], cwd=ROOT, stdout=out,
+                            stderr=subprocess.STDOUT if out is not None else None, start_new_session=True,
+                            env=env, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    STARTED.append(proc)
+    return proc
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    """Ctrl-C or SIGTERM to this run: pass SIGINT on to every session still running (each then runs
+    its teardown); start no other session; the cluster still comes down."""
+    INTERRUPTED.append(signum)
+    print(f"[run_suites] interrupted ({signal.Signals(signum).name}): stopping every session", flush=True)
+    for proc in STARTED:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGINT)
+            except ProcessLookupError:
+                pass
 
 
 def finish(proc: subprocess.Popen[bytes], deadline: float, name: str) -> int:
@@ -55,33 +90,86 @@ def finish(proc: subprocess.Popen[bytes], deadline: float, name: str) -> int:
         return 124
 
 
+def cluster_sessions(pytest_args: list[str], deadline: float, log_dir: Path) -> tuple[dict[str, int], list[Path]]:
+    """Run tests/cluster: exit status and JUnit report per session; each session's log printed as it ends."""
+    tag = os.getpid()
+    common = ["-p", "no:cacheprovider", *pytest_args]
+    if not (hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("apt-get")):
+        return _sessions({"cluster": None}, common, deadline, log_dir, tag), [log_dir / f"junit-cluster-{tag}.xml"]
+    from tests.cluster.conftest import CLUSTER_DIR, RUNS_DIR, UP_ARGS
+
+    cluster_sh = ["bash", str(ROOT / "deploy" / "cluster.sh")]
+    began = time.monotonic()
+    up = subprocess.run([*cluster_sh, *UP_ARGS], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    try:
+        if up.returncode != 0:
+            print(f"[run_suites] deploy/cluster.sh up failed (exit {up.returncode}):\n{up.stdout}\n{up.stderr}",
+                  flush=True)
+            return {"cluster up": up.returncode}, []
+        print(f"[run_suites] cluster up in {time.monotonic() - began:.0f}s", flush=True)
+        shutil.rmtree(RUNS_DIR, ignore_errors=True)
+        RUNS_DIR.mkdir(parents=True)
+        rc = _sessions({name: name for name in streams.PARALLEL}, common, deadline, log_dir, tag)
+        rc.update(_sessions({streams.SERIAL: streams.SERIAL}, common, deadline, log_dir, tag))
+    finally:
+        subprocess.run([*cluster_sh, "down", "--dir", str(CLUSTER_DIR)], cwd=ROOT, capture_output=True, timeout=300)
+        shutil.rmtree(RUNS_DIR, ignore_errors=True)
+    return rc, [log_dir / f"junit-cluster-{name}-{tag}.xml" for name in (*streams.PARALLEL, streams.SERIAL)]
+
+
+def _sessions(streams_: dict[str, str | None], common: list[str], deadline: float, log_dir: Path,
+              tag: int) -> dict[str, int]:
+    """Cluster sessions at once, one per stream (None: every cluster test, the fixture's own cluster)."""
+    if INTERRUPTED:
+        return {name: 130 for name in streams_}
+    procs = {}
+    for name, stream in streams_.items():
+        env = dict(os.environ)
+        if stream is not None:
+            env.update({streams.STREAM_VAR: stream, streams.SHARED_VAR: "1"})
+        report = log_dir / (f"junit-cluster-{stream}-{tag}.xml" if stream else f"junit-cluster-{tag}.xml")
+        log = log_dir / f"cluster-{name}-{tag}.log"
+        fh = open(log, "wb")
+        procs[name] = (start([*common, f"--junitxml={report}", "tests/cluster"], fh, env), fh, log, time.monotonic())
+    rc = {}
+    for name, (proc, fh, log, began) in procs.items():
+        rc[name] = finish(proc, deadline, f"cluster ({name})")
+        fh.close()
+        took = (time.monotonic() - began) / 60
+        print(f"\n{'=' * 25} tests/cluster, session {name} (exit {rc[name]}, {took:.1f} min; log {log}) {'=' * 25}",
+              flush=True)
+        sys.stdout.write(log.read_text(errors="replace"))
+        sys.stdout.flush()
+        log.unlink()
+    return rc
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--limit-min", type=float, default=50, help="bound on each session (minutes)")
     opts, pytest_args = parser.parse_known_args()
     deadline = time.monotonic() + opts.limit_min * 60
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
     log_dir = ROOT / ".pytest-tmp"
     log_dir.mkdir(exist_ok=True)
-    log = log_dir / f"cluster-suite-{os.getpid()}.log"
     started = time.monotonic()
-    reports = {name: log_dir / f"junit-{name}-{os.getpid()}.xml" for name in ("main", "cluster")}
-    with open(log, "wb") as fh:
-        # The cache plugin would have two sessions writing one .pytest_cache: the cluster one keeps out.
-        cluster = start(["-p", "no:cacheprovider", f"--junitxml={reports['cluster']}", *pytest_args, "tests/cluster"],
-                        fh.fileno())
-        try:
-            main_rc = finish(start([f"--junitxml={reports['main']}", *pytest_args, "tests/unit", "tests/integration"],
-                                   None), deadline, "unit and integration")
-        finally:
-            cluster_rc = finish(cluster, deadline, "cluster")
-    print(f"\n{'=' * 30} tests/cluster (run beside the others; log {log}) {'=' * 30}", flush=True)
-    sys.stdout.write(log.read_text(errors="replace"))
-    log.unlink()
-    failed = {name: failed_tests(path) for name, path in reports.items()}
-    rc = {"main": main_rc, "cluster": cluster_rc}
-    for name, ids in failed.items():
-        reports[name].unlink(missing_ok=True)
-        if rc[name] not in (0, 1) or not ids or time.monotonic() > deadline:
+    main_report = log_dir / f"junit-main-{os.getpid()}.xml"
+    main = start([f"--junitxml={main_report}", *pytest_args, "tests/unit", "tests/integration"], None)
+    try:
+        cluster_rc, cluster_reports = cluster_sessions(pytest_args, deadline, log_dir)
+    finally:
+        main_rc = finish(main, deadline, "unit and integration")
+        main_took = (time.monotonic() - started) / 60
+    print(f"[run_suites] unit and integration: exit {main_rc}, {main_took:.1f} min", flush=True)
+    reports = {"main": [main_report], "cluster": cluster_reports}
+    rc = {"main": main_rc, "cluster": max(cluster_rc.values(), default=0)}
+    for name, paths in reports.items():
+        ids = sorted({i for path in paths for i in failed_tests(path)})
+        for path in paths:
+            path.unlink(missing_ok=True)
+        statuses = [main_rc] if name == "main" else list(cluster_rc.values())
+        if any(s not in (0, 1) for s in statuses) or not ids or time.monotonic() > deadline or INTERRUPTED:
             continue  # interrupted, an error pytest itself reports, or no time left: the exit stands
         print(f"\n[run_suites] {len(ids)} test(s) failed side by side; running them once more, alone:", flush=True)
         again = finish(start(["-p", "no:cacheprovider", *pytest_args, *ids], None), deadline, f"{name} rerun")
@@ -89,9 +177,9 @@ def main() -> int:
               + ", ".join(ids), flush=True)
         rc[name] = again
     took = (time.monotonic() - started) / 60
-    print(f"[run_suites] unit+integration exit {rc['main']}, cluster exit {rc['cluster']}; {took:.1f} min in all",
-          flush=True)
-    return rc["main"] or rc["cluster"]
+    print(f"[run_suites] unit+integration exit {rc['main']}, cluster exit {rc['cluster']} "
+          f"({', '.join(f'{k} {v}' for k, v in cluster_rc.items())}); {took:.1f} min in all", flush=True)
+    return 130 if INTERRUPTED else rc["main"] or rc["cluster"]
 
 
 def failed_tests(report: Path) -> list[str]:

@@ -2,7 +2,11 @@
 
 tests/cluster/test_no_accounting.py runs last (``pytest_collection_modifyitems``): its module
 fixture (``cluster_without_accounting``) brings the same cluster down and up again without
-slurmdbd (``--no-accounting``), and the session's teardown takes that one down."""
+slurmdbd (``--no-accounting``), and the session's teardown takes that one down.
+
+tests/run_suites.py runs this suite as several sessions against one cluster it brings up and down
+itself (tests/cluster/streams.py): with ``TESTS_CLUSTER_STREAM`` set, a session keeps only its stream's
+tests, and with ``TESTS_CLUSTER_SHARED=1`` the ``cluster`` fixture uses the cluster that is up."""
 
 from __future__ import annotations
 
@@ -14,6 +18,8 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+
+from . import streams
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_DIR = Path("/var/tmp/orch-test-cluster")
@@ -41,9 +47,33 @@ def _down() -> None:
     subprocess.run(["bash", str(ROOT / "deploy" / "cluster.sh"), "down", "--dir", str(CLUSTER_DIR)], timeout=300)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The no-accounting module last: its fixture rebuilds the session's cluster without slurmdbd,
+def bring_up() -> None:
+    """The cluster up, with an empty runs folder (pytest.fail with cluster.sh's output if not)."""
+    up = _cluster_sh(*UP_ARGS)
+    if up.returncode != 0:
+        _down()
+        pytest.fail(f"deploy/cluster.sh up failed:\n{up.stdout}\n{up.stderr}")
+    shutil.rmtree(RUNS_DIR, ignore_errors=True)
+    RUNS_DIR.mkdir(parents=True)
+
+
+def take_down() -> None:
+    _down()
+    shutil.rmtree(RUNS_DIR, ignore_errors=True)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Only this session's stream (tests/cluster/streams.py), where run_suites runs several. The
+    no-accounting module last: its fixture rebuilds the session's cluster without slurmdbd,
     which no other test could then use (they read sacct). The others keep their order."""
+    mine = streams.current()
+    if mine is not None:
+        here = str(Path(__file__).resolve().parent)
+        other = [item for item in items
+                 if str(item.fspath).startswith(here) and streams.stream_of(item.nodeid) != mine]
+        if other:
+            config.hook.pytest_deselected(items=other)
+            items[:] = [item for item in items if item not in other]
     last = [item for item in items if Path(str(item.fspath)).name == NO_ACCOUNTING_MODULE]
     if last:
         items[:] = [item for item in items if item not in last] + last
@@ -55,24 +85,26 @@ def cluster() -> Iterator[dict[str, str]]:
         if os.environ.get("CI") == "true":
             pytest.fail("the cluster tests need root and apt-get in CI")
         pytest.skip("the cluster tests need root and Debian's apt-get")
-    up = _cluster_sh(*UP_ARGS)
-    if up.returncode != 0:
-        _down()
-        pytest.fail(f"deploy/cluster.sh up failed:\n{up.stdout}\n{up.stderr}")
+    shared = os.environ.get(streams.SHARED_VAR) == "1"
+    if shared:  # tests/run_suites.py brought it up, and takes it down
+        if not (CLUSTER_DIR / "slurm.conf").exists():
+            pytest.fail(f"{streams.SHARED_VAR}=1 but no cluster is up at {CLUSTER_DIR}")
+    else:
+        bring_up()
     conf = str(CLUSTER_DIR / "slurm.conf")
     old = os.environ.get("SLURM_CONF")
     os.environ["SLURM_CONF"] = conf
-    shutil.rmtree(RUNS_DIR, ignore_errors=True)
-    RUNS_DIR.mkdir(parents=True)
+    runs_dir = streams.runs_dir(RUNS_DIR)
+    runs_dir.mkdir(parents=True, exist_ok=True)
     try:
-        yield {"SLURM_CONF": conf, "runs_dir": str(RUNS_DIR), "oci_bundle": str(CLUSTER_DIR / "oci-bundle"),
+        yield {"SLURM_CONF": conf, "runs_dir": str(runs_dir), "oci_bundle": str(CLUSTER_DIR / "oci-bundle"),
                # ssh -F login_ssh_config login_host CMD runs CMD on the login node as login_user.
                "login_ssh_config": str(LOGIN_DIR / "ssh_config"), "login_host": "orch-login",
                "login_user": (LOGIN_DIR / "user").read_text().strip(),
                "login_home": (LOGIN_DIR / "home").read_text().strip()}
     finally:
-        _down()
-        shutil.rmtree(RUNS_DIR, ignore_errors=True)
+        if not shared:
+            take_down()
         if old is None:
             os.environ.pop("SLURM_CONF", None)
         else:

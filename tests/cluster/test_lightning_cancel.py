@@ -23,6 +23,7 @@ from orchestrator.executors.slurm import SlurmExecutor
 from tests.integration.helpers import SCRIPTS
 from tests.integration.test_frameworks import framework_spec
 
+from .streams import belongs_to_another_stream
 from .test_slurm import slurm_plan
 
 WORLD = 4
@@ -32,10 +33,12 @@ RANKS_GONE_S = 10.0
 
 def rank_pids() -> list[str]:
     """Live rank processes (srun's tasks, ``orchestrator.slurm_rank``; not srun itself, whose
-    command line names it too) in the node namespaces."""
+    command line names it too) in the node namespaces (this session's, tests/cluster/streams.py)."""
     found = []
     for ns in ("orch-node1", "orch-node2"):
         for pid in subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split():
+            if belongs_to_another_stream(pid):
+                continue
             try:
                 argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
                 state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]

@@ -17,6 +17,8 @@ from orchestrator.plan import LaunchPlan, plan
 from orchestrator.records import RunRecord
 from tests.integration.helpers import SCRIPTS
 
+from .streams import belongs_to_another_stream
+
 TRAIN = {"dataset": "digits", "epochs": 1, "batch-size": 16, "momentum": 0.0, "max-steps": 8, "log-every": 2}
 
 
@@ -39,10 +41,13 @@ def run(launch: LaunchPlan, timeout: float = 240) -> RunRecord:
 
 
 def rank_processes() -> list[str]:
-    """Live rank processes (python) left in the node namespaces."""
+    """Live rank processes (python) left in the node namespaces (this session's: not those of the
+    other session that tests/run_suites.py runs beside it, tests/cluster/streams.py)."""
     left = []
     for ns in ("orch-node1", "orch-node2"):
         for pid in subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split():
+            if belongs_to_another_stream(pid):
+                continue
             try:
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
                 state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -160,7 +165,7 @@ def test_killed_rank_fails_the_job_fast(cluster: dict[str, str]) -> None:
         environ = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
         return "orchestrator.slurm_rank" in cmd and ("rank 3/4" in cmd or "SLURM_PROCID=3" in environ)
 
-    tasks = [p for p in pids if Path(f"/proc/{p}/cmdline").exists() and is_rank_3(p)]
+    tasks = [p for p in pids if Path(f"/proc/{p}/cmdline").exists() and is_rank_3(p) and not belongs_to_another_stream(p)]
     assert len(tasks) == 1, tasks  # the srun task is the rank itself, as under plain srun
     victim = tasks[0]
     subprocess.run(["kill", "-9", victim])

@@ -1,0 +1,129 @@
+"""Which cluster-test session a test runs in, when tests/run_suites.py runs the cluster suite as
+several pytest sessions against one shared cluster (standard library only).
+
+run_suites brings the cluster up once (``TESTS_CLUSTER_SHARED=1``: the ``cluster`` fixture
+then neither brings it up nor down) and starts the sessions with ``TESTS_CLUSTER_STREAM`` set:
+
+- ``a`` and ``b`` at once: tests that use the cluster as any user would (their own jobs, read-only
+  queries). Two 2-node jobs of 2 ranks fit the 2 x 4 CPUs side by side; a third queues.
+- ``serial`` after both: tests that change what every job sees (a node down or killed, a
+  partition's PreemptMode, a job of the preempting 'high' partition, the login node re-deployed,
+  the cluster rebuilt without accounting).
+
+Without ``TESTS_CLUSTER_STREAM`` (``pytest tests/cluster``) one session runs them all, as before.
+A session's check that its jobs left nothing behind skips the other stream's jobs: a job is a
+session's when its logs are in that session's folders (``belongs_to_another_stream``). (The
+variables' names do not start with ORCH_: sbatch passes them on to the ranks, and
+tests/cluster/test_rank_contract_slurm.py proves that a rank gets no ORCH_ variable the plan
+does not show.)
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+STREAM_VAR = "TESTS_CLUSTER_STREAM"
+SHARED_VAR = "TESTS_CLUSTER_SHARED"
+PARALLEL = ("a", "b")
+SERIAL = "serial"
+
+#: Whole modules that change the cluster for everyone.
+SERIAL_MODULES = {
+    "test_preemption.py",  # PreemptMode updates; a 'high' job takes every CPU (it would preempt the other stream)
+    "test_site_defaults.py",  # a job in the 'high' partition (it preempts debug jobs when CPUs are short)
+    "test_no_accounting.py",  # rebuilds the cluster without slurmdbd (last)
+}
+#: Single tests that do so inside otherwise shareable modules.
+SERIAL_TESTS = {
+    "test_slurm.py::test_lost_node_ends_the_job",  # kills node2's slurmd, re-runs cluster.sh up
+    "test_recovery_slurm.py::test_a_node_taken_down_mid_run_is_left_behind",  # scontrol update state=down
+    "test_login_node.py::test_totp_second_factor_then_batch_mode_through_the_master",  # re-runs cluster.sh up
+    # a 'high' job over every CPU, as in the module's other tests (its own job's suspend is shareable)
+    "test_preemption.py::test_a_real_preemption_requeues_a_rank_api_job_which_resumes_and_completes",
+}
+#: Tests of the serial modules that touch only their own job, and run in a stream.
+SHAREABLE_TESTS = {"test_preemption.py::test_a_suspended_job_is_not_called_stalled_and_completes"}
+#: Stream b's modules (the rest are stream a's), chosen so both take about as long.
+STREAM_B = {"test_user_scripts.py", "test_code_snapshot_slurm.py", "test_tracking_slurm.py", "test_stacks_slurm.py",
+            "test_frameworks_slurm.py", "test_pipeline_slurm.py", "test_validate_cluster.py", "test_login_node.py",
+            "test_preemption.py", "test_remote_slurm.py"}
+
+
+def stream_of(nodeid: str) -> str:
+    """The stream a test (its pytest node id, e.g. tests/cluster/test_slurm.py::test_x[p]) runs in."""
+    path, _, name = nodeid.partition("::")
+    module = Path(path).name
+    test = f"{module}::{name.split('[')[0]}"
+    if test in SERIAL_TESTS or (module in SERIAL_MODULES and test not in SHAREABLE_TESTS):
+        return SERIAL
+    return "b" if module in STREAM_B else "a"
+
+
+def current() -> str | None:
+    """This session's stream, or None when one session runs every cluster test."""
+    return os.environ.get(STREAM_VAR) or None
+
+
+def runs_dir(base: Path) -> Path:
+    """The cluster tests' runs folder for this session: its own sub-folder in a stream, so a job's
+    log path says which session submitted it."""
+    mine = current()
+    return base / mine if mine else base
+
+
+def belongs_to_another_stream(pid: str) -> bool:
+    """Whether a process in the node namespaces belongs to a job of the other session that runs
+    beside this one: its job (the ``slurmstepd: [JOB.STEP]`` above it) logs outside this session's
+    folders (its runs folder, its pytest base folder ``session-<pid>``), or it runs as a user other
+    than root (the login node's jobs, tests/cluster/test_remote_slurm.py). Never true in the
+    serial session, nor when one session runs every test. Unknown (no job found, SLURM forgot it):
+    not another's, so a check of leftovers stays strict."""
+    mine = current()
+    if mine is None or mine == SERIAL:
+        return False
+    try:
+        if Path(f"/proc/{pid}").stat().st_uid != 0:
+            return True
+    except OSError:
+        return False
+    job = _job_of(pid)
+    if job is None:
+        return False
+    if job not in _OWNED:
+        _OWNED[job] = _logs_here(job)
+    return _OWNED[job] is False
+
+
+_OWNED: dict[str, bool | None] = {}  # job id -> logs in this session's folders (None: SLURM does not know it)
+
+
+def _job_of(pid: str) -> str | None:
+    """The SLURM job a process runs in: the id in the ``slurmstepd: [JOB.STEP]`` title of the
+    nearest such ancestor (rank titles and environments may be rewritten by setproctitle)."""
+    for _ in range(8):
+        try:
+            title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return None
+        if title.startswith("slurmstepd: ["):
+            return title[len("slurmstepd: ["):].split(".")[0].split("]")[0]
+        pid = stat.rsplit(")", 1)[1].split()[1]
+        if pid in ("0", "1"):
+            return None
+    return None
+
+
+def _logs_here(job: str) -> bool | None:
+    import subprocess
+
+    out = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True, timeout=30).stdout
+    paths = [field.split("=", 1)[1] for field in out.split() if field.startswith(("StdOut=", "WorkDir="))]
+    if not paths:
+        return None
+    here = (f"/session-{os.getpid()}/", f"{RUNS_BASE}/{current()}/")
+    return any(marker in path + "/" for path in paths for marker in here)
+
+
+RUNS_BASE = "/srv/orch-test-runs"  # tests/cluster/conftest.py's RUNS_DIR

@@ -6,7 +6,7 @@
     <run>/logs/rank-N.log          local ranks' output (SLURM: <run>/slurm/<job>_<task>_log.out)
     <run>/errors/rank-N.json       a failing rank's traceback, full and trimmed (this attempt's)
     <run>/attempts/K/              attempt K's failure record once another attempt started: errors/, end.json
-    <run>/progress/rank-N.json     the rank API's heartbeat (orchestrator.progress)
+    <run>/progress/node-G.json     the rank API's heartbeats, one file per node (orchestrator.progress)
     <run>/ranks/rank-N.json        who the rank is (host, pid, start time), for identity-checked signals
     <run>/joined/rank-N[.calling]  the rank returned from (entered) init_process_group
     <run>/stacks/rank-N.txt        stacks saved at an abnormal end; stacks/live/: on request

@@ -4,7 +4,7 @@ supervisor and the SLURM job's agent feed it what they observed (``observe``) an
 it says. Standard library only.
 
 **Progress** of a rank, for ``watchdog.stall_s``: a heartbeat of this attempt from the rank API
-(``<run>/progress/rank-N.json``) for a rank that sends them; for a rank that sends none, new
+(``<run>/progress/``, a file per node) for a rank that sends them; for a rank that sends none, new
 output in its log; joining the process group counts too. The job has stalled when no rank has
 progressed for ``stall_s``: a hung collective stops every rank, so the job-wide clock is the
 signal, and the straggler is then named from evidence (``straggler``).

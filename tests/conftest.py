@@ -94,6 +94,11 @@ SLOW = {
     "tests/cluster/test_slurm.py::test_two_nodes_tcp_training_completes",
     "tests/cluster/test_stacks_slurm.py::test_stall_on_slurm_names_the_straggler_with_every_stack",
     "tests/cluster/test_remote_slurm.py::test_a_second_submit_ships_only_what_changed_and_resumes_the_same_run",
+    # a 4-rank Lightning job (its imports alone take seconds a rank on 2 cores), 61 s under load
+    "tests/integration/test_cancel_stuck_handlers.py::test_an_unmodified_lightning_job_ends_within_seconds",
+    # stop_grace_s (30 s) waited out is the point; a detached run followed by status, logs, report
+    "tests/integration/test_cli_local.py::test_cancel_waits_stop_grace_s_for_slow_steps_to_checkpoint",
+    "tests/integration/test_cli_local.py::test_detached_run_then_status_logs_report",
     # whole trainings, twice or more, CPU-bound (40 to 50 s side by side on 2 cores)
     "tests/integration/test_ownership.py::test_generated_sequences_keep_one_owner_per_run",
     "tests/integration/test_rank_api.py::test_user_script_on_the_rank_api_resumes_bit_exactly_after_usr2",

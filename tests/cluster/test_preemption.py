@@ -7,7 +7,6 @@ preemption's SIGTERM from a scancel and requeues the job itself (slurm.requeue: 
 
 from __future__ import annotations
 
-import json
 import subprocess
 import time
 from pathlib import Path
@@ -21,10 +20,12 @@ from .test_slurm import no_job_processes, slurm_plan
 
 
 def _step(run_dir: str) -> int:
-    try:
-        return int(json.loads((Path(run_dir) / "progress" / "rank-0.json").read_text())["step"])
-    except (OSError, ValueError, KeyError):
-        return 0
+    """Rank 0's last reported step (0 before its first report), read as the orchestrator reads it
+    (inside a job the reports are a file per node, progress/node-G.json, since issue 36)."""
+    from orchestrator.progress import read_progress
+
+    report = read_progress(run_dir, 4)[0]
+    return report.step if report is not None else 0
 
 
 @pytest.fixture

@@ -75,8 +75,10 @@ def test_rank_api_script_resumes_bit_exactly_after_its_time_limit(cluster: dict[
     assert a.keys() == b.keys()
     for name in a:
         assert torch.equal(a[name], b[name]), f"{name} differs after the time limit and requeue"
-    progress = json.loads((Path(launch.run_dir) / "progress" / "rank-3.json").read_text())
-    assert (progress["step"], progress["attempt"]) == (TOTAL, requeues), progress  # the last attempt's heartbeat
+    from orchestrator.progress import read_progress
+
+    progress = read_progress(launch.run_dir, 4)[3]  # inside a job: progress/node-G.json (issue 36)
+    assert progress is not None and (progress.step, progress.attempt) == (TOTAL, requeues), progress  # the last attempt's heartbeat
     assert no_job_processes()
 
 

@@ -16,7 +16,7 @@ import sys
 from typing import Callable, Sequence
 
 from orchestrator import __version__
-from orchestrator.cli_commands import (cmd_cancel, cmd_demo, cmd_diff, cmd_list, cmd_logs, cmd_pipeline, cmd_plan,
+from orchestrator.cli_commands import (cmd_cancel, cmd_demo, cmd_diff, cmd_gc, cmd_list, cmd_logs, cmd_pipeline, cmd_plan,
                                        cmd_preflight, cmd_remote_files, cmd_remote_receive, cmd_report, cmd_run,
                                        cmd_schema, cmd_status, cmd_stacks, cmd_submit, cmd_sync, cmd_validate)
 from orchestrator.cli_streams import _not_utf8_line, _os_error_line, _process_streams
@@ -127,6 +127,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run")
     p.set_defaults(func=cmd_report)
 
+    p = sub.add_parser("gc", help="remove the code snapshots no run needs any more (runs that may still run, "
+                                  "the last few and the last hour's keep theirs)")
+    p.add_argument("runs_dirs", nargs="*", metavar="RUNS_DIR",
+                   help="runs folders whose snapshot store (RUNS_DIR/.code) to clean; default: every registered run's")
+    p.add_argument("--dry-run", action="store_true", help="say what would be removed, and its size; remove nothing")
+    p.add_argument("--keep", type=_keep_count, default=None, metavar="N",
+                   help="the N most recently used snapshots stay, whatever their runs' states (default 5)")
+    p.set_defaults(func=cmd_gc)
+
     p = sub.add_parser("remote-receive")  # the login node's side of --remote submit (remote_receive.py)
     p.set_defaults(func=cmd_remote_receive)
     p = sub.add_parser("remote-files")  # the login node sends a run's report PNGs (tar on stdout)
@@ -145,6 +154,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="list the offline W&B folders and the command; push nothing")
     p.set_defaults(func=cmd_sync)
     return parser
+
+
+def _keep_count(text: str) -> int:
+    if not (text.isascii() and text.isdigit()):
+        raise argparse.ArgumentTypeError(f"--keep takes a count of snapshots (0 or more), not {text[:40]!r}")
+    return int(text)
 
 
 def _attempt_number(text: str) -> int:

@@ -296,6 +296,28 @@ def cmd_sync(args: argparse.Namespace) -> int:
     return sync(run.run_dir, run.id, dry_run=args.dry_run)
 
 
+def cmd_gc(args: argparse.Namespace) -> int:
+    """``orchestrator gc``: each store's snapshots that no run may still use, and that are not
+    among the last few or the last hour's, removed (``snapshot_prune``), with what that freed."""
+    from orchestrator import snapshot_prune
+
+    found = snapshot_prune.stores(args.runs_dirs)
+    if not found:
+        where = ", ".join(args.runs_dirs) if args.runs_dirs else "the registered runs' folders"
+        print(f"no code snapshots to clean in {where} (no .code store there)")
+        return 0
+    keep = snapshot_prune.KEEP if args.keep is None else args.keep
+    failed = 0
+    for store in found:
+        report = snapshot_prune.prune(store, keep=keep, every_s=0, dry_run=args.dry_run)
+        if report is None:
+            print(f"{store}: {len(list((store / 'trees').glob('*')))} snapshot(s), none beyond the {keep} kept")
+            continue
+        print(report.line().removeprefix("[orchestrator] "))
+        failed += report.skipped is not None
+    return 1 if failed else 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from orchestrator.api import Run
     from orchestrator.fs_checks import problem, shown

@@ -68,11 +68,13 @@ class Pruned:
     live: int = 0
     freed_bytes: int = 0
     skipped: Optional[str] = None  # why nothing was removed this time
+    dry_run: bool = False  # what would go, nothing removed
 
     def line(self) -> str:
         if self.skipped:
             return f"[orchestrator] old code snapshots in {self.store} left in place: {self.skipped}"
-        return (f"[orchestrator] removed {len(self.removed)} old code snapshot(s) from {self.store} "
+        did = "would remove" if self.dry_run else "removed"
+        return (f"[orchestrator] {did} {len(self.removed)} old code snapshot(s) from {self.store} "
                 f"({human_size(self.freed_bytes)}); kept {self.kept} ({self.live} used by runs that may still run)")
 
 
@@ -115,24 +117,40 @@ def store_lock(store: Path, exclusive: bool) -> Iterator[bool]:
         os.close(fd)
 
 
+def stores(runs_dirs: Sequence[str | Path] = ()) -> list[Path]:
+    """The snapshot stores of these runs folders; none named: those of every registered run's
+    runs folder (``orchestrator gc`` with no argument), each once."""
+    from orchestrator.records import registered_runs
+
+    folders = [Path(d) for d in runs_dirs] or [Path(e["run_dir"]).parent for e in registered_runs() if e.get("run_dir")]
+    seen: dict[str, Path] = {}
+    for folder in folders:
+        store = folder / STORE_NAME
+        if store.is_dir():
+            seen.setdefault(os.path.realpath(store), store)
+    return list(seen.values())
+
+
 def prune(store: Path, *, keep: int = KEEP, grace_s: float = GRACE_S, every_s: float = EVERY_S,
           now: Optional[float] = None, refresh: Optional[Callable[[list], list]] = None,
-          queued: Optional[Callable[[Sequence[str]], set[str]]] = None) -> Optional[Pruned]:
+          queued: Optional[Callable[[Sequence[str]], set[str]]] = None, dry_run: bool = False) -> Optional[Pruned]:
     """Remove what ``removable`` allows from ``store`` (``<runs_dir>/.code``); None when there is
     nothing to decide: the store holds no more than ``keep`` trees, or was looked at less than
     ``every_s`` ago (both cost one listing or one stat). ``refresh`` (records -> records from the
     scheduler; default ``api.refresh``) and ``queued`` (job ids -> those the scheduler still
-    lists; default squeue) are the scheduler's answers."""
+    lists; default squeue) are the scheduler's answers. ``dry_run``: what would be removed, and
+    its size, with nothing removed (``orchestrator gc --dry-run``)."""
     now = time.time() if now is None else now
     views = _views(store)
     if len(views) <= keep or now - _stamped(store) < every_s:
         return None
-    report = Pruned(store=store)
+    report = Pruned(store=store, dry_run=dry_run)
     with store_lock(store, exclusive=True) as held:
         if not held:
             report.skipped = "a submission is storing its snapshot there now"
             return report
-        _stamp(store)
+        if not dry_run:
+            _stamp(store)
         try:
             uses = _uses(store, refresh or _refresh, queued or _queued)
         except _Unreadable as why:
@@ -142,10 +160,10 @@ def prune(store: Path, *, keep: int = KEEP, grace_s: float = GRACE_S, every_s: f
         kept = set(views) - set(doomed)
         report.kept, report.live = len(kept), len({u.view for u in uses if u.live and u.view in kept})
         for name in doomed:
-            report.freed_bytes += _remove_view(store / "trees" / name)
+            report.freed_bytes += _size(store / "trees" / name) if dry_run else _remove_view(store / "trees" / name)
             report.removed.append(name)
         if doomed:
-            report.freed_bytes += _remove_unreferenced(store, kept, store.parent, now, grace_s)
+            report.freed_bytes += _remove_unreferenced(store, kept, store.parent, now, grace_s, dry_run)
     return report
 
 
@@ -223,7 +241,10 @@ def _uses(store: Path, refresh: Callable[[list], list], queued: Callable[[Sequen
     try:
         fresh = {r.run_dir: r for r in refresh([r for r in records if not r.state.terminal])}
         ended = [fresh.get(r.run_dir, r) for r in records]
-        listed = queued(sorted({job.split("_")[0] for r in ended if r.state.terminal for job in r.job_ids}))
+        from orchestrator.backends import backend
+
+        listed = queued(sorted({job.split("_")[0] for r in ended if r.state.terminal and backend(r.executor).scheduled
+                                for job in r.job_ids}))
     except (OrchestratorError, OSError) as exc:
         raise _Unreadable(f"the scheduler could not be asked which runs are still queued or running ({exc})") from None
     out = []
@@ -274,16 +295,17 @@ def _remove_view(view: Path) -> int:
     return size
 
 
-def _remove_unreferenced(store: Path, kept: set[str], runs: Path, now: float, grace_s: float) -> int:
+def _remove_unreferenced(store: Path, kept: set[str], runs: Path, now: float, grace_s: float,
+                         dry_run: bool = False) -> int:
     """The manifests no kept tree is built from, and the blobs no kept manifest (nor a kept run's
-    diff) names, older than the grace; their size."""
+    diff) names, older than the grace; their size (``dry_run``: only their size)."""
     from orchestrator.errors import OrchestratorError
 
     ids = {name.split("-")[0] for name in kept}
     freed = 0
     for path in _files(store / "manifests"):
         if path.name.endswith(".json") and path.name[:-len(".json")] not in ids:
-            freed += _unlink_old(path, now, grace_s)
+            freed += _unlink_old(path, now, grace_s, dry_run)
     wanted: set[str] = set()
     try:
         for snapshot in ids:
@@ -298,7 +320,7 @@ def _remove_unreferenced(store: Path, kept: set[str], runs: Path, now: float, gr
         return freed  # which blobs a kept snapshot needs is unknown: none is removed
     for path in _files(store / "blobs", depth=2):
         if path.name not in wanted:
-            freed += _unlink_old(path, now, grace_s)
+            freed += _unlink_old(path, now, grace_s, dry_run)
     return freed
 
 
@@ -317,12 +339,13 @@ def _files(folder: Path, depth: int = 1) -> Iterator[Path]:
             yield Path(entry.path)
 
 
-def _unlink_old(path: Path, now: float, grace_s: float) -> int:
+def _unlink_old(path: Path, now: float, grace_s: float, dry_run: bool = False) -> int:
     try:
         st = os.lstat(path)
         if now - st.st_mtime < grace_s:
             return 0
-        path.unlink()
+        if not dry_run:
+            path.unlink()
         return st.st_size
     except OSError:
         return 0

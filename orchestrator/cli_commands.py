@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Iterator
@@ -58,13 +59,21 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cwd_exists() -> bool:
+    try:
+        os.getcwd()
+    except OSError:
+        return False
+    return True
+
+
 @contextlib.contextmanager
 def _early_zygote(start: bool) -> Iterator[Any]:
     """The local ranks' parent, started before anything imports pydantic, so that torch imports
     while the spec is loaded and planned; killed here if the run never used it (an invalid spec,
     another executor, or local.preload_torch: false)."""
     zygote = None
-    if start:
+    if start and _cwd_exists():  # else the command fails in one line; a zygote there only adds its own errors
         from orchestrator.executors.forked import start_zygote
 
         zygote = start_zygote()

@@ -65,7 +65,9 @@ def main() -> None:
         from tests.cluster.test_remote_slurm import install_for_login
 
         install_for_login(str(home), user)
-    login_env = ["runuser", "-u", user, "--", "env", f"SLURM_CONF={cluster / 'slurm.conf'}", f"HOME={home}"]
+    # the login user's own registry (in its HOME), never this process's ORCHESTRATOR_HOME (root's, private)
+    login_env = ["runuser", "-u", user, "--", "env", "-u", "ORCHESTRATOR_HOME", f"SLURM_CONF={cluster / 'slurm.conf'}",
+                 f"HOME={home}"]
     orch_login = [*login_env, str(venv / "bin" / "orchestrator")]
     base = Path("/srv/orch-bench-projects") / uuid.uuid4().hex[:8]
     base.mkdir(parents=True)

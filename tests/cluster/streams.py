@@ -25,7 +25,10 @@ from pathlib import Path
 
 STREAM_VAR = "TESTS_CLUSTER_STREAM"
 SHARED_VAR = "TESTS_CLUSTER_SHARED"
-PARALLEL = ("a", "b")
+#: One shareable stream for now: two side by side beside the unit and integration session loaded 2
+#: cores past what the timing-sensitive tests tolerate (measured 2026-11-27: stream a 25 min, b 19
+#: min, then serial 9, with failures that passed alone). Add "b" back with a machine to spare.
+PARALLEL = ("a",)
 SERIAL = "serial"
 
 #: Whole modules that change the cluster for everyone.
@@ -57,7 +60,7 @@ def stream_of(nodeid: str) -> str:
     test = f"{module}::{name.split('[')[0]}"
     if test in SERIAL_TESTS or (module in SERIAL_MODULES and test not in SHAREABLE_TESTS):
         return SERIAL
-    return "b" if module in STREAM_B else "a"
+    return "b" if module in STREAM_B and "b" in PARALLEL else "a"
 
 
 def current() -> str | None:

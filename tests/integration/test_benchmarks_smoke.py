@@ -55,7 +55,7 @@ HELPERS = {"bare_allreduce.py", "first_allreduce.py", "hand_ddp_loop.py"}
 NO_GPU = re.compile(r"no GPUs? found|NVIDIA driver|sees no GPU|CUDA|cuda|nvidia-smi|GPU", re.I)
 
 
-def _run(name: str, args: list[str], tmp: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+def _run(name: str, args: list[str], tmp: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     argv = [sys.executable, str(BENCH / name), *(a.replace("{tmp}", str(tmp)) for a in args)]
     env = {**os.environ, "BENCH_DIR": str(tmp), "TMPDIR": str(tmp)}
     return subprocess.run(argv, cwd=tmp, capture_output=True, text=True, timeout=timeout, env=env,

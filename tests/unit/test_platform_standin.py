@@ -119,9 +119,9 @@ def _platform_names_in(path: Path) -> list[str]:
 def test_only_platform_caps_and_procs_touch_platform_names() -> None:
     """One module decides what the platform can do (platform_caps), one wraps prctl (procs): a
     branch on sys.platform or a real-time signal anywhere else would escape the stand-in. (The
-    CPU-affinity callers in plan and rank_env guard it with a fallback already, and are listed.)"""
+    CPU-affinity callers in plan_model and rank_env guard it with a fallback already, and are listed.)"""
     allowed = {"orchestrator/platform_caps.py", "orchestrator/procs.py"}
-    guarded = {"orchestrator/plan.py": ["sched_getaffinity"], "orchestrator/rank_env.py": ["sched_getaffinity"]}
+    guarded = {"orchestrator/plan_model.py": ["sched_getaffinity"], "orchestrator/rank_env.py": ["sched_getaffinity"]}
     found = []
     for root in ("orchestrator", "jobs"):
         for path in sorted((REPO / root).rglob("*.py")):

@@ -4,7 +4,6 @@ splits a sweep into arrays as submit does, by the cluster's MaxArraySize when on
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pytest
@@ -12,20 +11,10 @@ import pytest
 from orchestrator import api
 from orchestrator.errors import SubmissionError
 from orchestrator.executors import slurm as slurm_executor
+from tests.unit.test_boundaries import _imports
 
 ROOT = Path(__file__).resolve().parents[2]
 SLURM_SPECIFIC = ("slurm", "submitit", "sbatch", "srun")
-
-
-def _imports(path: Path) -> set[str]:
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            names.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)
-            names.update(f"{node.module}.{a.name}" for a in node.names)
-    return names
 
 
 @pytest.mark.parametrize("module", ["plan.py", "plan_model.py", "local_plan.py"])

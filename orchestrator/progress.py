@@ -22,6 +22,7 @@ right types and a rank inside the world.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -29,7 +30,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 NODE_FILE = "node-{}.json"
 #: A node's file is published every PUBLISH_EVERY report intervals (2 s at the 1 s default): with
@@ -197,6 +198,32 @@ def publish(run_dir: str | Path, staging: Path, node: int, now: Optional[float] 
     keep their report in the node's file. A publication costs the shared filesystem a create
     and a rename (and a read while merging)."""
     now = time.time() if now is None else now
+    with _publishing(staging):
+        _publish_locked(run_dir, staging, node, now, expect)
+
+
+@contextlib.contextmanager
+def _publishing(staging: Path) -> Iterator[None]:
+    """One publisher at a time on a node: an ``flock`` on a file in the node's own staging folder
+    (node-local memory: no cost on the shared filesystem). Without it two ranks publishing at
+    once could each write the node's file from a listing that lacked the other's first report,
+    and the later rename dropped it: that rank then had no heartbeat the watchdog could see
+    until its next turn. Where no lock can be had (no fcntl, the folder gone), unlocked."""
+    try:
+        import fcntl
+
+        fd = os.open(staging / ".lock", os.O_CREAT | os.O_RDWR | getattr(os, "O_CLOEXEC", 0), 0o600)
+    except (ImportError, OSError):
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _publish_locked(run_dir: str | Path, staging: Path, node: int, now: float, expect: int) -> None:
     target = node_progress_path(run_dir, node)
     try:
         names = os.listdir(staging)

@@ -221,3 +221,35 @@ def test_a_large_jobs_heartbeats_are_read_a_share_a_look_and_all_before_a_verdic
     later = now + 61  # only the share read so far: it would look stalled; the whole picture says so too
     forensics.look(watch, tmp_path, {}, now=later)
     assert len(watch.heartbeat) == 400  # everything read before the verdict
+
+
+def _first_report_at_the_barrier(run: str, rank: int, ranks: int, barrier: object) -> None:
+    writer = ProgressWriter(run, rank=rank, attempt=0, min_interval_s=60.0, place=NodePlace(0, rank, ranks))
+    barrier.wait()  # type: ignore[attr-defined]
+    writer.report(0)  # a rank's first report: published at once, by the rank itself
+    # the rank then stops (no further report, no leave): its first report is all the watchdog has
+
+
+def test_ranks_publishing_their_first_reports_at_once_lose_none(tmp_path: Path) -> None:
+    """Every rank of a node publishes its first report at the same moment (they start together):
+    whatever the interleaving, the node's file ends with all of them. Without one publisher at a
+    time, a rank whose listing lacked another's report could rename its file over the other's,
+    and the lost rank had no heartbeat until its next turn (a watchdog then judged it by its log,
+    which a chattering thread kept growing: no stall verdict ever)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    ranks = 6
+    for round_ in range(12):
+        run = tmp_path / f"run-{round_}"
+        barrier = ctx.Barrier(ranks)
+        procs = [ctx.Process(target=_first_report_at_the_barrier, args=(str(run), r, ranks, barrier))
+                 for r in range(ranks)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(30)
+        assert all(p.exitcode == 0 for p in procs)
+        seen = [r is not None for r in read_progress(run, ranks)]
+        assert all(seen), f"round {round_}: the node's file lost ranks {[r for r, s in enumerate(seen) if not s]}"
+        progress_module.clear_staging(run, 0, {0})

@@ -7,7 +7,8 @@ it says. Standard library only.
 (``<run>/progress/``, a file per node) for a rank that sends them; for a rank that sends none, new
 output in its log; joining the process group counts too. The job has stalled when no rank has
 progressed for ``stall_s``: a hung collective stops every rank, so the job-wide clock is the
-signal, and the straggler is then named from evidence (``straggler``).
+signal, and the straggler is then named from evidence (``straggler``). The stall clock runs once
+every rank has joined; before that, the init deadline bounds the start.
 """
 
 from __future__ import annotations
@@ -67,7 +68,14 @@ class Watch:
         return not self.stall_s and init_done
 
     def stalled(self, now: float) -> bool:
+        """No rank progressed for stall_s. Until every rank has joined its process group the init
+        deadline is the one watching (a world of one rank, or no deadline: from the start): the
+        time before init_process_group (imports, reading data) is bounded by
+        ``distributed.init_timeout_s``, which a user sets for exactly that, and a start slowed by
+        a busy node never looks like a hang."""
         if not self.stall_s:
+            return False
+        if self.init_timeout_s is not None and self.world_size > 1 and len(self.joined) < self.world_size:
             return False
         return all(now - self.last_progress(r) >= self.stall_s for r in range(self.world_size))
 

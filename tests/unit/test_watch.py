@@ -47,3 +47,28 @@ def test_the_init_deadline_keeps_the_watch_looking_until_every_rank_joined() -> 
     assert judge(watch, 11.0, lambda: [], _no_stacks) is not None  # rank 1 never joined
     watch.observe(2.0, {0: 0, 1: 0}, {}, [1])
     assert watch.settled() and judge(watch, 100.0, lambda: [], _no_stacks) is None
+
+
+@given(world=st.integers(2, 8), stall=st.floats(1, 30), init=st.floats(1, 600), seq=looks)
+def test_the_stall_clock_runs_only_once_every_rank_joined(world: int, stall: float, init: float,
+                                                         seq: list[tuple[float, list[int]]]) -> None:
+    """A slow start (imports on a busy node, data read before init_process_group) is the init
+    deadline's to judge: no stall verdict while a rank has not joined, and once all have, none
+    sooner than stall_s after the last join."""
+    watch = Watch(world, 0.0, stall, init)
+    now = 0.0
+    for step, joined in seq:
+        now += step
+        watch.observe(now, {r: 0 for r in range(world)}, {}, [r for r in joined if r < world])
+        verdict = judge(watch, now, lambda: [], _no_stacks)
+        if len(watch.joined) < world:
+            assert not watch.stalled(now)
+            assert verdict is None or verdict.reason.name == "INIT_DEADLINE"
+        elif watch.stalled(now):
+            assert now - max(watch.joined.values()) >= stall
+
+
+def test_a_single_rank_and_a_job_without_an_init_deadline_are_watched_from_the_start() -> None:
+    assert Watch(1, 0.0, 5.0, 10.0).stalled(6.0)  # one rank waits for no peer: no deadline to defer to
+    assert Watch(2, 0.0, 5.0, None).stalled(6.0)
+    assert not Watch(2, 0.0, 5.0, 10.0).stalled(6.0)  # the init deadline (10 s) watches the start

@@ -25,7 +25,7 @@ The unit and integration session prints as it goes; the cluster sessions write t
 when they end. Every wait is bounded: a session still running after ``--limit-min`` minutes (from
 the start) gets SIGINT (pytest then runs its teardown), then SIGKILL.
 
-Usage: .venv/bin/python tests/run_suites.py [--limit-min 50] [pytest options for every session...]
+Usage: .venv/bin/python tests/run_suites.py [--limit-min 80] [pytest options for every session...]
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ def _sessions(streams_: dict[str, str | None], common: list[str], deadline: floa
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--limit-min", type=float, default=50, help="bound on each session (minutes)")
+    parser.add_argument("--limit-min", type=float, default=80, help="bound on every session, from the start (minutes)")
     opts, pytest_args = parser.parse_known_args()
     deadline = time.monotonic() + opts.limit_min * 60
     signal.signal(signal.SIGINT, _interrupt)

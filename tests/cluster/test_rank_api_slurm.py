@@ -53,15 +53,15 @@ def test_rank_api_script_resumes_bit_exactly_after_its_time_limit(cluster: dict[
 
     # A real 3-minute limit: USR2 comes 120 s before it, to the batch shell (as at a time limit or a
     # preemption), part-way through the 64 steps of 1 s; the agent forwards it to every rank. The
-    # second attempt then has 2 minutes for the rest: a slow start under load (the suites run side
-    # by side) must not leave it short of time as well (with 1 minute it sometimes was: its notice
-    # then met the end of the work, a race issue 32 names).
+    # requeued attempt gets 10 minutes, as an admin may give it: a slow start under load (the
+    # suites run side by side) once left attempt after attempt a few steps each, until the
+    # requeues ran out.
     launch = slurm_plan(cluster, name="rank-api-preempted", entrypoint=EXAMPLE, args={**ARGS, "step-delay": 1.0},
                         checkpoint={"interval_steps": 10},
                         slurm={"time": "3", "signal_margin_s": 120, "requeue": "auto", "max_requeues": 3})
     ex = SlurmExecutor()
     record = ex.submit(launch)
-    final = _run_releasing_requeues(ex, record, timeout=900)
+    final = _run_releasing_requeues(ex, record, timeout=900, then_time_limit="10")
     rank0, stops, resumes = _stops_and_resumes(launch.run_dir, "SIGUSR2")
     assert final.state == "COMPLETED", (final.error, rank0[-3000:])
     requeues = rank0.count("slurm.requeue: auto: requeueing")
@@ -82,8 +82,10 @@ def test_rank_api_script_resumes_bit_exactly_after_its_time_limit(cluster: dict[
     assert no_job_processes()
 
 
-def _run_releasing_requeues(ex: SlurmExecutor, record: RunRecord, timeout: float) -> RunRecord:
-    """Until the job ends; SLURM holds a requeued job ~2 minutes (BeginTime): start it at once."""
+def _run_releasing_requeues(ex: SlurmExecutor, record: RunRecord, timeout: float,
+                            then_time_limit: str | None = None) -> RunRecord:
+    """Until the job ends; SLURM holds a requeued job ~2 minutes (BeginTime): start it at once
+    (``then_time_limit``: with this time limit, as an admin may give a requeued job)."""
     deadline = time.monotonic() + timeout
     while True:
         record = ex.refresh([RunRecord.load(record.run_dir)])[0]
@@ -92,6 +94,8 @@ def _run_releasing_requeues(ex: SlurmExecutor, record: RunRecord, timeout: float
         assert time.monotonic() < deadline, record
         job = record.job_ids[0]
         if "Reason=BeginTime" in subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout:
+            if then_time_limit:
+                subprocess.run(["scontrol", "update", f"jobid={job}", f"TimeLimit={then_time_limit}"], check=True)
             start_held_job(job)
         time.sleep(0.5)
 

@@ -245,11 +245,13 @@ def test_ranks_publishing_their_first_reports_at_once_lose_none(tmp_path: Path) 
         barrier = ctx.Barrier(ranks)
         procs = [ctx.Process(target=_first_report_at_the_barrier, args=(str(run), r, ranks, barrier))
                  for r in range(ranks)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(30)
-        assert all(p.exitcode == 0 for p in procs)
-        seen = [r is not None for r in read_progress(run, ranks)]
-        assert all(seen), f"round {round_}: the node's file lost ranks {[r for r, s in enumerate(seen) if not s]}"
-        progress_module.clear_staging(run, 0, {0})
+        try:
+            for p in procs:
+                p.start()
+            for p in procs:
+                p.join(30)
+            assert all(p.exitcode == 0 for p in procs)
+            seen = [r is not None for r in read_progress(run, ranks)]
+            assert all(seen), f"round {round_}: the node's file lost ranks {[r for r, s in enumerate(seen) if not s]}"
+        finally:
+            progress_module.clear_staging(run, 0, {0})  # the ranks stopped without leaving

@@ -59,7 +59,11 @@ NVIDIA_GPUS_DIR = "/proc/driver/nvidia/gpus"
 #: the step's own binding before the job's (the job's is the batch node's on a multi-node job).
 GPU_VARIABLES = ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "GPU_DEVICE_ORDINAL")
 
-_POLL_S = 0.1
+#: The peers' tokens are looked for after 0.1 s, then each wait half again as long, up to 0.5 s:
+#: healthy nodes see each other within the first looks, and a node that waits out TOKEN_WAIT_S
+#: lists the folder about 125 times, not 600 (every node lists a folder of a token per node: at
+#: a thousand nodes, what a metadata server sees grows with the nodes squared times the looks).
+_POLL_FIRST_S, _POLL_GROWTH, _POLL_MAX_S = 0.1, 1.5, 0.5
 _LINE_MAX = 300
 
 
@@ -225,6 +229,7 @@ def _wait_for_peers(tokens: Path, node: str, peers: Sequence[str], run_dir: str,
     """Poll the tokens folder (a fresh listing each time: on NFS reading the folder revalidates
     it, where a lookup of a missing name may be answered from the client's cache)."""
     wanted = {_file_name(p): p for p in peers}
+    pause = _POLL_FIRST_S
     while True:
         try:
             seen = set(os.listdir(tokens))
@@ -233,7 +238,8 @@ def _wait_for_peers(tokens: Path, node: str, peers: Sequence[str], run_dir: str,
         missing = [peer for name, peer in wanted.items() if name not in seen]
         if not missing or time.monotonic() >= deadline:
             break
-        time.sleep(min(_POLL_S, max(0.0, deadline - time.monotonic())))
+        time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+        pause = min(pause * _POLL_GROWTH, _POLL_MAX_S)
     if not missing:
         return None
     shown_peers = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")

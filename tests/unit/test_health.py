@@ -237,3 +237,24 @@ def test_main_refuses_a_bad_node_check(tmp_path: Path, capsys: pytest.CaptureFix
                      "--nodes", "n1", "--node-check-json", '"false"'])
     assert exc.value.code == 2
     assert "list of strings" in capsys.readouterr().err
+
+
+def test_the_wait_for_peers_lists_the_folder_less_and_less_often(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Waiting out the whole token wait, a node lists the tokens folder a bounded number of times
+    (first after 0.1 s, then each pause half again as long, up to 0.5 s), not every 0.1 s: with a
+    token per node in the folder and every node listing it, that is the metadata server's load."""
+    listings: list[float] = []
+    real_listdir = health.os.listdir
+
+    def counting(path: Any) -> list[str]:
+        if Path(path).name == "tokens":
+            listings.append(time.monotonic())
+        return real_listdir(path)
+
+    monkeypatch.setattr(health.os, "listdir", counting)
+    h = _check(tmp_path, peers=["n1", "ghost"], token_wait_s=4.0)
+    assert not h.ok and "ghost" in h.problems[0]
+    pauses = [b - a for a, b in zip(listings, listings[1:])]
+    assert 5 <= len(listings) <= 14, (len(listings), pauses)  # every 0.1 s: 40
+    assert pauses[0] < 0.2 and all(p < 0.65 for p in pauses) and max(pauses) > 0.4, pauses

@@ -442,18 +442,25 @@ class StateWatch:
 def refresh(runs: Sequence[Run]) -> list[Run]:
     """Refresh every run from its scheduler, asking each executor once for all of its runs (so
     SLURM status over any number of jobs is one or two scheduler calls, not one per job)."""
-    by_executor: dict[str, list[RunRecord]] = defaultdict(list)
-    for r in runs:
-        by_executor[r.executor].append(r.record)
-    fresh: dict[str, RunRecord] = {}
-    for name, records in by_executor.items():
-        for rec in _executor(name).refresh(records):
-            fresh[rec.run_dir] = rec
+    fresh = {rec.run_dir: rec for rec in refresh_records([r.record for r in runs])}
     out = []
     for r in runs:
         r._record = fresh[r._record.run_dir]
         out.append(r)
     return out
+
+
+def refresh_records(records: Sequence[RunRecord]) -> list[RunRecord]:
+    """``refresh`` for records just read from their folders (read again by nobody: status over a
+    thousand runs reads each record once), in their order."""
+    by_executor: dict[str, list[RunRecord]] = defaultdict(list)
+    for rec in records:
+        by_executor[rec.executor].append(rec)
+    fresh: dict[str, RunRecord] = {}
+    for name, group in by_executor.items():
+        for rec in _executor(name).refresh(group):
+            fresh[rec.run_dir] = rec
+    return [fresh[rec.run_dir] for rec in records]
 
 
 def registered(on_damaged: Callable[[str, OrchestratorError | OSError], None] | None = None) -> list[Run]:

@@ -1,6 +1,6 @@
 """status / list / logs / cancel as the CLI prints them, over the Python API (api.py).
 
-Status for many runs asks each executor once for all its runs (``api.refresh``), so SLURM
+Status for many runs asks each executor once for all its runs (``api.refresh_records``), so SLURM
 status over N jobs costs one scheduler query, not N.
 """
 
@@ -32,11 +32,11 @@ FOLLOW_START_TIMEOUT_S = 600.0
 _QUIET = frozenset({State.COMPLETED, State.RUNNING, State.PENDING})
 
 
-def _runs(refs: list[str]) -> list[Run]:
-    """Explicit refs must all resolve; over the whole registry, a damaged run is reported and
-    skipped so the others are still listed."""
+def _records(refs: list[str]) -> list[RunRecord]:
+    """The runs' records, each read once. Explicit refs must all resolve; over the whole
+    registry, a damaged run is reported and skipped so the others are still listed."""
     if refs:
-        return [Run.get(r) for r in refs]
+        return [Run.get(r).record for r in refs]
     found = []
     for entry in registered_runs():
         folder = Path(entry["run_dir"])
@@ -53,7 +53,7 @@ def _runs(refs: list[str]) -> list[Run]:
             if not stat.S_ISREG(mode):  # a FIFO or a device is never opened; a folder is no record
                 raise RunNotFoundError(f"{shown(record)} is {kind(mode)}, not a regular file: inspect the run's "
                                        f"other files, then remove or rename {shown(folder)}")
-            found.append(Run(RunRecord.load(folder)))
+            found.append(RunRecord.load(folder))
         except OrchestratorError as exc:
             print(f"warning: skipping {entry['run_id'][:200]!r}: {_one_line(exc)}", file=sys.stderr)
         except PermissionError:
@@ -71,11 +71,11 @@ def _one_line(exc: BaseException) -> str:
 
 def refresh(records: list[RunRecord]) -> list[RunRecord]:
     """The records, refreshed with one query per executor."""
-    return [run.record for run in api.refresh([Run(rec) for rec in records])]
+    return api.refresh_records(records)
 
 
 def status(refs: list[str], as_json: bool = False) -> int:
-    records = [run.record for run in api.refresh(_runs(refs))]
+    records = api.refresh_records(_records(refs))
     if as_json:
         print(json.dumps([asdict(r) for r in records], indent=2, default=str))
         return 0

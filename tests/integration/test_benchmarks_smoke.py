@@ -34,6 +34,7 @@ LOCAL: dict[str, tuple[list[str], str]] = {
     "bench_recovery.py": (["--executor", "local", "--rounds", "1", "--runs-dir", "{tmp}/runs"], r"ttr_s\s+median"),
     "bench_resnet.py": (["--repeat", "1", "--steps", "2", "--warmup", "1"], r"runtime/hand [\d.]+x"),
     "bench_runtime.py": (["--smoke"], r"defaults [\d.]+s vs best hand-set"),
+    "bench_status.py": (["--runs", "50", "--repeat", "1"], r"status, 50 runs all open \(first look\)\s+[\d.]+\s+1\s"),
     "bench_snapshot.py": (["--files", "20", "--rounds", "1", "--changed-mb", "1", "--dir", "{tmp}"],
                           r"changed\s+\(1 MB new\): ours [\d.]+ s"),
     "bench_snapshot_messy.py": (["--mb", "2"], r"\| after, no writer \| again \|"),

@@ -199,7 +199,11 @@ class RunRecord:
 
     def update_seen(self, **changes: Any) -> RunRecord:
         """``update`` for what a reader learned (a refresh from the scheduler): one who may read
-        the run folder but not write it (a teammate's run) keeps what it learned in memory."""
+        the run folder but not write it (a teammate's run) keeps what it learned in memory.
+        Nothing new (a running job asked about again): nothing written, so ``status`` over a
+        thousand open runs writes none of their records."""
+        if all(getattr(self, key) == value for key, value in changes.items()):
+            return self
         for key, value in changes.items():
             setattr(self, key, value)
         try:

@@ -346,7 +346,7 @@ class SlurmExecutor:
         states = sacct_states([j for r in live for j in r.job_ids])
         out = []
         for rec in records:
-            if rec in live:
+            if not rec.state.terminal:
                 per_job, unknown = [], []
                 for index, job in enumerate(rec.job_ids):
                     if job in states:

@@ -106,7 +106,7 @@ def test_a_folder_one_may_not_enter_says_no_permission(tmp_path: Path, monkeypat
     monkeypatch.setattr(os, "stat", stat_)
     with pytest.raises(RunNotFoundError, match="^no permission to read the run's record"):
         resolve_run(str(run_dir))
-    assert operations._runs([]) == []
+    assert operations._records([]) == []
     err = capsys.readouterr().err
     assert "skipping 'team-0123abcd': no permission to read" in err and "damaged" not in err
 

@@ -79,6 +79,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = [item for item in items if item not in last] + last
 
 
+def clear_node_memory(runs_dir: Path) -> None:
+    """The heartbeat staging folders this session's jobs left in the nodes' memory (/dev/shm,
+    one machine's for every emulated node): a rank SLURM killed never leaves its node, and no
+    node here reboots or runs an epilog that would clear it (issue 36 notes the product's
+    part). Only folders named by this session's runs: another session's runs go on."""
+    from orchestrator.progress import staging_dir
+
+    runs = [p for p in runs_dir.glob("*") if p.is_dir()] + [p for p in runs_dir.glob("*/*") if p.is_dir()]
+    for run in runs:
+        prefix = staging_dir(run, 0, 0).name.rsplit("-a", 1)[0] + "-a"
+        for left in staging_dir(run, 0, 0).parent.glob(prefix + "*"):
+            shutil.rmtree(left, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[dict[str, str]]:
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
@@ -103,6 +117,7 @@ def cluster() -> Iterator[dict[str, str]]:
                "login_user": (LOGIN_DIR / "user").read_text().strip(),
                "login_home": (LOGIN_DIR / "home").read_text().strip()}
     finally:
+        clear_node_memory(runs_dir)
         if not shared:
             take_down()
         if old is None:

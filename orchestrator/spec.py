@@ -480,8 +480,9 @@ class WatchdogSpec(_Model):
         "has made progress for this many seconds. Progress: a rank API heartbeat (jobs.heartbeat) for a rank "
         "that sends them; for a rank that sends none, new output in its log; joining the process group counts "
         "too. The clock runs once every rank has joined its process group (before that, "
-        "distributed.init_timeout_s bounds the start). The straggler is the rank whose stack is not inside a torch.distributed collective, else one "
-        "that did not answer, else the one that progressed least recently. Default: off.",
+        "distributed.init_timeout_s bounds the start). The straggler is the rank whose stack is not inside a "
+        "torch.distributed collective, else one that did not answer, else the one that progressed least "
+        "recently. Default: off.",
     )
     stacks_on_failure: bool = Field(
         True,

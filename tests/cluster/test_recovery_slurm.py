@@ -44,7 +44,7 @@ def _logs(run_dir: str) -> str:
 def test_a_crash_requeues_the_job_and_it_resumes_from_its_snapshot(cluster: dict[str, str]) -> None:
     launch, ckpt = _flaky(cluster, "rec-crash", "crash_once", {"max_restarts": 2})
     record = _run_through_restarts(launch)
-    assert record.state == "COMPLETED", (record.error, _logs(launch.run_dir)[-4000:])
+    assert record.state == "COMPLETED", f"{record.error}\n{_logs(launch.run_dir)[-4000:]}"
     assert json.loads((ckpt / "done.json").read_text()) == {"steps": 12, "start": 6}
     attempts = History.load(launch.run_dir).attempts
     assert [(a.outcome, a.action) for a in attempts] == [("crash", "restart"), ("completed", "")], attempts
@@ -66,7 +66,10 @@ def test_a_node_failing_the_node_check_is_excluded(cluster: dict[str, str], tmp_
     launch, ckpt = _flaky(cluster, "rec-unhealthy", "none", {"max_restarts": 1, "node_check": [str(check)]}, nodes=1,
                           steps=3)
     record = _run_through_restarts(launch)
-    assert record.state == "COMPLETED", (record.error, _logs(launch.run_dir)[-4000:])
+    # Once seen failing beside the other suites only (FAILED naming node1's check, no restart):
+    # the attempts and the whole log say why if it does again.
+    assert record.state == "COMPLETED", "\n".join([str(record.error), *describe(History.load(launch.run_dir)),
+                                                    _logs(launch.run_dir)[-6000:]])
     node = bad.read_text().strip()
     other = {"node1": "node2", "node2": "node1"}[node]
     history = History.load(launch.run_dir)
@@ -110,7 +113,7 @@ def test_a_node_taken_down_mid_run_is_left_behind(cluster: dict[str, str]) -> No
     finally:
         for state in ("resume", "idle"):  # a DOWN node takes one or the other, by SLURM's version
             subprocess.run(["scontrol", "update", f"nodename={node}", f"state={state}"], capture_output=True)
-    assert record.state == "COMPLETED", (record.error, _logs(launch.run_dir)[-4000:])
+    assert record.state == "COMPLETED", f"{record.error}\n{_logs(launch.run_dir)[-4000:]}"
     first, second = History.load(launch.run_dir).attempts
     assert (first.outcome, first.action, first.blamed) == ("node_failure", "restart", [node]), \
         (first, _logs(launch.run_dir)[-3000:])
@@ -125,7 +128,7 @@ def test_a_hang_restarts_without_the_stragglers_node(cluster: dict[str, str]) ->
     launch, ckpt = _flaky(cluster, "rec-hang", "hang_once", {"max_restarts": 1, "on": ["hang"]}, nodes=1, ranks=2,
                           spec={"watchdog": {"stall_s": 6}})
     record = _run_through_restarts(launch)
-    assert record.state == "COMPLETED", (record.error, _logs(launch.run_dir)[-4000:])
+    assert record.state == "COMPLETED", f"{record.error}\n{_logs(launch.run_dir)[-4000:]}"
     first, second = History.load(launch.run_dir).attempts
     assert (first.outcome, first.action) == ("hang", "restart"), first
     assert first.blamed == first.nodes and second.nodes == [_other(first.nodes[0])]

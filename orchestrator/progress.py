@@ -86,10 +86,22 @@ class NodePlace:
 def staging_dir(run_dir: str | Path, attempt: int, node: int) -> Path:
     """The node's staging folder for one run's attempt: on the node's own memory where it has
     one, named by the run folder (two runs, or two emulated nodes, on one machine never meet)."""
+    return _staging_base() / f"{_staging_prefix(run_dir)}-a{int(attempt)}-n{int(node)}"
+
+
+def staging_dirs(run_dir: str | Path) -> list[Path]:
+    """Every staging folder of this run on this machine, whatever the attempt and node (what a
+    rank killed before it left its node leaves behind)."""
+    return sorted(_staging_base().glob(f"{_staging_prefix(run_dir)}-a*-n*"))
+
+
+def _staging_base() -> Path:
     shm = Path("/dev/shm")
-    base = shm if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK) else Path(tempfile.gettempdir())
-    key = hashlib.sha256(str(Path(run_dir).absolute()).encode()).hexdigest()[:16]
-    return base / f"orch-progress-{key}-a{int(attempt)}-n{int(node)}"
+    return shm if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK) else Path(tempfile.gettempdir())
+
+
+def _staging_prefix(run_dir: str | Path) -> str:
+    return "orch-progress-" + hashlib.sha256(str(Path(run_dir).absolute()).encode()).hexdigest()[:16]
 
 
 class ProgressWriter:

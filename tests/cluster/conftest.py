@@ -84,12 +84,11 @@ def clear_node_memory(runs_dir: Path) -> None:
     one machine's for every emulated node): a rank SLURM killed never leaves its node, and no
     node here reboots or runs an epilog that would clear it (issue 36 notes the product's
     part). Only folders named by this session's runs: another session's runs go on."""
-    from orchestrator.progress import staging_dir
+    from orchestrator.progress import staging_dirs
 
     runs = [p for p in runs_dir.glob("*") if p.is_dir()] + [p for p in runs_dir.glob("*/*") if p.is_dir()]
     for run in runs:
-        prefix = staging_dir(run, 0, 0).name.rsplit("-a", 1)[0] + "-a"
-        for left in staging_dir(run, 0, 0).parent.glob(prefix + "*"):
+        for left in staging_dirs(run):
             shutil.rmtree(left, ignore_errors=True)
 
 

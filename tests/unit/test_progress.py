@@ -255,3 +255,16 @@ def test_ranks_publishing_their_first_reports_at_once_lose_none(tmp_path: Path) 
             assert all(seen), f"round {round_}: the node's file lost ranks {[r for r, s in enumerate(seen) if not s]}"
         finally:
             progress_module.clear_staging(run, 0, {0})  # the ranks stopped without leaving
+        assert progress_module.staging_dirs(run) == []
+
+
+def test_staging_dirs_are_every_attempt_and_node_of_one_run_and_no_other(tmp_path: Path) -> None:
+    mine = [staging_dir(tmp_path / "run", a, n) for a, n in ((0, 0), (0, 1), (3, 0))]
+    other = staging_dir(tmp_path / "run-2", 0, 0)
+    try:
+        for d in [*mine, other]:
+            d.mkdir()
+        assert progress_module.staging_dirs(tmp_path / "run") == sorted(mine)
+    finally:
+        for d in [*mine, other]:
+            d.rmdir()

@@ -69,11 +69,6 @@ def _one_line(exc: BaseException) -> str:
     return text if text.isprintable() else ascii(text)[1:-1]
 
 
-def refresh(records: list[RunRecord]) -> list[RunRecord]:
-    """The records, refreshed with one query per executor."""
-    return api.refresh_records(records)
-
-
 def status(refs: list[str], as_json: bool = False) -> int:
     records = api.refresh_records(_records(refs))
     if as_json:

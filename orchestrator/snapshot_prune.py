@@ -258,9 +258,9 @@ def _uses(store: Path, refresh: Callable[[list], list], queued: Callable[[Sequen
 def _refresh(records: list) -> list:
     if not records:
         return []
-    from orchestrator.api import Run, refresh
+    from orchestrator.api import refresh_records
 
-    return [run.record for run in refresh([Run(r) for r in records])]
+    return refresh_records(records)
 
 
 def _queued(jobs: Sequence[str]) -> set[str]:

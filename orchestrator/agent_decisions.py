@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Mapping
+from typing import Iterable, Mapping, Sequence
 
 from orchestrator.agent_state import Killed
 from orchestrator.states import Action, FailureKind, Outcome, Phase
@@ -131,6 +131,21 @@ def attempt_outcome(*, was_cancelled: bool, failure: FailureKind | None, action:
     if code == UNFINISHED_EXIT:
         return Outcome.NOT_REQUEUED
     return Outcome.FAILED
+
+
+def step_hosts(allocation: Sequence[str], avoid: Iterable[str], nodes: int) -> tuple[str, ...] | None:
+    """The nodes of the ranks' next step: the first ``nodes`` of the allocation that are not to be
+    avoided (excluded, blamed, lost), in the allocation's order; None when fewer are left (then
+    only a requeue can restart the job)."""
+    bad = set(avoid)
+    left = [h for h in allocation if h not in bad]
+    return tuple(left[:nodes]) if nodes > 0 and len(left) >= nodes else None
+
+
+def attempt_in_job(numbers_of_job: Iterable[int], number: int) -> int:
+    """The job's attempt (from 0) of the run's attempt ``number``: how many of the run's attempts in
+    this SLURM job came before it (requeues and restarts inside the job alike)."""
+    return number - min([*numbers_of_job, number])
 
 
 def hang_blamed(rank: object, hosts: tuple[str, ...], ranks_per_node: int, straggler_outside: bool) -> tuple[str, ...]:

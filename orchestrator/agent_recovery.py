@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import socket
 import time
+from dataclasses import replace
+from typing import Iterable
 
 from orchestrator import slurm_controller
-from orchestrator.agent_decisions import attempt_outcome, cancelled, failed_exit, hang_blamed
-from orchestrator.agent_requeue import Requeuer
+from orchestrator.agent_decisions import attempt_outcome, cancelled, failed_exit, hang_blamed, step_hosts
+from orchestrator.agent_requeue import SCONTROL_RETRY_S, Requeuer
 from orchestrator.agent_state import AgentContext, Phase
 from orchestrator.interpreter import module_argv
 from orchestrator.recovery import HARDWARE_SIGNALS, Failure, decide
@@ -96,11 +98,13 @@ class AgentRecovery:
 
         c = self.ctx
         assert c.attempt is not None
-        number, hosts = c.attempt.number, list(c.slurm.hosts) or [socket.gethostname()]
+        number = c.attempt.number
+        hosts = [h for h in c.slurm.hosts if h not in c.history.excluded] or list(c.slurm.hosts) or [socket.gethostname()]
         shutil.rmtree(health.health_dir(c.run_dir, number), ignore_errors=True)  # a resubmission's leftovers
         p = c.payload
         gpus = p.ranks_per_node if p.backend == "nccl" and p.strategy == "ddp" else 0
-        argv = ["srun", f"--nodes={len(hosts)}", f"--ntasks={len(hosts)}", "--ntasks-per-node=1",
+        where = [f"--nodelist={','.join(hosts)}"] if set(hosts) != set(c.slurm.hosts) else []  # not an excluded one
+        argv = ["srun", f"--nodes={len(hosts)}", f"--ntasks={len(hosts)}", "--ntasks-per-node=1", *where,
                 "--kill-on-bad-exit=0", "--cpus-per-task=1",  # never importing from the submit folder (a json.py)
                 *module_argv(p.python, "orchestrator.health", "--run-dir", c.run_dir, "--checkpoint-dir",
                              p.checkpoint.dir, "--attempt", str(number), "--nodes", ",".join(hosts), "--gpus", str(gpus),
@@ -122,11 +126,68 @@ class AgentRecovery:
             return None
         why = "; ".join(f"{node}: {problem}" for node, problem in sorted(bad.items()))
         c.say(f"health gate: {why}")
+        return Failure(FailureKind.UNHEALTHY, f"the health gate failed: {why}", tuple(sorted(bad)))
+
+    def gate_failed(self, failure: Failure) -> int:
+        """The health gate failed with too few healthy nodes in the job: recorded, then recovery."""
         from orchestrator import forensics
 
-        forensics.write_end(c.run_dir, reason=EndReason.UNHEALTHY, error=f"the health gate failed: {why}",
-                            unhealthy=bad)
-        return Failure(FailureKind.UNHEALTHY, f"the health gate failed: {why}", tuple(sorted(bad)))
+        c = self.ctx
+        forensics.write_end(c.run_dir, reason=EndReason.UNHEALTHY, error=failure.why,
+                            unhealthy=dict(c.attempt.health) if c.attempt is not None else {})
+        self.state.failure = failure
+        return self.recover(1)
+
+    # -- the ranks' nodes inside the allocation (recovery.spares, recovery.in_allocation) ---------
+    def allocation(self) -> tuple[str, ...]:
+        """The job's nodes as the controller has them now (a node lost under --no-kill is gone from
+        them); the ones the job started with when it does not answer."""
+        c = self.ctx
+        now = slurm_controller.controller_hosts(slurm_controller.show_job(c.job_id).get("NodeList", ""))
+        return tuple(now) if now else c.slurm.hosts
+
+    def choose_step(self, avoid: Iterable[str] = ()) -> tuple[str, ...] | None:
+        """The ranks' nodes for this attempt (``ctx.step``): the first ``nodes`` healthy ones of the
+        allocation, none excluded; None when the allocation has too few."""
+        c = self.ctx
+        step = step_hosts(c.slurm.hosts, set(c.history.excluded) | set(avoid), c.payload.nodes)
+        if step is not None:
+            c.step = step
+            if c.attempt is not None and list(step) != c.attempt.nodes:
+                c.attempt.nodes = list(step)
+                c.history.save()
+        return step
+
+    def replace_unhealthy(self, failure: Failure) -> bool:
+        """A gate that failed on spare capacity's worth of nodes: the ranks run on the healthy ones,
+        and the unhealthy ones are given back. False: too few healthy nodes (recovery decides)."""
+        c = self.ctx
+        step = self.choose_step(failure.blamed)
+        if step is None:
+            return False
+        if c.payload.recovery.exclude_failed_nodes:
+            c.history.excluded = sorted(set(c.history.excluded) | set(failure.blamed))
+            c.history.save()
+        c.say(f"health gate: {', '.join(failure.blamed)} replaced by a spare; the ranks run on {','.join(step)}")
+        self.release(failure.blamed)
+        return True
+
+    def release(self, nodes: Iterable[str]) -> None:
+        """Give ``nodes`` back to SLURM (the job's first node, where this agent runs, stays): the job
+        pays for no node it will not use. A refusal is said and changes nothing else."""
+        c = self.ctx
+        first = c.slurm.hosts[0] if c.slurm.hosts else ""
+        drop = {n for n in nodes if n != first and n in c.slurm.hosts}
+        if not drop:
+            return
+        keep = [h for h in c.slurm.hosts if h not in drop]
+        folder = RunFolder.of(c.run_dir).slurm
+        answer = slurm_controller.shrink_job(c.job_id, keep, SCONTROL_RETRY_S, cwd=str(folder) if folder.is_dir() else None)
+        if not answer.ok:
+            c.say(f"could not give {', '.join(sorted(drop))} back to SLURM: {answer.complaint}")
+            return
+        c.say(f"gave {', '.join(sorted(drop))} back to SLURM; the job holds {','.join(keep)}")
+        c.slurm = replace(c.slurm, hosts=tuple(keep))
 
     def classify(self) -> Failure:
         """What ended the attempt, and the nodes it is blamed on: a lost node (srun's message, or
@@ -138,10 +199,10 @@ class AgentRecovery:
         end = forensics.read_end(c.run_dir) or {}
         error = str(end.get("error") or "")
         if s.phase is Phase.ENDING:
-            blamed = hang_blamed(end.get("failed_rank"), c.slurm.hosts, c.payload.ranks_per_node, s.straggler_outside)
+            blamed = hang_blamed(end.get("failed_rank"), c.rank_hosts, c.payload.ranks_per_node, s.straggler_outside)
             return Failure(FailureKind.HANG, error.splitlines()[0] if error else f"watchdog: {end.get('reason')}",
                            blamed)
-        gone = s.lost_nodes | slurm_controller.nodes_gone(c.slurm.hosts)
+        gone = s.lost_nodes | slurm_controller.nodes_gone(c.rank_hosts)
         if gone:
             return Failure(FailureKind.NODE_FAILURE, f"lost node(s) {', '.join(sorted(gone))}", tuple(sorted(gone)))
         if s.killed is not None:
@@ -167,6 +228,26 @@ class AgentRecovery:
             if isinstance(data, dict):
                 found.append(data)
         return min(found, key=lambda d: d.get("time") or 0) if found else None
+
+    def _restart_inside(self, message: str, failure: Failure) -> bool:
+        """Restart the ranks' step inside this job (recovery.in_allocation) when the allocation still
+        has enough nodes once the blamed and lost ones are left out: the agent then runs the next
+        attempt itself. False: too few (the job is requeued without them)."""
+        c, s = self.ctx, self.state
+        c.slurm = replace(c.slurm, hosts=self.allocation())
+        avoid = set(c.history.excluded) | set(failure.blamed) | s.lost_nodes
+        step = step_hosts(c.slurm.hosts, avoid, c.payload.nodes)
+        if step is None:
+            c.say(f"{message}; the job holds {len(set(c.slurm.hosts) - avoid)} healthy node(s) and needs "
+                  f"{c.payload.nodes}: requeued instead of restarted inside it")
+            return False
+        s.enter(Phase.RESTARTING)
+        s.action = Action.RESTART
+        assert c.attempt is not None
+        c.attempt.inside_job = True
+        c.say(f"{message}; restarting the ranks inside job {c.job_id} on {','.join(step)} (no requeue)")
+        self.release(avoid)
+        return True
 
     def _partition_nodes(self) -> int | None:
         """How many nodes of the job's partition are not excluded (None: unknown)."""
@@ -204,11 +285,13 @@ class AgentRecovery:
                 forensics.write_end(c.run_dir, reason=decision.reason,
                                     error=f"{decision.message}; the last failure: {failure.why}")
             return failed_code
+        excluded = sorted(set(c.history.excluded) | set(decision.exclude))
+        c.history.excluded = excluded
+        if settings.in_allocation and self._restart_inside(decision.message, failure):
+            return 0
         c.say(decision.message)
         s.enter(Phase.REQUEUEING)
         s.action = Action.RESTART
-        excluded = sorted(set(c.history.excluded) | set(decision.exclude))
-        c.history.excluded = excluded
         self.requeuer.scontrol_requeue(excluded if decision.exclude else None)
         if s.phase is not Phase.REQUEUED:
             s.action = Action.STOP

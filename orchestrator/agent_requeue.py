@@ -31,7 +31,7 @@ class Requeuer:
     # -- the evidence -------------------------------------------------------------------------
     def used(self) -> int:
         c = self.ctx
-        return requeues_used(c.history.requeues(), c.slurm.restart, c.history.restarts())
+        return requeues_used(c.history.requeues(), c.slurm.restart, c.history.restarts_by_requeue())
 
     def marker(self) -> bool:
         return os.path.exists(self.ctx.marker)

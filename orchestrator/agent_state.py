@@ -23,9 +23,10 @@ from orchestrator.states import Action, Phase
 
 
 MOVES: dict[Phase, frozenset[Phase]] = {
-    Phase.RUNNING: frozenset({Phase.REQUEUEING, Phase.ENDING}),
+    Phase.RUNNING: frozenset({Phase.REQUEUEING, Phase.ENDING, Phase.RESTARTING}),
     Phase.REQUEUEING: frozenset({Phase.REQUEUED, Phase.NOT_REQUEUED}),
-    Phase.REQUEUED: frozenset(), Phase.NOT_REQUEUED: frozenset(), Phase.ENDING: frozenset({Phase.REQUEUEING}),
+    Phase.REQUEUED: frozenset(), Phase.NOT_REQUEUED: frozenset(),
+    Phase.ENDING: frozenset({Phase.REQUEUEING, Phase.RESTARTING}), Phase.RESTARTING: frozenset(),
 }
 
 #: srun's first message about a task that ended badly: (host, task, what), the what of a signal.
@@ -85,6 +86,14 @@ class AgentContext:
     notice: signal.Signals  # the time limit's notice (slurm.signal)
     attempt: Attempt | None = None
     say: Callable[[str], None] = say
+    #: The nodes the ranks' step runs on this attempt, in rank order (empty: the whole allocation).
+    #: A job with spares (recovery.spares), or one that lost a node inside the job, uses some of its nodes.
+    step: tuple[str, ...] = ()
+
+    @property
+    def rank_hosts(self) -> tuple[str, ...]:
+        """The ranks' nodes: node i holds ranks i*ranks_per_node..."""
+        return self.step or self.slurm.hosts
 
     @property
     def job_id(self) -> str:

@@ -5,7 +5,8 @@ A rank's log holds every attempt of its run (or of its SLURM job), each starting
 - local: ``=== attempt K started <ctime> ===``, written by the supervisor before each attempt's
   ranks start (K: the run's attempt, from 1, as status and ``<run>/recovery.json`` count);
 - SLURM: ``[launcher] rank R/W (local L) on HOST, job J attempt A, master ...``, the rank's first
-  line (``orchestrator.slurm_rank``), A being SLURM_RESTART_COUNT (from 0). Attempt A of job J is
+  line (``orchestrator.slurm_rank``), A being the job's attempt (from 0: ``SlurmJob.attempt``, one more
+  per requeue and per restart inside the job). Attempt A of job J is
   the run's attempt ``first[J] + A``, ``first[J]`` being the first attempt ``recovery.json``
   records for job J (a spec submitted again goes on counting), else 1 (attempt A + 1).
 

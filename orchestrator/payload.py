@@ -62,6 +62,8 @@ class RecoverySettings:
     health_check: bool
     node_check: Optional[tuple[str, ...]]
     stop_without_progress: int
+    spares: int = 0  # SLURM: nodes held in the allocation beyond ``nodes``, to replace a failed one
+    in_allocation: bool = True  # SLURM: restart the ranks' step inside the job; requeue only when out of nodes
 
 
 @dataclass(frozen=True)

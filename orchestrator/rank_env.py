@@ -208,7 +208,7 @@ def local_rank_env(payload: Payload, rank: int, port: int, rendezvous: str | Non
 
 def rank_env_from_slurm(task: SlurmTask, payload: Payload, agent_port: int | None = None) -> RankEnv:
     """The RankEnv of this srun task, from SLURM's variables and the job's payload: master = first
-    host of the node list, port derived from the job id and restart count (or the one the job's
+    host of the step's node list, port derived from the job id and its attempt (or the one the job's
     agent found free on the master's node: ``agent_port``), interface 'auto' = the one carrying
     (or routing to) the master's address for gloo, NCCL's own choice or the user's or the site's
     setting for NCCL (``netif.choose_interfaces``), a named one checked on this node, a GPU
@@ -216,17 +216,18 @@ def rank_env_from_slurm(task: SlurmTask, payload: Payload, agent_port: int | Non
     from orchestrator.netif import expand_names, master_route
 
     job = task.job
-    port = int(payload.port) if payload.port != "auto" else agent_port or derive_port(job.raw_job_id, job.restart)
-    master = job.hosts[0]
+    port = int(payload.port) if payload.port != "auto" else agent_port or derive_port(job.raw_job_id, job.attempt)
+    hosts = task.hosts or job.hosts
+    master = hosts[0]
     iface = payload.interface
     if iface in (None, "auto"):
-        route = master_route(master, job.hosts[1:])
+        route = master_route(master, hosts[1:])
         iface, interfaces = route.interface, interface_choice("auto", payload, route)
     else:
         if not str(iface).startswith("^"):  # an NCCL exclusion list is NCCL's to apply
             iface = ",".join(expand_names(str(iface)))
         interfaces = interface_choice(iface, payload, None)
-    rfile = rendezvous_file(payload.rendezvous_dir, job.job_id, job.restart)
+    rfile = rendezvous_file(payload.rendezvous_dir, job.job_id, job.attempt)
     return RankEnv(
         rank=task.procid, local_rank=task.localid, world_size=task.ntasks,
         local_world_size=task.ntasks // max(1, task.nnodes), node_rank=task.nodeid, nnodes=task.nnodes,

@@ -88,6 +88,7 @@ class Attempt:
     progress: Optional[bool] = None
     action: str = ""  # restart, requeue, stop, or '' (the run ended)
     health: dict[str, str] = field(default_factory=dict)  # node -> what the health gate found wrong
+    inside_job: bool = False  # its restart ran inside the same SLURM job (recovery.in_allocation), no requeue
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Attempt:
@@ -122,6 +123,10 @@ class History:
     # -- what the decision reads ---------------------------------------------------------------
     def restarts(self) -> int:
         return sum(1 for a in self.attempts if a.action == Action.RESTART)
+
+    def restarts_by_requeue(self) -> int:
+        """Restarts that requeued the SLURM job (those inside the job need no requeue)."""
+        return sum(1 for a in self.attempts if a.action == Action.RESTART and not a.inside_job)
 
     def requeues(self) -> int:
         return sum(1 for a in self.attempts if a.action == Action.REQUEUE)
@@ -244,6 +249,8 @@ def describe(history: History) -> list[str]:
             lines.append(f"  attempt {a.number}{where}: running")
             continue
         then = f", {followed[a.action]}" if a.action in followed else ""
+        if a.action == Action.RESTART and a.inside_job:
+            then = ", restarted inside the job"
         blamed = f"; blamed: {', '.join(a.blamed)}" if a.blamed else ""
         progress = "" if a.progress is None else ("; new checkpoint" if a.progress else "; no new checkpoint")
         why = f": {a.why}" if a.why and a.outcome != Outcome.COMPLETED else ""

@@ -120,10 +120,10 @@ class Answer:
 
 
 def _once(argv: Sequence[str], timeout_s: float, env: Mapping[str, str] | None, quiet_stdin: bool,
-          capture: bool) -> Answer:
+          capture: bool, cwd: str | None = None) -> Answer:
     try:
         out = subprocess.run(list(argv), capture_output=capture, text=True, timeout=max(1.0, timeout_s), check=False,
-                             env=dict(env) if env is not None else None,
+                             env=dict(env) if env is not None else None, cwd=cwd,
                              stdin=subprocess.DEVNULL if quiet_stdin else None)
     except FileNotFoundError as exc:
         return Answer(tuple(argv), None, error=f"{argv[0]} not found ({exc})", missing=True)
@@ -136,7 +136,7 @@ def _once(argv: Sequence[str], timeout_s: float, env: Mapping[str, str] | None, 
 
 def run(argv: Sequence[str], timeout_s: float = QUERY_TIMEOUT_S, *, backoff_s: Sequence[float] = BUSY_BACKOFF_S,
         retry_any: bool = False, env: Mapping[str, str] | None = None, quiet_stdin: bool = False,
-        capture: bool = True, on_retry: Callable[[Answer], None] | None = None) -> Answer:
+        capture: bool = True, on_retry: Callable[[Answer], None] | None = None, cwd: str | None = None) -> Answer:
     """Run one SLURM command, asked again after each of ``backoff_s`` while the controller is busy
     (any failure with ``retry_any``), all within ``timeout_s``. ``on_retry`` hears each failed try
     that is tried again. ``capture`` False: its output goes where ours goes (the health gate's
@@ -145,7 +145,7 @@ def run(argv: Sequence[str], timeout_s: float = QUERY_TIMEOUT_S, *, backoff_s: S
         raise ValueError(f"not a SLURM command: {list(argv)[:3]}")
     deadline = time.monotonic() + timeout_s
     for delay in (*backoff_s, None):
-        answer = _once(argv, deadline - time.monotonic(), env, quiet_stdin, capture)
+        answer = _once(argv, deadline - time.monotonic(), env, quiet_stdin, capture, cwd)
         again = not answer.ok and not answer.missing and (retry_any or answer.busy)
         if not again or delay is None or time.monotonic() + delay >= deadline:
             return answer
@@ -224,6 +224,13 @@ def requeue(job_id: str, timeout_s: float, on_retry: Callable[[Answer], None] | 
 def set_excluded(job_id: str, names: Sequence[str], timeout_s: float) -> Answer:
     """Set the (pending) job's ExcNodeList."""
     return run(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(names)}"], timeout_s)
+
+
+def shrink_job(job_id: str, keep: Sequence[str], timeout_s: float, cwd: str) -> Answer:
+    """Give a running job's other nodes back to SLURM: its NodeList becomes ``keep`` (a subset).
+    scontrol writes ``slurm_job_<id>_resize.sh`` and ``.csh`` (the variables a resized job's shell
+    would reset) into its working folder: ``cwd``, never the user's."""
+    return run(["scontrol", "update", f"JobId={job_id}", f"NodeList={','.join(keep)}"], timeout_s, cwd=cwd)
 
 
 def scontrol_text(*args: str, timeout_s: float = 30.0) -> str:

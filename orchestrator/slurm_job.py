@@ -48,11 +48,12 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from typing import IO, Mapping
 
 from orchestrator import container, slurm_controller
-from orchestrator.agent_decisions import (AUTO, UNFINISHED_EXIT, a_failure, exit_code, grace_spent,  # noqa: F401
-                                          preempted, requeue_deadline, srun_signal_death, stacks_before_notice,
+from orchestrator.agent_decisions import (AUTO, UNFINISHED_EXIT, a_failure, attempt_in_job, exit_code,  # noqa: F401
+                                          grace_spent, preempted, requeue_deadline, srun_signal_death, stacks_before_notice,
                                           suspended_s)
 from orchestrator.agent_decisions import NODE_FAILURE as _NODE_FAILURE
 from orchestrator.agent_decisions import SRUN_TASK_ENDED as _SRUN_TASK_ENDED
@@ -64,7 +65,7 @@ from orchestrator.payload import Payload
 from orchestrator.rank_env import cpu_share, has_cpu_share_rule, resolve_cpu_share
 from orchestrator.recovery import History
 from orchestrator.run_folder import RunFolder
-from orchestrator.slurm_task import SlurmJob, point_base
+from orchestrator.slurm_task import ATTEMPT_VARIABLE, SlurmJob, expand_nodelist, point_base
 from orchestrator.states import EndReason
 
 POLL_S = 0.2
@@ -83,12 +84,19 @@ class JobAgent:
     requeue and cancel protocol (``Requeuer``), the attempt's record and recovery
     (``AgentRecovery``) and the watchdog (``AgentWatch``) are its parts."""
 
-    def __init__(self, payload: Payload, environ: Mapping[str, str]) -> None:
+    def __init__(self, payload: Payload, environ: Mapping[str, str], before: AgentState | None = None,
+                 allocated: tuple[str, ...] | None = None) -> None:
         self.payload = payload
         slurm = SlurmJob.from_environ(environ)
+        #: The nodes sbatch allocated (the job's variables describe them); later attempts inside the job
+        #: may hold fewer.
+        self.allocated = slurm.hosts if allocated is None else allocated
         top = RunFolder.of(payload.run_dir)  # a sweep point's folder is <run>/points/NNNN
         run = RunFolder(top.root.parent.parent) if top.root.parent.name == "points" else top
         self.state = AgentState(started=time.time())
+        if before is not None:  # the attempt before, inside this job: what it received goes on counting
+            self.state.received = list(before.received)
+            self.state.notice_at, self.state.term_at = before.notice_at, before.term_at
         self.ctx = AgentContext(payload, slurm, History.load(payload.run_dir), self.state,
                                 slurm.requeue_marker(payload.run_dir), run.cancel_request,
                                 signal.Signals[payload.stop_signal])
@@ -122,6 +130,13 @@ class JobAgent:
             signal.signal(sig, self._on_signal)
         RunFolder.of(self.payload.run_dir).forget_attempt()
         self.recovery.begin_attempt()
+        c = self.ctx
+        assert c.attempt is not None
+        # Never below SLURM's count: a history that lost this job's first attempts must not give an
+        # earlier attempt's number (its requeue marker, its port) again.
+        c.slurm = replace(c.slurm, attempt=max(c.slurm.restart, attempt_in_job(
+            (a.number for a in c.history.attempts if a.job == c.job_id), c.attempt.number)))
+        c.marker = c.slurm.requeue_marker(c.run_dir)
         code: int | None = None
         try:
             code = self._run(srun_argv)
@@ -135,9 +150,10 @@ class JobAgent:
             return self.recovery.over_limit()
         if p.recovery.health_check and self.ctx.world > 0:
             unhealthy = self.recovery.health_gate(self.srun_environment())
-            if unhealthy is not None:
-                s.failure = unhealthy
-                return self.recovery.recover(1)
+            if unhealthy is not None and not self.recovery.replace_unhealthy(unhealthy):
+                return self.recovery.gate_failed(unhealthy)
+        if self.ctx.world > 0:
+            srun_argv = self._on_step_nodes(srun_argv)
         port = master_port(self.ctx, self.environ)
         if port is False:
             return 1
@@ -151,6 +167,35 @@ class JobAgent:
         if s.cancel_at is None and os.path.lexists(self.ctx.cancel_request):
             s.cancel_at = time.monotonic()  # the ranks ended on the cancel's SIGTERM before a look saw it
         return self._after_srun(code)
+
+    def _on_step_nodes(self, srun_argv: list[str]) -> list[str]:
+        """The ranks' srun on the step's nodes (``AgentRecovery.choose_step``): named, with the task
+        counts, whenever they are not the whole allocation as sbatch made it (spares held, a node
+        given back or lost), since srun would otherwise spread the job's task count over them all."""
+        c = self.ctx
+        if not c.slurm.hosts:  # SLURM named no nodes: nothing to choose from
+            return srun_argv
+        step = self.recovery.choose_step() if not c.step else c.step
+        if step is None:
+            say(f"the job holds {len(c.slurm.hosts)} usable node(s) of the {c.payload.nodes} the ranks need; "
+                "srun runs on the whole allocation")
+            return srun_argv
+        if step == self.allocated:  # the allocation as sbatch made it: srun's defaults are the job's
+            return srun_argv
+        return [srun_argv[0], f"--nodes={len(step)}", f"--ntasks={c.world}", f"--nodelist={','.join(step)}",
+                *srun_argv[1:]]
+
+    def allocation_environ(self) -> dict[str, str]:
+        """The agent's environment with the job's nodes as they are now (a node given back, or lost
+        under --no-kill): what the next attempt inside this job starts from."""
+        env = dict(self.environ)
+        hosts = self.ctx.slurm.hosts
+        if hosts and hosts != tuple(expand_nodelist(env.get("SLURM_JOB_NODELIST", ""))):
+            for name in ("SLURM_JOB_NODELIST", "SLURM_NODELIST"):
+                env[name] = ",".join(hosts)
+            for name in ("SLURM_JOB_NUM_NODES", "SLURM_NNODES"):
+                env[name] = str(len(hosts))
+        return env
 
     def _srun(self, srun_argv: list[str]) -> int:
         """Start the ranks and watch them until srun ends: its exit code."""
@@ -233,10 +278,11 @@ class JobAgent:
         - no ``SLURM_CPUS_PER_GPU`` (``slurm.cpus_per_gpu``): these sruns give --cpus-per-task
           themselves, which an srun that also reads --cpus-per-gpu from its environment may refuse as
           mutually exclusive (the ranks' share already counts the per-GPU CPUs)."""
-        env = {**self.environ, **{k: resolve_cpu_share(value, self.cpus_per_rank)
+        env = {**self.allocation_environ(), **{k: resolve_cpu_share(value, self.cpus_per_rank)
                                    for k, value in self.payload.env.items()}}
         env["SLURM_EXPORT_ENV"] = "ALL"
         env.pop("SLURM_CPUS_PER_GPU", None)
+        env[ATTEMPT_VARIABLE] = str(self.ctx.slurm.attempt)  # the ranks' attempt in this job (SlurmJob.attempt)
         return env
 
     def _end_ranks(self) -> None:
@@ -269,9 +315,9 @@ def master_port(ctx: AgentContext, environ: Mapping[str, str]) -> int | None | b
     if ctx.payload.port != "auto" or ctx.world <= 0:
         return None
     here = environ.get("SLURMD_NODENAME") or socket.gethostname()
-    if ctx.slurm.hosts and here != ctx.slurm.hosts[0]:
+    if ctx.rank_hosts and here != ctx.rank_hosts[0]:
         return None
-    derived = derive_port(ctx.slurm.raw_job_id, ctx.slurm.restart)
+    derived = derive_port(ctx.slurm.raw_job_id, ctx.slurm.attempt)
     port = pick_port(derived)
     if port is None:
         from orchestrator import forensics
@@ -314,8 +360,8 @@ def name_killed_rank(ctx: AgentContext) -> None:
     if ctx.state.killed is None:
         return
     host, rank, what = ctx.state.killed
-    if RunFolder.of(ctx.run_dir).error(rank).exists():
-        return
+    if host in ctx.state.lost_nodes or RunFolder.of(ctx.run_dir).error(rank).exists():
+        return  # a lost node's ranks die with it: the node failure is the story
     from orchestrator import forensics
 
     message = (f"rank {rank} on {host} was killed by a signal ({what}), with no traceback: the kernel's OOM "
@@ -341,7 +387,15 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"[agent] {exc}", file=sys.stderr)
         return 1
-    return JobAgent(payload, os.environ).run(srun)
+    environ: dict[str, str] = dict(os.environ)
+    before: AgentState | None = None
+    allocated: tuple[str, ...] | None = None
+    while True:  # one attempt each; recovery.in_allocation restarts the ranks' step here, in the same job
+        agent = JobAgent(payload, environ, before, allocated)
+        code = agent.run(srun)
+        if agent.state.phase is not Phase.RESTARTING:
+            return code
+        environ, before, allocated = agent.allocation_environ(), agent.state, agent.allocated
 
 
 if __name__ == "__main__":

@@ -32,12 +32,12 @@ DEFAULT_MAX_ARRAY_SIZE = 1001
 
 #: What a SLURM rank's values are made of, where only the job knows them.
 SLURM_RULES = {
-    "master_addr": "<first host of SLURM_JOB_NODELIST>",
-    "port": "<derive_port(SLURM_JOB_ID, restart), or the next port free on the master's node: 20000-31999>",
+    "master_addr": "<first host of the ranks' step (SLURM_STEP_NODELIST)>",
+    "port": "<derive_port(SLURM_JOB_ID, attempt), or the next port free on the master's node: 20000-31999>",
     "interface": "<interface that routes to MASTER_ADDR>",
     "job": "<SLURM_JOB_ID>",
     "restart": "<restart>",
-    "attempt": "<SLURM_RESTART_COUNT: 0, then one more per requeue or restart>",
+    "attempt": "<the job's attempt: 0, then one more per requeue or restart (ORCH_JOB_ATTEMPT)>",
     "visible": "<the node's GPUs as SLURM sets them; LOCAL_RANK indexes them>",
 }
 
@@ -79,8 +79,11 @@ class SlurmPlanner:
 
     def layout(self, spec: JobSpec) -> Layout:
         iface = spec.distributed.interface_names()
+        spares = spec.recovery.spares
+        notes = [f"recovery.spares: {spares}: the job holds {spec.allocated_nodes} nodes; the ranks run on {spec.nodes} "
+                 f"of them (the first healthy ones) and a failed node is replaced by a spare inside the job"] if spares else []
         return Layout(nodes=spec.nodes, ranks_per_node=spec.ranks_per_node, backend=spec.resolved_backend,
-                      interface=",".join(iface) if iface else "auto", devices=None, notes=[])
+                      interface=",".join(iface) if iface else "auto", devices=None, notes=notes)
 
     def threads(self, spec: JobSpec, local_ranks: int) -> int | str:
         """``slurm.cpus_per_task``, or without it the rank's share of its node's granted CPUs, a
@@ -149,7 +152,7 @@ def submitit_parameters(spec: JobSpec, n_points: int = 0) -> dict[str, Any]:
     s = spec.slurm
     params: dict[str, Any] = {
         "job_name": spec.name,
-        "nodes": spec.nodes,
+        "nodes": spec.allocated_nodes,  # the spares too (recovery.spares): the agent picks the ranks' nodes
         "ntasks_per_node": spec.ranks_per_node,
         "time": s.time_minutes,
         "signal_delay_s": s.signal_margin_s,

@@ -78,18 +78,18 @@ def main(args: list[str]) -> int:
     try:
         rank = rank_env_from_slurm(task, payload, master_port(args))
     except Exception as exc:  # before the entrypoint (a named interface missing on this node...)
-        return failed_before_entrypoint(payload, task.procid, job.restart, exc)
-    os.environ.update(rank_environment(rank, payload, job.restart, job.requeue_marker(payload.run_dir),
+        return failed_before_entrypoint(payload, task.procid, job.attempt, exc)
+    os.environ.update(rank_environment(rank, payload, job.attempt, job.requeue_marker(payload.run_dir),
                                        installed_torch_version(payload.env)))
     malloc.apply()  # the job's heap settings, for this process too (its children get them at start)
     import socket
 
     print(f"[launcher] rank {rank.rank}/{rank.world_size} (local {rank.local_rank}) on {socket.gethostname()}, job "
-          f"{job.job_id} attempt {job.restart}, master {rank.master_addr}:{rank.master_port}, {rank.init_method}",
+          f"{job.job_id} attempt {job.attempt}, master {rank.master_addr}:{rank.master_port}, {rank.init_method}",
           file=sys.stderr, flush=True)
     if payload.init_method == "file":
-        if rank.rank == 0 and job.restart > 0:
-            for path in remove_earlier_files(payload.rendezvous_dir, job.job_id, job.restart):
+        if rank.rank == 0 and job.attempt > 0:
+            for path in remove_earlier_files(payload.rendezvous_dir, job.job_id, job.attempt):
                 print(f"[launcher] removed the previous attempt's rendezvous file {path}", flush=True)
         os.makedirs(payload.rendezvous_dir, exist_ok=True)
     return exit_code_of(run_rank, payload, int(rank.rank))

@@ -11,6 +11,9 @@ from typing import Mapping, Optional
 from orchestrator.hostlist import expand
 from orchestrator.run_folder import RunFolder
 
+#: What the job's agent tells the ranks of a step: the job's attempt (``SlurmJob.attempt``).
+ATTEMPT_VARIABLE = "ORCH_JOB_ATTEMPT"
+
 
 def expand_nodelist(nodelist: str) -> list[str]:
     """SLURM's compressed host list ("gpu[01-03,7],cpu1") as names, without calling scontrol
@@ -27,18 +30,22 @@ class SlurmJob:
     array_job_id: Optional[str]
     array_task: Optional[int]
     restart: int  # SLURM_RESTART_COUNT: 0 on the first attempt, one more per requeue
-    hosts: tuple[str, ...]
+    hosts: tuple[str, ...]  # the job's allocation (its spares included)
+    #: This job's attempt, from 0: one more per requeue and per restart inside the allocation. The
+    #: agent gives it to each step it starts (ATTEMPT_VARIABLE); without it, SLURM_RESTART_COUNT.
+    attempt: int = 0
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> SlurmJob:
         array_job = environ.get("SLURM_ARRAY_JOB_ID") or None
         task = environ.get("SLURM_ARRAY_TASK_ID")
         raw = environ["SLURM_JOB_ID"]
+        restart = int(environ.get("SLURM_RESTART_COUNT", "0"))
         return cls(
             job_id=f"{array_job}_{task}" if array_job else raw, raw_job_id=raw, array_job_id=array_job,
             array_task=int(task) if array_job and task is not None else None,
-            restart=int(environ.get("SLURM_RESTART_COUNT", "0")),
-            hosts=tuple(expand_nodelist(environ.get("SLURM_JOB_NODELIST", ""))),
+            restart=restart, hosts=tuple(expand_nodelist(environ.get("SLURM_JOB_NODELIST", ""))),
+            attempt=int(environ.get(ATTEMPT_VARIABLE, restart)),
         )
 
     def payload_path(self, path: str | Path, point_base: int) -> Path:
@@ -49,7 +56,7 @@ class SlurmJob:
 
     def requeue_marker(self, run_dir: str) -> str:
         """Written by the rank API once the ranks checkpointed after a stop signal (policy auto)."""
-        return str(RunFolder(Path(run_dir)).requeue_marker(self.job_id, self.restart))
+        return str(RunFolder(Path(run_dir)).requeue_marker(self.job_id, self.attempt))
 
     def rank_log(self, pattern: str, rank: int) -> Path:
         """srun's --output pattern (%j, %A, %a, %t) for one rank of this job."""
@@ -67,16 +74,22 @@ class SlurmTask:
     localid: int
     nodeid: int
     ntasks: int
-    nnodes: int
+    nnodes: int  # the step's nodes
     cuda_visible_devices: Optional[str]  # as SLURM set it for the task (None: not set)
+    #: The step's nodes, in order (the job's, when SLURM does not say): the ranks' master is the first.
+    #: A job with spares runs its ranks' step on some of its nodes.
+    hosts: tuple[str, ...] = ()
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> SlurmTask:
-        return cls(job=SlurmJob.from_environ(environ), procid=int(environ["SLURM_PROCID"]),
+        job = SlurmJob.from_environ(environ)
+        step = tuple(expand_nodelist(environ.get("SLURM_STEP_NODELIST", ""))) or job.hosts
+        nnodes = environ.get("SLURM_STEP_NUM_NODES") or environ.get("SLURM_JOB_NUM_NODES") or \
+            environ.get("SLURM_NNODES", "1")
+        return cls(job=job, procid=int(environ["SLURM_PROCID"]),
                    localid=int(environ["SLURM_LOCALID"]), nodeid=int(environ["SLURM_NODEID"]),
-                   ntasks=int(environ["SLURM_NTASKS"]),
-                   nnodes=int(environ.get("SLURM_JOB_NUM_NODES", environ.get("SLURM_NNODES", "1"))),
-                   cuda_visible_devices=environ.get("CUDA_VISIBLE_DEVICES"))
+                   ntasks=int(environ["SLURM_NTASKS"]), nnodes=int(nnodes),
+                   cuda_visible_devices=environ.get("CUDA_VISIBLE_DEVICES"), hosts=step)
 
 
 def point_base(args: list[str]) -> int:

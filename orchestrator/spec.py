@@ -502,8 +502,22 @@ class RecoverySpec(_Model):
 
     max_restarts: int = Field(
         0, ge=0, le=1000,
-        description="Automatic restarts after a failure (locally the ranks restart in place; on SLURM the job "
-        "is requeued without the nodes blamed). 0 turns restarts off (the default).",
+        description="Automatic restarts after a failure (locally the ranks restart in place; on SLURM the ranks' "
+        "step restarts inside the job, or the job is requeued without the nodes blamed: recovery.in_allocation). "
+        "0 turns restarts off (the default).",
+    )
+    spares: int = Field(
+        0, ge=0, le=1000,
+        description="SLURM: extra nodes held in the allocation (sbatch asks for nodes + spares). The ranks run on "
+        "`nodes` of them, the health gate checks all of them, and a node blamed for a failure (or lost) is "
+        "replaced by a healthy spare without leaving the job, and given back to SLURM. Locally: nothing to hold.",
+    )
+    in_allocation: bool = Field(
+        True,
+        description="SLURM: restart inside the job: the agent ends the ranks' step and starts a new one on the "
+        "same nodes (a blamed node swapped for a spare), with a fresh rendezvous; no requeue, no queue wait. "
+        "The job is requeued (without the blamed nodes) only when the allocation has too few healthy nodes "
+        "left. false: every restart is a requeue.",
     )
     on: list[RecoveryKind] = Field(
         default_factory=lambda: list(RECOVERY_KINDS),
@@ -543,6 +557,13 @@ class RecoverySpec(_Model):
         if len(set(value)) != len(value):
             raise ValueError("names a failure twice")
         return value
+
+    @model_validator(mode="after")
+    def _spares_need_restarts(self) -> RecoverySpec:
+        if self.spares and not self.max_restarts:
+            raise ValueError(f"spares: {self.spares} holds nodes only a restart can use, and max_restarts is 0: set "
+                             "recovery.max_restarts (e.g. 2), or spares: 0")
+        return self
 
     @field_validator("node_check")
     @classmethod
@@ -857,6 +878,11 @@ class JobSpec(_Model):
     @property
     def world_size(self) -> int:
         return self.nodes * self.ranks_per_node
+
+    @property
+    def allocated_nodes(self) -> int:
+        """The nodes sbatch asks for: the ranks' ``nodes`` and the spares held beside them."""
+        return self.nodes + self.recovery.spares
 
     @property
     def resolved_backend(self) -> str:

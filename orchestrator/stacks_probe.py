@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Sequence
 
 from orchestrator import slurm_controller, stack_requests
 
@@ -18,12 +19,16 @@ from orchestrator import slurm_controller, stack_requests
 SRUN_TIMEOUT_S = 20.0
 
 
-def probe_argv(run_dir: str | Path, job_id: str, nodes: int, python: str, ranks: list[int] | None = None) -> list[str]:
-    """One task on each node of the job, sharing its CPUs (--overlap) so a busy job still lets it in."""
+def probe_argv(run_dir: str | Path, job_id: str, nodes: int, python: str, ranks: list[int] | None = None,
+               hosts: Sequence[str] = ()) -> list[str]:
+    """One task on each node of the job (on ``hosts``, the ranks' nodes, when the job holds others
+    too: spares), sharing its CPUs (--overlap) so a busy job still lets it in."""
     from orchestrator.interpreter import module_argv
 
+    if hosts:
+        nodes = len(hosts)
     argv = ["srun", "--overlap", f"--jobid={job_id}", f"--nodes={nodes}", "--ntasks-per-node=1",
-            f"--ntasks={nodes}", "--quiet", "--kill-on-bad-exit=0",
+            f"--ntasks={nodes}", *([f"--nodelist={','.join(hosts)}"] if hosts else []), "--quiet", "--kill-on-bad-exit=0",
             *module_argv(python, "orchestrator.stacks_probe", str(run_dir), unbuffered=False)]
     for rank in ranks or []:
         argv += ["--rank", str(rank)]
@@ -31,7 +36,7 @@ def probe_argv(run_dir: str | Path, job_id: str, nodes: int, python: str, ranks:
 
 
 def request_slurm(run_dir: str | Path, job_id: str, nodes: int, python: str, ranks: list[int] | None = None,
-                  timeout_s: float = SRUN_TIMEOUT_S) -> tuple[dict[int, str], str]:
+                  timeout_s: float = SRUN_TIMEOUT_S, hosts: Sequence[str] = ()) -> tuple[dict[int, str], str]:
     """Each rank's fresh dump ('' for a rank that did not answer), and srun's complaint if any."""
     known = stack_requests.rank_procs(run_dir)
     chosen = sorted(known if ranks is None else [r for r in ranks if r in known])
@@ -42,7 +47,8 @@ def request_slurm(run_dir: str | Path, job_id: str, nodes: int, python: str, ran
            and not k.startswith("SBATCH_") and not k.startswith("SRUN_")}
     # The probe needs this PATH and Python on the node, also where sites default to --export=NONE.
     env["SLURM_EXPORT_ENV"] = "ALL"
-    out = slurm_controller.run(probe_argv(run_dir, job_id, nodes, python, ranks), timeout_s, env=env, quiet_stdin=True)
+    out = slurm_controller.run(probe_argv(run_dir, job_id, nodes, python, ranks, hosts), timeout_s, env=env,
+                               quiet_stdin=True)
     if out.returncode is None:
         problem = f"srun --overlap could not reach the job's nodes ({out.error})"
     else:

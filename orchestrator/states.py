@@ -138,8 +138,11 @@ class Phase(enum.Enum):
 
     RUNNING ─┬─> REQUEUEING ─┬─> REQUEUED       scontrol accepted; the next attempt is SLURM's
              │        ^      └─> NOT_REQUEUED   no requeue left, or scontrol refused
-             └─> ENDING ┘                        the watchdog ended the ranks (init deadline, stall);
-                                                 recovery may restart the job from there (a hang)
+             ├─> ENDING ┘                        the watchdog ended the ranks (init deadline, stall);
+             │     │                             recovery may restart the job from there (a hang)
+             └─────┴─> RESTARTING                recovery restarts the ranks' step inside the job
+                                                 (recovery.in_allocation): the same agent runs the
+                                                 next attempt, no requeue
 
     A cancel (SIGTERM from scancel, or ``orchestrator cancel``'s request) is a fact the agent
     received, not a phase: from RUNNING it only rules out a requeue and a watchdog verdict. A
@@ -150,3 +153,4 @@ class Phase(enum.Enum):
     REQUEUED = "requeued"
     NOT_REQUEUED = "not_requeued"
     ENDING = "ending"
+    RESTARTING = "restarting"

@@ -132,6 +132,12 @@ def _types_line(nodes: list[Node]) -> str:
     return ", ".join(f"{kind} (up to {max(c)} per node, on {len(c)} node(s))" for kind, c in sorted(by_type.items()))
 
 
+def allocation_words(spec: JobSpec) -> str:
+    """How the job's node count reads in a message: 'nodes: 2', or 'nodes: 2 + recovery.spares: 1'."""
+    spares = spec.recovery.spares
+    return f"nodes: {spec.nodes}" + (f" + recovery.spares: {spares} ({spec.allocated_nodes} nodes)" if spares else "")
+
+
 def _hosts_problems(spec: JobSpec, nodes: list[Node]) -> tuple[list[str], set[str], set[str]]:
     """Problems with slurm.nodelist / slurm.exclude, and the two expanded sets."""
     problems: list[str] = []
@@ -158,8 +164,8 @@ def _hosts_problems(spec: JobSpec, nodes: list[Node]) -> tuple[list[str], set[st
     if wanted & excluded:
         problems.append(f"slurm.nodelist and slurm.exclude both name {_shown(sorted(wanted & excluded))}; "
                         "remove it from one of them")
-    if len(wanted) > spec.nodes:
-        problems.append(f"slurm.nodelist: names {len(wanted)} nodes but the job asks for nodes: {spec.nodes}; SLURM "
+    if len(wanted) > spec.allocated_nodes:
+        problems.append(f"slurm.nodelist: names {len(wanted)} nodes but the job asks for {allocation_words(spec)}; SLURM "
                         f"allocates every node of the list, so set nodes: {len(wanted)} or shorten the list")
     return problems, wanted, excluded
 
@@ -261,17 +267,18 @@ def partition_reasons(spec: JobSpec, part: Partition, nodes: list[Node], wanted:
     if outside:
         reasons.append(Reason(f"slurm.nodelist: {_shown(outside)} not in partition {name}; choose nodes of that "
                               f"partition or set slurm.partition to one that has them", True))
-    if spec.nodes > len(members):
-        reasons.append(Reason(f"nodes: {spec.nodes} requested but partition {name} has {len(members)} node(s)", True))
-    elif part.max_nodes is not None and spec.nodes > part.max_nodes:
-        reasons.append(Reason(f"nodes: {spec.nodes} requested but partition {name} allows at most {part.max_nodes} "
+    asked, asking = spec.allocated_nodes, allocation_words(spec)
+    if asked > len(members):
+        reasons.append(Reason(f"{asking} requested but partition {name} has {len(members)} node(s)", True))
+    elif part.max_nodes is not None and asked > part.max_nodes:
+        reasons.append(Reason(f"{asking} requested but partition {name} allows at most {part.max_nodes} "
                               f"per job (MaxNodes); ask for fewer nodes or choose another partition", True))
-    elif spec.nodes < part.min_nodes:
-        reasons.append(Reason(f"nodes: {spec.nodes} requested but partition {name} takes jobs of at least "
+    elif asked < part.min_nodes:
+        reasons.append(Reason(f"{asking} requested but partition {name} takes jobs of at least "
                               f"{part.min_nodes} node(s) (MinNodes); ask for more or choose another partition", True))
-    elif spec.nodes > len(usable):
+    elif asked > len(usable):
         reasons.append(Reason(f"slurm.exclude: leaves {len(usable)} of partition {name}'s {len(members)} node(s), "
-                              f"fewer than nodes: {spec.nodes}; exclude fewer nodes or ask for fewer", False))
+                              f"fewer than {asking}; exclude fewer nodes or ask for fewer", False))
     gpu_type = spec.slurm.gpu_type
     if spec.gpus_per_node and gpu_type is None:
         most = max((sum(n.gpus.values()) for n in members), default=0)
@@ -477,8 +484,8 @@ def _gpu_type_problems(spec: JobSpec, gpu_type: str, partition: str, members: li
     if lacking:
         problems.append(f"slurm.nodelist: {_shown(lacking)} {'has' if len(lacking) == 1 else 'have'} fewer than "
                         f"{spec.gpus_per_node} {gpu_type} GPU(s); nodes that fit: {_shown([n.name for n in fit])}")
-    if len(fit) < spec.nodes:
-        problems.append(f"nodes: {spec.nodes} requested with {spec.gpus_per_node} {gpu_type} GPU(s) each, but only "
+    if len(fit) < spec.allocated_nodes:
+        problems.append(f"{allocation_words(spec)} requested with {spec.gpus_per_node} {gpu_type} GPU(s) each, but only "
                         f"{len(fit)} node(s) of partition {partition} have them"
                         + (" once slurm.exclude is applied" if len(usable) < len(members) else "")
                         + f": {_shown([n.name for n in fit]) or 'none'}; ask for fewer nodes or GPUs")

@@ -121,6 +121,7 @@ class AgentRecovery:
         bad = health.unhealthy(health.read_results(c.run_dir, number, hosts))
         shutil.rmtree(health.checkpoint_tokens(p.checkpoint.dir, number).parent, ignore_errors=True)
         c.attempt.health = bad
+        c.attempt.times["gate_s"] = round(time.monotonic() - started, 3)
         if not bad:
             c.say(f"health gate: {len(hosts)} node(s) healthy in {time.monotonic() - started:.1f}s")
             return None

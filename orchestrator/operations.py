@@ -10,6 +10,7 @@ import json
 import os
 import stat
 import sys
+import time
 from collections import defaultdict
 from dataclasses import asdict
 from pathlib import Path
@@ -87,8 +88,15 @@ def status(refs: list[str], as_json: bool = False) -> int:
                 print(f"    {line}")
         if rec.warning:
             print(f"    warning: {rec.warning}")
-        for line in describe(History.load(rec.run_dir)):
+        history = History.load(rec.run_dir)
+        for line in describe(history):
             print(f"    {line}")
+        if len(history.attempts) > 1:  # where recoveries spent time: the run's goodput
+            from orchestrator.attempt_times import goodput
+
+            measured = goodput(history, rec.created, time.time())
+            if measured is not None:
+                print(f"    {measured.line()}")
         if rec.point_states:
             print_grid(rec, rec.point_states)
     return 0

@@ -60,6 +60,8 @@ class Progress:
     steps_per_s: Optional[float]  # since the previous report
     samples_per_s: Optional[float]  # steps_per_s x the samples of one step, when the rank said
     attempt: int
+    first_time: Optional[float] = None  # this rank's first report of its attempt (orchestrator.attempt_times)
+    first_step: Optional[int] = None  # ... and its step: where the attempt resumed
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,7 @@ class ProgressWriter:
         self.place = place
         self._last_write = 0.0
         self._last_step: Optional[int] = None
+        self._first: Optional[tuple[float, int]] = None
         self._staging: Optional[Path] = None
         self._published = False
         _WRITERS.append(self)
@@ -131,9 +134,11 @@ class ProgressWriter:
         if self._last_step is not None and step > self._last_step and now > self._last_write:
             steps_per_s = (step - self._last_step) / (now - self._last_write)
         self._last_step, self._last_write = step, now
+        if self._first is None:
+            self._first = (now, int(step))
         report = Progress(rank=self.rank, time=now, step=int(step), total=total, steps_per_s=steps_per_s,
                           samples_per_s=steps_per_s * samples if steps_per_s and samples else None,
-                          attempt=self.attempt)
+                          attempt=self.attempt, first_time=self._first[0], first_step=self._first[1])
         if self.place is None or not self._stage(report, now, force):
             _write_atomic(self.path, asdict(report))
         return True
@@ -390,7 +395,8 @@ def _parse(d: Any) -> Optional[Progress]:
     try:
         report = Progress(rank=int(d["rank"]), time=float(d["time"]), step=int(d["step"]),
                           total=_opt_int(d.get("total")), steps_per_s=_opt_float(d.get("steps_per_s")),
-                          samples_per_s=_opt_float(d.get("samples_per_s")), attempt=int(d.get("attempt", 0)))
+                          samples_per_s=_opt_float(d.get("samples_per_s")), attempt=int(d.get("attempt", 0)),
+                          first_time=_opt_float(d.get("first_time")), first_step=_opt_int(d.get("first_step")))
     except (KeyError, ValueError, TypeError, OverflowError):
         return None
     return report

@@ -89,6 +89,8 @@ class Attempt:
     action: str = ""  # restart, requeue, stop, or '' (the run ended)
     health: dict[str, str] = field(default_factory=dict)  # node -> what the health gate found wrong
     inside_job: bool = False  # its restart ran inside the same SLURM job (recovery.in_allocation), no requeue
+    #: its moments (orchestrator.attempt_times): gate_s, ranks_at, joined_at, first_step_at, failed_at...
+    times: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Attempt:
@@ -242,11 +244,16 @@ def describe(history: History) -> list[str]:
     lines = [f"attempts: {len(attempts)} ({history.restarts()} restart(s), {history.requeues()} requeue(s) "
              "for the time limit or a preemption)" + (f"; excluded: {', '.join(history.excluded)}"
                                                       if history.excluded else "")]
+    from orchestrator.attempt_times import phases_line, recovery_phases
+
     followed = {action: action.done for action in Action if action.done}
-    for a in attempts:
+    for i, a in enumerate(attempts):
+        phases = recovery_phases(attempts[i - 1], a) if i and isinstance(a.times, dict) and \
+            isinstance(attempts[i - 1].times, dict) else None
+        recovered = [f"    {phases_line(phases)}"] if phases is not None else []
         where = f" on {','.join(a.nodes)}" if a.nodes else ""
         if a.outcome is None:
-            lines.append(f"  attempt {a.number}{where}: running")
+            lines += [f"  attempt {a.number}{where}: running", *recovered]
             continue
         then = f", {followed[a.action]}" if a.action in followed else ""
         if a.action == Action.RESTART and a.inside_job:
@@ -254,7 +261,7 @@ def describe(history: History) -> list[str]:
         blamed = f"; blamed: {', '.join(a.blamed)}" if a.blamed else ""
         progress = "" if a.progress is None else ("; new checkpoint" if a.progress else "; no new checkpoint")
         why = f": {a.why}" if a.why and a.outcome != Outcome.COMPLETED else ""
-        lines.append(f"  attempt {a.number}{where}: {a.outcome}{then}{why}{blamed}{progress}")
+        lines += [f"  attempt {a.number}{where}: {a.outcome}{then}{why}{blamed}{progress}", *recovered]
         for node, problem in sorted(a.health.items()):
             lines.append(f"    unhealthy {node}: {problem}")
     return lines

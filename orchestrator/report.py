@@ -1,16 +1,19 @@
-"""`orchestrator report RUN`: PNG plots of loss, accuracy and throughput per rank, and a summary."""
+"""`orchestrator report RUN`: PNG plots of loss, accuracy and throughput per rank, the attempts' timeline
+(start-up, training, failures), and a summary with each recovery's phases and the run's goodput."""
 
 from __future__ import annotations
 
 import json
 import math
 import stat
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import OrchestratorError
 from orchestrator.records import RunRecord, resolve_run
+from orchestrator.recovery import Attempt, History
 from orchestrator.run_folder import RunFolder
 
 
@@ -124,6 +127,43 @@ def _plottable(record: Any) -> bool:
     return all(_number(record.get(name)) for name in FIELDS[record["kind"]])
 
 
+def recovery_lines(history: History, submitted: float | None) -> list[str]:
+    """The summary's lines on recovery: each one's phases, and the run's goodput."""
+    from orchestrator.attempt_times import goodput, phases_line, recovery_phases
+
+    lines = []
+    for before, after in zip(history.attempts, history.attempts[1:]):
+        phases = recovery_phases(before, after)
+        if phases is not None:
+            lines.append(f"attempt {after.number}: {phases_line(phases)} after {before.outcome or 'a failure'}")
+    measured = goodput(history, submitted, time.time()) if submitted is not None else None
+    if measured is not None:
+        lines.append(measured.line())
+    return lines
+
+
+def plot_timeline(ax: Any, attempts: list[Attempt]) -> None:
+    """One row per attempt, from the first attempt's start: start-up (grey), training (green), the
+    failure's teardown (red); the gaps between rows are the waits (a requeue's hold, the queue)."""
+    from orchestrator.attempt_times import back_at
+
+    t0 = attempts[0].started
+    for row, a in enumerate(attempts):
+        back = back_at(a)
+        end = a.ended or time.time()
+        failed = a.times.get("failed_at") or end
+        segments = [(a.started, (back or end), "lightgrey")]
+        if back is not None:
+            segments.append((back, failed, "tab:green"))
+        if failed < end:
+            segments.append((failed, end, "tab:red"))
+        for start, stop, colour in segments:
+            ax.broken_barh([(start - t0, max(0.0, stop - start))], (row - 0.4, 0.8), facecolors=colour)
+    ax.set_yticks(range(len(attempts)), [f"attempt {a.number}" for a in attempts])
+    ax.invert_yaxis()
+    ax.set(title="attempts: start-up, training, failure", xlabel="seconds since the first attempt started")
+
+
 def write_report(ref: str) -> str:
     run_dir = resolve_run(ref)
     folder = RunFolder(run_dir)
@@ -151,7 +191,9 @@ def write_report(ref: str) -> str:
     except OSError as exc:
         raise OrchestratorError(f"cannot create {out_dir} ({exc.strerror}): the report is written there; "
                                 "make the run folder writable, or move what is in the way") from None
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    history = History.load(run_dir)
+    timed = [a for a in history.attempts if a.started and isinstance(a.times, dict)]
+    fig, axes = plt.subplots(1, 4 if timed else 3, figsize=(20 if timed else 15, 4))
     axes[0].plot([m["step"] for m in train], [m["loss"] for m in train], label="train (rank 0)")
     axes[0].plot([m["step"] for m in evals], [m["loss"] for m in evals], "o-", label="test")
     marks = resumes(run_dir)
@@ -169,6 +211,8 @@ def write_report(ref: str) -> str:
         axes[2].plot([m["epoch"] for m in rows], [m["samples_per_s"] for m in rows], "o-", label=f"rank {rank}")
     axes[2].set(title="throughput (samples/s)", xlabel="epoch")
     axes[2].legend(fontsize="small")
+    if timed:
+        plot_timeline(axes[3], timed)
     fig.tight_layout()
     try:
         fig.savefig(folder.report_plot, dpi=90)
@@ -192,6 +236,7 @@ def write_report(ref: str) -> str:
         total = sum(r["samples"] for r in rows)
         secs = sum(r["seconds"] for r in rows)
         lines.append(f"rank {rank}: {total / secs if secs else 0:.0f} samples/s over {len(rows)} epoch(s)")
+    lines += recovery_lines(history, RunRecord.load(run_dir).created if folder.record.exists() else None)
     lines.append(f"plots: {folder.report_plot}")
     summary = "\n".join(lines)
     try:

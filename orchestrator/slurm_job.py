@@ -142,7 +142,24 @@ class JobAgent:
             code = self._run(srun_argv)
             return code
         finally:
+            self._mark_attempt()
             self.recovery.end_attempt(code)
+
+    def _mark_attempt(self) -> None:
+        """The attempt's moments seen from here (``orchestrator.attempt_times``): when every rank
+        joined, the rank API's first and last steps."""
+        from orchestrator import attempt_times
+
+        c = self.ctx
+        if c.attempt is None or "ranks_at" not in c.attempt.times:
+            return
+        watch = self.watch.watch if self.watch is not None else None
+        if watch is not None:
+            c.attempt.times.update(attempt_times.joined_at(watch.joined, c.world))
+        try:
+            c.attempt.times.update(attempt_times.progress_marks(c.run_dir, c.world, c.attempt.times["ranks_at"]))
+        except OSError:
+            pass
 
     def _run(self, srun_argv: list[str]) -> int:
         s, p = self.state, self.payload
@@ -203,6 +220,8 @@ class JobAgent:
         logs = {r: self.ctx.slurm.rank_log(p.rank_log, r) for r in range(self.ctx.world)} if p.rank_log else {}
         self.watch = AgentWatch(self.ctx, logs)
         s.started = time.time()
+        if self.ctx.attempt is not None:
+            self.ctx.attempt.times["ranks_at"] = s.started
         # The job's variables reach srun, which starts every rank with them: those read when an
         # interpreter starts (PYTHONPATH, PYTHONHASHSEED, LD_PRELOAD...) take effect, as they would
         # exported in a hand-written batch script. The agent itself keeps its own environment.
@@ -234,6 +253,8 @@ class JobAgent:
                         "to checkpoint and exit")
                     continue
                 if self.watch.look() is not None:
+                    if self.ctx.attempt is not None:
+                        self.ctx.attempt.times["failed_at"] = time.time()
                     s.enter(Phase.ENDING)
                     self._end_ranks()
             time.sleep(POLL_S)
@@ -248,6 +269,8 @@ class JobAgent:
         if code != 0 and s.phase is Phase.RUNNING and not rq.stopping():
             name_killed_rank(self.ctx)
         if a_failure(code, s.phase, s.cancel_at is not None or rq.stopping(), s.notice_at):
+            if self.ctx.attempt is not None:
+                self.ctx.attempt.times.setdefault("failed_at", time.time())
             s.failure = self.recovery.classify()
             return self.recovery.recover(code)
         if s.cancel_at is not None:

@@ -95,6 +95,7 @@ class Supervisor:
         self.stacks_on_failure = launch.payload.watchdog.stacks_on_failure
         self.watch = Watch(0, time.time())
         self.failure: Failure | None = None  # what ended the attempt, for recovery.decide
+        self.times: dict[str, float] = {}  # the attempt's moments (orchestrator.attempt_times)
 
     # -- lifecycle --------------------------------------------------------------------------
     def run(self) -> RunRecord:
@@ -192,7 +193,9 @@ class Supervisor:
         while True:
             self.failure = None
             attempt = history.begin(self.record.attempts, [socket.gethostname()], payload.checkpoint.dir)
+            self.times = attempt.times
             state = self._run_point(index)
+            self._mark_attempt(payload)
             failure = self.failure
             if state != State.FAILED or failure is None or self._cancelled:
                 history.finish(attempt, Outcome(state.lower()), self.record.error or "")
@@ -209,6 +212,19 @@ class Supervisor:
                 return state
             self.record.update(attempts=self.record.attempts + 1, failed_rank=None, error=None, waits={})
 
+    def _mark_attempt(self, payload: Payload) -> None:
+        """The attempt's moments (``orchestrator.attempt_times``): when every rank joined, the rank
+        API's first and last steps."""
+        from orchestrator import attempt_times
+
+        if "ranks_at" not in self.times:
+            return
+        self.times.update(attempt_times.joined_at(self.watch.joined, self.watch.world_size))
+        try:
+            self.times.update(attempt_times.progress_marks(payload.run_dir, self.watch.world_size, self.times["ranks_at"]))
+        except OSError:
+            pass
+
     def _run_point(self, index: int | None) -> State:
         payload = self.launch.payload_for_point(index)
         run_dir = Path(payload.run_dir)
@@ -220,7 +236,10 @@ class Supervisor:
         remove_earlier_files(payload.rendezvous_dir, self.launch.run_id)  # an earlier attempt's, if it was killed
         port, envs = rank_environments(self.launch, payload, attempt)
         folder.forget_attempt()
+        gate_from = time.monotonic()
         unhealthy = health_gate(payload, self.record.attempts)
+        if payload.recovery.health_check:
+            self.times["gate_s"] = round(time.monotonic() - gate_from, 3)
         if unhealthy is not None:
             self.record.update(failed_rank=None, error=unhealthy.why)
             self.failure = unhealthy
@@ -239,11 +258,14 @@ class Supervisor:
         try:
             self.procs = group.start(forks)
             self.watch = Watch(len(self.procs), time.time(), self.stall_s, payload.init_timeout_s)
+            self.times["ranks_at"] = self.watch.started
             self.record.update(rank_pids=[p.pid for p in self.procs],
                                rank_starts=[procs.start_time(p.pid) or 0 for p in self.procs], master_port=port)
             if self.echo_factory and self.echo is None:
                 self.echo = self.echo_factory()
             state = self._watch(run_dir, offsets)
+            if state != State.COMPLETED:
+                self.times["failed_at"] = time.time()
             if state == State.COMPLETED:
                 self._warn_if_did_nothing(run_dir)
             return state

@@ -1,16 +1,19 @@
-"""recovery on the 2-node site-profile cluster: a crash restarts the job (requeued) from its own
-snapshot, a node that fails the health gate or goes down is excluded from the next attempt, and a
+"""recovery on the 2-node site-profile cluster: a crash restarts the ranks inside the job (or,
+with in_allocation: false, requeues it) from its own snapshot, a spare replaces an unhealthy node, a node that fails the health gate or goes down is excluded from the next attempt, and a
 failure that repeats without progress stops with "no progress". The script is a plain torchrun-style
 script that snapshots itself (tests/integration/scripts/flaky_snapshot.py)."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 import uuid
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from orchestrator.executors.slurm import SlurmExecutor
 from orchestrator.recovery import History, describe
@@ -41,17 +44,54 @@ def _logs(run_dir: str) -> str:
     return "".join(p.read_text(errors="replace") for p in sorted((Path(run_dir) / "slurm").glob("*")) if p.is_file())
 
 
-def test_a_crash_requeues_the_job_and_it_resumes_from_its_snapshot(cluster: dict[str, str]) -> None:
-    launch, ckpt = _flaky(cluster, "rec-crash", "crash_once", {"max_restarts": 2})
+@pytest.mark.parametrize("inside", [True, False], ids=["inside-the-job", "requeued"])
+def test_a_crash_restarts_and_resumes_from_its_snapshot(cluster: dict[str, str], inside: bool) -> None:
+    """By default the ranks' step restarts inside the same job (one job id, no requeue, seconds);
+    with recovery.in_allocation: false the job is requeued, as before."""
+    launch, ckpt = _flaky(cluster, "rec-crash", "crash_once", {"max_restarts": 2, "in_allocation": inside})
     record = _run_through_restarts(launch)
     assert record.state == "COMPLETED", f"{record.error}\n{_logs(launch.run_dir)[-4000:]}"
     assert json.loads((ckpt / "done.json").read_text()) == {"steps": 12, "start": 6}
-    attempts = History.load(launch.run_dir).attempts
+    history = History.load(launch.run_dir)
+    attempts = history.attempts
     assert [(a.outcome, a.action) for a in attempts] == [("crash", "restart"), ("completed", "")], attempts
     assert "injected crash at step 7" in attempts[0].why
     assert attempts[0].blamed == []  # a traceback is the code's fault: no node excluded
-    shown = "\n".join(describe(History.load(launch.run_dir)))
-    assert "attempt 1 on node1,node2: crash, restarted: rank" in shown, shown
+    assert attempts[0].inside_job is inside and history.restarts_by_requeue() == (0 if inside else 1)
+    assert attempts[0].job == attempts[1].job  # requeued or not, one SLURM job
+    shown = "\n".join(describe(history))
+    then = "restarted inside the job" if inside else "restarted"
+    assert f"attempt 1 on node1,node2: crash, {then}: rank" in shown, shown
+    logs = _logs(launch.run_dir)
+    assert f"job {attempts[0].job} attempt 1, master" in logs  # the ranks were told the job's attempt
+    if inside:
+        restart = subprocess.run(["scontrol", "show", "job", "-o", attempts[0].job], capture_output=True, text=True)
+        assert "Restarts=0" in restart.stdout, restart.stdout  # SLURM never requeued it
+        first_step = [float(t) for t in re.findall(r"first_step_time (\d+\.\d+)", logs)]
+        failed = float(re.findall(r"failing \(crash_once\) at (\d+\.\d+)", logs)[0])
+        # crash to the first new step: seconds, not SLURM's requeue hold (~120 s); bounded loosely
+        # here (the suite loads 2 cores), measured in tests/benchmarks/bench_recovery_inside.py
+        assert 0 < max(first_step) - failed < 60, (first_step, failed)
+    assert no_job_processes()
+
+
+def test_a_spare_takes_an_unhealthy_nodes_place_without_a_restart(cluster: dict[str, str], tmp_path: Path) -> None:
+    """recovery.spares: 1 on a 1-node job holds both nodes; the health gate checks both, the site's
+    check fails on node2, so the ranks run on node1 at once (no restart used) and node2 is given
+    back to SLURM."""
+    check = tmp_path / "node_check.sh"
+    check.write_text('#!/bin/sh\nif [ "$ORCH_HEALTH_NODE" = node2 ]; then echo "GPU 0 has ECC errors"; exit 1; fi\n')
+    check.chmod(0o755)
+    launch, ckpt = _flaky(cluster, "rec-spare", "none", {"max_restarts": 1, "spares": 1, "node_check": [str(check)]},
+                          nodes=1, ranks=2, steps=3)
+    record = _run_through_restarts(launch)
+    logs = _logs(launch.run_dir)
+    assert record.state == "COMPLETED", f"{record.error}\n{logs[-4000:]}"
+    history = History.load(launch.run_dir)
+    (only,) = history.attempts
+    assert only.nodes == ["node1"] and "ECC errors" in only.health["node2"] and only.outcome == "completed", only
+    assert history.excluded == ["node2"] and history.restarts() == 0
+    assert "gave node2 back to SLURM" in logs, logs[-3000:]
     assert no_job_processes()
 
 

@@ -1,0 +1,87 @@
+"""Every recovery measured (orchestrator.attempt_times): the phases between two attempts, what
+status says of them, and the goodput, on recorded attempts (no process)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from orchestrator.attempt_times import Goodput, goodput, joined_at, phases_line, progress_marks, recovery_phases
+from orchestrator.progress import ProgressWriter
+from orchestrator.recovery import Attempt, History, describe
+from orchestrator.states import Action, Outcome
+
+
+def _two_attempts() -> tuple[Attempt, Attempt]:
+    first = Attempt(number=1, started=100.0, ended=131.0, outcome=Outcome.CRASH, action=Action.RESTART,
+                    times={"ranks_at": 101.0, "joined_at": 104.0, "first_step_at": 105.0, "first_step": 0,
+                           "last_step_at": 129.0, "last_step": 24, "failed_at": 130.0})
+    second = Attempt(number=2, started=131.5, ended=160.0, outcome=Outcome.COMPLETED,
+                     times={"gate_s": 0.5, "ranks_at": 132.0, "joined_at": 135.0, "first_step_at": 136.0,
+                            "first_step": 21, "last_step_at": 159.0, "last_step": 50})
+    return first, second
+
+
+def test_a_recovery_is_told_phase_by_phase() -> None:
+    first, second = _two_attempts()
+    phases = recovery_phases(first, second)
+    assert phases == {"teardown": 1.0, "wait": 0.5, "gate": 0.5, "launch": 0.0, "start": 3.0, "first step": 1.0,
+                      "total": 6.0}
+    assert phases_line(phases) == "recovered in 6.0s (teardown 1.0, wait 0.5, gate 0.5, start 3.0, first step 1.0)"
+    assert recovery_phases(first, Attempt(number=2, started=131.5)) is None  # an attempt that never started ranks
+    assert recovery_phases(Attempt(number=1, started=1.0), second) is None  # a failure never recorded
+
+
+def test_status_shows_the_recovery_under_the_attempt_it_brought_back(tmp_path: Path) -> None:
+    history = History(tmp_path / "recovery.json", list(_two_attempts()))
+    history.save()
+    shown = describe(History.load(tmp_path))
+    assert shown[2] == "  attempt 2: completed" and shown[3].startswith("    recovered in 6.0s (teardown 1.0"), shown
+
+
+def test_goodput_counts_training_and_sets_queue_recovery_and_lost_work_apart() -> None:
+    first, second = _two_attempts()
+    g = goodput(History(Path("unused"), [first, second]), submitted=90.0, now=200.0)
+    assert g is not None
+    # training 105..129 and 136..159; steps 21..24 were done again: 3 steps at 1 s each
+    assert (g.wall_s, g.queue_s, g.startup_s, g.recovery_s, g.lost_s) == (70.0, 10.0, 5.0, 6.0, 3.0)
+    assert g.productive_s == 24.0 + 23.0 - 3.0
+    assert g.line().startswith(f"goodput {44 / 70:.0%}: 44s training of 70s since submit")
+
+
+def test_no_goodput_before_anything_trained() -> None:
+    assert goodput(History(Path("unused"), [Attempt(number=1, started=5.0)]), 1.0, 9.0) is None
+    assert goodput(History(Path("unused"), []), 1.0, 9.0) is None
+
+
+@given(st.lists(st.tuples(st.floats(0, 50), st.floats(0, 50), st.floats(0, 50)), min_size=1, max_size=6),
+       st.floats(0, 100))
+def test_goodput_is_a_fraction_of_the_wall_time_whatever_was_recorded(gaps: list[tuple[float, float, float]],
+                                                                      queue: float) -> None:
+    attempts, t = [], 1000.0 + queue
+    for i, (start, train, fail) in enumerate(gaps):
+        a = Attempt(number=i + 1, started=t, times={"ranks_at": t + start, "joined_at": t + start})
+        t += start + train
+        a.times["failed_at"] = t
+        a.ended = t + fail
+        t += fail
+        attempts.append(a)
+    g = goodput(History(Path("unused"), attempts), submitted=1000.0, now=t + 1)
+    assert isinstance(g, Goodput) and 0.0 <= g.fraction <= 1.0 + 1e-9
+    assert g.productive_s <= g.wall_s + 1e-6
+
+
+def test_the_watchdogs_joins_and_the_rank_apis_first_and_last_steps(tmp_path: Path) -> None:
+    assert joined_at({0: 3.0, 1: 5.0}, 2) == {"joined_at": 5.0}
+    assert joined_at({0: 3.0}, 2) == {}  # rank 1 never joined
+    for rank in (0, 1):
+        writer = ProgressWriter(tmp_path, rank, min_interval_s=0.0)
+        writer.report(10 + rank)
+        writer.report(20 + rank)
+    marks = progress_marks(tmp_path, 2, since=0.0)
+    assert (marks["first_step"], marks["last_step"]) == (10.0, 20.0)
+    assert marks["first_step_at"] <= marks["last_step_at"]
+    assert progress_marks(tmp_path, 3, since=0.0).keys() == {"last_step_at", "last_step"}  # rank 2 never stepped
+    assert progress_marks(tmp_path, 2, since=marks["last_step_at"] + 1) == {}  # an earlier attempt's reports

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Mapping, Optional
 
 from orchestrator.recovery import Attempt, History
+from orchestrator.states import Action
 
 #: The phases of one recovery, in order, as status names them.
 PHASES = ("teardown", "wait", "gate", "launch", "start", "first step")
@@ -59,8 +60,11 @@ def back_at(attempt: Attempt) -> Optional[float]:
 
 
 def recovery_phases(before: Attempt, after: Attempt) -> Optional[dict[str, float]]:
-    """The recovery from ``before``'s failure to ``after``'s training, phase by phase (seconds), with
-    ``total``: the failure seen to the first new step (or join). None when not measured."""
+    """The recovery from ``before``'s failure (or requeue) to ``after``'s training, phase by phase
+    (seconds), with ``total``: the failure seen to the first new step (or join). None when ``before``
+    was not followed by a recovery (it completed, or the run was started again), or not measured."""
+    if before.action not in (Action.RESTART, Action.REQUEUE):  # it ended (or was stopped): no recovery followed
+        return None
     failed, back = before.times.get("failed_at") or before.ended, back_at(after)
     if failed is None or before.ended is None or back is None or back < failed:
         return None

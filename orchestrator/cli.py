@@ -16,8 +16,8 @@ import sys
 from typing import Callable, Sequence
 
 from orchestrator import __version__
-from orchestrator.cli_commands import (cmd_cancel, cmd_demo, cmd_diff, cmd_gc, cmd_list, cmd_logs, cmd_pipeline, cmd_plan,
-                                       cmd_preflight, cmd_remote_files, cmd_remote_receive, cmd_report, cmd_run,
+from orchestrator.cli_commands import (cmd_cancel, cmd_chaos, cmd_demo, cmd_diff, cmd_gc, cmd_list, cmd_logs,
+                                       cmd_pipeline, cmd_plan, cmd_preflight, cmd_remote_files, cmd_remote_receive, cmd_report, cmd_run,
                                        cmd_schema, cmd_status, cmd_stacks, cmd_submit, cmd_sync, cmd_validate)
 from orchestrator.cli_streams import _not_utf8_line, _os_error_line, _process_streams
 from orchestrator.errors import OrchestratorError, UsageError
@@ -122,6 +122,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("cancel", help="stop a run")
     p.add_argument("run")
     p.set_defaults(func=cmd_cancel)
+
+    p = sub.add_parser("chaos", help="break your own running job on purpose (a rank killed or frozen, a node "
+                                     "taken away) and see the recovery its spec asks for")
+    p.add_argument("run")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--kill-rank", type=int, metavar="N", help="SIGKILL rank N (a crash with no traceback)")
+    what.add_argument("--stop-rank", type=int, metavar="N",
+                      help="SIGSTOP rank N (a hang: the watchdog's stall_s must find it)")
+    what.add_argument("--node-down", metavar="NAME", help="SLURM: set the run's node NAME DOWN (needs the "
+                                                          "administrator's rights)")
+    p.set_defaults(func=cmd_chaos)
 
     p = sub.add_parser("report", help="write PNG plots and a text summary of a run's metrics")
     p.add_argument("run")

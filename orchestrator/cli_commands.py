@@ -257,6 +257,19 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return cancel(args.run)
 
 
+def cmd_chaos(args: argparse.Namespace) -> int:
+    from orchestrator.chaos import Injection, inject
+
+    if args.kill_rank is not None:
+        injection = Injection("kill-rank", rank=args.kill_rank)
+    elif args.stop_rank is not None:
+        injection = Injection("stop-rank", rank=args.stop_rank)
+    else:
+        injection = Injection("node-down", node=args.node_down)
+    print(inject(args.run, injection))
+    return 0
+
+
 def cmd_remote_receive(args: argparse.Namespace) -> int:
     from orchestrator.remote_receive import serve
 

@@ -13,7 +13,9 @@ its default. Cases (``--cases``):
 
 - ``crash``: its last rank raises at step 7 once; in the allocation (the default) and with
   ``in_allocation: false`` (a requeue: SLURM 22.05 holds the job ~120 s, then it queues again);
-- ``hang``: its last rank sleeps at step 7 once, ``watchdog.stall_s: 6``;
+- ``hang``: its last rank sleeps at step 7 once, ``watchdog.stall_s: 6``, with ``spares: 1`` (the
+  straggler sleeps outside any collective, so its node is blamed: without a spare the job would be
+  requeued without it);
 - ``node``: the last rank's node is set DOWN at step 5, with ``spares: 1`` (the spare takes its
   place inside the job) and without (the job is requeued without it). The node is resumed after.
 
@@ -44,9 +46,10 @@ SCRIPT = str(Path(__file__).resolve().parents[1] / "integration" / "scripts" / "
 CASES: dict[str, tuple[str, dict[str, Any], dict[str, Any], str]] = {
     "crash inside": ("crash_once", {"max_restarts": 2}, {}, ""),
     "crash requeue": ("crash_once", {"max_restarts": 2, "in_allocation": False}, {}, ""),
-    "hang inside": ("hang_once", {"max_restarts": 2}, {"watchdog": {"stall_s": 6}}, ""),
-    "node lost, spare": ("none", {"max_restarts": 2, "spares": 1}, {}, "down"),
-    "node lost, requeue": ("none", {"max_restarts": 2}, {}, "down"),
+    # the straggler sleeps outside any collective: its node is blamed, so a spare takes its place
+    "hang inside with a spare": ("hang_once", {"max_restarts": 2, "spares": 1}, {"watchdog": {"stall_s": 6}}, ""),
+    "node lost with a spare": ("none", {"max_restarts": 2, "spares": 1}, {}, "down"),
+    "node lost requeue": ("none", {"max_restarts": 2}, {}, "down"),
 }
 
 

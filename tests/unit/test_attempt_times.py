@@ -32,6 +32,8 @@ def test_a_recovery_is_told_phase_by_phase() -> None:
     assert phases_line(phases) == "recovered in 6.0s (teardown 1.0, wait 0.5, gate 0.5, start 3.0, first step 1.0)"
     assert recovery_phases(first, Attempt(number=2, started=131.5)) is None  # an attempt that never started ranks
     assert recovery_phases(Attempt(number=1, started=1.0), second) is None  # a failure never recorded
+    completed = Attempt(number=1, started=100.0, ended=131.0, outcome=Outcome.COMPLETED, times=dict(first.times))
+    assert recovery_phases(completed, second) is None  # the same spec run again later: no recovery
 
 
 def test_status_shows_the_recovery_under_the_attempt_it_brought_back(tmp_path: Path) -> None:

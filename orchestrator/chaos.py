@@ -69,7 +69,10 @@ def refusal(record: RunRecord, payload: Payload, injection: Injection, uid: int)
 
 def inject(ref: str, injection: Injection) -> str:
     """Inject the failure into the run and record it; the line to print. UsageError when refused."""
-    record = RunRecord.load(resolve_run(ref))
+    from orchestrator.api import refresh_records
+
+    # the scheduler asked (SLURM): the record says what the job is now
+    record = refresh_records([RunRecord.load(resolve_run(ref))])[0]
     folder = RunFolder.of(record.run_dir)
     payload = Payload.load(folder.payload)
     why = refusal(record, payload, injection, os.geteuid())

@@ -23,6 +23,7 @@ from orchestrator.plan_model import Launcher, Layout, RankRow, paused_gc
 from orchestrator.rank_env import RankEnv, cpu_share_rule, installed_torch_version, planned_interfaces, rank_environment
 from orchestrator.rendezvous import init_url, rendezvous_file
 from orchestrator.run_folder import RunFolder
+from orchestrator.slurm_task import ATTEMPT_VARIABLE
 from orchestrator.snapshot import Snapshot
 from orchestrator.spec import JobSpec
 
@@ -61,7 +62,9 @@ def slurm_rows(spec: JobSpec, payload: Payload) -> list[RankRow]:
                            init_method=init_url(d.init_method, addr, port, rfile), interface=iface,
                            visible_devices=SLURM_RULES["visible"] if spec.gpus_per_node else None, source="plan",
                            interfaces=interfaces)
-        templates.append(rank_environment(contract, payload, SLURM_RULES["attempt"], marker, torch_version))
+        template = rank_environment(contract, payload, SLURM_RULES["attempt"], marker, torch_version)
+        template[ATTEMPT_VARIABLE] = SLURM_RULES["attempt"]  # the job's agent gives it to each step it starts
+        templates.append(template)
     rows = []
     for node in range(spec.nodes):
         node_text, host = str(node), f"<node {node} of the allocation>"

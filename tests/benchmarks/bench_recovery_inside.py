@@ -95,7 +95,8 @@ def one(a: argparse.Namespace, case: str) -> dict[str, Any]:
             subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], check=False)
     logs = _logs(run.run_dir)
     history = History.load(run.run_dir)
-    failed = [float(t) for t in re.findall(r"failing \(\w+\) at (\d+\.\d+)", logs)] or [downed]
+    # (mode none prints a 'failing (none)' line at step 7 too, and goes on: the node's loss is the failure)
+    failed = [downed] if downed else [float(t) for t in re.findall(r"failing \(\w+\) at (\d+\.\d+)", logs)]
     firsts = sorted(float(t) for t in re.findall(r"first_step_time (\d+\.\d+)", logs))
     after = [t for t in firsts if t > failed[0]]
     assert state == "COMPLETED" and after, (case, state, logs[-3000:])

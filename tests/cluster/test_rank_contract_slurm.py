@@ -38,9 +38,9 @@ def test_slurm_ranks_get_exactly_the_planned_environment(cluster: dict[str, str]
         # of any node), which the agent gave srun as --cpus-per-task
         share = str(max(1, (granted_cpus({"SLURM_JOB_CPUS_PER_NODE": env["SLURM_JOB_CPUS_PER_NODE"]}) or 0)
                         // launch.ranks_per_node))
-        rules = {SLURM_RULES["master_addr"]: job.hosts[0], SLURM_RULES["port"]: str(derive_port(job.raw_job_id, job.restart)),
-                 SLURM_RULES["attempt"]: str(job.restart), SLURM_RULES["job"]: job.job_id,
-                 SLURM_RULES["restart"]: str(job.restart), cpu_share_rule(launch.ranks_per_node): share}
+        rules = {SLURM_RULES["master_addr"]: job.hosts[0], SLURM_RULES["port"]: str(derive_port(job.raw_job_id, job.attempt)),
+                 SLURM_RULES["attempt"]: str(job.attempt), SLURM_RULES["job"]: job.job_id,
+                 SLURM_RULES["restart"]: str(job.attempt), cpu_share_rule(launch.ranks_per_node): share}
         for key, planned in row.env.items():
             if planned == "<interface that routes to MASTER_ADDR>":
                 assert env.get(key) == seen["routing_interface"], (row.rank, key, env.get(key), seen["routing_interface"])

@@ -175,3 +175,29 @@ def test_a_hang_restarts_without_the_stragglers_node(cluster: dict[str, str]) ->
     assert list((Path(launch.run_dir) / "attempts").glob("*/end.json"))  # the verdict, kept
     assert json.loads((ckpt / "done.json").read_text())["start"] == 6
     assert no_job_processes()
+
+
+def test_chaos_kills_a_rank_on_its_node_and_the_job_restarts_inside_itself(cluster: dict[str, str]) -> None:
+    """`orchestrator chaos RUN --kill-rank 1` on a running 2-node job: rank 1 is SIGKILLed on its own
+    node (srun --overlap, orchestrator.chaos_node), and the ranks' step restarts inside the job."""
+    from orchestrator.chaos import Injection, inject
+
+    launch, ckpt = _flaky(cluster, "rec-chaos", "none", {"max_restarts": 2}, steps=40, sleep=0.3)
+    ex = SlurmExecutor()
+    record = ex.submit(launch)
+    deadline = time.monotonic() + 180
+    while not (ckpt / "state.json").exists():  # a first snapshot (step 3)
+        assert time.monotonic() < deadline, _logs(launch.run_dir)[-3000:]
+        time.sleep(0.3)
+    record = ex.refresh([RunRecord.load(launch.run_dir)])[0]
+    said = inject(launch.run_dir, Injection("kill-rank", rank=1))
+    assert "kill-rank rank 1 on node2" in said, said
+    record = _run_through_restarts(launch, record=record)
+    assert record.state == "COMPLETED", f"{record.error}\n{_logs(launch.run_dir)[-4000:]}"
+    first, second = History.load(launch.run_dir).attempts
+    assert (first.outcome, first.action, first.inside_job) == ("crash", "restart", True), first
+    assert "rank 1 on node2 was killed by a signal" in first.why, first.why
+    assert json.loads((ckpt / "done.json").read_text())["start"] > 0
+    shown = "\n".join(describe(History.load(launch.run_dir)))
+    assert "recovered in " in shown, shown
+    assert no_job_processes()

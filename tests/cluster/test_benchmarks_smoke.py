@@ -42,3 +42,9 @@ def test_bench_remote_runs_one_round_through_the_login_node(cluster: dict[str, s
                   dict(os.environ))
     assert re.search(r"status --remote - status there = [+-][\d.]+ s", said), said[-4000:]
     assert re.search(r"submit --remote changed\s+[\d.]+ s", said), said[-4000:]
+
+
+def test_bench_recovery_inside_runs_one_round(cluster: dict[str, str]) -> None:
+    said = _bench([str(BENCH / "bench_recovery_inside.py"), "--smoke", "--runs-dir", cluster["runs_dir"]],
+                  {**os.environ, "SLURM_CONF": cluster["SLURM_CONF"]})
+    assert re.search(r"\| crash inside \| [\d.]+ \([\d., ]+\) \| 1 \| 0 \|", said), said[-4000:]

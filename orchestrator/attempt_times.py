@@ -79,9 +79,11 @@ def recovery_phases(before: Attempt, after: Attempt) -> Optional[dict[str, float
     return phases
 
 
-def phases_line(phases: Mapping[str, float]) -> str:
+def phases_line(phases: Mapping[str, float], after: Optional[int] = None) -> str:
+    """'recovered in 8.9s from attempt 1 (teardown 0.6, gate 0.5, ...)': the phases over 0.05 s."""
     parts = ", ".join(f"{name} {phases[name]:.1f}" for name in PHASES if phases.get(name, 0.0) >= 0.05)
-    return f"recovered in {phases['total']:.1f}s" + (f" ({parts})" if parts else "")
+    return (f"recovered in {phases['total']:.1f}s" + (f" from attempt {after}" if after is not None else "")
+            + (f" ({parts})" if parts else ""))
 
 
 @dataclass(frozen=True)

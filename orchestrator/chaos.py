@@ -82,10 +82,13 @@ def inject(ref: str, injection: Injection) -> str:
         target = _node_down(record, injection.node or "")
     else:
         target = _signal_rank(record, injection.rank or 0, "KILL" if injection.action == "kill-rank" else "STOP")
-    entry = {"time": time.time(), "action": injection.action, "target": target, "attempt": record.attempts}
+    from orchestrator.recovery import History
+
+    attempt = max(record.attempts, len(History.load(record.run_dir).attempts))  # SLURM: the history counts
+    entry = {"time": time.time(), "action": injection.action, "target": target, "attempt": attempt}
     with open(Path(record.run_dir) / CHAOS_FILE, "a", encoding="utf-8") as fh:
         fh.write(json.dumps(entry) + "\n")
-    return (f"{record.run_id}: {injection.action} {target} (attempt {record.attempts}); follow the recovery with "
+    return (f"{record.run_id}: {injection.action} {target} (attempt {attempt}); follow the recovery with "
             f"'orchestrator status {record.run_id}'")
 
 

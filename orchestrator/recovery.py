@@ -250,7 +250,7 @@ def describe(history: History) -> list[str]:
     for i, a in enumerate(attempts):
         phases = recovery_phases(attempts[i - 1], a) if i and isinstance(a.times, dict) and \
             isinstance(attempts[i - 1].times, dict) else None
-        recovered = [f"    {phases_line(phases)}"] if phases is not None else []
+        recovered = [f"    {phases_line(phases, attempts[i - 1].number)}"] if phases is not None else []
         where = f" on {','.join(a.nodes)}" if a.nodes else ""
         if a.outcome is None:
             lines += [f"  attempt {a.number}{where}: running", *recovered]

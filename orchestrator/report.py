@@ -135,7 +135,7 @@ def recovery_lines(history: History, submitted: float | None) -> list[str]:
     for before, after in zip(history.attempts, history.attempts[1:]):
         phases = recovery_phases(before, after)
         if phases is not None:
-            lines.append(f"attempt {after.number}: {phases_line(phases)} after {before.outcome or 'a failure'}")
+            lines.append(f"attempt {after.number}: {phases_line(phases, before.number)} ({before.outcome or 'a failure'})")
     measured = goodput(history, submitted, time.time()) if submitted is not None else None
     if measured is not None:
         lines.append(measured.line())

@@ -40,7 +40,7 @@ def test_status_shows_the_recovery_under_the_attempt_it_brought_back(tmp_path: P
     history = History(tmp_path / "recovery.json", list(_two_attempts()))
     history.save()
     shown = describe(History.load(tmp_path))
-    assert shown[2] == "  attempt 2: completed" and shown[3].startswith("    recovered in 6.0s (teardown 1.0"), shown
+    assert shown[2] == "  attempt 2: completed" and shown[3].startswith("    recovered in 6.0s from attempt 1 (teardown 1.0"), shown
 
 
 def test_goodput_counts_training_and_sets_queue_recovery_and_lost_work_apart() -> None:

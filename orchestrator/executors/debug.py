@@ -15,7 +15,7 @@ from orchestrator.rank_env import installed_torch_version, local_rank_env, rank_
 from orchestrator.rendezvous import derive_port, pick_port, rendezvous_file
 from orchestrator.plan import LaunchPlan
 from orchestrator.records import RunRecord
-from orchestrator.states import TERMINAL
+from orchestrator.states import TERMINAL, State
 
 
 class DebugExecutor:
@@ -35,7 +35,7 @@ class DebugExecutor:
         me = os.getpid()
         record, lock = prepare_run_dir(launch)  # this process is the attempt's supervisor: it holds the lock
         with lock:
-            record = record.update(state="RUNNING", supervisor_pid=me, supervisor_start=procs.start_time(me))
+            record = record.update(state=State.RUNNING, supervisor_pid=me, supervisor_start=procs.start_time(me))
             return self._run_rank(launch, record)
 
     def _run_rank(self, launch: LaunchPlan, record: RunRecord) -> RunRecord:
@@ -50,16 +50,16 @@ class DebugExecutor:
         os.environ.update(rank_environment(local_rank_env(payload, 0, port, rfile), payload, attempt,
                                            torch_version=installed_torch_version(payload.env)))
         # Every way out records an end state: an exception, sys.exit() in the entrypoint, Ctrl-C.
-        state, changes = "FAILED", {"failed_rank": 0, "error": "the debug run ended without a result"}
+        state, changes = State.FAILED, {"failed_rank": 0, "error": "the debug run ended without a result"}
         try:
             run_rank(payload, 0, own_process=False)  # rank 0 records its result in the run folder
-            state, changes = "COMPLETED", {}
+            state, changes = State.COMPLETED, {}
         except KeyboardInterrupt:
-            state, changes = "CANCELLED", {"error": "interrupted (Ctrl-C)"}
+            state, changes = State.CANCELLED, {"error": "interrupted (Ctrl-C)"}
             raise
         except SystemExit as exc:
             if exc.code in (None, 0):
-                state, changes = "COMPLETED", {}
+                state, changes = State.COMPLETED, {}
             else:
                 changes = {"failed_rank": 0, "error": f"the entrypoint called sys.exit({exc.code!r})"}
                 raise

@@ -22,7 +22,7 @@ from orchestrator.executors.supervisor import Supervisor
 from orchestrator.interpreter import module_argv
 from orchestrator.plan import LaunchPlan
 from orchestrator.records import RunRecord, disk_trouble
-from orchestrator.states import TERMINAL
+from orchestrator.states import TERMINAL, State
 from orchestrator.run_folder import RunFolder
 
 SUPERVISOR_START_S = 30.0  # how long `run --detach` waits for the supervisor to record itself
@@ -77,7 +77,7 @@ class LocalExecutor:
             why = (f"the supervisor exited with code {proc.returncode} before starting the ranks; "
                    f"see {RunFolder.of(launch.run_dir).supervisor_log}")
             try:
-                record.update(last=True, state="FAILED", ended=time.time(), error=why)
+                record.update(last=True, state=State.FAILED, ended=time.time(), error=why)
             except OSError as exc:  # the free lock tells the next look all the same
                 record.error = f"{why} ({disk_trouble(exc, launch.run_dir) or exc.strerror or exc})"
         raise SubmissionError(record.error or "the supervisor exited before starting the ranks")
@@ -147,7 +147,7 @@ def _detached_main(argv: list[str]) -> int:
     lock = ownership.RunLock(fd, Path(run_dir)) if fd >= 0 else None
     launch = LaunchPlan.model_validate_json(RunFolder.of(run_dir).plan.read_text())
     record = Supervisor(launch, RunRecord.load(run_dir), lock).run()
-    return 0 if record.state == "COMPLETED" else 1
+    return 0 if record.state == State.COMPLETED else 1
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from orchestrator.rendezvous import init_url, rendezvous_file
 from orchestrator.run_folder import RunFolder
 from orchestrator.slurm_task import ATTEMPT_VARIABLE
 from orchestrator.snapshot import Snapshot
-from orchestrator.spec import JobSpec
+from orchestrator.spec import JobSpec, allocated_nodes
 
 #: SLURM's default MaxArraySize is 1001, so one array holds at most 1000 tasks.
 DEFAULT_MAX_ARRAY_SIZE = 1001
@@ -83,7 +83,7 @@ class SlurmPlanner:
     def layout(self, spec: JobSpec) -> Layout:
         iface = spec.distributed.interface_names()
         spares = spec.recovery.spares
-        notes = [f"recovery.spares: {spares}: the job holds {spec.allocated_nodes} nodes; the ranks run on {spec.nodes} "
+        notes = [f"recovery.spares: {spares}: the job holds {allocated_nodes(spec)} nodes; the ranks run on {spec.nodes} "
                  f"of them (the first healthy ones) and a failed node is replaced by a spare inside the job"] if spares else []
         return Layout(nodes=spec.nodes, ranks_per_node=spec.ranks_per_node, backend=spec.resolved_backend,
                       interface=",".join(iface) if iface else "auto", devices=None, notes=notes)
@@ -155,7 +155,7 @@ def submitit_parameters(spec: JobSpec, n_points: int = 0) -> dict[str, Any]:
     s = spec.slurm
     params: dict[str, Any] = {
         "job_name": spec.name,
-        "nodes": spec.allocated_nodes,  # the spares too (recovery.spares): the agent picks the ranks' nodes
+        "nodes": allocated_nodes(spec),  # the spares too (recovery.spares): the agent picks the ranks' nodes
         "ntasks_per_node": spec.ranks_per_node,
         "time": s.time_minutes,
         "signal_delay_s": s.signal_margin_s,

@@ -880,11 +880,6 @@ class JobSpec(_Model):
         return self.nodes * self.ranks_per_node
 
     @property
-    def allocated_nodes(self) -> int:
-        """The nodes sbatch asks for: the ranks' ``nodes`` and the spares held beside them."""
-        return self.nodes + self.recovery.spares
-
-    @property
     def resolved_backend(self) -> str:
         if self.distributed.backend != "auto":
             return self.distributed.backend
@@ -1064,3 +1059,8 @@ def _local_problems(spec: JobSpec) -> list[str]:
                     "GPU of its own; list more devices, lower local.emulate_nodes / local.ranks_per_node, or set "
                     "distributed.backend: gloo"]
     return []
+
+
+def allocated_nodes(spec: JobSpec) -> int:
+    """The nodes sbatch asks for: the ranks' ``nodes`` and the spares held beside them (recovery.spares)."""
+    return spec.nodes + spec.recovery.spares

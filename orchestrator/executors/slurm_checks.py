@@ -33,7 +33,7 @@ from orchestrator.errors import SpecError
 from orchestrator.hostlist import MAX_HOSTS  # noqa: F401  (re-exported)
 from orchestrator.hostlist import expand as expand_hostlist
 from orchestrator.slurm_controller import scontrol_text
-from orchestrator.spec import JobSpec
+from orchestrator.spec import JobSpec, allocated_nodes
 from orchestrator.validators import slurm_time_minutes
 
 
@@ -135,7 +135,7 @@ def _types_line(nodes: list[Node]) -> str:
 def allocation_words(spec: JobSpec) -> str:
     """How the job's node count reads in a message: 'nodes: 2', or 'nodes: 2 + recovery.spares: 1'."""
     spares = spec.recovery.spares
-    return f"nodes: {spec.nodes}" + (f" + recovery.spares: {spares} ({spec.allocated_nodes} nodes)" if spares else "")
+    return f"nodes: {spec.nodes}" + (f" + recovery.spares: {spares} ({allocated_nodes(spec)} nodes)" if spares else "")
 
 
 def _hosts_problems(spec: JobSpec, nodes: list[Node]) -> tuple[list[str], set[str], set[str]]:
@@ -164,7 +164,7 @@ def _hosts_problems(spec: JobSpec, nodes: list[Node]) -> tuple[list[str], set[st
     if wanted & excluded:
         problems.append(f"slurm.nodelist and slurm.exclude both name {_shown(sorted(wanted & excluded))}; "
                         "remove it from one of them")
-    if len(wanted) > spec.allocated_nodes:
+    if len(wanted) > allocated_nodes(spec):
         problems.append(f"slurm.nodelist: names {len(wanted)} nodes but the job asks for {allocation_words(spec)}; SLURM "
                         f"allocates every node of the list, so set nodes: {len(wanted)} or shorten the list")
     return problems, wanted, excluded
@@ -267,7 +267,7 @@ def partition_reasons(spec: JobSpec, part: Partition, nodes: list[Node], wanted:
     if outside:
         reasons.append(Reason(f"slurm.nodelist: {_shown(outside)} not in partition {name}; choose nodes of that "
                               f"partition or set slurm.partition to one that has them", True))
-    asked, asking = spec.allocated_nodes, allocation_words(spec)
+    asked, asking = allocated_nodes(spec), allocation_words(spec)
     if asked > len(members):
         reasons.append(Reason(f"{asking} requested but partition {name} has {len(members)} node(s)", True))
     elif part.max_nodes is not None and asked > part.max_nodes:
@@ -484,7 +484,7 @@ def _gpu_type_problems(spec: JobSpec, gpu_type: str, partition: str, members: li
     if lacking:
         problems.append(f"slurm.nodelist: {_shown(lacking)} {'has' if len(lacking) == 1 else 'have'} fewer than "
                         f"{spec.gpus_per_node} {gpu_type} GPU(s); nodes that fit: {_shown([n.name for n in fit])}")
-    if len(fit) < spec.allocated_nodes:
+    if len(fit) < allocated_nodes(spec):
         problems.append(f"{allocation_words(spec)} requested with {spec.gpus_per_node} {gpu_type} GPU(s) each, but only "
                         f"{len(fit)} node(s) of partition {partition} have them"
                         + (" once slurm.exclude is applied" if len(usable) < len(members) else "")

@@ -195,7 +195,7 @@ class Supervisor:
             attempt = history.begin(self.record.attempts, [socket.gethostname()], payload.checkpoint.dir)
             self.times = attempt.times
             state = self._run_point(index)
-            self._mark_attempt(payload)
+            mark_attempt(self.times, self.watch, payload.run_dir)
             failure = self.failure
             if state != State.FAILED or failure is None or self._cancelled:
                 history.finish(attempt, Outcome(state.lower()), self.record.error or "")
@@ -211,19 +211,6 @@ class Supervisor:
                     self.record.update(error=f"{decision.message}\nthe last attempt's failure: {self.record.error}")
                 return state
             self.record.update(attempts=self.record.attempts + 1, failed_rank=None, error=None, waits={})
-
-    def _mark_attempt(self, payload: Payload) -> None:
-        """The attempt's moments (``orchestrator.attempt_times``): when every rank joined, the rank
-        API's first and last steps."""
-        from orchestrator import attempt_times
-
-        if "ranks_at" not in self.times:
-            return
-        self.times.update(attempt_times.joined_at(self.watch.joined, self.watch.world_size))
-        try:
-            self.times.update(attempt_times.progress_marks(payload.run_dir, self.watch.world_size, self.times["ranks_at"]))
-        except OSError:
-            pass
 
     def _run_point(self, index: int | None) -> State:
         payload = self.launch.payload_for_point(index)
@@ -431,6 +418,20 @@ class Supervisor:
             print(f"[orchestrator] the stacks were not saved: {exc}", file=sys.stderr, flush=True)
         self.record.update(error=message, waits=stuck.waits)
         return True
+
+
+def mark_attempt(times: dict[str, float], watch: Watch, run_dir: str) -> None:
+    """The attempt's moments (``orchestrator.attempt_times``) into ``times``: when every rank joined
+    (the watchdog saw it), the rank API's first and last steps. Nothing for an attempt that started no rank."""
+    from orchestrator import attempt_times
+
+    if "ranks_at" not in times:
+        return
+    times.update(attempt_times.joined_at(watch.joined, watch.world_size))
+    try:
+        times.update(attempt_times.progress_marks(run_dir, watch.world_size, times["ranks_at"]))
+    except OSError:
+        pass
 
 
 def health_gate(payload: Payload, attempt: int) -> Failure | None:

@@ -16,6 +16,7 @@ from orchestrator.errors import SpecError
 from orchestrator.loading import spec_from_dict
 from orchestrator.recovery import History, describe
 from orchestrator.slurm_plan import submitit_parameters
+from orchestrator.spec import allocated_nodes
 from orchestrator.slurm_task import ATTEMPT_VARIABLE, SlurmJob, SlurmTask
 from orchestrator.states import Action, Outcome
 
@@ -73,10 +74,10 @@ def test_spares_are_asked_of_sbatch_and_need_restarts(tmp_path: Path) -> None:
     fields = {"name": "s", "entrypoint": "jobs.train:main", "executor": "slurm", "nodes": 2, "cpu_ranks_per_node": 1,
               "runs_dir": str(tmp_path)}
     spec = spec_from_dict({**fields, "recovery": {"max_restarts": 2, "spares": 1}})
-    assert spec.allocated_nodes == 3 and spec.world_size == 2
+    assert allocated_nodes(spec) == 3 and spec.world_size == 2
     params = submitit_parameters(spec)
     assert params["nodes"] == 3 and params["additional_parameters"]["no-kill"] is True
-    assert spec_from_dict({**fields, "recovery": {"max_restarts": 2}}).allocated_nodes == 2
+    assert allocated_nodes(spec_from_dict({**fields, "recovery": {"max_restarts": 2}})) == 2
     with pytest.raises(SpecError, match="spares: 1 holds nodes only a restart can use.*max_restarts"):
         spec_from_dict({**fields, "recovery": {"spares": 1}})
 

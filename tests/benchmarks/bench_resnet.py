@@ -1,6 +1,6 @@
 """Training throughput with the runtime's defaults: resnet18, CIFAR-sized data, 2 CPU ranks, gloo.
 
-Run: .venv/bin/python tests/benchmarks/bench_resnet.py [--repeat 3] [--steps 20] [--tune]
+Run: .venv/bin/python tests/benchmarks/bench_resnet.py [--repeat 3] [--steps 20] [--batch 64] [--tune]
 
 Side by side in one run, interleaved in each repeat (samples/s per rank = batch / the first
 quartile of the step times after warm-up, so that steps slowed by other processes on a shared
@@ -49,7 +49,7 @@ PY = sys.executable
 TORCHRUN = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
 # What a user's shell gives, plus finding this checkout.
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
-BATCH = 64
+BATCH = 64  # per rank; --batch sets it (the suite's smoke run takes a small one)
 
 # name -> DDP options given to wrap_model on top of its defaults (None: the defaults as they are).
 TUNE: dict[str, dict[str, Any]] = {
@@ -62,6 +62,11 @@ TUNE: dict[str, dict[str, Any]] = {
     "bucket_cap_mb=100": {"bucket_cap_mb": 100},
     "batched_grad_copy": {"batched_grad_copy": True},
 }
+
+
+def _set_batch(n: int) -> None:
+    global BATCH
+    BATCH = n
 
 
 # ---------------------------------------------------------------- on every rank
@@ -183,7 +188,7 @@ def measure(kind: str, args: argparse.Namespace, tmp: Path, ddp: dict[str, Any] 
     peak RSS (MB)."""
     out = Path(tempfile.mkdtemp(dir=tmp))
     rank_args = ["worker", "--mode", kind, "--warmup", str(args.warmup), "--steps", str(args.steps),
-                 "--out", str(out), "--ddp", json.dumps(ddp or {})]
+                 "--out", str(out), "--ddp", json.dumps(ddp or {}), "--batch", str(BATCH)]
     if kind == "runtime":
         spec = tmp / f"spec-{time.monotonic_ns()}.json"
         spec.write_text(json.dumps({"name": "bench-resnet", "runs_dir": str(tmp / "runs"), "entrypoint": str(HERE),
@@ -203,7 +208,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=5, help="untimed steps first (DDP's first steps lay buckets out)")
     ap.add_argument("--tune", action="store_true", help="also measure each candidate DDP option, paired in one launch")
     ap.add_argument("--rounds", type=int, default=6, help="--tune: turns of 3 steps per candidate")
+    ap.add_argument("--batch", type=int, default=BATCH, help="samples per rank and step")
     args = ap.parse_args()
+    _set_batch(args.batch)
     import jobs.parallel
 
     variants: dict[str, tuple[str, dict[str, Any] | None]] = {
@@ -242,7 +249,8 @@ def tune(args: argparse.Namespace) -> None:
         spec = tmp / "spec-tune.json"
         spec.write_text(json.dumps({"name": "bench-resnet-tune", "runs_dir": str(tmp / "runs"), "entrypoint": str(HERE),
                                     "cpu_ranks_per_node": 2,
-                                    "extra_args": ["tune", "--rounds", str(args.rounds), "--out", str(out)]}))
+                                    "extra_args": ["tune", "--rounds", str(args.rounds), "--out", str(out),
+                                                   "--batch", str(BATCH)]}))
         _run([PY, "-m", "orchestrator", "run", str(spec), "--fresh"])
         per_rank = [json.loads((out / f"tune-{r}.json").read_text()) for r in range(2)]
     rate = {k: statistics.mean(BATCH / statistics.median(t[k]) for t in per_rank) for k in per_rank[0]}
@@ -259,7 +267,9 @@ if __name__ == "__main__":
         tp.add_argument("tune")
         tp.add_argument("--rounds", type=int, required=True)
         tp.add_argument("--out", required=True)
+        tp.add_argument("--batch", type=int, default=BATCH)
         t = tp.parse_args()
+        _set_batch(t.batch)
         tune_worker(t.rounds, t.out)
     elif len(sys.argv) > 1 and sys.argv[1] == "worker":
         wp = argparse.ArgumentParser()
@@ -269,7 +279,9 @@ if __name__ == "__main__":
         wp.add_argument("--steps", type=int, required=True)
         wp.add_argument("--out", required=True)
         wp.add_argument("--ddp", default="{}")
+        wp.add_argument("--batch", type=int, default=BATCH)
         w = wp.parse_args()
+        _set_batch(w.batch)
         worker(w.mode, w.warmup, w.steps, w.out, json.loads(w.ddp))
     else:
         main()

@@ -431,6 +431,19 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def clear_staging_left(run_dir: str) -> int:
+    """Remove what ranks killed in this run's earlier attempts left on this node (their heartbeat
+    staging folders in /dev/shm: a rank that leaves removes its own); before any rank of this
+    attempt starts, every such folder of the run is a leftover. Returns how many were removed."""
+    from orchestrator.progress import staging_dirs
+
+    removed = 0
+    for folder in staging_dirs(run_dir):
+        shutil.rmtree(folder, ignore_errors=True)
+        removed += not folder.exists()
+    return removed
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -444,6 +457,10 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--node-check-json must be a non-empty JSON list of strings, e.g. '[\"/bin/true\"]'")
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     nodes = [n.strip() for n in args.nodes.split(",") if n.strip()]
+    cleared = clear_staging_left(args.run_dir)
+    if cleared:
+        print(f"health: {node}: removed {cleared} heartbeat staging folder(s) of this run that ranks killed in "
+              "an earlier attempt left in node-local memory", file=sys.stderr)
     health = check_node(node, args.run_dir, args.checkpoint_dir, args.attempt, nodes, interface=args.interface,
                         gpus=args.gpus, node_check=node_check, disk_floor_mb=args.disk_floor_mb,
                         token_wait_s=args.token_wait_s)

@@ -120,3 +120,26 @@ def test_status_tells_a_restart_inside_the_job_from_a_requeue(tmp_path: Path) ->
     assert "attempt 2 on node1,node3: node_failure, restarted: lost node(s) node3" in shown
     loaded = History.load(tmp_path)
     assert (loaded.restarts(), loaded.restarts_by_requeue()) == (2, 1)
+
+
+def test_the_health_gate_clears_what_killed_ranks_left_in_node_memory(tmp_path: Path) -> None:
+    """Ranks killed by a restart never left their node's heartbeat staging folder (/dev/shm); the
+    next attempt's gate, on every node before any rank starts, removes this run's, and only its."""
+    from orchestrator.health import clear_staging_left
+    from orchestrator.progress import staging_dir
+
+    run, other = tmp_path / "run", tmp_path / "other"
+    left = [staging_dir(run, 0, 0), staging_dir(run, 1, 1)]
+    theirs = staging_dir(other, 0, 0)
+    try:
+        for folder in (*left, theirs):
+            folder.mkdir()
+            (folder / "rank-0.json").write_text("{}")
+        assert clear_staging_left(str(run)) == 2
+        assert not any(f.exists() for f in left) and theirs.exists()
+        assert clear_staging_left(str(run)) == 0
+    finally:
+        import shutil
+
+        for folder in (*left, theirs):
+            shutil.rmtree(folder, ignore_errors=True)

@@ -8,11 +8,13 @@ ranks meet at a barrier after the write.
 
 ``Checkpointer`` is the rank API's face of it: ``save(step, model, optimizer, **extra)`` on every
 rank (model without the ``module.`` prefix, optimizer, every rank's RNG state, your extras) and
-``load_latest(model, optimizer)``, which restores all of that onto this rank's device.
+``load_latest(model, optimizer)``, which restores all of that onto this rank's device: rank 0 reads
+the file and broadcasts its bytes, so a resume reads the shared filesystem once, not once per rank.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import socket
@@ -190,7 +192,7 @@ class Checkpointer:
         path = self._agreed_latest()
         if path is None:
             return None
-        state = load_checkpoint(path, self.ctx.device)
+        state = self._read_once(path)
         load_model_state(model, state["model"])
         if optimizer is not None and state.get("optimizer") is not None:
             optimizer.load_state_dict(state["optimizer"])
@@ -202,6 +204,16 @@ class Checkpointer:
                   "RNG states not restored", file=sys.stderr, flush=True)
         extra = {k: v for k, v in state.items() if k not in RESERVED}
         return Resumed(path=path, step=int(state.get("step", state.get("global_step", 0))), extra=extra)
+
+    def _read_once(self, path: Path) -> dict[str, Any]:
+        """The checkpoint, read from the shared filesystem by rank 0 alone and sent to the others as
+        its bytes (a broadcast): one read however many ranks resume, not a read storm of ranks x its
+        size. Each rank loads the same bytes onto its own device, so the resume stays bit-exact."""
+        if self.ctx.backend is None or self.ctx.world_size <= 1:
+            return load_checkpoint(path, self.ctx.device)
+        box: list[Any] = [path.read_bytes() if self.ctx.is_main else None]
+        dist.broadcast_object_list(box, src=0)
+        return torch.load(io.BytesIO(box[0]), map_location=self.ctx.device, weights_only=False)
 
     def _agreed_latest(self) -> Path | None:
         """The checkpoint every rank resumes from: rank 0 chooses it (after removing what a killed

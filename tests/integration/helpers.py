@@ -24,6 +24,28 @@ def run_local(launch: LaunchPlan) -> RunRecord:
     return Supervisor(launch, *prepare_run_dir(launch)).run()
 
 
+def start_detached(launch: LaunchPlan) -> RunRecord:
+    """Start the run with its supervisor in the background (as ``run --detach`` does); pair with
+    ``wait_ended``. A test's reference run goes there, so that it trains while the test's own run
+    is being started, slowed or interrupted, instead of before it."""
+    from orchestrator.executors.local import LocalExecutor
+
+    return LocalExecutor().submit(launch)
+
+
+def wait_ended(launch: LaunchPlan, within: float = 300) -> RunRecord:
+    """The run's record once it reached a terminal state (started by ``start_detached``)."""
+    import time
+
+    from orchestrator.states import TERMINAL
+
+    deadline = time.monotonic() + within
+    while (record := RunRecord.load(launch.run_dir)).state not in TERMINAL:
+        assert time.monotonic() < deadline, f"{launch.run_dir} did not end within {within:.0f}s: {record.state}"
+        time.sleep(0.1)
+    return record
+
+
 def final_weights(launch: LaunchPlan) -> dict[str, torch.Tensor]:
     from jobs.checkpoint import latest_checkpoint, load_checkpoint
 

@@ -27,15 +27,16 @@ def test_detached_run_then_status_logs_report(tmp_path: Path) -> None:
     started = orch("run", str(spec), "--detach")
     assert started.returncode == 0, started.stderr
     run_id = started.stdout.split()[1]
+    # Wait on the record the supervisor writes (a `status` process every 0.5 s cost more CPU than
+    # the training on 2 busy cores), then ask `status` once.
+    record = tmp_path / "runs" / run_id / "record.json"
     deadline = time.monotonic() + 180
-    while True:
-        shown = orch("status", run_id, "--json")
-        state = json.loads(shown.stdout)[0]["state"]
-        if state in ("COMPLETED", "FAILED"):
-            break
-        assert time.monotonic() < deadline, shown.stdout
-        time.sleep(0.5)
-    assert state == "COMPLETED"
+    while json.loads(record.read_text()).get("state") not in ("COMPLETED", "FAILED", "CANCELLED"):
+        assert time.monotonic() < deadline, record.read_text()
+        time.sleep(0.2)
+    shown = orch("status", run_id, "--json")
+    state = json.loads(shown.stdout)[0]["state"]
+    assert state == "COMPLETED", shown.stdout
     logs = orch("logs", run_id, "--rank", "1")
     assert logs.returncode == 0 and "attempt 1 started" in logs.stdout
     assert "test accuracy" in orch("logs", run_id, "--rank", "0").stdout
@@ -115,8 +116,8 @@ def test_cancel_waits_stop_grace_s_for_slow_steps_to_checkpoint(tmp_path: Path) 
     """A job whose next stop check is ~9 s away when cancelled (1 s steps, a check every 10) still
     checkpoints: the ranks get stop_grace_s (default 30 s, SLURM's KillWait), not a fixed few
     seconds, before SIGKILL."""
-    # just past the stop check at step 10
-    run_id, run_dir = _train_detached(tmp_path, "slow", step_delay=1.0, stop_check_every=10, steps=11)
+    # just past step 1: the next stop check (step 10) is 9 one-second steps away
+    run_id, run_dir = _train_detached(tmp_path, "slow", step_delay=1.0, stop_check_every=10, steps=1)
     try:
         t0 = time.monotonic()
         cancelled = orch("cancel", run_id, timeout=90)

@@ -25,7 +25,7 @@ def _saved(run_dir: str) -> dict[int, str]:
 
 def test_stall_names_the_straggler_and_saves_every_stack(tmp_path: Path) -> None:
     launch = make_plan(tmp_path, entrypoint=str(SCRIPTS / "stuck_rank.py"), extra_args=["3"], nodes=2,
-                       cpu_ranks_per_node=2, distributed={"backend": "gloo"}, watchdog={"stall_s": 20})
+                       cpu_ranks_per_node=2, distributed={"backend": "gloo"}, watchdog={"stall_s": 10})
     proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "run",
                              str(_spec_file(tmp_path, launch))], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env={**os.environ, "ORCHESTRATOR_HOME": str(tmp_path)})
@@ -34,7 +34,7 @@ def test_stall_names_the_straggler_and_saves_every_stack(tmp_path: Path) -> None
     assert proc.returncode == 1 and record.state == "FAILED", out
     # The stall began when rank 3 entered stuck_here, right after its last step line.
     stalled_at = (Path(launch.run_dir) / "logs" / "rank-3.log").stat().st_mtime
-    print(f"stall -> job ended: {record.ended - stalled_at:.1f}s (stall_s 20)")
+    print(f"stall -> job ended: {record.ended - stalled_at:.1f}s (stall_s 10)")
     assert record.ended - stalled_at < 90
     assert record.failed_rank == 3
     assert "straggler: rank 3" in out and "stuck_here" in out, out

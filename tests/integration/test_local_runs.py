@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from orchestrator.records import RunRecord
-from tests.integration.helpers import SCRIPTS, final_weights, leftover_ranks, make_plan, run_local
+from tests.integration.helpers import (SCRIPTS, final_weights, leftover_ranks, make_plan, run_local, start_detached,
+                                       wait_ended)
 
 TRAIN_ARGS = {"dataset": "digits", "model": "smallcnn", "batch-size": 16, "lr": 0.05, "momentum": 0.0,
               "epochs": 1, "max-steps": 6, "log-every": 1}
@@ -168,7 +169,7 @@ def test_interrupt_and_resume_is_bit_identical(tmp_path: Path) -> None:
     args = {**TRAIN_ARGS, "max-steps": 0, "epochs": 2, "momentum": 0.9}
     # 4 ranks: with 2, a reduction is a single addition and would hide summation-order effects.
     whole = make_plan(tmp_path / "a", nodes=2, cpu_ranks_per_node=2, args=args)
-    assert run_local(whole).state == "COMPLETED"
+    start_detached(whole)  # the uninterrupted reference trains while the other run is interrupted
 
     slow = {**args, "step-delay": 0.05}
     # Same training, but slowed down so it can be interrupted mid-epoch.
@@ -208,6 +209,7 @@ def test_interrupt_and_resume_is_bit_identical(tmp_path: Path) -> None:
              if r["kind"] == "train" and r["time"] >= resumed_at]
     assert steps == list(range(mid["global_step"] + 1, total + 1)), steps
     assert not orphan.exists() and not list(ckpt_dir.glob("*.tmp"))
+    assert wait_ended(whole).state == "COMPLETED"
     a, b = final_weights(whole), final_weights(launch)
     assert a.keys() == b.keys()
     for name in a:

@@ -17,7 +17,7 @@ import torch
 from orchestrator.executors.local import LocalExecutor
 from orchestrator.records import RunRecord
 from orchestrator.states import TERMINAL
-from tests.integration.helpers import final_weights, leftover_ranks, make_plan, run_local
+from tests.integration.helpers import final_weights, leftover_ranks, make_plan, run_local, start_detached, wait_ended
 
 EXAMPLE = "jobs.examples.rank_api_example:main"
 # 4 ranks (with 2, a reduction is one addition and would hide summation-order effects); 2 epochs
@@ -38,8 +38,7 @@ def _train_steps(launch, since: float) -> list[int]:  # type: ignore[no-untyped-
 def test_user_script_on_the_rank_api_resumes_bit_exactly_after_usr2(tmp_path: Path) -> None:
     whole = make_plan(tmp_path / "a", entrypoint=EXAMPLE, nodes=2, cpu_ranks_per_node=2, args=ARGS,
                       checkpoint={"interval_steps": 10})
-    assert run_local(whole).state == "COMPLETED"
-    assert _result(whole)["step"] == TOTAL
+    start_detached(whole)  # the uninterrupted reference trains while the other run is preempted
 
     launch = make_plan(tmp_path / "b", entrypoint=EXAMPLE, nodes=2, cpu_ranks_per_node=2,
                        args={**ARGS, "step-delay": 0.1}, checkpoint={"interval_steps": 10})
@@ -77,6 +76,8 @@ def test_user_script_on_the_rank_api_resumes_bit_exactly_after_usr2(tmp_path: Pa
     assert f"stopped at step {stopped['step']} by a peer; checkpoint written" in \
         (Path(launch.run_dir) / "logs" / "rank-0.log").read_text().split("=== attempt 2")[0]
     assert _train_steps(launch, resumed_at) == list(range(stopped["step"] + 1, TOTAL + 1))  # only the rest
+    assert wait_ended(whole).state == "COMPLETED"
+    assert _result(whole)["step"] == TOTAL
     assert _result(launch)["loss"] == _result(whole)["loss"]
     a, b = final_weights(whole), final_weights(launch)
     assert a.keys() == b.keys()

@@ -18,7 +18,7 @@ from orchestrator.executors.local import LocalExecutor
 from orchestrator.plan import LaunchPlan
 from orchestrator.records import RunRecord
 from orchestrator.states import TERMINAL
-from tests.integration.helpers import final_weights, leftover_ranks, make_plan, run_local
+from tests.integration.helpers import final_weights, leftover_ranks, make_plan, run_local, start_detached, wait_ended
 
 # 2 ranks x 2 workers on digits-aug (each image shifted and noised from torch's, Python's and
 # NumPy's generators in the workers): 1437 // 2 // 32 = 22 steps an epoch, 44 in all. Checkpoints
@@ -65,7 +65,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     with pytest.MonkeyPatch.context() as mp:  # the registry's own per-test fixture comes after this one
         mp.setenv("ORCHESTRATOR_HOME", str(tmp / "home"))
         whole = make_plan(tmp / "a", nodes=1, cpu_ranks_per_node=2, args=ARGS, checkpoint=CHECKPOINT)
-        assert run_local(whole).state == "COMPLETED"
+        start_detached(whole)  # the uninterrupted reference trains while the other run is killed and resumed
         launch = make_plan(tmp / "b", nodes=1, cpu_ranks_per_node=2, args={**ARGS, "step-delay": 0.02},
                            checkpoint=CHECKPOINT)
         killed = _kill_past_a_checkpoint(launch)
@@ -77,6 +77,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         before = _logged(launch)
         resumed = run_local(launch)
         assert resumed.state == "COMPLETED" and resumed.attempts == 2, resumed.error
+        assert wait_ended(whole).state == "COMPLETED"
         yield {"whole": whole, "launch": launch, "logged_before_resume": before, "home": tmp / "home"}
 
 

@@ -44,8 +44,8 @@ def test_a_rank_that_never_joins_ends_the_job_naming_it(tmp_path: Path, preload:
 def test_ranks_that_join_are_not_ended_by_the_deadline(tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
-    # joins at once, then runs well past the deadline
-    launch = make_plan(tmp_path, entrypoint=str(SCRIPTS / "busy_loop.py"), extra_args=[str(out), "9"], nodes=1,
+    # joins at once, then runs well past the deadline (twice its length after joining)
+    launch = make_plan(tmp_path, entrypoint=str(SCRIPTS / "busy_loop.py"), extra_args=[str(out), "6"], nodes=1,
                        cpu_ranks_per_node=2, distributed={"backend": "gloo", "init_timeout_s": 3})
     record = run_local(launch)
     assert record.state == "COMPLETED", record.error

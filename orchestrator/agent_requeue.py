@@ -145,7 +145,9 @@ class Requeuer:
     def exclude(self, nodes: list[str]) -> None:
         """Add ``nodes`` to the job's ExcNodeList (keeping what the spec's slurm.exclude named)."""
         c = self.ctx
-        job = slurm_controller.show_job(c.job_id)
+        # Both asked again on a failure: the requeue's SIGTERM can kill either scontrol, and an answer
+        # lost here would drop what slurm.exclude named (or the exclusion itself).
+        job = slurm_controller.show_job(c.job_id, SCONTROL_RETRY_S, persist=True)
         names = sorted(set(slurm_controller.controller_hosts(job.get("ExcNodeList", ""))) | set(nodes))
         answer = slurm_controller.set_excluded(c.job_id, names, SCONTROL_RETRY_S)
         problem = answer.complaint

@@ -175,9 +175,11 @@ def controller_hosts(hostlist: str) -> list[str]:
         return [hostlist]
 
 
-def show_job(job_id: str, timeout_s: float = AGENT_TIMEOUT_S) -> dict[str, str]:
-    """``scontrol show job -o`` as key=value pairs ({} when the controller does not answer in time)."""
-    answer = run(["scontrol", "show", "job", "-o", job_id], timeout_s)
+def show_job(job_id: str, timeout_s: float = AGENT_TIMEOUT_S, persist: bool = False) -> dict[str, str]:
+    """``scontrol show job -o`` as key=value pairs ({} when the controller does not answer in time).
+    ``persist``: asked again on any failure within ``timeout_s`` (see ``set_excluded``)."""
+    answer = run(["scontrol", "show", "job", "-o", job_id], timeout_s,
+                 **({"backoff_s": PERSIST_BACKOFF_S, "retry_any": True} if persist else {}))
     return key_values(answer.stdout) if answer.ok else {}
 
 
@@ -222,8 +224,12 @@ def requeue(job_id: str, timeout_s: float, on_retry: Callable[[Answer], None] | 
 
 
 def set_excluded(job_id: str, names: Sequence[str], timeout_s: float) -> Answer:
-    """Set the (pending) job's ExcNodeList."""
-    return run(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(names)}"], timeout_s)
+    """Set the (pending) job's ExcNodeList, asked again on any failure within ``timeout_s``: it comes
+    right after ``scontrol requeue``, whose SIGTERM to the job's processes can kill this very
+    scontrol (exit code -15; the agent itself survives it), and a requeued job that forgot the
+    exclusion would land on the blamed node again."""
+    return run(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(names)}"], timeout_s,
+               backoff_s=PERSIST_BACKOFF_S, retry_any=True)
 
 
 def shrink_job(job_id: str, keep: Sequence[str], timeout_s: float, cwd: str) -> Answer:

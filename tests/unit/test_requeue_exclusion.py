@@ -1,0 +1,35 @@
+"""The exclusion that follows a restart's requeue survives the requeue's own SIGTERM: SLURM signals
+the job's processes as it requeues it, which can kill the agent's next scontrol (exit code -15), and
+a requeued job that forgot the exclusion lands on the blamed node again (seen on the test cluster:
+the node-check test then failed on node1 twice). A stand-in scontrol killed by SIGTERM the first time."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from orchestrator import slurm_controller
+
+
+def _stand_in(tmp_path: Path, monkeypatch) -> Path:  # type: ignore[no-untyped-def]
+    calls = tmp_path / "calls"
+    script = tmp_path / "scontrol"
+    script.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n'
+                      f'if [ ! -e {tmp_path}/once ]; then touch {tmp_path}/once; kill -TERM $$; fi\n'
+                      'test "$1" = show && echo "JobId=7 ExcNodeList=node9"\nexit 0\n')
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setattr(slurm_controller, "PERSIST_BACKOFF_S", (0.05, 0.05))
+    return calls
+
+
+def test_the_exclusion_is_asked_again_when_the_requeues_sigterm_kills_scontrol(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    calls = _stand_in(tmp_path, monkeypatch)
+    answer = slurm_controller.set_excluded("7", ["node1"], timeout_s=10)
+    assert answer.ok, answer
+    assert calls.read_text().splitlines() == ["update JobId=7 ExcNodeList=node1"] * 2
+
+
+def test_the_jobs_own_exclusions_are_read_again_too(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    _stand_in(tmp_path, monkeypatch)
+    assert slurm_controller.show_job("7", 10, persist=True).get("ExcNodeList") == "node9"

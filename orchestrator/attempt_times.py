@@ -23,10 +23,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Protocol, Sequence
 
-from orchestrator.recovery import Attempt, History
 from orchestrator.states import Action
+
+
+class Attempt(Protocol):
+    """What is read of an attempt (``recovery.Attempt``, which status shows through this module)."""
+
+    number: int
+    started: float
+    ended: Optional[float]
+    action: str
+    times: dict[str, float]
 
 #: The phases of one recovery, in order, as status names them.
 PHASES = ("teardown", "wait", "gate", "launch", "start", "first step")
@@ -107,11 +116,11 @@ class Goodput:
                 f"lost work {self.lost_s:.0f}s)")
 
 
-def goodput(history: History, submitted: float, now: float) -> Optional[Goodput]:
+def goodput(history: Sequence[Attempt], submitted: float, now: float) -> Optional[Goodput]:
     """The run's goodput (None before its first attempt trained). An attempt is productive from its
     training start (``back_at``) to its last step (or its failure, or its end); the steps an attempt
     resumed below the previous one's last step count as lost, at the previous one's pace."""
-    attempts = [a for a in history.attempts if a.started]
+    attempts = [a for a in history if a.started]
     trained = [a for a in attempts if back_at(a) is not None]
     if not trained:
         return None

@@ -94,7 +94,7 @@ def status(refs: list[str], as_json: bool = False) -> int:
         if len(history.attempts) > 1:  # where recoveries spent time: the run's goodput
             from orchestrator.attempt_times import goodput
 
-            measured = goodput(history, rec.created, time.time())
+            measured = goodput(history.attempts, rec.created, time.time())
             if measured is not None:
                 print(f"    {measured.line()}")
         if rec.point_states:

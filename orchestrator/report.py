@@ -136,7 +136,7 @@ def recovery_lines(history: History, submitted: float | None) -> list[str]:
         phases = recovery_phases(before, after)
         if phases is not None:
             lines.append(f"attempt {after.number}: {phases_line(phases, before.number)} ({before.outcome or 'a failure'})")
-    measured = goodput(history, submitted, time.time()) if submitted is not None else None
+    measured = goodput(history.attempts, submitted, time.time()) if submitted is not None else None
     if measured is not None:
         lines.append(measured.line())
     return lines

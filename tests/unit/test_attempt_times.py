@@ -45,7 +45,7 @@ def test_status_shows_the_recovery_under_the_attempt_it_brought_back(tmp_path: P
 
 def test_goodput_counts_training_and_sets_queue_recovery_and_lost_work_apart() -> None:
     first, second = _two_attempts()
-    g = goodput(History(Path("unused"), [first, second]), submitted=90.0, now=200.0)
+    g = goodput([first, second], submitted=90.0, now=200.0)
     assert g is not None
     # training 105..129 and 136..159; steps 21..24 were done again: 3 steps at 1 s each
     assert (g.wall_s, g.queue_s, g.startup_s, g.recovery_s, g.lost_s) == (70.0, 10.0, 5.0, 6.0, 3.0)
@@ -54,8 +54,8 @@ def test_goodput_counts_training_and_sets_queue_recovery_and_lost_work_apart() -
 
 
 def test_no_goodput_before_anything_trained() -> None:
-    assert goodput(History(Path("unused"), [Attempt(number=1, started=5.0)]), 1.0, 9.0) is None
-    assert goodput(History(Path("unused"), []), 1.0, 9.0) is None
+    assert goodput([Attempt(number=1, started=5.0)], 1.0, 9.0) is None
+    assert goodput([], 1.0, 9.0) is None
 
 
 @given(st.lists(st.tuples(st.floats(0, 50), st.floats(0, 50), st.floats(0, 50)), min_size=1, max_size=6),
@@ -70,7 +70,7 @@ def test_goodput_is_a_fraction_of_the_wall_time_whatever_was_recorded(gaps: list
         a.ended = t + fail
         t += fail
         attempts.append(a)
-    g = goodput(History(Path("unused"), attempts), submitted=1000.0, now=t + 1)
+    g = goodput(attempts, submitted=1000.0, now=t + 1)
     assert isinstance(g, Goodput) and 0.0 <= g.fraction <= 1.0 + 1e-9
     assert g.productive_s <= g.wall_s + 1e-6
 

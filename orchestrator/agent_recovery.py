@@ -236,7 +236,9 @@ class AgentRecovery:
         attempt itself. False: too few (the job is requeued without them)."""
         c, s = self.ctx, self.state
         c.slurm = replace(c.slurm, hosts=self.allocation())
-        avoid = set(c.history.excluded) | set(failure.blamed) | s.lost_nodes
+        # A lost node is gone either way; a blamed one is left out as recovery.exclude_failed_nodes says.
+        blamed = set(failure.blamed) if c.payload.recovery.exclude_failed_nodes else set()
+        avoid = set(c.history.excluded) | blamed | s.lost_nodes
         step = step_hosts(c.slurm.hosts, avoid, c.payload.nodes)
         if step is None:
             c.say(f"{message}; the job holds {len(set(c.slurm.hosts) - avoid)} healthy node(s) and needs "

@@ -89,3 +89,13 @@ def test_without_a_spare_a_blamed_node_means_a_requeue(tmp_path: Path) -> None:
     assert "requeue 77" in calls, calls
     (only,) = History.load(tmp_path / "run").attempts
     assert (only.action, only.inside_job) == ("restart", False)
+
+
+def test_with_exclude_failed_nodes_off_a_blamed_node_is_kept(tmp_path: Path) -> None:
+    done = _agent(tmp_path, {"max_restarts": 2, "spares": 1, "exclude_failed_nodes": False}, nodes=2,
+                  nodelist="node[1-3]", bus=True)
+    assert done.returncode == 0, done.stderr
+    first, second = _rank_calls(tmp_path)
+    assert "--nodelist=node1,node2" in first["argv"] and "--nodelist=node1,node2" in second["argv"]
+    assert "update" not in (tmp_path / "scontrol-calls").read_text()  # nothing given back
+    assert History.load(tmp_path / "run").excluded == []

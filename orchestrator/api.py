@@ -450,15 +450,25 @@ def refresh(runs: Sequence[Run]) -> list[Run]:
     return out
 
 
-def refresh_records(records: Sequence[RunRecord]) -> list[RunRecord]:
+def refresh_records(records: Sequence[RunRecord],
+                    on_unreachable: Callable[[str, OrchestratorError], None] | None = None) -> list[RunRecord]:
     """``refresh`` for records just read from their folders (read again by nobody: status over a
-    thousand runs reads each record once), in their order."""
+    thousand runs reads each record once), in their order. ``on_unreachable``: an executor whose
+    scheduler cannot be asked (no SLURM cluster from this laptop) is handed to it with the error,
+    and its runs are returned as last recorded; without it, the error is raised."""
     by_executor: dict[str, list[RunRecord]] = defaultdict(list)
     for rec in records:
         by_executor[rec.executor].append(rec)
     fresh: dict[str, RunRecord] = {}
     for name, group in by_executor.items():
-        for rec in _executor(name).refresh(group):
+        try:
+            refreshed = _executor(name).refresh(group)
+        except OrchestratorError as exc:
+            if on_unreachable is None:
+                raise
+            on_unreachable(name, exc)
+            refreshed = group
+        for rec in refreshed:
             fresh[rec.run_dir] = rec
     return [fresh[rec.run_dir] for rec in records]
 

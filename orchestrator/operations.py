@@ -71,10 +71,17 @@ def _one_line(exc: BaseException) -> str:
 
 
 def status(refs: list[str], as_json: bool = False) -> int:
-    records = api.refresh_records(_records(refs))
+    unreachable: list[str] = []
+    # A scheduler that cannot be asked (SLURM runs registered, and no cluster from here) hides no run:
+    # its runs are shown as last recorded, with a warning; naming such a run makes the exit code 1.
+    records = api.refresh_records(_records(refs), on_unreachable=lambda name, exc: unreachable.append(
+        f"warning: could not ask the {name} scheduler ({_one_line(exc)}): its runs are shown as last recorded"))
+    for line in unreachable:
+        print(line, file=sys.stderr)
+    code = 1 if unreachable and refs else 0
     if as_json:
         print(json.dumps([asdict(r) for r in records], indent=2, default=str))
-        return 0
+        return code
     if not records:
         print("no runs registered yet; start one with 'orchestrator run SPEC'")
         return 0
@@ -99,7 +106,7 @@ def status(refs: list[str], as_json: bool = False) -> int:
                 print(f"    {measured.line()}")
         if rec.point_states:
             print_grid(rec, rec.point_states)
-    return 0
+    return code
 
 
 def print_grid(rec: RunRecord, points: dict[str, State]) -> None:

@@ -70,3 +70,36 @@ def test_submit_with_a_missing_slurm_conf_prints_one_line_at_once(tmp_path: Path
     assert out.returncode == 1 and out.stderr.count("\n") == 1, out.stderr
     assert "nowhere.conf does not exist" in out.stderr and seconds < 10
     assert not (tmp_path / "runs").exists()  # refused before a run folder was made
+
+
+def test_status_from_a_laptop_shows_every_run_when_slurm_cannot_be_asked(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SLURM run registered beside a local one, and no cluster from here: `status` lists both (the
+    SLURM one as last recorded) with one warning, instead of failing as a whole; naming the SLURM run
+    makes the exit code 1."""
+    from orchestrator.records import RunRecord, register
+    from orchestrator.states import State
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env["ORCHESTRATOR_HOME"] = str(tmp_path / "home")
+    env["PATH"] = f"{tmp_path / 'bin'}:{env['PATH']}"
+    (tmp_path / "bin").mkdir()
+    sacct = tmp_path / "bin" / "sacct"  # a login node's sacct with no cluster configured here
+    sacct.write_text("#!/bin/sh\necho 'sacct: fatal: Could not establish a configuration source' >&2\nexit 1\n")
+    sacct.chmod(0o755)
+    for name, executor, state in (("on-slurm", "slurm", State.RUNNING), ("on-laptop", "local", State.COMPLETED)):
+        folder = tmp_path / "runs" / name
+        folder.mkdir(parents=True)
+        record = RunRecord(run_id=name, run_dir=str(folder), executor=executor, state=state,
+                           job_ids=["42"] if executor == "slurm" else [])
+        record.save()
+        monkeypatch.setenv("ORCHESTRATOR_HOME", env["ORCHESTRATOR_HOME"])
+        register(record)
+    every = subprocess.run([sys.executable, "-m", "orchestrator", "status"], env=env, cwd=tmp_path,
+                           capture_output=True, text=True, timeout=60)
+    assert every.returncode == 0, every.stderr
+    assert "on-slurm" in every.stdout and "RUNNING" in every.stdout and "on-laptop" in every.stdout
+    assert every.stderr.count("warning: could not ask the slurm scheduler (") == 1, every.stderr
+    named = subprocess.run([sys.executable, "-m", "orchestrator", "status", "on-slurm"], env=env, cwd=tmp_path,
+                           capture_output=True, text=True, timeout=60)
+    assert named.returncode == 1 and "on-slurm" in named.stdout and "shown as last recorded" in named.stderr

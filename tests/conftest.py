@@ -81,8 +81,15 @@ SLOW = {
     "tests/cluster/test_slurm.py::test_lost_node_ends_the_job",
     # the suspension itself (35 s) past stall_s, then the rest of the work
     "tests/cluster/test_preemption.py::test_a_suspended_job_is_not_called_stalled_and_completes",
-    # a crash, a requeue and the resumed attempt
-    "tests/cluster/test_recovery_slurm.py::test_a_crash_requeues_the_job_and_it_resumes_from_its_snapshot",
+    # a crash, a restart (inside the job, or a requeue) and the resumed attempt; a chaos kill, the same
+    "tests/cluster/test_recovery_slurm.py::test_a_crash_restarts_and_resumes_from_its_snapshot",
+    "tests/cluster/test_recovery_slurm.py::test_chaos_kills_a_rank_on_its_node_and_the_job_restarts_inside_itself",
+    # the benchmarks' smoke rounds on the cluster: jobs through the login node (90 s in the fresh-clone CI
+    # of 04:05 under load), a crash and its recovery inside the job
+    "tests/cluster/test_benchmarks_smoke.py::test_bench_remote_runs_one_round_through_the_login_node",
+    "tests/cluster/test_benchmarks_smoke.py::test_bench_recovery_inside_runs_one_round",
+    # two ranks in fresh interpreters (spawn), each importing torch: 60 s at load 13
+    "tests/integration/test_checkpoint_read_once.py::test_a_resume_reads_the_checkpoint_once_and_every_rank_gets_it_exactly",
     "tests/cluster/test_recovery_slurm.py::test_a_failure_without_progress_stops_with_no_progress",
     # 4-rank jobs of torch, Lightning, Fabric or Accelerate that wait for the other cluster session's
     # jobs to free CPUs or GPUs (tests/cluster/streams.py): 45 to 120 s side by side under load

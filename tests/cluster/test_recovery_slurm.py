@@ -40,6 +40,16 @@ def _run_through_restarts(launch: Any, timeout: float = 420, record: RunRecord |
     return _run_releasing_requeues(ex, record or ex.submit(launch), timeout)
 
 
+def _submit_until_first_snapshot(ex: SlurmExecutor, launch: Any, ckpt: Path, timeout: float) -> RunRecord:
+    """Submit, and return once the script wrote its first snapshot (step 3): the job is mid-run."""
+    record = ex.submit(launch)
+    deadline = time.monotonic() + timeout
+    while not (ckpt / "state.json").exists():
+        assert time.monotonic() < deadline, _logs(launch.run_dir)[-3000:]
+        time.sleep(0.3)
+    return record
+
+
 def _logs(run_dir: str) -> str:
     return "".join(p.read_text(errors="replace") for p in sorted((Path(run_dir) / "slurm").glob("*")) if p.is_file())
 
@@ -141,11 +151,7 @@ def test_a_node_taken_down_mid_run_is_left_behind(cluster: dict[str, str]) -> No
     the next attempt names the node failure, runs on the other node from the snapshot, COMPLETED."""
     launch, ckpt = _flaky(cluster, "rec-nodedown", "none", {"max_restarts": 2}, nodes=1, steps=40, sleep=0.3)
     ex = SlurmExecutor()
-    record = ex.submit(launch)
-    deadline = time.monotonic() + 120
-    while not (ckpt / "state.json").exists():  # a first snapshot (step 3)
-        assert time.monotonic() < deadline, _logs(launch.run_dir)[-3000:]
-        time.sleep(0.3)
+    record = _submit_until_first_snapshot(ex, launch, ckpt, 120)
     node = History.load(launch.run_dir).attempts[0].nodes[0]
     subprocess.run(["scontrol", "update", f"nodename={node}", "state=down", "reason=test: taken away"], check=True)
     try:
@@ -184,11 +190,7 @@ def test_chaos_kills_a_rank_on_its_node_and_the_job_restarts_inside_itself(clust
 
     launch, ckpt = _flaky(cluster, "rec-chaos", "none", {"max_restarts": 2}, steps=40, sleep=0.3)
     ex = SlurmExecutor()
-    record = ex.submit(launch)
-    deadline = time.monotonic() + 180
-    while not (ckpt / "state.json").exists():  # a first snapshot (step 3)
-        assert time.monotonic() < deadline, _logs(launch.run_dir)[-3000:]
-        time.sleep(0.3)
+    record = _submit_until_first_snapshot(ex, launch, ckpt, 180)
     record = ex.refresh([RunRecord.load(launch.run_dir)])[0]
     said = inject(launch.run_dir, Injection("kill-rank", rank=1))
     assert "kill-rank rank 1 on node2" in said, said

@@ -25,10 +25,11 @@ from pathlib import Path
 
 STREAM_VAR = "TESTS_CLUSTER_STREAM"
 SHARED_VAR = "TESTS_CLUSTER_SHARED"
-#: One shareable stream for now: two side by side beside the unit and integration session loaded 2
-#: cores past what the timing-sensitive tests tolerate (measured 2026-11-27: stream a 25 min, b 19
-#: min, then serial 9, with failures that passed alone). Add "b" back with a machine to spare.
-PARALLEL = ("a",)
+#: Two shareable streams side by side. Beside the unit and integration session in one process they
+#: loaded 2 cores past what the timing-sensitive tests tolerate (2026-11-27: stream a 25 min, b 19
+#: min, then serial 9, with failures that passed alone); that session now ends in about half the
+#: time (pytest-xdist workers, tests/run_suites.py), and the cluster's streams are the longest chain.
+PARALLEL = ("a", "b")
 SERIAL = "serial"
 
 #: Whole modules that change the cluster for everyone.

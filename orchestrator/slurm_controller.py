@@ -20,7 +20,7 @@ import os
 import re
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Sequence
 
 from orchestrator.errors import SubmissionError
@@ -136,17 +136,20 @@ def _once(argv: Sequence[str], timeout_s: float, env: Mapping[str, str] | None, 
 
 def run(argv: Sequence[str], timeout_s: float = QUERY_TIMEOUT_S, *, backoff_s: Sequence[float] = BUSY_BACKOFF_S,
         retry_any: bool = False, env: Mapping[str, str] | None = None, quiet_stdin: bool = False,
-        capture: bool = True, on_retry: Callable[[Answer], None] | None = None, cwd: str | None = None) -> Answer:
+        capture: bool = True, on_retry: Callable[[Answer], None] | None = None, cwd: str | None = None,
+        done: Callable[[Answer], bool] | None = None) -> Answer:
     """Run one SLURM command, asked again after each of ``backoff_s`` while the controller is busy
     (any failure with ``retry_any``), all within ``timeout_s``. ``on_retry`` hears each failed try
-    that is tried again. ``capture`` False: its output goes where ours goes (the health gate's
+    that is tried again; ``done`` says of a failed answer that asking again is pointless (it is
+    returned as it is). ``capture`` False: its output goes where ours goes (the health gate's
     srun, whose tasks' lines belong in the batch log)."""
     if not argv or argv[0] not in TOOLS:
         raise ValueError(f"not a SLURM command: {list(argv)[:3]}")
     deadline = time.monotonic() + timeout_s
     for delay in (*backoff_s, None):
         answer = _once(argv, deadline - time.monotonic(), env, quiet_stdin, capture, cwd)
-        again = not answer.ok and not answer.missing and (retry_any or answer.busy)
+        again = (not answer.ok and not answer.missing and (retry_any or answer.busy)
+                 and not (done is not None and done(answer)))
         if not again or delay is None or time.monotonic() + delay >= deadline:
             return answer
         if on_retry is not None:
@@ -216,11 +219,25 @@ def scancel(*args: str, timeout_s: float = QUERY_TIMEOUT_S) -> Answer:
     return run(["scancel", *args], timeout_s)
 
 
+#: What ``scontrol requeue`` answers for a job that pends already: requeued (by an earlier try of
+#: ours whose answer was lost, or by SLURM itself), so it will run again, which is what was asked.
+ALREADY_PENDING = "pending execution"
+
+
 def requeue(job_id: str, timeout_s: float, on_retry: Callable[[Answer], None] | None = None) -> Answer:
     """``scontrol requeue``, asked again on any failure within ``timeout_s`` (a controller
-    restarting, a socket timeout): a requeue that is due must not be lost to a busy moment."""
-    return run(["scontrol", "requeue", job_id], timeout_s, backoff_s=PERSIST_BACKOFF_S, retry_any=True,
-               on_retry=on_retry)
+    restarting, a socket timeout): a requeue that is due must not be lost to a busy moment.
+
+    The requeue's own SIGTERM to the job's processes can kill the very scontrol that asked for it
+    (exit code -15) after the controller did it; the next try then hears that the job pends. That
+    answer is the requeue done (exit 0, its words kept in ``stderr``), not a failure to retry until
+    the bound: the agent then excludes the blamed nodes while the job still pends (seen on the test
+    cluster: taken as a failure, the exclusion was skipped and the job ran on the blamed node again)."""
+    answer = run(["scontrol", "requeue", job_id], timeout_s, backoff_s=PERSIST_BACKOFF_S, retry_any=True,
+                 on_retry=on_retry, done=lambda a: ALREADY_PENDING in a.stderr)
+    if not answer.ok and ALREADY_PENDING in answer.stderr:
+        return replace(answer, returncode=0)
+    return answer
 
 
 def set_excluded(job_id: str, names: Sequence[str], timeout_s: float) -> Answer:

@@ -114,8 +114,11 @@ def test_a_plain_refusal_is_not_retried_but_a_requeue_is(monkeypatch: pytest.Mon
     monkeypatch.setattr(slurm_controller, "subprocess", _fake([(1, "scancel: error: Invalid job id specified")], calls))
     assert not slurm_controller.scancel("12").ok and len(calls) == 1
     calls.clear()
-    monkeypatch.setattr(slurm_controller, "subprocess", _fake([(1, "Job is pending execution"), (0, "")], calls))
+    monkeypatch.setattr(slurm_controller, "subprocess", _fake([(1, "Socket timed out on send/recv operation"), (0, "")], calls))
     assert slurm_controller.requeue("12", 30.0).ok and len(calls) == 2
+    calls.clear()  # a job that pends was requeued already (an earlier try's answer lost): done, not asked again
+    monkeypatch.setattr(slurm_controller, "subprocess", _fake([(1, "Job is pending execution for job 12")], calls))
+    assert slurm_controller.requeue("12", 30.0).ok and len(calls) == 1
 
 
 def test_a_missing_tool_is_an_answer_not_an_exception(monkeypatch: pytest.MonkeyPatch) -> None:

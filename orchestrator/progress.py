@@ -324,7 +324,9 @@ def heartbeats(folder: Path, names: list[str], world_size: int) -> dict[int, flo
     beats: dict[int, float] = {}
     for entry in _entries(folder, names):
         try:
-            rank, t = int(entry["rank"]), float(entry["time"])
+            rank, t = entry["rank"], entry["time"]
+            if type(rank) is not int or type(t) is not float:  # as the writers write them: no conversion
+                rank, t = int(rank), float(t)
         except (KeyError, ValueError, TypeError, OverflowError):
             continue
         if 0 <= rank < world_size and (rank not in beats or t > beats[rank]):
@@ -363,21 +365,24 @@ class HeartbeatReader:
 def _entries(folder: Path, names: list[str]) -> list[Any]:
     """The reports these files hold (a node file's ranks, a rank file's one), unchecked."""
     out: list[Any] = []
+    where = os.fspath(folder)
     for name in names:
         try:
-            data = json.loads(_read_small(folder / name))
+            data = json.loads(_read_small(os.path.join(where, name)))  # no Path a file: a hundred a look
         except (OSError, ValueError):
             continue
+        if not isinstance(data, dict):
+            continue
         if name.startswith("node-"):
-            ranks = data.get("ranks") if isinstance(data, dict) else None
+            ranks = data.get("ranks")
             if isinstance(ranks, dict):
                 out.extend(v for v in ranks.values() if isinstance(v, dict))
-        elif isinstance(data, dict):
+        else:
             out.append(data)
     return out
 
 
-def _read_small(path: Path) -> bytes:
+def _read_small(path: str | Path) -> bytes:
     """A small file's bytes in an open, a read or two and a close (no stat, no text layer)."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     try:

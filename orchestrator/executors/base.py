@@ -9,7 +9,7 @@ import shutil
 import signal
 import time
 from pathlib import Path
-from typing import Iterator, Protocol
+from typing import Callable, Iterator, Protocol
 
 from orchestrator import ownership, procs
 from orchestrator.backends import backend
@@ -173,7 +173,7 @@ def rank_log_path(record: RunRecord, rank: int, point: int | None = None) -> Pat
     return run.point(current_point(record) if point is None else point).log(rank)
 
 
-def prepare_run_dir(launch: LaunchPlan) -> tuple[RunRecord, ownership.RunLock]:
+def prepare_run_dir(launch: LaunchPlan, refresh: Refresh | None = None) -> tuple[RunRecord, ownership.RunLock]:
     """Take the run folder's lock, then create (or reuse, to resume) the folder and write what
     it will run. Returns the new record and the lock, which the caller holds for the attempt
     (a local supervisor) or releases once the scheduler has the job (SLURM).
@@ -199,7 +199,7 @@ def prepare_run_dir(launch: LaunchPlan) -> tuple[RunRecord, ownership.RunLock]:
     had_lock = os.path.lexists(run.lock)  # made by this version: a free lock means no live supervisor
     lock = ownership.take(run_dir)
     try:
-        _start_attempt(launch, run_dir, run, record, had_lock)
+        _start_attempt(launch, run_dir, run, record, had_lock, refresh)
     except BaseException:
         lock.release()
         if created and not os.path.lexists(run.record):  # a refused first start leaves no half-made run
@@ -209,10 +209,32 @@ def prepare_run_dir(launch: LaunchPlan) -> tuple[RunRecord, ownership.RunLock]:
     return record, lock
 
 
-def _start_attempt(launch: LaunchPlan, run_dir: Path, run: RunFolder, record: RunRecord, had_lock: bool) -> None:
+#: An executor's ``refresh``: records as their scheduler states them now.
+Refresh = Callable[[list[RunRecord]], list[RunRecord]]
+
+
+def _asked_again(old: RunRecord, refresh: Refresh | None) -> RunRecord:
+    """A scheduled run's record as its scheduler states it now (``refresh``: the submitting
+    executor's, for a run of its own backend): the record says what the last look saw (PENDING at
+    submission), and a job that ended since, with nobody asking, must not refuse the next
+    submission of its spec. As recorded when the scheduler cannot be asked."""
+    from orchestrator.errors import OrchestratorError
+
+    if refresh is None:
+        return old
+    try:
+        return refresh([old])[0]
+    except OrchestratorError:
+        return old
+
+
+def _start_attempt(launch: LaunchPlan, run_dir: Path, run: RunFolder, record: RunRecord, had_lock: bool,
+                   refresh: Refresh | None) -> None:
     attempts = 1
     if run.record.exists() or run.record.is_symlink():
         old = RunRecord.load(run_dir)
+        if not old.state.terminal and backend(old.executor).scheduled:
+            old = _asked_again(old, refresh)
         if not old.state.terminal and backend(old.executor).scheduled:
             raise SubmissionError(
                 f"run {launch.run_id} is still {old.state} in {run_dir}; follow it with "

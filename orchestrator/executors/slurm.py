@@ -293,7 +293,7 @@ class SlurmExecutor:
         submitit_adapter.check_version()  # before a run folder is made
         check_slurm_conf()
         extra = self.dependency(launch, after)
-        record, lock = prepare_run_dir(launch)
+        record, lock = prepare_run_dir(launch, self.refresh)  # a job that ended unasked: its record asked again
         with lock:  # until the scheduler has the job: then the job is the live attempt
             return self._submit_locked(launch, record, extra)
 

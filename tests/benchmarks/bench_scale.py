@@ -1,0 +1,167 @@
+"""Start-up and cancel of a many-node job against SLURM's own floor, on the deploy cluster (issue 36).
+
+Run (root): .venv/bin/python tests/benchmarks/bench_scale.py [--nodes 64] [--repeat 3] [--cluster DIR]
+Without --cluster it brings a cluster of ``--nodes`` nodes with one CPU each up in its own folder
+(deploy/cluster.sh up --nodes N --cpus 1; stop the test cluster first: both use the same namespaces)
+and takes it down at the end.
+
+Every figure is a job of one rank a node running a script without torch (it records when it
+started, then sleeps until cancelled), side by side with the floor, in the same run:
+
+1. The floor inside one allocation (salloc): ``srun true``, ``srun python -c pass`` and ``srun
+   python -c "import orchestrator.health"`` on every node: what a job step, an interpreter, and
+   the health gate's imports cost at this many nodes.
+2. submit -> every rank running: ``orchestrator submit`` against ``sbatch --wrap "srun python
+   script"``, and where ours goes: the command, the job's start to the agent's first attempt, the
+   health gate (recovery.json's ``gate_s``), the ranks' step (from its start to the last rank).
+3. cancel -> every rank gone: ``orchestrator cancel`` against ``scancel`` of the plain job, until
+   no rank's process is left (the nodes are network namespaces: every rank is visible here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+PY = sys.executable
+CLUSTER = Path("/var/tmp/orch-scale-cluster")
+SHARED = Path("/srv/orch-scale")
+SCRIPT = """import os, sys, time
+out = sys.argv[sys.argv.index('--out') + 1]
+rank = os.environ.get('RANK', os.environ.get('SLURM_PROCID', '0'))
+with open(os.path.join(out, 'rank-' + rank), 'w') as f:
+    f.write(f"{time.time()} {os.getpid()}")
+time.sleep(3600)
+"""
+
+
+def wait_ranks(out: Path, n: int, timeout: float = 300) -> tuple[float, list[int]]:
+    """When the last of ``n`` ranks started, and their pids."""
+    deadline = time.monotonic() + timeout
+    while True:
+        files = list(out.glob("rank-*"))
+        values = [p.read_text().split() for p in files]
+        if len(files) >= n and all(len(v) == 2 for v in values):
+            return max(float(v[0]) for v in values), [int(v[1]) for v in values]
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only {len(files)} of {n} ranks started in {timeout:.0f} s (see {out})")
+        time.sleep(0.05)
+
+
+def wait_gone(pids: list[int], timeout: float = 120) -> float:
+    """When none of ``pids`` is alive any more."""
+    deadline = time.monotonic() + timeout
+    while any(Path(f"/proc/{pid}").exists() for pid in pids):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"ranks still alive {timeout:.0f} s after the cancel: {pids}")
+        time.sleep(0.05)
+    return time.time()
+
+
+def floors(nodes: int) -> dict[str, float]:
+    """Seconds of each srun inside one allocation of every node (median of 3)."""
+    steps = {"srun true": "true", "srun python -c pass": f"{PY} -c pass",
+             "srun python -c 'import orchestrator.health'": f"{PY} -c 'import orchestrator.health'"}
+    script = "\n".join(
+        f'for i in 1 2 3; do t=$(date +%s.%N); srun -Q -N{nodes} --ntasks-per-node=1 {cmd} >/dev/null; '
+        f'echo "{name}|$t|$(date +%s.%N)"; done' for name, cmd in steps.items())
+    done = subprocess.run(["salloc", "-Q", f"-N{nodes}", "bash", "-c", script], capture_output=True, text=True,
+                          timeout=600, check=True, cwd=ROOT)
+    took: dict[str, list[float]] = {}
+    for line in done.stdout.splitlines():
+        name, t0, t1 = line.rsplit("|", 2)
+        took.setdefault(name, []).append(float(t1) - float(t0))
+    return {name: statistics.median(v) for name, v in took.items()}
+
+
+def ours(shared: Path, nodes: int, i: int, script: Path) -> dict[str, float]:
+    out = shared / f"ours-{i}"
+    out.mkdir()
+    spec = shared / f"spec-{i}.yaml"
+    spec.write_text(yaml.safe_dump({"name": f"scale{i}", "executor": "slurm", "runs_dir": str(shared / "runs"),
+                                    "entrypoint": str(script), "nodes": nodes, "cpu_ranks_per_node": 1,
+                                    "extra_args": ["--out", str(out)], "slurm": {"time": "00:10:00"}}))
+    t0 = time.time()
+    said = subprocess.run([PY, "-m", "orchestrator", "submit", str(spec)], check=True, capture_output=True,
+                          text=True, cwd=shared).stdout  # "submitted ID: job(s) J; run folder DIR"
+    command = time.time() - t0
+    last, pids = wait_ranks(out, nodes)
+    line = next(ln for ln in said.splitlines() if ln.startswith("submitted "))
+    run_id, run_dir = line.split()[1].rstrip(":"), Path(line.rsplit("run folder ", 1)[1])
+    c0 = time.time()
+    subprocess.run([PY, "-m", "orchestrator", "cancel", run_id], check=True, capture_output=True, cwd=shared)
+    gone = wait_gone(pids)
+    deadline = time.monotonic() + 60  # the attempt's moments are recorded as it ends
+    while True:
+        attempt = json.loads((run_dir / "recovery.json").read_text())["attempts"][0]
+        if attempt.get("ended") or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    times = attempt.get("times", {})
+    return {"submit -> all ranks": last - t0, "the command": command, "to the agent's first attempt": attempt["started"] - t0,
+            "health gate": float(times.get("gate_s", 0.0)), "ranks' step": last - float(times.get("ranks_at", last)),
+            "cancel -> all ranks gone": gone - c0}
+
+
+def plain(shared: Path, nodes: int, i: int, script: Path) -> dict[str, float]:
+    out = shared / f"plain-{i}"
+    out.mkdir()
+    t0 = time.time()
+    job = subprocess.run(["sbatch", "--parsable", f"-N{nodes}", "--ntasks-per-node=1", "-o", "/dev/null",
+                          "--wrap", f"srun {PY} {script} --out {out}"], check=True, capture_output=True,
+                         text=True).stdout.strip().split(";")[0]
+    last, pids = wait_ranks(out, nodes)
+    c0 = time.time()
+    subprocess.run(["scancel", job], check=True)
+    gone = wait_gone(pids)
+    return {"submit -> all ranks": last - t0, "cancel -> all ranks gone": gone - c0}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", type=int, default=64)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--cluster", type=Path, default=None, help="a running deploy/ cluster's folder (kept up)")
+    ap.add_argument("--shared", type=Path, default=SHARED, help="a folder every node sees, not node-local")
+    a = ap.parse_args()
+    folder = a.cluster or CLUSTER
+    if a.cluster is None:
+        subprocess.run(["bash", str(ROOT / "deploy" / "cluster.sh"), "up", "--nodes", str(a.nodes), "--cpus", "1",
+                        "--dir", str(folder)], check=True, cwd=ROOT, stdout=subprocess.DEVNULL, timeout=900)
+    os.environ["SLURM_CONF"] = str(folder / "slurm.conf")
+    try:
+        a.shared.mkdir(parents=True, exist_ok=True)
+        shared = a.shared / f"bench-{os.getpid()}"
+        shared.mkdir()
+        script = shared / "started.py"
+        script.write_text(SCRIPT)
+        print(f"{a.nodes} nodes, one rank a node (a script without torch), {a.repeat} round(s), seconds (median):")
+        for name, took in floors(a.nodes).items():
+            print(f"  floor: {name:48} {took:6.2f}")
+        mine: list[dict[str, float]] = []
+        theirs: list[dict[str, float]] = []
+        for i in range(a.repeat):  # alternated, so both see the same machine
+            theirs.append(plain(shared, a.nodes, i, script))
+            mine.append(ours(shared, a.nodes, i, script))
+        for key in ("submit -> all ranks", "cancel -> all ranks gone"):
+            o, p = statistics.median(r[key] for r in mine), statistics.median(r[key] for r in theirs)
+            print(f"  {key:28} orchestrator {o:6.2f}   sbatch+srun / scancel {p:6.2f}   +{o - p:.2f} s ({o / p:.2f}x)")
+        for key in ("the command", "to the agent's first attempt", "health gate", "ranks' step"):
+            print(f"    of ours: {key:30} {statistics.median(r[key] for r in mine):6.2f}")
+    finally:
+        if a.cluster is None:
+            subprocess.run(["bash", str(ROOT / "deploy" / "cluster.sh"), "down", "--dir", str(folder)], cwd=ROOT,
+                           stdout=subprocess.DEVNULL, timeout=300)
+
+
+if __name__ == "__main__":
+    main()

@@ -11,15 +11,16 @@ from pathlib import Path
 from orchestrator import slurm_controller
 
 
-def _stand_in(tmp_path: Path, monkeypatch) -> Path:  # type: ignore[no-untyped-def]
+def _stand_in(tmp_path: Path, monkeypatch,  # type: ignore[no-untyped-def]
+              answer: str = 'test "$1" = show && echo "JobId=7 ExcNodeList=node9"\nexit 0\n') -> Path:
+    """A scontrol killed by SIGTERM the first time it is called, then giving ``answer`` (shell)."""
     calls = tmp_path / "calls"
     script = tmp_path / "scontrol"
     script.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n'
-                      f'if [ ! -e {tmp_path}/once ]; then touch {tmp_path}/once; kill -TERM $$; fi\n'
-                      'test "$1" = show && echo "JobId=7 ExcNodeList=node9"\nexit 0\n')
+                      f'if [ ! -e {tmp_path}/once ]; then touch {tmp_path}/once; kill -TERM $$; fi\n' + answer)
     script.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
-    monkeypatch.setattr(slurm_controller, "PERSIST_BACKOFF_S", (0.05, 0.05))
+    monkeypatch.setattr(slurm_controller, "PERSIST_BACKOFF_S", (0.05, 0.05, 0.05, 0.05))
     return calls
 
 
@@ -40,14 +41,7 @@ def test_a_requeue_whose_answer_was_lost_is_done_when_the_job_pends(tmp_path: Pa
     next try hears 'Job is pending execution'. That is the requeue done, at once (seen in CI: taken
     as a failure, retried to the bound, the agent skipped the exclusion and the job ran on the
     blamed node again)."""
-    calls = tmp_path / "calls"
-    script = tmp_path / "scontrol"
-    script.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n'
-                      f'if [ ! -e {tmp_path}/once ]; then touch {tmp_path}/once; kill -TERM $$; fi\n'
-                      'echo "Job is pending execution for job 7" >&2\nexit 1\n')
-    script.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
-    monkeypatch.setattr(slurm_controller, "PERSIST_BACKOFF_S", (0.05, 0.05, 0.05, 0.05))
+    calls = _stand_in(tmp_path, monkeypatch, 'echo "Job is pending execution for job 7" >&2\nexit 1\n')
     retried = []
     answer = slurm_controller.requeue("7", timeout_s=10, on_retry=retried.append)
     assert answer.ok, answer

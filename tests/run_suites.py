@@ -1,7 +1,8 @@
 """Run every suite at once: ``tests/unit`` and ``tests/integration`` in one pytest session (in one
 process, or over pytest-xdist workers with ``--workers N``), and beside it ``tests/cluster`` against
 one real SLURM cluster, in the sessions tests/cluster/streams.py names: its shareable streams side
-by side (``PARALLEL``), then one alone (``serial``: the tests that change the cluster for every job). This is the README's test command, so CI runs it.
+by side (``PARALLEL``), then one alone (``serial``: the tests that change the cluster for every
+job). This is the README's test command, so CI runs it.
 
 Why side by side: the cluster tests spend most of their time waiting on SLURM (one-minute time
 limits, requeue holds, KillWait, a job's state reaching sacct), not on the CPU, and the unit and
@@ -47,7 +48,7 @@ GRACE_S = 180  # after SIGINT: time for a session's teardown (cluster.sh down) b
 #: 16 min on 2 cores against 31 in one process (2026-11-28: 1,417 s user + 254 s system CPU, 171% of
 #: one core), which is what a developer without the cluster gets (``--workers 3``, or ``pytest -n 3
 #: -m "not cluster"``). Beside the cluster's sessions the cores are the limit: three workers there took
-#: 28 min, not 31, and five timing-sensitive tests failed under the load. So CI runs it in one process.
+#: 28 min, not 31, and three timing-sensitive tests failed under the load. So CI runs it in one process.
 WORKERS = 0
 sys.path.insert(0, str(ROOT))
 

@@ -13,7 +13,7 @@ from typing import Callable, Iterator, Protocol
 
 from orchestrator import ownership, procs
 from orchestrator.backends import backend
-from orchestrator.errors import SubmissionError
+from orchestrator.errors import OrchestratorError, SubmissionError
 from orchestrator.plan import LaunchPlan
 from orchestrator.run_folder import RunFolder
 from orchestrator.records import RunRecord, register, write_json_atomic, write_text_atomic
@@ -173,6 +173,10 @@ def rank_log_path(record: RunRecord, rank: int, point: int | None = None) -> Pat
     return run.point(current_point(record) if point is None else point).log(rank)
 
 
+#: An executor's ``refresh``: records as their scheduler states them now.
+Refresh = Callable[[list[RunRecord]], list[RunRecord]]
+
+
 def prepare_run_dir(launch: LaunchPlan, refresh: Refresh | None = None) -> tuple[RunRecord, ownership.RunLock]:
     """Take the run folder's lock, then create (or reuse, to resume) the folder and write what
     it will run. Returns the new record and the lock, which the caller holds for the attempt
@@ -209,17 +213,11 @@ def prepare_run_dir(launch: LaunchPlan, refresh: Refresh | None = None) -> tuple
     return record, lock
 
 
-#: An executor's ``refresh``: records as their scheduler states them now.
-Refresh = Callable[[list[RunRecord]], list[RunRecord]]
-
-
 def _asked_again(old: RunRecord, refresh: Refresh | None) -> RunRecord:
     """A scheduled run's record as its scheduler states it now (``refresh``: the submitting
     executor's, for a run of its own backend): the record says what the last look saw (PENDING at
     submission), and a job that ended since, with nobody asking, must not refuse the next
     submission of its spec. As recorded when the scheduler cannot be asked."""
-    from orchestrator.errors import OrchestratorError
-
     if refresh is None:
         return old
     try:
@@ -376,7 +374,6 @@ def _active_state(run_dir: Path) -> State | None:
 def _active_users(ckpt: Path, own_run_dir: Path) -> Iterator[tuple[RunRecord, State]]:
     """The registered runs still active (other than ``own_run_dir``'s) whose checkpoint folder
     (from their payload) is, holds or lies inside ``ckpt``."""
-    from orchestrator.errors import OrchestratorError
     from orchestrator.payload import Payload, PayloadError
     from orchestrator.records import registered_runs
 

@@ -28,8 +28,8 @@ SHARED_VAR = "TESTS_CLUSTER_SHARED"
 #: One shareable stream: the whole suite is CPU-bound on 2 cores. Two side by side beside the unit and
 #: integration session loaded the cores past what the timing-sensitive tests tolerate (2026-11-27:
 #: stream a 25 min, b 19 min, then serial 9, with failures that passed alone; 2026-11-28 with that
-#: session in 3 pytest-xdist workers too: 28 min for it, 29 for stream a, and 5 tests past 60 s
-#: that take 30 alone). Add "b" back with a machine to spare.
+#: session in 3 pytest-xdist workers too: 28 min for it, 29 for stream a, four tests not marked slow
+#: past 60 s, three timing failures). Add "b" back with a machine to spare.
 PARALLEL = ("a",)
 SERIAL = "serial"
 

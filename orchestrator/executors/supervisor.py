@@ -30,7 +30,7 @@ from orchestrator.progress import NodePlace
 from orchestrator.errors import SubmissionError
 from orchestrator.executors.base import first_error
 from orchestrator.executors.console import LogTails
-from orchestrator.executors.forked import ForkedRank, ZygoteGroup, start_zygote
+from orchestrator.executors.forked import ForkedRank, ZygoteGroup, builds_ddp, start_zygote
 from orchestrator.failures import hidden_gpu_hint
 from orchestrator.payload import Payload
 from orchestrator.plan import LaunchPlan
@@ -233,13 +233,14 @@ class Supervisor:
             return State.FAILED
         offsets, forks = [], []
         fresh = not self.preload
+        ddp = not fresh and builds_ddp(payload.entrypoint, payload.framework)
         for rank, env in enumerate(envs):
             log_path = folder.log(rank)
             with open(log_path, "ab") as log:
                 log.write(f"=== attempt {self.record.attempts} started {time.ctime()} ===\n".encode())
                 offsets.append(log.tell())  # echo from here: this attempt's output only
             forks.append({"rank": rank, "env": {**os.environ, **env}, "payload": str(payload_path), "log": str(log_path),
-                          "fresh": fresh})
+                          "fresh": fresh, "ddp": ddp})
         group = self.group = ZygoteGroup(self._zygote or start_zygote(self.preload))
         self._zygote = None  # a zygote serves one set of ranks
         try:

@@ -116,11 +116,20 @@ class Goodput:
                 f"lost work {self.lost_s:.0f}s)")
 
 
+#: How far a node's clock may run behind the submitting host's (an attempt's start is the node's
+#: time, the submission the submitting host's): an attempt that started this little before the
+#: submission still belongs to it.
+CLOCK_SKEW_S = 1.0
+
+
 def goodput(history: Sequence[Attempt], submitted: float, now: float) -> Optional[Goodput]:
-    """The run's goodput (None before its first attempt trained). An attempt is productive from its
-    training start (``back_at``) to its last step (or its failure, or its end); the steps an attempt
-    resumed below the previous one's last step count as lost, at the previous one's pace."""
-    attempts = [a for a in history if a.started]
+    """This submission's goodput (None before its first attempt trained). An attempt is productive
+    from its training start (``back_at``) to its last step (or its failure, or its end); the steps an
+    attempt resumed below the previous one's last step count as lost, at the previous one's pace.
+    Only the attempts since ``submitted`` count: a run submitted again keeps its earlier
+    submissions' attempts in its history (their training is not this submission's, and the time
+    between them and the new submission is nobody's recovery)."""
+    attempts = [a for a in history if a.started and a.started >= submitted - CLOCK_SKEW_S]
     trained = [a for a in attempts if back_at(a) is not None]
     if not trained:
         return None

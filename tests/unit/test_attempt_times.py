@@ -53,15 +53,29 @@ def test_goodput_counts_training_and_sets_queue_recovery_and_lost_work_apart() -
     assert g.line().startswith(f"goodput {44 / 70:.0%}: 44s training of 70s since submit")
 
 
+def test_a_run_submitted_again_counts_only_this_submissions_attempts() -> None:
+    """The spec failed without a restart left and was submitted again an hour later (the same run
+    folder, its history kept): the goodput is the new submission's, never over 100 %."""
+    first, second = _two_attempts()
+    stopped = Attempt(number=1, started=first.started, ended=first.ended, outcome=Outcome.CRASH, action=Action.STOP,
+                      times=dict(first.times))
+    again = Attempt(number=2, started=3700.0, ended=3730.0, outcome=Outcome.COMPLETED,
+                    times={"ranks_at": 3702.0, "joined_at": 3705.0, "last_step_at": 3729.0, "last_step": 50})
+    g = goodput([stopped, again], submitted=3690.0, now=4000.0)
+    assert g is not None
+    assert (g.wall_s, g.queue_s, g.startup_s, g.recovery_s, g.lost_s, g.productive_s) == (40.0, 10.0, 5.0, 0.0, 0.0, 24.0)
+    assert goodput([stopped], submitted=3690.0, now=3695.0) is None  # nothing of this submission trained yet
+
+
 def test_no_goodput_before_anything_trained() -> None:
     assert goodput([Attempt(number=1, started=5.0)], 1.0, 9.0) is None
     assert goodput([], 1.0, 9.0) is None
 
 
 @given(st.lists(st.tuples(st.floats(0, 50), st.floats(0, 50), st.floats(0, 50)), min_size=1, max_size=6),
-       st.floats(0, 100))
+       st.floats(0, 100), st.integers(0, 5))
 def test_goodput_is_a_fraction_of_the_wall_time_whatever_was_recorded(gaps: list[tuple[float, float, float]],
-                                                                      queue: float) -> None:
+                                                                      queue: float, resubmitted: int) -> None:
     attempts, t = [], 1000.0 + queue
     for i, (start, train, fail) in enumerate(gaps):
         a = Attempt(number=i + 1, started=t, times={"ranks_at": t + start, "joined_at": t + start})
@@ -73,6 +87,10 @@ def test_goodput_is_a_fraction_of_the_wall_time_whatever_was_recorded(gaps: list
     g = goodput(attempts, submitted=1000.0, now=t + 1)
     assert isinstance(g, Goodput) and 0.0 <= g.fraction <= 1.0 + 1e-9
     assert g.productive_s <= g.wall_s + 1e-6
+    # submitted again just before one of the attempts: only that one and those after it count
+    since = attempts[min(resubmitted, len(attempts) - 1)].started
+    g = goodput(attempts, submitted=since, now=t + 1)
+    assert isinstance(g, Goodput) and 0.0 <= g.fraction <= 1.0 + 1e-9 and g.queue_s == 0.0
 
 
 def test_the_watchdogs_joins_and_the_rank_apis_first_and_last_steps(tmp_path: Path) -> None:

@@ -102,7 +102,7 @@ def child(msg: dict[str, Any], fresh: bool, watch: Watch | None = None) -> NoRet
         leave(code if isinstance(code, int) else 1, ran, preloaded)
 
 
-def leave(code: int, ran: bool, preloaded: Mapping[str, int] | None = None) -> NoReturn:
+def leave(code: int, ran: bool, preloaded: Mapping[str, int]) -> NoReturn:
     """End a forked rank the way the interpreter's own exit ends a script, minus the teardown of its
     modules (once torch is imported, most of a fresh interpreter's exit, which every fresh
     interpreter pays; see docs/PERFORMANCE.md): once the rank ran, join the non-daemon threads
@@ -125,7 +125,7 @@ def leave(code: int, ran: bool, preloaded: Mapping[str, int] | None = None) -> N
 
             threading._shutdown()  # type: ignore[attr-defined]  # what Py_FinalizeEx does first
             atexit._run_exitfuncs()  # prints what a hook raised, as at a normal exit
-            drop_user_namespaces(preloaded or {})
+            drop_user_namespaces(preloaded)
             gc.collect()
             writers = (io.TextIOWrapper, io.BufferedWriter, io.BufferedRandom)
             for obj in gc.get_objects():

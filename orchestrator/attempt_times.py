@@ -129,7 +129,7 @@ def goodput(history: Sequence[Attempt], submitted: float, now: float) -> Optiona
     Only the attempts since ``submitted`` count: a run submitted again keeps its earlier
     submissions' attempts in its history (their training is not this submission's, and the time
     between them and the new submission is nobody's recovery)."""
-    attempts = [a for a in history if a.started and a.started >= submitted - CLOCK_SKEW_S]
+    attempts = [a for a in history if a.started and _of_this_submission(a, submitted)]
     trained = [a for a in attempts if back_at(a) is not None]
     if not trained:
         return None
@@ -148,9 +148,17 @@ def goodput(history: Sequence[Attempt], submitted: float, now: float) -> Optiona
             lost += _lost_s(before, a)
     first = attempts[0]
     startup = max(0.0, (back_at(first) or first.started) - first.started)
-    wall = max(0.0, end - submitted)
+    wall = max(0.0, end - min(submitted, first.started))  # the skew allowed: never less than its attempts
     return Goodput(wall_s=wall, productive_s=max(0.0, productive - lost), queue_s=max(0.0, first.started - submitted),
                    recovery_s=recovery, lost_s=lost, startup_s=startup)
+
+
+def _of_this_submission(attempt: Attempt, submitted: float) -> bool:
+    """Started at or after the submission; or just before it by the clocks' skew and not over by then
+    (an earlier submission's last attempt ends before the next submission)."""
+    if attempt.started >= submitted:
+        return True
+    return attempt.started >= submitted - CLOCK_SKEW_S and (attempt.ended is None or attempt.ended > submitted)
 
 
 def _lost_s(before: Attempt, after: Attempt) -> float:

@@ -201,6 +201,9 @@ def test_nothing_outlives_a_killed_cli(tmp_path: Path, killed: str) -> None:
         everything = _watched([*zygotes, *pids])
         assert len(everything) == 5 and all(map(_running, everything))
         if killed == "cli-and-launcher":
+            # The CLI stopped first: a supervisor that sees its zygote die stops the ranks itself,
+            # and that race (won under load) is not what this case proves.
+            os.kill(cli.pid, signal.SIGSTOP)
             os.kill(zygotes[0], signal.SIGKILL)
         cli.kill()
         cli.wait(timeout=10)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from orchestrator.attempt_times import Goodput, goodput, joined_at, phases_line, progress_marks, recovery_phases
@@ -74,6 +74,8 @@ def test_no_goodput_before_anything_trained() -> None:
 
 @given(st.lists(st.tuples(st.floats(0, 50), st.floats(0, 50), st.floats(0, 50)), min_size=1, max_size=6),
        st.floats(0, 100), st.integers(0, 5))
+@example(gaps=[(0.0, 1.0, 0.0), (0.0, 1.0, 0.0)], queue=0.0, resubmitted=1)  # the previous attempt ended as it was resubmitted
+@example(gaps=[(0.0, 0.0, 0.0)], queue=0.0, resubmitted=0)  # an attempt of no length, at the submission
 def test_goodput_is_a_fraction_of_the_wall_time_whatever_was_recorded(gaps: list[tuple[float, float, float]],
                                                                       queue: float, resubmitted: int) -> None:
     attempts, t = [], 1000.0 + queue

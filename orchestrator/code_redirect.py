@@ -27,6 +27,8 @@ import threading
 from types import ModuleType
 from typing import Optional, Sequence
 
+from orchestrator.module_origin import is_installed
+
 
 class SnapshotFinder(importlib.abc.MetaPathFinder):
     def __init__(self, live_root: str, tree: str) -> None:
@@ -95,8 +97,10 @@ class SnapshotFinder(importlib.abc.MetaPathFinder):
             os.environ["PYTHONPATH"] = folder + (os.pathsep + paths if paths else "")
 
     def _say_live(self, name: str, origin: str) -> None:
+        """Say once that a module of the project is imported live. Not an installed package that
+        lives inside the project folder (a ``.venv`` there): that is never the project's code."""
         real = os.path.realpath(origin)
-        if real.startswith(self.live_root + os.sep) and name not in self.live_imports:
+        if real.startswith(self.live_root + os.sep) and name not in self.live_imports and not is_installed(real):
             self.live_imports.append(name)
             print(f"[orchestrator] {name} is imported from the live project ({origin}): the code snapshot does not "
                   "hold it (git ignores it, or the ignore file lists it)", file=sys.stderr, flush=True)

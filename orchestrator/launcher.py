@@ -320,5 +320,7 @@ def exit_code_of(run: Any, payload: Payload, rank: int) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # a fresh local rank (forked ones call main from the zygote)
+    from orchestrator.rank_exit import leave
+
+    leave(main(), True, {})  # the exit work without torch's teardown (rank_exit)

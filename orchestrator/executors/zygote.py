@@ -41,10 +41,11 @@ import os
 import signal
 import sys
 import time
-from typing import Any, Mapping, NoReturn
+from typing import Any, NoReturn
 
 from orchestrator import platform_caps, procs
 from orchestrator.interpreter import module_argv
+from orchestrator.rank_exit import leave
 
 
 def emit(message: dict[str, Any]) -> None:
@@ -100,68 +101,6 @@ def child(msg: dict[str, Any], fresh: bool, watch: Watch | None = None) -> NoRet
         traceback.print_exc()
     finally:
         leave(code if isinstance(code, int) else 1, ran, preloaded)
-
-
-def leave(code: int, ran: bool, preloaded: Mapping[str, int]) -> NoReturn:
-    """End a forked rank the way the interpreter's own exit ends a script, minus the teardown of its
-    modules (once torch is imported, most of a fresh interpreter's exit, which every fresh
-    interpreter pays; see docs/PERFORMANCE.md): once the rank ran, join the non-daemon threads
-    the script left, run the atexit hooks (the script's, logging's, multiprocessing's, the
-    launcher's group release), and flush every file still open, which module teardown would have
-    closed. A bare ``os._exit`` lost all of that: work that the same script keeps under
-    ``python``, torchrun or srun.
-
-    What the zygote had before forking is left alone: its modules (``preloaded``) are never the
-    user's, and its objects were frozen out of the collector (``gc.freeze`` before each fork), so
-    neither the collection nor the search for open files walks torch's 300,000 objects again in
-    every rank (0.3 s and 0.15 s of CPU each with torch._dynamo loaded, 2026-11-28).
-    """
-    try:
-        if ran:
-            import atexit
-            import gc
-            import io
-            import threading
-
-            threading._shutdown()  # type: ignore[attr-defined]  # what Py_FinalizeEx does first
-            atexit._run_exitfuncs()  # prints what a hook raised, as at a normal exit
-            drop_user_namespaces(preloaded)
-            gc.collect()
-            writers = (io.TextIOWrapper, io.BufferedWriter, io.BufferedRandom)
-            for obj in gc.get_objects():
-                if type(obj) in writers:
-                    try:
-                        obj.flush()
-                    except Exception:  # closed, or its disk is gone: as at a normal exit
-                        pass
-    finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
-
-
-def drop_user_namespaces(preloaded: Mapping[str, int]) -> None:
-    """What the interpreter's exit does to the script's own objects, without tearing down the
-    modules torch and the orchestrator live in: clear the namespace of ``__main__`` and of every
-    module of the user's own (not the standard library's, not an installed package's, not ours),
-    newest first, as module teardown would. Whatever only they held is finalized then, whatever it
-    is: a gzip file gets its trailer, a zip archive its central directory, an object its
-    ``__del__``. A finalizer that fails prints "Exception ignored", as at a normal exit. The
-    modules in ``preloaded`` (name to ``id``, as the zygote had them before the fork) are not looked
-    at, unless the name now holds another module: the script's own ``__main__`` replaced the zygote's."""
-    from orchestrator.stacks import is_framework
-
-    for name, module in reversed(list(sys.modules.items())):
-        if name != "__main__" and preloaded.get(name) == id(module):
-            continue
-        path = getattr(module, "__file__", None)
-        if name == "__main__" or (isinstance(path, str) and not is_framework(path)):
-            namespace = getattr(module, "__dict__", None)
-            if isinstance(namespace, dict):
-                for key in [k for k in namespace if not (k.startswith("__") and k.endswith("__"))]:
-                    namespace.pop(key, None)
 
 
 class Watch:

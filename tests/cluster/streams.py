@@ -25,12 +25,15 @@ from pathlib import Path
 
 STREAM_VAR = "TESTS_CLUSTER_STREAM"
 SHARED_VAR = "TESTS_CLUSTER_SHARED"
-#: One shareable stream: the whole suite is CPU-bound on 2 cores. Two side by side beside the unit and
-#: integration session loaded the cores past what the timing-sensitive tests tolerate (2026-11-27:
-#: stream a 25 min, b 19 min, then serial 9, with failures that passed alone; 2026-11-28 with that
-#: session in 3 pytest-xdist workers too: 28 min for it, 29 for stream a, four tests not marked slow
-#: past 60 s, three timing failures). Add "b" back with a machine to spare.
-PARALLEL = ("a",)
+#: Two shareable streams, not alike. The suite is CPU-bound on 2 cores: two even streams beside the
+#: unit and integration session loaded the cores past what the timing-sensitive tests tolerate
+#: (2026-11-27: stream a 25 min, b 19 min, failures that passed alone). But a few cluster tests
+#: only wait, on SLURM's one-minute time limits or on ssh, and use almost no CPU: measured alone
+#: with the whole machine's CPU recorded around each test (2026-11-28), the tests below took 8.8 min
+#: of stream a's 25.9 and 103 of its 1,247 CPU-seconds. Stream b is those: beside stream a they cost
+#: it nothing but their jobs' slots (a 1-node job of 2 ranks, while stream a's jobs take at most
+#: 2 CPUs a node but for the preemption test's, which waits for its CPUs).
+PARALLEL = ("a", "b")
 SERIAL = "serial"
 
 #: Whole modules that change the cluster for everyone.
@@ -49,10 +52,17 @@ SERIAL_TESTS = {
 }
 #: Tests of the serial modules that touch only their own job, and run in a stream.
 SHAREABLE_TESTS = {"test_preemption.py::test_a_suspended_job_is_not_called_stalled_and_completes"}
-#: Stream b's modules (the rest are stream a's), chosen so both take about as long.
-STREAM_B = {"test_user_scripts.py", "test_code_snapshot_slurm.py", "test_tracking_slurm.py", "test_stacks_slurm.py",
-            "test_frameworks_slurm.py", "test_pipeline_slurm.py", "test_validate_cluster.py", "test_login_node.py",
-            "test_preemption.py", "test_remote_slurm.py"}
+#: Stream b's tests (``module::test``, every parameter; or a whole module): the rest are stream a's.
+#: Wall and CPU as measured in stream a alone. Whatever installs the login user's orchestrator in its
+#: home (test_remote_slurm's fixture, bench_remote) runs in one stream: two installs at once collide.
+STREAM_B = {
+    "test_user_scripts.py::test_a_script_without_a_usr2_handler_runs_to_its_time_limit",  # 141 s, 5 CPU-s
+    "test_user_scripts.py::test_snapshotting_script_outlives_its_time_limit_with_requeue_always",  # 86 s, 6
+    "test_code_snapshot_slurm.py::test_after_a_timeout_a_longer_time_limit_resumes_the_same_run",  # 85 s, 5
+    "test_rank_api_slurm.py::test_a_checkpoint_folder_the_nodes_do_not_share_fails_the_job_naming_the_ranks",  # 79 s, 35
+    "test_remote_slurm.py",  # 73 s, 23
+    "test_benchmarks_smoke.py::test_bench_remote_runs_one_round_through_the_login_node",  # 60 s, 29
+}
 
 
 def stream_of(nodeid: str) -> str:
@@ -62,7 +72,7 @@ def stream_of(nodeid: str) -> str:
     test = f"{module}::{name.split('[')[0]}"
     if test in SERIAL_TESTS or (module in SERIAL_MODULES and test not in SHAREABLE_TESTS):
         return SERIAL
-    return "b" if module in STREAM_B and "b" in PARALLEL else "a"
+    return "b" if (test in STREAM_B or module in STREAM_B) and "b" in PARALLEL else "a"
 
 
 def current() -> str | None:

@@ -50,14 +50,14 @@ def test_user_handlers_see_usr2_and_cancel_waits_for_their_cleanup(cluster: dict
 
 
 def test_work_a_script_does_as_it_exits_is_kept(cluster: dict[str, str]) -> None:
-    """A thread still writing after the script's last line, an atexit hook, a file never closed:
+    """A thread still writing after the script's last line, an atexit hook, a file never closed, a C stream:
     all kept, as under plain srun (the local executor's forked ranks: test_local_runs)."""
     out = Path(cluster["runs_dir"]) / "exit-work-out"
     out.mkdir(exist_ok=True)
     record = run(slurm_plan(cluster, name="exitwork", entrypoint=str(USER_SCRIPTS / "exit_work.py"), extra_args=[str(out)]))
     assert record.state == "COMPLETED", record.error
     assert {p.name: p.read_text() for p in out.iterdir()} == \
-        {f"{what}-{r}": "done" for what in ("thread", "atexit", "unclosed") for r in range(4)}
+        {f"{what}-{r}": "done" for what in ("thread", "atexit", "unclosed", "cstdio") for r in range(4)}
 
 
 def test_snapshotting_script_outlives_its_time_limit_with_requeue_always(cluster: dict[str, str]) -> None:

@@ -418,7 +418,7 @@ def test_a_script_that_never_destroys_its_group_exits_cleanly(tmp_path: Path) ->
 
 @pytest.mark.parametrize("preload", [True, False])
 def test_work_a_script_does_as_it_exits_is_kept(tmp_path: Path, preload: bool) -> None:
-    """A thread still writing after the script's last line, an atexit hook, a file never closed:
+    """A thread still writing after the script's last line, an atexit hook, a file never closed, a C stream:
     kept, as under plain python, by forked ranks (preload) as by fresh interpreters."""
     out = tmp_path / "out"
     out.mkdir()
@@ -426,7 +426,7 @@ def test_work_a_script_does_as_it_exits_is_kept(tmp_path: Path, preload: bool) -
                                  extra_args=[str(out)], cpu_ranks_per_node=2, local={"preload_torch": preload}))
     assert record.state == "COMPLETED", record.error
     assert {p.name: p.read_text() for p in out.iterdir()} == \
-        {f"{what}-{r}": "done" for what in ("thread", "atexit", "unclosed") for r in range(2)}
+        {f"{what}-{r}": "done" for what in ("thread", "atexit", "unclosed", "cstdio") for r in range(2)}
 
 
 @pytest.mark.parametrize("preload", [True, False])

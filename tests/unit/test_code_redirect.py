@@ -88,6 +88,20 @@ def test_a_file_the_tree_lacks_is_imported_live_and_said_once(tmp_path: Path, is
     assert capsys.readouterr().err.count("built_ext is imported from the live project") == 1
 
 
+def test_a_virtual_environment_inside_the_project_is_not_the_projects_code(tmp_path: Path, isolated: None,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """``python -m venv .venv`` in the project folder (git ignores it): its packages are imported
+    from there, as installed packages, and nothing says the project was imported live (the demo
+    once said so of scikit-learn on every rank)."""
+    live, tree = _projects(tmp_path, "venvproj")
+    site = live / ".venv" / "lib" / "python3.11" / "site-packages"
+    _write(site, {"venvpkg/__init__.py": "WHO = 'installed'\n"})
+    sys.path.insert(0, str(site))
+    finder = code_redirect.install(str(live), str(tree))
+    assert importlib.import_module("venvpkg").WHO == "installed"
+    assert finder.live_imports == [] and "imported from the live project" not in capsys.readouterr().err
+
+
 def test_modules_outside_the_project_and_already_imported_ones_are_left_alone(tmp_path: Path, isolated: None) -> None:
     live, tree = _projects(tmp_path, "otherpkg")
     code_redirect.install(str(live), str(tree))

@@ -44,12 +44,12 @@ from typing import IO
 ROOT = Path(__file__).resolve().parents[1]
 GRACE_S = 180  # after SIGINT: time for a session's teardown (cluster.sh down) before SIGKILL
 #: The unit and integration session's pytest-xdist workers (``--workers``). Alone, its tests wait
-#: more than they compute (ranks' start-up, grace periods, init deadlines): three workers ran it in
-#: 16 min on 2 cores against 31 in one process (2026-11-28: 1,417 s user + 254 s system CPU, 171% of
-#: one core), which is what a developer without the cluster gets (``--workers 3``, or ``pytest -n 3
-#: -m "not cluster"``). Beside the cluster's sessions the cores are the limit: three workers there took
-#: 28 min, not 31, and three timing-sensitive tests failed under the load. So CI runs it in one process.
-WORKERS = 0
+#: more than they compute (ranks' start-up, grace periods, init deadlines): one process took 31 min
+#: on 2 cores (2026-11-27), two workers 11.8 min (2026-11-28, 985 CPU-s once the zygote shared
+#: torch._dynamo and froze its heap; it was 1,457). Beside the cluster's sessions the cores are the
+#: limit, and one process was the suite's longest session there (27.7 min). Two workers is what a
+#: developer without the cluster gets too (``pytest -n 2 -m "not cluster"``).
+WORKERS = 2
 sys.path.insert(0, str(ROOT))
 
 from tests.cluster import streams  # noqa: E402  (the checkout's tests package, after sys.path)

@@ -30,9 +30,9 @@ SHARED_VAR = "TESTS_CLUSTER_SHARED"
 #: (2026-11-27: stream a 25 min, b 19 min, failures that passed alone). But a few cluster tests
 #: only wait, on SLURM's one-minute time limits or on ssh, and use almost no CPU: measured alone
 #: with the whole machine's CPU recorded around each test (2026-11-28), the tests below took 8.8 min
-#: of stream a's 25.9 and 103 of its 1,247 CPU-seconds. Stream b is those: beside stream a they cost
-#: it nothing but their jobs' slots (a 1-node job of 2 ranks, while stream a's jobs take at most
-#: 2 CPUs a node but for the preemption test's, which waits for its CPUs).
+#: of stream a's 25.9 and 103 of its 1,247 CPU-seconds. Stream b is those first: beside stream a they
+#: cost it nothing but their jobs' slots (two 2-node jobs of 2 ranks fit the 2 x 4 CPUs side by side;
+#: a third queues), and then a few that wait for part of their time, to even the streams out.
 PARALLEL = ("a", "b")
 SERIAL = "serial"
 
@@ -62,6 +62,11 @@ STREAM_B = {
     "test_rank_api_slurm.py::test_a_checkpoint_folder_the_nodes_do_not_share_fails_the_job_naming_the_ranks",  # 79 s, 35
     "test_remote_slurm.py",  # 73 s, 23
     "test_benchmarks_smoke.py::test_bench_remote_runs_one_round_through_the_login_node",  # 60 s, 29
+    # Then, to even the two out (2026-11-28's CI rehearsal with only the waiting tests in b: stream a
+    # 21.4 min, b 9.4), tests that wait for a good part of their time, about 5.5 min of stream a's:
+    "test_rank_api_slurm.py::test_rank_api_script_resumes_bit_exactly_after_its_time_limit",  # 150 s, 103
+    "test_stacks_slurm.py",  # 130 s, 90
+    "test_tracking_slurm.py",  # 61 s, 37
 }
 
 

@@ -1,8 +1,9 @@
 """Run every suite at once: ``tests/unit`` and ``tests/integration`` in one pytest session (in one
 process, or over pytest-xdist workers with ``--workers N``), and beside it ``tests/cluster`` against
-one real SLURM cluster, in the sessions tests/cluster/streams.py names: its shareable streams side
-by side (``PARALLEL``), then one alone (``serial``: the tests that change the cluster for every
-job). This is the README's test command, so CI runs it.
+one real SLURM cluster, in the sessions tests/cluster/streams.py names: one alone (``serial``: the
+tests that change the cluster for every job), then its shareable streams side by side
+(``PARALLEL``), then the cluster rebuilt without accounting (``last``). This is the README's test
+command, so CI runs it.
 
 Why side by side: the cluster tests spend most of their time waiting on SLURM (one-minute time
 limits, requeue holds, KillWait, a job's state reaching sacct), not on the CPU, and the unit and
@@ -117,12 +118,14 @@ def cluster_sessions(pytest_args: list[str], deadline: float, log_dir: Path) -> 
         print(f"[run_suites] cluster up in {time.monotonic() - began:.0f}s", flush=True)
         shutil.rmtree(RUNS_DIR, ignore_errors=True)
         RUNS_DIR.mkdir(parents=True)
-        rc = _sessions({name: name for name in streams.PARALLEL}, common, deadline, log_dir, tag)
-        rc.update(_sessions({streams.SERIAL: streams.SERIAL}, common, deadline, log_dir, tag))
+        rc = _sessions({streams.SERIAL: streams.SERIAL}, common, deadline, log_dir, tag)
+        rc.update(_sessions({name: name for name in streams.PARALLEL}, common, deadline, log_dir, tag))
+        rc.update(_sessions({streams.LAST: streams.LAST}, common, deadline, log_dir, tag))
     finally:
         subprocess.run([*cluster_sh, "down", "--dir", str(CLUSTER_DIR)], cwd=ROOT, capture_output=True, timeout=300)
         shutil.rmtree(RUNS_DIR, ignore_errors=True)
-    return rc, [log_dir / f"junit-cluster-{name}-{tag}.xml" for name in (*streams.PARALLEL, streams.SERIAL)]
+    return rc, [log_dir / f"junit-cluster-{name}-{tag}.xml"
+                for name in (streams.SERIAL, *streams.PARALLEL, streams.LAST)]
 
 
 def _sessions(streams_: dict[str, str | None], common: list[str], deadline: float, log_dir: Path,

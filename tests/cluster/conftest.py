@@ -35,7 +35,7 @@ UP_ARGS = ["up", "--nodes", "2", "--cpus", "4", "--gpus", "2", "--profile", "sit
            "--login", "--oci"]
 LOGIN_DIR = CLUSTER_DIR / "login"
 #: The module that needs the cluster without accounting: it runs last (it rebuilds the cluster).
-NO_ACCOUNTING_MODULE = "test_no_accounting.py"
+NO_ACCOUNTING_MODULE = streams.LAST_MODULE
 
 
 def _cluster_sh(*args: str) -> subprocess.CompletedProcess[str]:

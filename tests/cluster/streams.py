@@ -4,11 +4,15 @@ several pytest sessions against one shared cluster (standard library only).
 run_suites brings the cluster up once (``TESTS_CLUSTER_SHARED=1``: the ``cluster`` fixture
 then neither brings it up nor down) and starts the sessions with ``TESTS_CLUSTER_STREAM`` set:
 
+- ``serial`` first, alone: tests that change what every job sees (a node down or killed, a
+  partition's PreemptMode, a job of the preempting 'high' partition, the login node re-deployed).
+  First, not last: they mostly wait (SLURM noticing a lost node, a preemption's requeue), and at
+  the start the unit and integration session uses the cores they leave; run last, they ended
+  the suite with the cores half idle (2026-11-28: the last 2.6 of 22.7 minutes).
 - ``a`` and ``b`` at once: tests that use the cluster as any user would (their own jobs, read-only
   queries). Two 2-node jobs of 2 ranks fit the 2 x 4 CPUs side by side; a third queues.
-- ``serial`` after both: tests that change what every job sees (a node down or killed, a
-  partition's PreemptMode, a job of the preempting 'high' partition, the login node re-deployed,
-  the cluster rebuilt without accounting).
+- ``last``, alone: the cluster rebuilt without accounting (test_no_accounting.py), which no test
+  after it could use.
 
 Without ``TESTS_CLUSTER_STREAM`` (``pytest tests/cluster``) one session runs them all, as before.
 A session's check that its jobs left nothing behind skips the other stream's jobs: a job is a
@@ -35,13 +39,15 @@ SHARED_VAR = "TESTS_CLUSTER_SHARED"
 #: a third queues), and then a few that wait for part of their time, to even the streams out.
 PARALLEL = ("a", "b")
 SERIAL = "serial"
+LAST = "last"
 
 #: Whole modules that change the cluster for everyone.
 SERIAL_MODULES = {
     "test_preemption.py",  # PreemptMode updates; a 'high' job takes every CPU (it would preempt the other stream)
     "test_site_defaults.py",  # a job in the 'high' partition (it preempts debug jobs when CPUs are short)
-    "test_no_accounting.py",  # rebuilds the cluster without slurmdbd (last)
 }
+#: The module that rebuilds the cluster without slurmdbd: the ``last`` session.
+LAST_MODULE = "test_no_accounting.py"
 #: Single tests that do so inside otherwise shareable modules.
 SERIAL_TESTS = {
     "test_slurm.py::test_lost_node_ends_the_job",  # kills node2's slurmd, re-runs cluster.sh up
@@ -75,6 +81,8 @@ def stream_of(nodeid: str) -> str:
     path, _, name = nodeid.partition("::")
     module = Path(path).name
     test = f"{module}::{name.split('[')[0]}"
+    if module == LAST_MODULE:
+        return LAST
     if test in SERIAL_TESTS or (module in SERIAL_MODULES and test not in SHAREABLE_TESTS):
         return SERIAL
     return "b" if (test in STREAM_B or module in STREAM_B) and "b" in PARALLEL else "a"
@@ -100,7 +108,7 @@ def belongs_to_another_stream(pid: str) -> bool:
     serial session, nor when one session runs every test. Unknown (no job found, SLURM forgot it):
     not another's, so a check of leftovers stays strict."""
     mine = current()
-    if mine is None or mine == SERIAL:
+    if mine is None or mine in (SERIAL, LAST):
         return False
     try:
         if Path(f"/proc/{pid}").stat().st_uid != 0:

@@ -23,7 +23,7 @@ def _tests() -> set[str]:
 
 
 def test_every_named_test_exists() -> None:
-    named = streams.STREAM_B | streams.SERIAL_TESTS | streams.SHAREABLE_TESTS | streams.SERIAL_MODULES
+    named = streams.STREAM_B | streams.SERIAL_TESTS | streams.SHAREABLE_TESTS | streams.SERIAL_MODULES | {streams.LAST_MODULE}
     assert named - _tests() == set()
 
 
@@ -35,3 +35,4 @@ def test_the_sessions_of_a_few_tests() -> None:
     assert streams.stream_of("tests/cluster/test_slurm.py::test_single_node_two_ranks") == "a"
     assert streams.stream_of("tests/cluster/test_slurm.py::test_lost_node_ends_the_job") == streams.SERIAL
     assert streams.stream_of("tests/cluster/test_preemption.py::test_a_suspended_job_is_not_called_stalled_and_completes[x]") == "a"
+    assert streams.stream_of("tests/cluster/test_no_accounting.py::test_sacct_is_disabled_on_this_cluster") == streams.LAST

@@ -1,9 +1,9 @@
 """How a rank's process ends: the interpreter's exit work for the script, without module teardown.
 
 Once torch is imported, most of an interpreter's exit is the teardown of torch's modules: clearing
-tens of thousands of objects one module at a time, for a process about to be gone (0.8-1.2 s of
-CPU a rank with ``torch._dynamo`` loaded, as DistributedDataParallel loads it; 2026-11-28, 2 cores).
-Every rank ends through ``leave`` instead: a forked local rank (``executors.zygote``), a fresh
+tens of thousands of objects one module at a time, for a process about to be gone (with
+``torch._dynamo`` loaded, as DistributedDataParallel loads it, about three times what ``leave``
+costs; docs/PERFORMANCE.md, "Exit"). Every rank ends through ``leave`` instead: a forked local rank (``executors.zygote``), a fresh
 local rank (``orchestrator.launcher``) and an srun task (``orchestrator.slurm_rank``). It does
 what the script could see of a normal exit, in its order: join the threads the script left
 running, run the exit hooks (the script's, logging's, multiprocessing's, the launcher's release

@@ -15,6 +15,7 @@ from orchestrator import ownership, procs
 from orchestrator.backends import backend
 from orchestrator.errors import OrchestratorError, SubmissionError
 from orchestrator.plan import LaunchPlan
+from orchestrator.previous_attempt import PreviousAttempt
 from orchestrator.run_folder import RunFolder
 from orchestrator.records import RunRecord, register, write_json_atomic, write_text_atomic
 from orchestrator.states import State
@@ -178,9 +179,20 @@ Refresh = Callable[[list[RunRecord]], list[RunRecord]]
 
 
 def prepare_run_dir(launch: LaunchPlan, refresh: Refresh | None = None) -> tuple[RunRecord, ownership.RunLock]:
+    """``prepare_attempt`` for an executor whose attempt has started once the folder is written
+    (a local supervisor holds the lock for it): the previous attempt is forgotten at once."""
+    record, lock, previous = prepare_attempt(launch, refresh)
+    previous.drop()
+    return record, lock
+
+
+def prepare_attempt(launch: LaunchPlan, refresh: Refresh | None = None) \
+        -> tuple[RunRecord, ownership.RunLock, PreviousAttempt]:
     """Take the run folder's lock, then create (or reuse, to resume) the folder and write what
-    it will run. Returns the new record and the lock, which the caller holds for the attempt
-    (a local supervisor) or releases once the scheduler has the job (SLURM).
+    it will run. Returns the new record, the lock, which the caller holds for the attempt (a local
+    supervisor) or releases once the scheduler has the job (SLURM), and the previous attempt, put
+    aside: the caller drops it once the new attempt is the scheduler's, or restores it if the
+    scheduler refuses the new one (``orchestrator.previous_attempt``).
 
     Two starts of one spec never both get here: the second finds the lock taken and is refused,
     naming the live attempt. A folder whose previous attempt lost its supervisor (the lock is
@@ -202,15 +214,18 @@ def prepare_run_dir(launch: LaunchPlan, refresh: Refresh | None = None) -> tuple
     checked_dir(run_dir, "the run folder", "remove or rename whatever is there", SubmissionError, create=True)
     had_lock = os.path.lexists(run.lock)  # made by this version: a free lock means no live supervisor
     lock = ownership.take(run_dir)
+    previous: list[PreviousAttempt] = []
     try:
-        _start_attempt(launch, run_dir, run, record, had_lock, refresh)
+        _start_attempt(launch, run_dir, run, record, had_lock, refresh, previous)
     except BaseException:
+        for aside in previous:  # a start that failed half-way (a full disk) leaves the previous attempt as it was
+            aside.restore()
         lock.release()
         if created and not os.path.lexists(run.record):  # a refused first start leaves no half-made run
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
     lock.renew()
-    return record, lock
+    return record, lock, previous[0]
 
 
 def _asked_again(old: RunRecord, refresh: Refresh | None) -> RunRecord:
@@ -227,7 +242,7 @@ def _asked_again(old: RunRecord, refresh: Refresh | None) -> RunRecord:
 
 
 def _start_attempt(launch: LaunchPlan, run_dir: Path, run: RunFolder, record: RunRecord, had_lock: bool,
-                   refresh: Refresh | None) -> None:
+                   refresh: Refresh | None, previous: list[PreviousAttempt]) -> None:
     attempts = 1
     if run.record.exists() or run.record.is_symlink():
         old = RunRecord.load(run_dir)
@@ -255,6 +270,8 @@ def _start_attempt(launch: LaunchPlan, run_dir: Path, run: RunFolder, record: Ru
 
     _store_code(launch)
     ownership.forget_requests(run_dir)
+    # a rerun must never report an earlier attempt's outcome, nor look at its ranks (stacks, logs, joins)
+    previous.append(PreviousAttempt.put_aside(run_dir, list(_point_dirs(run_dir))))
     write_text_atomic(run.spec, yaml.safe_dump(launch.spec.model_dump(mode="json"), sort_keys=False))
     write_json_atomic(run.plan, launch.model_dump(mode="json"))
     launch.payload.write(run.payload)
@@ -262,11 +279,6 @@ def _start_attempt(launch: LaunchPlan, run_dir: Path, run: RunFolder, record: Ru
         write_json_atomic(run.code, launch.code)
     else:
         run.code.unlink(missing_ok=True)
-    for folder in _point_dirs(run_dir):  # a rerun must never report an earlier attempt's outcome
-        folder.forget_attempt()  # nor look at an earlier attempt's ranks (stacks, logs, joins)
-        folder.result.unlink(missing_ok=True)
-        for err in folder.error_files():
-            err.unlink()
     record.attempts, record.folder_id = attempts, ownership.folder_id(run_dir)
     record.save()
 

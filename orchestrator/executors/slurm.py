@@ -29,10 +29,11 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 from orchestrator import ownership, submitit_adapter
 from orchestrator.after import dependency_options, resolve, slurm_dependencies
 from orchestrator.errors import SubmissionError
-from orchestrator.executors.base import CANCEL_SLACK_S, first_error, prepare_run_dir, stop_grace_s
+from orchestrator.executors.base import CANCEL_SLACK_S, first_error, prepare_attempt, stop_grace_s
 from orchestrator.plan import LaunchPlan
 from orchestrator.records import RunRecord, point_dir
 from orchestrator.recovery import HISTORY_FILE
+from orchestrator.previous_attempt import PreviousAttempt
 from orchestrator.run_folder import RunFolder
 from orchestrator.slurm_controller import check_slurm_conf, controller_problem, one_line
 from orchestrator.slurm_controller import run as run_slurm
@@ -234,13 +235,16 @@ def file_stat(path: Path) -> tuple[int, int, int] | None:
     return st.st_mtime_ns, st.st_size, st.st_ino
 
 
-def rotate_folder(folder: Path) -> None:
-    """Job ids restart at 1 on a rebuilt cluster; never let a new job meet an old job's files."""
+def rotate_folder(folder: Path) -> Path | None:
+    """Job ids restart at 1 on a rebuilt cluster; never let a new job meet an old job's files.
+    Where the old files went (None: there were none)."""
     if folder.is_dir() and any(folder.iterdir()):
         n = 1
         while (old := folder.with_name(f"{folder.name}.{n}")).exists():
             n += 1
         folder.rename(old)
+        return old
+    return None
 
 
 #: How long past stop_grace_s a cancel waits for the job's agent to end the job itself before it
@@ -293,9 +297,9 @@ class SlurmExecutor:
         submitit_adapter.check_version()  # before a run folder is made
         check_slurm_conf()
         extra = self.dependency(launch, after)
-        record, lock = prepare_run_dir(launch, self.refresh)  # a job that ended unasked: its record asked again
+        record, lock, previous = prepare_attempt(launch, self.refresh)  # a job that ended unasked: asked again
         with lock:  # until the scheduler has the job: then the job is the live attempt
-            return self._submit_locked(launch, record, extra)
+            return self._submit_locked(launch, record, previous, extra)
 
     def dependency(self, launch: LaunchPlan, after: Sequence[tuple[str, Sequence[str]]] = ()) -> dict[str, str]:
         """The sbatch options for what the job waits for (``orchestrator.after``); {} for nothing."""
@@ -308,9 +312,13 @@ class SlurmExecutor:
         fresh = {r.run_dir: r for r in (self.refresh(slurm) if slurm else [])}
         return [fresh.get(r.run_dir, r) for r in records]
 
-    def _submit_locked(self, launch: LaunchPlan, record: RunRecord, extra: dict[str, str] | None = None) -> RunRecord:
+    def _submit_locked(self, launch: LaunchPlan, record: RunRecord, previous: PreviousAttempt,
+                       extra: dict[str, str] | None = None) -> RunRecord:
+        """sbatch, once the run folder holds the new attempt. Refused: a resubmission's previous
+        attempt is put back as it was (a COMPLETED run stays COMPLETED, its result and logs with
+        it); a first submission's record says FAILED and why."""
         folder = RunFolder.of(launch.run_dir).slurm
-        rotate_folder(folder)
+        previous.moved(folder, rotate_folder(folder))
         folder.mkdir(parents=True, exist_ok=True)
         for index, point in enumerate(launch.sweep):
             launch.payload_for_point(index).write(RunFolder.of(launch.run_dir).point(index).payload)
@@ -329,13 +337,18 @@ class SlurmExecutor:
                         extra_sbatch=extra)
                     job_ids += [f"{job_id}_{i}" for i in range(len(chunk))] if chunk else [job_id]
         except Exception as exc:
-            record.update(state=State.FAILED, error=f"submission failed: {exc}", ended=time.time())
+            if previous.had_record:
+                previous.restore()
+            else:
+                previous.drop()
+                record.update(state=State.FAILED, error=f"submission failed: {exc}", ended=time.time())
             hint = (" (run 'orchestrator validate SPEC --cluster': it names the field this cluster cannot satisfy)"
                     if any(s in str(exc) for s in _UNSATISFIABLE) else "")
             hint += account_hint(str(exc), launch.spec.slurm.account, launch.spec.slurm.partition)
             raise SubmissionError(controller_problem("sbatch", str(exc)) or
                                   f"sbatch refused the job: {one_line(exc)}{hint}") from exc
         sys.stderr.write(sbatch_stderr.getvalue())
+        previous.drop()
         return record.update(state=State.PENDING, job_ids=job_ids)
 
     def refresh(self, records: list[RunRecord]) -> list[RunRecord]:

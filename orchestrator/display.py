@@ -120,7 +120,7 @@ def sbatch_env_lines(launch: LaunchPlan) -> list[str]:
     (account, partition, QOS...), so a job's partition or account is never a mystery."""
     if launch.executor != "slurm":
         return []
-    from orchestrator.executors.slurm import sbatch_env_line
+    from orchestrator.executors.slurm_env import sbatch_env_line
 
     return [sbatch_env_line(launch.sbatch_scripts)]
 

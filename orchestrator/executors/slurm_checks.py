@@ -235,7 +235,7 @@ def requested_partitions(spec: JobSpec, partitions: dict[str, Partition],
                          environ: Mapping[str, str]) -> tuple[list[str], str]:
     """(the partitions the job asks for, the setting that names them), as sbatch decides it: the
     spec's slurm.partition (a list: 'gpu,gpu-preempt'); without it SBATCH_PARTITION, which sbatch
-    reads when the script names none (``executors.slurm.submission_env``); else the cluster's
+    reads when the script names none (``executors.slurm_env.submission_env``); else the cluster's
     default partition. An empty list: none of the three."""
     if spec.slurm.partition:
         return [p for p in spec.slurm.partition.split(",") if p], "slurm.partition"

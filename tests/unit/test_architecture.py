@@ -207,3 +207,28 @@ def test_the_generic_planner_imports_no_backend() -> None:
     for module in planner:
         backends = sorted(t for t in imports(modules()[module], False) if side_of.get(t) == "backends")
         assert not backends, f"{module} (the generic planner) imports backends: {backends}"
+
+
+#: Issue 34's limits: a module a reader can hold in mind, a class with one job. What is over them
+#: today is named here with its size, frozen: it may shrink, never grow, and nothing joins it.
+MAX_LINES, MAX_METHODS = 500, 15
+LONG_MODULES = {"orchestrator.spec": None}  # the spec's field definitions: exempt (None: no limit)
+BIG_CLASSES = {"orchestrator.run_folder.RunFolder": 47, "orchestrator.views.SpecView": 23, "orchestrator.api.Run": 22}
+
+
+def test_no_module_or_class_grows_past_its_limit() -> None:
+    wrong = []
+    for module, path in modules().items():
+        text = path.read_text(encoding="utf-8")
+        lines = len(text.splitlines())
+        limit = LONG_MODULES.get(module, MAX_LINES)
+        if limit is not None and lines > limit:
+            wrong.append(f"{module}: {lines} lines (at most {limit}): split it along its jobs")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef):
+                name = f"{module}.{node.name}"
+                methods = sum(isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) for f in node.body)
+                most = BIG_CLASSES.get(name, MAX_METHODS)
+                if methods > most:
+                    wrong.append(f"{name}: {methods} methods and properties (at most {most})")
+    assert not wrong, "\n".join(wrong)

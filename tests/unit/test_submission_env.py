@@ -13,8 +13,9 @@ import pytest
 from rich.console import Console
 
 from orchestrator.display import print_plan
-from orchestrator.executors.slurm import (SlurmExecutor, clean_submission_env, sbatch_env_line, sbatch_option_of,
-                                          script_options, submission_env)
+from orchestrator.executors.slurm import SlurmExecutor
+from orchestrator.executors.slurm_env import (clean_submission_env, sbatch_env_line, sbatch_option_of, script_options,
+                                              submission_env)
 from orchestrator.plan import plan
 from orchestrator.spec import JobSpec
 

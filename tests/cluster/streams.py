@@ -9,8 +9,9 @@ then neither brings it up nor down) and starts the sessions with ``TESTS_CLUSTER
   First, not last: they mostly wait (SLURM noticing a lost node, a preemption's requeue), and at
   the start the unit and integration session uses the cores they leave; run last, they ended
   the suite with the cores half idle (2026-11-28: the last 2.6 of 22.7 minutes).
-- ``a`` and ``b`` at once: tests that use the cluster as any user would (their own jobs, read-only
-  queries). Two 2-node jobs of 2 ranks fit the 2 x 4 CPUs side by side; a third queues.
+- ``a``, ``b`` and ``c`` at once: tests that use the cluster as any user would (their own jobs,
+  read-only queries); a the CPU-heavy ones, b and c those that mostly wait (``WAITING``). Two
+  2-node jobs of 2 ranks fit the 2 x 4 CPUs side by side; a third queues until one ends.
 - ``last``, alone: the cluster rebuilt without accounting (test_no_accounting.py), which no test
   after it could use.
 
@@ -29,15 +30,16 @@ from pathlib import Path
 
 STREAM_VAR = "TESTS_CLUSTER_STREAM"
 SHARED_VAR = "TESTS_CLUSTER_SHARED"
-#: Two shareable streams, not alike. The suite is CPU-bound on 2 cores: two even streams beside the
-#: unit and integration session loaded the cores past what the timing-sensitive tests tolerate
-#: (2026-11-27: stream a 25 min, b 19 min, failures that passed alone). But a few cluster tests
-#: only wait, on SLURM's one-minute time limits or on ssh, and use almost no CPU: measured alone
-#: with the whole machine's CPU recorded around each test (2026-11-28), the tests below took 8.8 min
-#: of stream a's 25.9 and 103 of its 1,247 CPU-seconds. Stream b is those first: beside stream a they
-#: cost it nothing but their jobs' slots (two 2-node jobs of 2 ranks fit the 2 x 4 CPUs side by side;
-#: a third queues), and then a few that wait for part of their time, to even the streams out.
-PARALLEL = ("a", "b")
+#: The shareable streams, not alike. On 2 cores the suite was taken for CPU-bound, and the cluster's
+#: tests were split by CPU: a few only wait, on SLURM's one-minute time limits or on ssh, and use
+#: almost no CPU. Measured alone, each session by itself with the whole machine's CPU recorded
+#: around each test (2026-11-28, 15:00): serial 3.3 min and 104 CPU-s; the CPU-heavy stream a 7.6
+#: min and 423 CPU-s; the waiting tests 12.7 min and about 170 CPU-s. So the cluster's part, one
+#: wait after another, took 16+ minutes even alone, while the whole suite asks for about 1,500 CPU-s
+#: (12.5 min of 2 cores): the suite waited, not computed. The waiting tests are now two streams (b,
+#: c) beside a; each holds a job slot for a minute or two, and a job that finds the 2 x 4 CPUs taken
+#: queues until one frees.
+PARALLEL = ("a", "b", "c")
 SERIAL = "serial"
 LAST = "last"
 
@@ -58,21 +60,24 @@ SERIAL_TESTS = {
 }
 #: Tests of the serial modules that touch only their own job, and run in a stream.
 SHAREABLE_TESTS = {"test_preemption.py::test_a_suspended_job_is_not_called_stalled_and_completes"}
-#: Stream b's tests (``module::test``, every parameter; or a whole module): the rest are stream a's.
-#: Wall and CPU as measured in stream a alone. Whatever installs the login user's orchestrator in its
-#: home (test_remote_slurm's fixture, bench_remote) runs in one stream: two installs at once collide.
-STREAM_B = {
-    "test_user_scripts.py::test_a_script_without_a_usr2_handler_runs_to_its_time_limit",  # 141 s, 5 CPU-s
-    "test_user_scripts.py::test_snapshotting_script_outlives_its_time_limit_with_requeue_always",  # 86 s, 6
-    "test_code_snapshot_slurm.py::test_after_a_timeout_a_longer_time_limit_resumes_the_same_run",  # 85 s, 5
-    "test_rank_api_slurm.py::test_a_checkpoint_folder_the_nodes_do_not_share_fails_the_job_naming_the_ranks",  # 79 s, 35
-    "test_remote_slurm.py",  # 73 s, 23
-    "test_benchmarks_smoke.py::test_bench_remote_runs_one_round_through_the_login_node",  # 60 s, 29
-    # Then, to even the two out (2026-11-28's CI rehearsal with only the waiting tests in b: stream a
-    # 21.4 min, b 9.4), tests that wait for a good part of their time, about 5.5 min of stream a's:
-    "test_rank_api_slurm.py::test_rank_api_script_resumes_bit_exactly_after_its_time_limit",  # 150 s, 103
-    "test_stacks_slurm.py",  # 130 s, 90
-    "test_tracking_slurm.py",  # 61 s, 37
+#: The waiting streams' tests (``module::test``, every parameter; or a whole module): the rest are
+#: stream a's. Wall and CPU as measured alone (2026-11-28). Whatever installs the login user's
+#: orchestrator in its home (test_remote_slurm's fixture, bench_remote) runs in one stream: two
+#: installs at once collide.
+WAITING: dict[str, set[str]] = {
+    "b": {  # 6.1 min
+        "test_user_scripts.py::test_a_script_without_a_usr2_handler_runs_to_its_time_limit",  # 141 s, 5 CPU-s
+        "test_rank_api_slurm.py::test_rank_api_script_resumes_bit_exactly_after_its_time_limit",  # 94 s, 44
+        "test_code_snapshot_slurm.py::test_after_a_timeout_a_longer_time_limit_resumes_the_same_run",  # 80 s, 3
+        "test_tracking_slurm.py",  # 53 s, 19
+    },
+    "c": {  # 6.6 min
+        "test_user_scripts.py::test_snapshotting_script_outlives_its_time_limit_with_requeue_always",  # 86 s, 3
+        "test_rank_api_slurm.py::test_a_checkpoint_folder_the_nodes_do_not_share_fails_the_job_naming_the_ranks",  # 69 s, 13
+        "test_remote_slurm.py",  # 67 s, 15
+        "test_benchmarks_smoke.py::test_bench_remote_runs_one_round_through_the_login_node",  # 51 s, 18
+        "test_stacks_slurm.py",  # 121 s, 47
+    },
 }
 
 
@@ -85,7 +90,10 @@ def stream_of(nodeid: str) -> str:
         return LAST
     if test in SERIAL_TESTS or (module in SERIAL_MODULES and test not in SHAREABLE_TESTS):
         return SERIAL
-    return "b" if (test in STREAM_B or module in STREAM_B) and "b" in PARALLEL else "a"
+    for stream, tests in WAITING.items():
+        if (test in tests or module in tests) and stream in PARALLEL:
+            return stream
+    return PARALLEL[0]
 
 
 def current() -> str | None:

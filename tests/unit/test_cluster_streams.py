@@ -35,5 +35,5 @@ def test_the_sessions_of_a_few_tests() -> None:
         streams.stream_of("tests/cluster/test_benchmarks_smoke.py::test_bench_remote_runs_one_round_through_the_login_node")
     assert streams.stream_of("tests/cluster/test_slurm.py::test_single_node_two_ranks") == "a"
     assert streams.stream_of("tests/cluster/test_slurm.py::test_lost_node_ends_the_job") == streams.SERIAL
-    assert streams.stream_of("tests/cluster/test_preemption.py::test_a_suspended_job_is_not_called_stalled_and_completes[x]") == "a"
+    assert streams.stream_of("tests/cluster/test_preemption.py::test_a_suspended_job_is_not_called_stalled_and_completes[x]") == "b"
     assert streams.stream_of("tests/cluster/test_no_accounting.py::test_sacct_is_disabled_on_this_cluster") == streams.LAST

@@ -116,3 +116,33 @@ def test_a_start_killed_before_the_scheduler_answered_leaves_nothing_that_blocks
     again.drop()
     assert not (tmp_path / ASIDE).exists() and not os.path.lexists(tmp_path / "record.json")
     shutil.rmtree(tmp_path)
+
+
+def test_a_rerun_whose_start_fails_half_way_leaves_the_completed_attempt(tmp_path: Path, monkeypatch) -> None:
+    """The disk fills while a new attempt writes its plan: the error says so, and the COMPLETED
+    attempt (record, spec, result, logs) is exactly as it was."""
+    import pytest
+
+    from orchestrator.errors import OrchestratorError
+    from orchestrator.executors import base
+    from orchestrator.loading import spec_from_dict
+    from orchestrator.plan import plan
+
+    launch = plan(spec_from_dict({"name": "again", "entrypoint": "jobs.train:main", "runs_dir": str(tmp_path / "runs")}),
+                  "local")
+    record, lock = base.prepare_run_dir(launch)
+    lock.release()
+    record.update(state="COMPLETED", ended=1.0)
+    run_dir = Path(launch.run_dir)
+    for rel in ("result.json", "logs/rank-0.log", "ranks/rank-0.json"):
+        _write(run_dir, rel, "the completed attempt's " + rel)
+    before = {k: v for k, v in _tree(run_dir).items() if k not in ("lock", "lease.json")}
+
+    def full(path, data):
+        raise OSError(28, "No space left on device", str(path))
+
+    monkeypatch.setattr(base, "write_json_atomic", full)
+    with pytest.raises((OSError, OrchestratorError)):
+        base.prepare_run_dir(launch)
+    after = {k: v for k, v in _tree(run_dir).items() if k not in ("lock", "lease.json")}
+    assert after == before

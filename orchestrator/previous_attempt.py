@@ -81,17 +81,21 @@ class PreviousAttempt:
             for path in _attempt_paths(folder):
                 previous.move(path)
         for path in (run.record, run.spec, run.plan, run.payload, run.code):
-            previous.move(path)
+            previous.move(path, copy=True)  # copied: a teammate's status meanwhile still finds the run
         return previous
 
-    def move(self, path: Path) -> None:
-        """Put ``path`` aside (a path that is not there is noted: one made later goes on restore)."""
+    def move(self, path: Path, copy: bool = False) -> None:
+        """Put ``path`` aside (a path that is not there is noted: one made later goes on restore).
+        ``copy``: leave it in place too, for a file the new attempt replaces atomically."""
         if not os.path.lexists(path):
             self.absent.append(path)
             return
         target = self.aside / path.relative_to(self.run_dir)
         target.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(path, target)
+        if copy and path.is_file() and not path.is_symlink():
+            shutil.copy2(path, target)
+        else:
+            os.replace(path, target)
         self.renames.append((path, target))
 
     def moved(self, source: Path, target: Path | None) -> None:

@@ -47,9 +47,15 @@ def _folders(run_dir: Path) -> list[RunFolder]:
 
 
 def _new_attempt(run_dir: Path, previous: PreviousAttempt, files: list[str], points: int) -> None:
-    """What a new attempt writes before sbatch: its own files, point payloads, a rotated log folder."""
-    for rel in files:
+    """What a new attempt writes before sbatch (base._start_attempt, SlurmExecutor._submit_locked):
+    its record, spec, plan and payload, its code snapshot's id or none, point payloads, a rotated
+    log folder."""
+    for rel in ("record.json", "spec.yaml", "plan.json", "payload.json"):
         _write(run_dir, rel, "new " + rel)
+    if "code.json" in files:
+        _write(run_dir, "code.json", "new code.json")
+    else:
+        (run_dir / "code.json").unlink(missing_ok=True)
     for index in range(points):
         _write(RunFolder(run_dir).point(index).root, "point-payload.json", "new point")
     from orchestrator.executors.slurm import rotate_folder
@@ -75,6 +81,7 @@ def test_a_refused_attempt_leaves_the_run_exactly_as_it_was(tmp_path_factory, ol
     before, dirs = _tree(run_dir), _dirs(run_dir)
     previous = PreviousAttempt.put_aside(run_dir, _folders(run_dir))
     assert not any(rel in _tree(run_dir) for rel in ("result.json", "end.json", "errors/rank-0.json"))
+    assert ("record.json" in _tree(run_dir)) == ("record.json" in old)  # status still finds the run meanwhile
     _new_attempt(run_dir, previous, new, points)
     previous.restore()
     assert _tree(run_dir) == before
@@ -113,8 +120,10 @@ def test_a_start_killed_before_the_scheduler_answered_leaves_nothing_that_blocks
     PreviousAttempt.put_aside(tmp_path, _folders(tmp_path))  # then killed: neither restored nor dropped
     _write(tmp_path, "record.json", "killed start")
     again = PreviousAttempt.put_aside(tmp_path, _folders(tmp_path))
+    _write(tmp_path, "record.json", "next start")
     again.drop()
-    assert not (tmp_path / ASIDE).exists() and not os.path.lexists(tmp_path / "record.json")
+    assert not (tmp_path / ASIDE).exists() and (tmp_path / "record.json").read_text() == "next start"
+    assert not (tmp_path / "result.json").exists()
     shutil.rmtree(tmp_path)
 
 

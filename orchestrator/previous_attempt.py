@@ -4,12 +4,13 @@ starts. Standard library only.
 A new attempt replaces the previous one's files (record, spec, plan, payload, code; every sweep
 point's verdict, tracebacks, rank records, joins and live stacks) and moves its failure record to
 ``attempts/K`` and its SLURM logs to ``slurm.N``. Until the scheduler has taken the new attempt,
-every one of those changes is a rename that ``restore`` undoes: a resubmission that sbatch refuses
+``restore`` undoes every one of those changes: a resubmission that sbatch refuses
 (a typo in the account, a controller that is down) leaves the run exactly as it was, a COMPLETED
 run still COMPLETED with its result, instead of a FAILED record and nothing else. ``drop`` forgets
 the previous attempt once the new one is the scheduler's.
 
-Everything put aside waits in ``<run>/.previous-attempt/`` (same file system: renames only). A
+Everything put aside waits in ``<run>/.previous-attempt/`` (same file system: renames, but for
+the run's own small files, copied so that a reader meanwhile still finds the run). A
 start that was killed between the two leaves that folder behind; the next start removes it (the
 run's record is then the killed start's, as it would have been without this module).
 """

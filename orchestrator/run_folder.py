@@ -18,6 +18,7 @@
     <run>/allreduce.json  predictions.jsonl   what jobs.allreduce and jobs.infer write (by default)
     <run>/checkpoints/             (unless checkpoint.dir says otherwise)
     <run>/points/NNNN/             one sweep point: the same layout again (and point-payload.json)
+    <run>/.previous-attempt/       a resubmission's previous attempt, until the scheduler takes the new one
 """
 
 from __future__ import annotations

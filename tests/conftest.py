@@ -106,6 +106,8 @@ SLOW = {
     "tests/cluster/test_stacks_slurm.py::test_stall_on_slurm_names_the_straggler_with_every_stack",
     "tests/cluster/test_stacks_slurm.py::test_init_deadline_on_slurm_names_the_rank",  # 33 s alone, 94 in 3 streams
     "tests/cluster/test_remote_slurm.py::test_a_second_submit_ships_only_what_changed_and_resumes_the_same_run",
+    # two submissions through the login node (ssh, the login user's install): 43 s alone, 72 s in three streams
+    "tests/cluster/test_remote_slurm.py::test_tilde_is_the_login_users_home_plan_is_the_clusters_and_a_new_host_name_resumes",
     # a 4-rank Lightning job (its imports alone take seconds a rank on 2 cores), 61 s under load
     "tests/integration/test_cancel_stuck_handlers.py::test_an_unmodified_lightning_job_ends_within_seconds",
     # stop_grace_s (30 s) waited out is the point; a detached run followed by status, logs, report

@@ -41,7 +41,7 @@ def _attempt_paths(folder: RunFolder) -> list[Path]:
 
 @dataclass
 class PreviousAttempt:
-    """The renames that put a previous attempt aside, in the order they were made."""
+    """What put a previous attempt aside (renames, and copies of the run's own files), in order."""
 
     run_dir: Path
     renames: list[tuple[Path, Path]] = field(default_factory=list)  # (from, to)

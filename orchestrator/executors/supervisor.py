@@ -252,8 +252,8 @@ class Supervisor:
             if self.echo_factory and self.echo is None:
                 self.echo = self.echo_factory()
             state = self._watch(run_dir, offsets)
-            if state != State.COMPLETED:
-                self.times["failed_at"] = time.time()
+            if state != State.COMPLETED:  # when _watch saw it; now, for an end it did not mark
+                self.times.setdefault("failed_at", time.time())
             if state == State.COMPLETED:
                 self._warn_if_did_nothing(run_dir)
             return state
@@ -283,6 +283,7 @@ class Supervisor:
             codes = [p.poll() for p in self.procs]
             failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
             if self.group is not None and self.group.lost:
+                self.times.setdefault("failed_at", time.time())  # teardown counts from here
                 self._kill_all(grace=GRACE_S)
                 # The subreaper that would have stopped what the ranks started is gone: stop what
                 # is left in their sessions (their DataLoader workers, their children).
@@ -292,6 +293,7 @@ class Supervisor:
                 self.failure = Failure(FailureKind.CRASH, self.group.lost)
                 return State.CANCELLED if self._cancelled else State.FAILED
             if failed:
+                self.times.setdefault("failed_at", time.time())  # teardown counts from here
                 if not self._cancelled:
                     self._capture(run_dir, f"rank {failed[0]} ended with exit code {codes[failed[0]]}")
                 rank, message = first_failure(failed, codes, run_dir, self.launch.payload.devices)
@@ -313,6 +315,7 @@ class Supervisor:
                     tails.pump()
                 return State.CANCELLED
             if self.timeout_s and time.monotonic() - start > self.timeout_s:
+                self.times.setdefault("failed_at", time.time())  # teardown counts from here
                 self._capture(run_dir, f"local.timeout_s ({self.timeout_s:.0f}s) reached")
                 self.record.update(error=f"local.timeout_s ({self.timeout_s:.0f}s) reached")
                 self._kill_all(grace=self.launch.payload.stop_grace_s)  # as SLURM's time limit: TERM, KillWait, KILL
@@ -322,6 +325,7 @@ class Supervisor:
                 self._look_at_requests()
                 verdict = self._watchdog(run_dir)
                 if verdict:
+                    self.times.setdefault("failed_at", time.time())  # teardown counts from here
                     self.failure = Failure(FailureKind.HANG, (self.record.error or verdict).splitlines()[0])
                     self._kill_all(grace=GRACE_S)
                     if tails:

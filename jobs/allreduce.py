@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from jobs.argtypes import non_negative_int, positive_float, positive_int
 from jobs.distributed import distributed
-from orchestrator.run_folder import RunFolder
+from orchestrator.core.run_folder import RunFolder
 
 
 def measure(size_bytes: int, iters: int, warmup: int, device: torch.device) -> float:

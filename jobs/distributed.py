@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from jobs.runtime import RuntimeConfig
-from orchestrator.rendezvous import rendezvous_path
+from orchestrator.core.rendezvous import rendezvous_path
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from jobs import data, models
 from jobs.distributed import distributed
 from jobs.argtypes import positive_int
 from jobs.sampling import shard_indices
-from orchestrator.run_folder import RunFolder
+from orchestrator.core.run_folder import RunFolder
 
 
 def main(argv: Sequence[str] = ()) -> dict[str, Any]:

@@ -7,7 +7,7 @@ retrains the steps between its checkpoint and the end of the previous attempt, s
 those steps twice, the older records describing training that was rolled back. The writer records
 what only the rank knows: every record's attempt (``ORCH_ATTEMPT``), and where an attempt starts,
 a ``start`` record (``MetricsWriter(start_step=...)``: the step it resumed from, 0 on a fresh start).
-The readers (``orchestrator.report.read_metrics``) apply the rule: a ``start`` record voids the
+The readers (``orchestrator.front.report.read_metrics``) apply the rule: a ``start`` record voids the
 earlier records of later steps (and, for records without a step, such as ``throughput``, of the
 epoch it names and later ones); then one record per step (``train``) or epoch (``eval``, and
 ``throughput`` per rank), the one written last. Why at read time, from facts written at write
@@ -45,8 +45,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Mapping
 
-from orchestrator.rank_env import OrchVar
-from orchestrator.run_folder import RunFolder
+from orchestrator.node.rank_env import OrchVar
+from orchestrator.core.run_folder import RunFolder
 
 #: The longest a rank waits for W&B to start, and for it to finish (upload) at close.
 WANDB_INIT_TIMEOUT_S = 60.0

@@ -19,8 +19,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from orchestrator.rank_env import OrchVar
-from orchestrator.run_folder import stop_flag_note
+from orchestrator.node.rank_env import OrchVar
+from orchestrator.core.run_folder import stop_flag_note
 
 
 class StopFlag:

@@ -1,6 +1,6 @@
 """The rank API's progress heartbeat: ``heartbeat(step, total, samples)`` once a step.
 
-It feeds ``<run>/progress/`` (``orchestrator.progress``, standard library only: one file per node,
+It feeds ``<run>/progress/`` (``orchestrator.core.progress``, standard library only: one file per node,
 published by one of the node's ranks), which the orchestrator's live progress line and stall
 watchdog (``watchdog.stall_s``) read. Cheap
 enough for every step: the writer touches the file at most once a second, and between writes a
@@ -14,8 +14,8 @@ import numbers
 import os
 from typing import Any
 
-from orchestrator.progress import NodePlace, ProgressWriter
-from orchestrator.rank_env import OrchVar
+from orchestrator.core.progress import NodePlace, ProgressWriter
+from orchestrator.node.rank_env import OrchVar
 
 _writers: dict[tuple[str, int, int], ProgressWriter] = {}
 

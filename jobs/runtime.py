@@ -10,9 +10,9 @@ import os
 from dataclasses import dataclass
 from typing import Mapping
 
-from orchestrator.payload import Defaults
-from orchestrator.rank_env import OrchVar
-from orchestrator.run_folder import RunFolder
+from orchestrator.core.payload import Defaults
+from orchestrator.node.rank_env import OrchVar
+from orchestrator.core.run_folder import RunFolder
 
 
 @dataclass(frozen=True)

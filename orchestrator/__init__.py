@@ -10,38 +10,41 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.core import moved
+
 __version__ = "0.1.0"
+moved.install()  # the modules' names before the package move stay importable (queued jobs call them)
 
 #: public name -> the module that defines it, imported when the name is first used
 _LAZY = {
-    "JobSpec": "orchestrator.spec",
+    "JobSpec": "orchestrator.spec.models",
     "load_spec": "orchestrator.api",
     "run": "orchestrator.api",
     "submit": "orchestrator.api",
     "Run": "orchestrator.api",
-    "OrchestratorError": "orchestrator.errors",
-    "SpecError": "orchestrator.errors",
-    "SubmissionError": "orchestrator.errors",
-    "JobFailedError": "orchestrator.errors",
-    "RunNotFoundError": "orchestrator.errors",
-    "RunNotFinishedError": "orchestrator.errors",
-    "WaitTimeoutError": "orchestrator.errors",
-    "UsageError": "orchestrator.errors",
+    "OrchestratorError": "orchestrator.core.errors",
+    "SpecError": "orchestrator.core.errors",
+    "SubmissionError": "orchestrator.core.errors",
+    "JobFailedError": "orchestrator.core.errors",
+    "RunNotFoundError": "orchestrator.core.errors",
+    "RunNotFinishedError": "orchestrator.core.errors",
+    "WaitTimeoutError": "orchestrator.core.errors",
+    "UsageError": "orchestrator.core.errors",
 }
 __all__ = sorted(_LAZY)
 
 if TYPE_CHECKING:
     from orchestrator.api import Run, load_spec, run, submit
-    from orchestrator.errors import (JobFailedError, OrchestratorError, RunNotFinishedError, RunNotFoundError,
-                                     SpecError, SubmissionError, UsageError, WaitTimeoutError)
-    from orchestrator.spec import JobSpec
+    from orchestrator.core.errors import (JobFailedError, OrchestratorError, RunNotFinishedError, RunNotFoundError,
+                                          SpecError, SubmissionError, UsageError, WaitTimeoutError)
+    from orchestrator.spec.models import JobSpec
 
 
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'orchestrator' has no attribute {name!r}")
-    from orchestrator.platform_caps import unsupported_reason
+    from orchestrator.core.platform_caps import unsupported_reason
 
     unsupported = unsupported_reason()  # native Windows: say what to use, not which module is missing
     if unsupported:

@@ -22,24 +22,24 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, cast
 
 from orchestrator.backends import BACKENDS, backend
-from orchestrator.errors import (JobFailedError, OrchestratorError, RunNotFinishedError, RunNotFoundError, UsageError,
+from orchestrator.core.errors import (JobFailedError, OrchestratorError, RunNotFinishedError, RunNotFoundError, UsageError,
                                  WaitTimeoutError)
-from orchestrator.planning import SpecLike, array_limit, as_spec, load_spec, plan_for, planned, scan_code
-from orchestrator.records import RunRecord, registered_runs, resolve_run
-from orchestrator.run_files import attempt_part, check_attempt, live_folder, read_result
-from orchestrator.run_folder import RunFolder
-from orchestrator.states import State
+from orchestrator.front.planning import SpecLike, array_limit, as_spec, load_spec, plan_for, planned, scan_code
+from orchestrator.core.records import RunRecord, registered_runs, resolve_run
+from orchestrator.front.run_files import attempt_part, check_attempt, live_folder, read_result
+from orchestrator.core.run_folder import RunFolder
+from orchestrator.core.states import State
 
 if TYPE_CHECKING:
     import subprocess
 
-    from orchestrator.attempt_logs import AttemptWatch
+    from orchestrator.core.attempt_logs import AttemptWatch
     from orchestrator.executors.base import Executor, ForegroundExecutor
     from orchestrator.executors.console import Follower
-    from orchestrator.executors.slurm import SchedulerPacing
+    from orchestrator.backends.slurm.executor import SchedulerPacing
     from orchestrator.plan import LaunchPlan
 
-#: Defined in ``orchestrator.planning`` (specs in, plans out) and ``orchestrator.run_files``
+#: Defined in ``orchestrator.front.planning`` (specs in, plans out) and ``orchestrator.front.run_files``
 #: (what a run left), and part of this module's API.
 __all__ = ["SpecLike", "array_limit", "as_spec", "load_spec", "plan_for", "planned", "scan_code", "check_attempt",
            "run", "submit", "Run", "StateWatch", "refresh", "registered", "POLL_S"]
@@ -82,7 +82,7 @@ def run(spec: SpecLike, wait: bool = True, *, executor: str | None = None, fresh
                          "(Python: submit(spec)), or pass --executor local (Python: executor='local') "
                          "for a local dry run")
     if launch.spec.after:  # a local run does not wait: the runs it names must have ended as asked
-        from orchestrator.after import check_local
+        from orchestrator.spec.after import check_local
 
         check_local(launch, lambda records: [r.record for r in refresh([Run(x) for x in records])])
     if fresh:  # nothing of an earlier attempt may be found: its folder, nor its checkpoints wherever they are
@@ -107,7 +107,7 @@ def run(spec: SpecLike, wait: bool = True, *, executor: str | None = None, fresh
 def submit(spec: SpecLike, *, executor: str = "slurm", on_plan: Callable[[LaunchPlan], None] | None = None) -> Run:
     """Submit to SLURM (one job, or one job array for a sweep) and return at once: the handle's
     state is PENDING. Follow it with ``.status()``, ``.wait(timeout=...)`` and ``.logs()``.
-    The project's code is frozen first (``orchestrator.snapshot``): edits made after this call
+    The project's code is frozen first (``orchestrator.code.snapshot``): edits made after this call
     never reach the job, requeues included. ``on_plan`` as for ``run``."""
     backend(executor).preflight()  # a cluster that cannot take the job is said before the snapshot is stored
     launch = planned(spec, executor, stage_for=("slurm", "local"))[0]
@@ -121,10 +121,10 @@ def _executor(name: str, zygote: subprocess.Popen | None = None) -> Executor:
     whose ranks are processes started on this machine (the local executor's)."""
     b = backend(name)
     if zygote is not None and b.foreground and not b.in_process:
-        from orchestrator.executors.local import LocalExecutor
+        from orchestrator.backends.local.executor import LocalExecutor
 
         return LocalExecutor(zygote)
-    from orchestrator.executors import get_executor
+    from orchestrator.backends.factory import get_executor
 
     return get_executor(name)
 
@@ -218,7 +218,7 @@ class Run:
             follower = Follower(max(1, self.record.world_size))
         watch = None
         if attempts:
-            from orchestrator.attempt_logs import AttemptWatch
+            from orchestrator.core.attempt_logs import AttemptWatch
 
             watch = AttemptWatch(slurm=backend(self.executor).scheduled)
         try:
@@ -287,7 +287,7 @@ class Run:
             raise JobFailedError(f"{self.id} ended {state}, so it has no result: {why}; "
                                  f"see .logs(rank={rank}) (CLI: orchestrator logs {self.id} --rank {rank})")
         if self._record.sweep_size:
-            from orchestrator.records import point_dir
+            from orchestrator.core.records import point_dir
 
             return [read_result(point_dir(self.run_dir, i)) for i in range(self._record.sweep_size)]
         return read_result(self.run_dir)
@@ -313,7 +313,7 @@ class Run:
         return self._tail(rank, point, StateWatch(self))
 
     def _tail(self, rank: int, point: int | None, states: StateWatch) -> Iterator[tuple[State, str | None]]:
-        from orchestrator.fs_checks import read_file
+        from orchestrator.core.fs_checks import read_file
 
         path = self.log_path(rank, point)
         offset = 0
@@ -331,7 +331,7 @@ class Run:
         """The text of a rank's log so far: every attempt, or only attempt ``attempt`` (counted
         from 1, as status counts them). Raises RunNotFoundError if that rank has written nothing
         yet, or (an AttemptNotFoundError) if its log does not hold that attempt, naming those it holds."""
-        from orchestrator.fs_checks import read_file
+        from orchestrator.core.fs_checks import read_file
 
         if attempt is not None:
             check_attempt(attempt)
@@ -348,8 +348,8 @@ class Run:
         by the launcher), which works while it is blocked inside a C++ collective; on SLURM the
         request reaches every node through ``srun --overlap``. A run that has ended shows the
         stacks saved at its end, if any. ``native=True`` (local runs) asks py-spy instead, for the
-        C/C++ frames too; it needs ptrace permission. (``orchestrator.run_stacks`` does the work.)"""
-        from orchestrator import run_stacks
+        C/C++ frames too; it needs ptrace permission. (``orchestrator.front.run_stacks`` does the work.)"""
+        from orchestrator.front import run_stacks
 
         if native:
             spy = run_stacks.py_spy(self.executor)
@@ -365,7 +365,7 @@ class Run:
     def report(self) -> str:
         """Write ``<run>/report/`` (PNG plots of loss, accuracy and throughput) and return the
         text summary. Needs matplotlib, and metrics from the rank API."""
-        from orchestrator.report import write_report
+        from orchestrator.front.report import write_report
 
         return write_report(str(self.run_dir))
 
@@ -374,7 +374,7 @@ def _forgotten(record: RunRecord) -> bool:
     """The scheduler no longer knows the job and nothing on record tells how it ended (a cluster
     without accounting, an agent that could not write its end): no later look can change that, so
     a wait ends with UNKNOWN and the record's reason instead of waiting forever."""
-    from orchestrator.executors.slurm import UNKNOWN_END
+    from orchestrator.backends.slurm.executor import UNKNOWN_END
 
     return UNKNOWN_END in (record.error or "")
 
@@ -392,7 +392,7 @@ class StateWatch:
         self.run = run
         self.pacing: SchedulerPacing | None = None
         if backend(run.executor).scheduled:
-            from orchestrator.executors.slurm import SchedulerPacing
+            from orchestrator.backends.slurm.executor import SchedulerPacing
 
             self.pacing = pacing or SchedulerPacing()
         self.seen: tuple | None = None
@@ -432,7 +432,7 @@ class StateWatch:
         return rec.state
 
     def _signature(self) -> tuple:
-        from orchestrator.executors.slurm import file_stat, folder_news
+        from orchestrator.backends.slurm.executor import file_stat, folder_news
 
         rec = self.run._record
         return (file_stat(RunFolder.of(rec.run_dir).record), *folder_news(rec))

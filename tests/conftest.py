@@ -12,7 +12,7 @@ def _test_tmp() -> Path:
     """Where the tests' folders (tmp_path) live: never under /tmp, /var/tmp ..., since a SLURM spec
     refuses a node-local runs_dir, as it must on a real cluster. Under the checkout, unless the
     checkout itself is on such a path (a clone in /tmp): then in the user's cache folder."""
-    from orchestrator.validators import is_node_local
+    from orchestrator.spec.validators import is_node_local
 
     checkout = Path(__file__).resolve().parents[1]
     if not is_node_local(str(checkout)):

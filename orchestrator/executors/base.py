@@ -11,14 +11,14 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator, Protocol
 
-from orchestrator import ownership, procs
+from orchestrator.core import ownership, procs
 from orchestrator.backends import backend
-from orchestrator.errors import OrchestratorError, SubmissionError
+from orchestrator.core.errors import OrchestratorError, SubmissionError
 from orchestrator.plan import LaunchPlan
-from orchestrator.previous_attempt import PreviousAttempt
-from orchestrator.run_folder import RunFolder
-from orchestrator.records import RunRecord, register, write_json_atomic, write_text_atomic
-from orchestrator.states import State
+from orchestrator.executors.previous_attempt import PreviousAttempt
+from orchestrator.core.run_folder import RunFolder
+from orchestrator.core.records import RunRecord, register, write_json_atomic, write_text_atomic
+from orchestrator.core.states import State
 
 
 class Executor(Protocol):
@@ -60,7 +60,7 @@ CANCEL_SLACK_S = 30.0
 def stop_grace_s(run_dir: str | Path) -> float:
     """The run's stop_grace_s, from its payload (the spec's default when it cannot be read: a
     run planned by another version, or one whose folder is damaged)."""
-    from orchestrator.payload import Defaults, Payload, PayloadError
+    from orchestrator.core.payload import Defaults, Payload, PayloadError
 
     try:
         return Payload.load(RunFolder.of(run_dir).payload).stop_grace_s
@@ -117,7 +117,7 @@ def end_orphaned(rec: RunRecord) -> RunRecord:
     ranks (on this host only: a rank elsewhere stops with its own supervisor's processes). Where
     the record cannot be written (a full or read-only disk) the FAILED record is returned all the
     same, saying so: every look then reaches the same verdict, until one can write it."""
-    from orchestrator.records import disk_note, disk_trouble
+    from orchestrator.core.records import disk_note, disk_trouble
 
     stopped = 0
     if ownership.foreign_reason(rec.host, rec.folder_id, rec.run_dir) is None:
@@ -192,14 +192,14 @@ def prepare_attempt(launch: LaunchPlan, refresh: Refresh | None = None) \
     it will run. Returns the new record, the lock, which the caller holds for the attempt (a local
     supervisor) or releases once the scheduler has the job (SLURM), and the previous attempt, put
     aside: the caller drops it once the new attempt is the scheduler's, or restores it if the
-    scheduler refuses the new one (``orchestrator.previous_attempt``).
+    scheduler refuses the new one (``orchestrator.executors.previous_attempt``).
 
     Two starts of one spec never both get here: the second finds the lock taken and is refused,
     naming the live attempt. A folder whose previous attempt lost its supervisor (the lock is
     free but the record never ended) is taken over: the old attempt is recorded FAILED first.
     A SLURM run still queued or running is refused: its job, not a lock, is the live attempt.
     """
-    from orchestrator.fs_checks import ElsewhereFix, checked_dir
+    from orchestrator.core.fs_checks import ElsewhereFix, checked_dir
 
     run_dir = Path(launch.run_dir)
     run = RunFolder(run_dir)
@@ -284,11 +284,11 @@ def _start_attempt(launch: LaunchPlan, run_dir: Path, run: RunFolder, record: Ru
 
 
 def _store_code(launch: LaunchPlan) -> None:
-    """Freeze the code the ranks will import (``orchestrator.snapshot.store``), before anything of
+    """Freeze the code the ranks will import (``orchestrator.code.snapshot.store``), before anything of
     the attempt is written: a store that fails leaves the run as it was."""
     if launch.snapshot is None:
         return
-    from orchestrator.snapshot import store
+    from orchestrator.code.snapshot import store
 
     for warning in launch.snapshot.warnings:
         print(f"[orchestrator] code snapshot: {warning}", file=sys.stderr, flush=True)
@@ -386,8 +386,8 @@ def _active_state(run_dir: Path) -> State | None:
 def _active_users(ckpt: Path, own_run_dir: Path) -> Iterator[tuple[RunRecord, State]]:
     """The registered runs still active (other than ``own_run_dir``'s) whose checkpoint folder
     (from their payload) is, holds or lies inside ``ckpt``."""
-    from orchestrator.payload import Payload, PayloadError
-    from orchestrator.records import registered_runs
+    from orchestrator.core.payload import Payload, PayloadError
+    from orchestrator.core.records import registered_runs
 
     for entry in registered_runs():
         folder = Path(entry["run_dir"])

@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from orchestrator.progress import Summary, read_progress, summarize
-from orchestrator.run_folder import RunFolder
+from orchestrator.core.progress import Summary, read_progress, summarize
+from orchestrator.core.run_folder import RunFolder
 
 
 class LogTails:
@@ -20,7 +20,7 @@ class LogTails:
     traceback once (peers that fail because of it would otherwise repeat it N times)."""
 
     def __init__(self, run_dir: Path, offsets: list[int], echo: Callable[[int, str], None]) -> None:
-        from orchestrator.failures import FAILED_MARK
+        from orchestrator.core.failures import FAILED_MARK
 
         self.paths = [RunFolder(run_dir).log(r) for r in range(len(offsets))]
         self.offsets = list(offsets)

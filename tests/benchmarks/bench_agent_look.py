@@ -11,7 +11,7 @@ Run: .venv/bin/python tests/benchmarks/bench_agent_look.py [--ranks 8192] [--ran
    layout of today (one file per node, ``progress/node-G.json``) against the one before (one
    file per rank). Target: <= 10 ms a look at 8,192 ranks on 1,024 nodes.
 2. The heartbeats' writes to the shared folder: every rank of one node reporting every step for
-   ``--seconds`` through ``orchestrator.progress.ProgressWriter`` (10 steps a second), counted by
+   ``--seconds`` through ``orchestrator.core.progress.ProgressWriter`` (10 steps a second), counted by
    strace as creates and renames under the run folder, per node per second. Target: <= 2.
 3. For a job with the stall watchdog off: the looks left once every rank has joined (none).
 
@@ -32,9 +32,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from orchestrator import forensics, join_hook
-from orchestrator.progress import NodePlace, ProgressWriter, leave, progress_path
-from orchestrator.watchdog import Watch
+from orchestrator.node import forensics, join_hook
+from orchestrator.core.progress import NodePlace, ProgressWriter, leave, progress_path
+from orchestrator.node.watchdog import Watch
 
 ROOT = Path(__file__).resolve().parents[2]
 FILE_CALLS = "openat,open,stat,lstat,fstat,newfstatat,statx,getdents64,access,rename,renameat,renameat2,unlink,mkdir"

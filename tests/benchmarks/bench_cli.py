@@ -29,9 +29,9 @@ def bytecode_state() -> str:
     import os
 
     sys.path.insert(0, str(EXAMPLES.parents[1]))
-    import orchestrator.launcher
+    import orchestrator.node.launcher
 
-    cached = importlib.util.cache_from_source(orchestrator.launcher.__file__)
+    cached = importlib.util.cache_from_source(orchestrator.node.launcher.__file__)
     flag = os.environ.get("PYTHONDONTWRITEBYTECODE")
     return (f"{'present' if os.path.exists(cached) else 'absent'} "
             f"(PYTHONDONTWRITEBYTECODE {'set' if flag else 'unset'})")

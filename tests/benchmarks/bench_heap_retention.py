@@ -1,5 +1,5 @@
 """What a rank keeps after a memory peak, under each C heap setting (the cost side of
-orchestrator/malloc.py's defaults; the benefit side is bench_resnet.py's page faults and throughput).
+orchestrator/node/malloc.py's defaults; the benefit side is bench_resnet.py's page faults and throughput).
 
 Each case is a fresh ``python`` that imports torch, allocates ~1.5 GB (``--gb``) as tensors of training-like
 sizes (256 KiB to 16 MiB) interleaved with small long-lived ones (so freed memory is not at the

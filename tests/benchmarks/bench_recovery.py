@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import api
-from orchestrator.recovery import History
+from orchestrator.core.recovery import History
 
 SCRIPT = str(Path(__file__).resolve().parents[1] / "integration" / "scripts" / "flaky_snapshot.py")
 

@@ -20,7 +20,7 @@ other load on the machine slows every candidate alike (separate launches of each
 by more than the options do).
 
 Each line also shows the ranks' page faults per timed step and peak RSS: the runtime's ranks get
-the C heap defaults (``orchestrator.malloc``), so freed activations are kept for the next step
+the C heap defaults (``orchestrator.node.malloc``), so freed activations are kept for the next step
 instead of being handed back to the kernel and faulted in again.
 
 Every variant runs the same model (torchvision resnet18, num_classes=10), the same in-memory

@@ -9,7 +9,7 @@ Every figure is a job of one rank a node running a script without torch (it reco
 started, then sleeps until cancelled), side by side with the floor, in the same run:
 
 1. The floor inside one allocation (salloc): ``srun true``, ``srun python -c pass`` and ``srun
-   python -c "import orchestrator.health"`` on every node: what a job step, an interpreter, and
+   python -c "import orchestrator.node.health"`` on every node: what a job step, an interpreter, and
    the health gate's imports cost at this many nodes.
 2. submit -> every rank running: ``orchestrator submit`` against ``sbatch --wrap "srun python
    script"``, and where ours goes: the command, the job's start to the agent's first attempt, the
@@ -70,7 +70,7 @@ def wait_gone(pids: list[int], timeout: float = 120) -> float:
 def floors(nodes: int) -> dict[str, float]:
     """Seconds of each srun inside one allocation of every node (median of 3)."""
     steps = {"srun true": "true", "srun python -c pass": f"{PY} -c pass",
-             "srun python -c 'import orchestrator.health'": f"{PY} -c 'import orchestrator.health'"}
+             "srun python -c 'import orchestrator.node.health'": f"{PY} -c 'import orchestrator.node.health'"}
     script = "\n".join(
         f'for i in 1 2 3; do t=$(date +%s.%N); srun -Q -N{nodes} --ntasks-per-node=1 {cmd} >/dev/null; '
         f'echo "{name}|$t|$(date +%s.%N)"; done' for name, cmd in steps.items())

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from orchestrator import api
-from orchestrator.snapshot import store
+from orchestrator.code.snapshot import store
 
 
 def make_project(root: Path, files: int) -> None:

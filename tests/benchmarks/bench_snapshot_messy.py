@@ -6,7 +6,7 @@ process appends to every 20 ms. Each version scans and stores it into a fresh st
 (nothing changed), with the log being written throughout; a second pass without the writer
 shows what the old rule would have frozen had it not been refused.
 
-"Before" is ``orchestrator/snapshot.py`` at ``--before`` (default c0972a7, the last commit before
+"Before" is ``orchestrator/code/snapshot.py`` at ``--before`` (default c0972a7, the last commit before
 issue 31), loaded from git; "after" is the working tree's module.
 
 Usage: .venv/bin/python tests/benchmarks/bench_snapshot_messy.py [--mb 300] [--before REV]
@@ -86,10 +86,10 @@ def main() -> None:
     ap.add_argument("--mb", type=int, default=300)
     ap.add_argument("--before", default="c0972a7")
     args = ap.parse_args()
-    before = load(subprocess.run(["git", "-C", str(ROOT), "show", f"{args.before}:orchestrator/snapshot.py"],
+    before = load(subprocess.run(["git", "-C", str(ROOT), "show", f"{args.before}:orchestrator/snapshot.py"  # before the package move],
                                  capture_output=True, text=True, check=True).stdout, "snapshot_before")
     sys.path.insert(0, str(ROOT))
-    from orchestrator import snapshot as after
+    from orchestrator.code import snapshot as after
 
     top = Path(tempfile.mkdtemp(prefix="messy-", dir=os.environ.get("BENCH_DIR")))
     try:

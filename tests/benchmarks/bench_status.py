@@ -51,7 +51,7 @@ with open(os.environ["BENCH_CALLS"], "a") as f:
 def make_runs(base: Path, n: int) -> tuple[dict[str, str], str]:
     """N registered SLURM runs and the stand-in scheduler; the environment to run the CLI in and
     one run's id (for the floor)."""
-    from orchestrator.records import RunRecord, register
+    from orchestrator.core.records import RunRecord, register
 
     bin_dir, home, runs = base / "bin", base / "home", base / "runs"
     for d in (bin_dir, home, runs):

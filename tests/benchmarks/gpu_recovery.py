@@ -14,8 +14,9 @@ import textwrap
 import time
 from pathlib import Path
 
-from orchestrator import api, health
-from orchestrator.recovery import History
+from orchestrator import api
+from orchestrator.node import health
+from orchestrator.core.recovery import History
 
 SCRIPT = textwrap.dedent('''
     import os, sys, torch, torch.distributed as dist

@@ -84,7 +84,7 @@ def clear_node_memory(runs_dir: Path) -> None:
     one machine's for every emulated node): a rank SLURM killed never leaves its node, and no
     node here reboots or runs an epilog that would clear it (issue 36 notes the product's
     part). Only folders named by this session's runs: another session's runs go on."""
-    from orchestrator.progress import staging_dirs
+    from orchestrator.core.progress import staging_dirs
 
     runs = [p for p in runs_dir.glob("*") if p.is_dir()] + [p for p in runs_dir.glob("*/*") if p.is_dir()]
     for run in runs:

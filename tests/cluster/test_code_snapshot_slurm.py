@@ -19,8 +19,8 @@ from typing import Iterator
 import pytest
 import yaml
 
-from orchestrator.executors.slurm import SlurmExecutor
-from orchestrator.records import RunRecord
+from orchestrator.backends.slurm.executor import SlurmExecutor
+from orchestrator.core.records import RunRecord
 
 from .test_rank_api_slurm import _run_releasing_requeues
 from .test_slurm import no_job_processes

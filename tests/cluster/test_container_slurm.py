@@ -16,8 +16,8 @@ from pathlib import Path
 
 import yaml
 
-from orchestrator.executors.slurm import SlurmExecutor
-from orchestrator.records import RunRecord
+from orchestrator.backends.slurm.executor import SlurmExecutor
+from orchestrator.core.records import RunRecord
 
 from .test_slurm import no_job_processes
 

@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 import yaml
 
-from orchestrator.errors import SubmissionError
-from orchestrator.executors.slurm import SlurmExecutor
-from orchestrator.executors.slurm_checks import check_against_cluster
-from orchestrator.loading import spec_from_dict
+from orchestrator.core.errors import SubmissionError
+from orchestrator.backends.slurm.executor import SlurmExecutor
+from orchestrator.backends.slurm.slurm_checks import check_against_cluster
+from orchestrator.spec.loading import spec_from_dict
 
 from .test_slurm import run, slurm_plan
 

@@ -10,7 +10,7 @@ import subprocess
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator import hostlist
+from orchestrator.core import hostlist
 
 _NAME = st.from_regex(r"[a-z][a-z0-9\-]{0,5}", fullmatch=True)
 _RANGE = st.tuples(st.integers(0, 120), st.integers(0, 12), st.integers(1, 3))  # lo, length - 1, width

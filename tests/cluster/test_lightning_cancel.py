@@ -4,7 +4,7 @@ profile: CANCELLED, and every rank gone within 10 s.
 Lightning's SIGTERM handler broadcasts a flag from rank 0. The cancel's SIGTERM reaches rank 0
 while it runs Python (its data pipeline is the slow one) and its peers inside DDP's all-reduce,
 in C++, where no Python handler runs: the handler's broadcast meets their all-reduce and neither
-completes. Before the stop's judge (orchestrator.stop_judge) the job's agent waited out
+completes. Before the stop's judge (orchestrator.node.stop_judge) the job's agent waited out
 stop_grace_s (30 s), then scancel's KillWait: 63 s, ranks SIGKILLed. The agent now sees every
 rank stuck in a collective (srun --overlap stacks) and scancels the job at once, which is what a
 plain scancel does to such ranks (srun SIGKILLs its tasks on SIGTERM); end.json says why.
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.executors.slurm import SlurmExecutor
+from orchestrator.backends.slurm.executor import SlurmExecutor
 from tests.integration.helpers import SCRIPTS
 from tests.integration.test_frameworks import framework_spec
 
@@ -32,7 +32,7 @@ RANKS_GONE_S = 10.0
 
 
 def rank_pids() -> list[str]:
-    """Live rank processes (srun's tasks, ``orchestrator.slurm_rank``; not srun itself, whose
+    """Live rank processes (srun's tasks, ``orchestrator.backends.slurm.node.slurm_rank``; not srun itself, whose
     command line names it too) in the node namespaces (this session's, tests/cluster/streams.py)."""
     found = []
     for ns in ("orch-node1", "orch-node2"):
@@ -44,7 +44,7 @@ def rank_pids() -> list[str]:
                 state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
             except (FileNotFoundError, ProcessLookupError):
                 continue
-            if any("orchestrator.slurm_rank" in a for a in argv) and Path(argv[0]).name != "srun" and state != "Z":
+            if any("orchestrator.backends.slurm.node.slurm_rank" in a for a in argv) and Path(argv[0]).name != "srun" and state != "Z":
                 found.append(pid)
     return found
 

@@ -21,12 +21,12 @@ from typing import Any, Iterator
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.executors import slurm, slurm_status
-from orchestrator.executors.slurm import SlurmExecutor
-from orchestrator.pipeline import pipeline_status, run_pipeline
-from orchestrator.records import RunRecord
-from orchestrator.recovery import History
-from orchestrator.states import State
+from orchestrator.backends.slurm import executor as slurm, slurm_status
+from orchestrator.backends.slurm.executor import SlurmExecutor
+from orchestrator.front.pipeline import pipeline_status, run_pipeline
+from orchestrator.core.records import RunRecord
+from orchestrator.core.recovery import History
+from orchestrator.core.states import State
 
 from .conftest import CLUSTER_DIR
 from .test_slurm import SCHEDULER

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 from orchestrator.api import Run
-from orchestrator.pipeline import pipeline_status, run_pipeline
-from orchestrator.states import State
+from orchestrator.front.pipeline import pipeline_status, run_pipeline
+from orchestrator.core.states import State
 
 #: A stage: records when it started and ended (rank 0), then exits with --code.
 STAGE = """import json, os, sys, time

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.executors.slurm import SlurmExecutor
+from orchestrator.backends.slurm.executor import SlurmExecutor
 
 from .test_rank_api_slurm import ARGS, EXAMPLE, TOTAL, _result, _run_releasing_requeues, _stops_and_resumes
 from .test_slurm import no_job_processes, slurm_plan
@@ -22,7 +22,7 @@ from .test_slurm import no_job_processes, slurm_plan
 def _step(run_dir: str) -> int:
     """Rank 0's last reported step (0 before its first report), read as the orchestrator reads it
     (inside a job the reports are a file per node, progress/node-G.json, since issue 36)."""
-    from orchestrator.progress import read_progress
+    from orchestrator.core.progress import read_progress
 
     report = read_progress(run_dir, 4)[0]
     return report.step if report is not None else 0
@@ -69,7 +69,7 @@ def test_a_real_preemption_requeues_a_rank_api_job_which_resumes_and_completes(c
         agent_log = "\n".join(p.read_text(errors="replace") for p in (Path(launch.run_dir) / "slurm").rglob("*")
                               if p.is_file())
         assert "requeueing" in agent_log, agent_log[-3000:]
-        from orchestrator.recovery import History
+        from orchestrator.core.recovery import History
 
         first = History.load(launch.run_dir).attempts[0]  # what status and --wait show for it
         assert "PreemptMode=CANCEL" in first.why and "the agent requeued it itself" in first.why, first

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from orchestrator.executors.slurm import SlurmExecutor
-from orchestrator.records import RunRecord
+from orchestrator.backends.slurm.executor import SlurmExecutor
+from orchestrator.core.records import RunRecord
 
 from .test_slurm import no_job_processes, run, slurm_plan, start_held_job
 
@@ -75,7 +75,7 @@ def test_rank_api_script_resumes_bit_exactly_after_its_time_limit(cluster: dict[
     assert a.keys() == b.keys()
     for name in a:
         assert torch.equal(a[name], b[name]), f"{name} differs after the time limit and requeue"
-    from orchestrator.progress import read_progress
+    from orchestrator.core.progress import read_progress
 
     progress = read_progress(launch.run_dir, 4)[3]  # inside a job: progress/node-G.json (issue 36)
     assert progress is not None and (progress.step, progress.attempt) == (TOTAL, requeues), progress  # the last attempt's heartbeat

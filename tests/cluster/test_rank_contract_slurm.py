@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from orchestrator.slurm_plan import SLURM_RULES
-from orchestrator.rank_env import cpu_share_rule, granted_cpus
-from orchestrator.rendezvous import derive_port
-from orchestrator.slurm_task import SlurmJob
+from orchestrator.backends.slurm.slurm_plan import SLURM_RULES
+from orchestrator.node.rank_env import cpu_share_rule, granted_cpus
+from orchestrator.core.rendezvous import derive_port
+from orchestrator.backends.slurm.node.slurm_task import SlurmJob
 
 from .test_slurm import no_job_processes, run, slurm_plan
 
@@ -59,7 +59,7 @@ def test_slurm_ranks_get_exactly_the_planned_environment(cluster: dict[str, str]
             (env["GLOO_SOCKET_IFNAME"], env.get("NCCL_SOCKET_IFNAME"))
         assert env["CONTRACT_VAR"] == "a b $HOME ;"
         assert env["OMP_NUM_THREADS"] == env["SLURM_CPUS_PER_TASK"] == share  # the rank's share of its node's CPUs
-        # orchestrator.malloc: srun started the rank without the heap settings; the launcher applied them
+        # orchestrator.node.malloc: srun started the rank without the heap settings; the launcher applied them
         assert seen["heap_faults_per_cycle"] < 1000, seen["heap_faults_per_cycle"]
     assert no_job_processes()
 

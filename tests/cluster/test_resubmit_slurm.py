@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from orchestrator.records import RunRecord
+from orchestrator.core.records import RunRecord
 
 
 def _submit(folder: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import SubmissionError
-from orchestrator.executors.slurm import SlurmExecutor
+from orchestrator.core.errors import SubmissionError
+from orchestrator.backends.slurm.executor import SlurmExecutor
 from tests.cluster.test_slurm import run, slurm_plan
 
 PROBE = textwrap.dedent("""\

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 import torch
 
-from orchestrator.executors.slurm import SlurmExecutor
-from orchestrator.loading import spec_from_dict
+from orchestrator.backends.slurm.executor import SlurmExecutor
+from orchestrator.spec.loading import spec_from_dict
 from orchestrator.plan import LaunchPlan, plan
-from orchestrator.records import RunRecord
+from orchestrator.core.records import RunRecord
 from tests.integration.helpers import SCRIPTS
 
 from .streams import belongs_to_another_stream
@@ -163,7 +163,7 @@ def test_killed_rank_fails_the_job_fast(cluster: dict[str, str]) -> None:
     def is_rank_3(pid: str) -> bool:  # the title names the rank; setproctitle may reuse environ's memory
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
         environ = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
-        return "orchestrator.slurm_rank" in cmd and ("rank 3/4" in cmd or "SLURM_PROCID=3" in environ)
+        return "orchestrator.backends.slurm.node.slurm_rank" in cmd and ("rank 3/4" in cmd or "SLURM_PROCID=3" in environ)
 
     tasks = [p for p in pids if Path(f"/proc/{p}/cmdline").exists() and is_rank_3(p) and not belongs_to_another_stream(p)]
     assert len(tasks) == 1, tasks  # the srun task is the rank itself, as under plain srun
@@ -251,12 +251,35 @@ def wait_for_restart_hold(job_id: str) -> None:
 
 
 def start_held_job(job_id: str) -> None:
-    """Start a requeued job that SLURM holds (BeginTime) now. Not in the second of the requeue:
-    the nodes revoked the previous attempt's credentials with that second's time stamp, and a
-    credential issued in the same second is refused ("Job credential revoked": the job ends
-    FAILED). The hold exists for that; waiting two seconds is enough for a new credential."""
+    """Start a requeued job that SLURM holds (BeginTime) now, as an admin could, once every node
+    has ended the previous attempt. SLURM's hold exists for what comes between: a node ends the
+    attempt when its slurmd gets to the controller's terminate message, and under load (three
+    sessions side by side on 2 cores) that can come after the next attempt's ranks started on it,
+    which it then kills as the same job's (a rank on node2 SIGKILLed as the requeued job starts,
+    seen in fresh-clone runs). And not in the second of the requeue: the nodes revoked the previous
+    attempt's credentials with that second's time stamp, and a credential issued in the same
+    second is refused ("Job credential revoked": the job ends FAILED); two seconds after the last
+    step ended is enough for a new credential."""
+    deadline = time.monotonic() + 60
+    while (left := job_steps_left(job_id)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, f"the previous attempt of job {job_id} never ended on its nodes: {left}"
     time.sleep(2.0)
     subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], check=True)
+
+
+def job_steps_left(job_id: str) -> list[str]:
+    """The job's slurmstepd processes still on a node (its batch, extern and srun steps)."""
+    left = []
+    for ns in ("orch-node1", "orch-node2"):
+        for pid in subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split():
+            try:
+                title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+            except OSError:
+                continue
+            if title.startswith(f"slurmstepd: [{job_id}."):
+                left.append(f"{ns}:{pid}:{title}")
+    return left
 
 
 def release_requeued(job_id: str) -> None:
@@ -291,7 +314,7 @@ def test_sweep_is_one_array_and_all_points_complete(cluster: dict[str, str], cap
     assert record.state == "COMPLETED", record.error
     assert len({j.split("_")[0] for j in record.job_ids}) == 1 and len(record.job_ids) == 10
     assert sorted(int(p.read_text()) for p in out.glob("point-*.txt")) == list(range(10))
-    from orchestrator.operations import status
+    from orchestrator.front.operations import status
 
     capsys.readouterr()
     status([record.run_dir])
@@ -350,8 +373,8 @@ def test_status_is_one_scheduler_query(cluster: dict[str, str], monkeypatch: pyt
 
 
 def test_validate_against_the_live_cluster(cluster: dict[str, str]) -> None:
-    from orchestrator.errors import SpecError
-    from orchestrator.executors.slurm_checks import check_against_cluster
+    from orchestrator.core.errors import SpecError
+    from orchestrator.backends.slurm.slurm_checks import check_against_cluster
 
     ok = spec_from_dict({"name": "v", "entrypoint": "jobs.train:main", "nodes": 2, "gpus_per_node": 2,
                          "distributed": {"backend": "gloo"}})

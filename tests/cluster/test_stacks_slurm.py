@@ -10,8 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from orchestrator.executors.slurm import SlurmExecutor
-from orchestrator.records import RunRecord
+from orchestrator.backends.slurm.executor import SlurmExecutor
+from orchestrator.core.records import RunRecord
 from tests.integration.helpers import SCRIPTS
 
 from .test_slurm import no_job_processes, rank_processes, run, slurm_plan

@@ -10,8 +10,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from orchestrator.executors.slurm import SlurmExecutor
-from orchestrator.tracking import wandb_run_id
+from orchestrator.backends.slurm.executor import SlurmExecutor
+from orchestrator.node.tracking import wandb_run_id
 
 from .test_slurm import TRAIN, no_job_processes, release_requeued, run_wait, slurm_plan
 

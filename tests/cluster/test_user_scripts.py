@@ -8,8 +8,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from orchestrator.executors.slurm import SlurmExecutor
-from orchestrator.records import RunRecord
+from orchestrator.backends.slurm.executor import SlurmExecutor
+from orchestrator.core.records import RunRecord
 
 from tests.integration.helpers import SCRIPTS as USER_SCRIPTS
 

@@ -7,10 +7,10 @@ from typing import Any
 import torch
 
 from orchestrator.executors.base import prepare_run_dir
-from orchestrator.executors.supervisor import Supervisor
-from orchestrator.loading import spec_from_dict
+from orchestrator.backends.local.supervisor import Supervisor
+from orchestrator.spec.loading import spec_from_dict
 from orchestrator.plan import LaunchPlan, plan
-from orchestrator.records import RunRecord
+from orchestrator.core.records import RunRecord
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
@@ -28,7 +28,7 @@ def start_detached(launch: LaunchPlan) -> RunRecord:
     """Start the run with its supervisor in the background (as ``run --detach`` does); pair with
     ``wait_ended``. A test's reference run goes there, so that it trains while the test's own run
     is being started, slowed or interrupted, instead of before it."""
-    from orchestrator.executors.local import LocalExecutor
+    from orchestrator.backends.local.executor import LocalExecutor
 
     return LocalExecutor().submit(launch)
 
@@ -37,7 +37,7 @@ def wait_ended(launch: LaunchPlan, within: float = 300) -> RunRecord:
     """The run's record once it reached a terminal state (started by ``start_detached``)."""
     import time
 
-    from orchestrator.states import TERMINAL
+    from orchestrator.core.states import TERMINAL
 
     deadline = time.monotonic() + within
     while (record := RunRecord.load(launch.run_dir)).state not in TERMINAL:

@@ -8,7 +8,7 @@ test (the CLI, the detached supervisor, the zygote, the ranks) by a ``sitecustom
 - the ``os`` functions macOS's Python does not have (``sched_getaffinity``, ``pipe2``, ...) and
   ``select.epoll``;
 - ``prctl`` (and glibc's ``mallopt``) in the C library as ``ctypes`` sees it;
-- ``sys.platform`` is ``"darwin"`` while ``orchestrator.platform_caps`` decides, the one place the
+- ``sys.platform`` is ``"darwin"`` while ``orchestrator.core.platform_caps`` decides, the one place the
   orchestrator branches on it (``tests/unit/test_platform_standin.py`` checks that): every
   decision takes macOS's side. It is put back afterwards, since the standard library and torch
   are Linux builds here and would take macOS branches they cannot run.
@@ -83,7 +83,7 @@ for _name in {missing_modules!r}:
     sys.modules[_name] = None  # import raises ImportError, as where the module does not exist
 
 # The orchestrator decides everything that depends on the platform in one place, once per process
-# (orchestrator.platform_caps): it decides here, on {platform!r}. sys.platform is put back then:
+# (orchestrator.core.platform_caps): it decides here, on {platform!r}. sys.platform is put back then:
 # the standard library and torch, built for Linux, would take branches for a platform whose
 # modules they do not have (urllib imports _scproxy on darwin).
 _real_platform = sys.platform

@@ -47,7 +47,7 @@ def test_run_from_python_waits_and_reads_result_and_logs(tmp_path: Path) -> None
 @pytest.mark.parametrize("preload", [False, True], ids=["fresh", "forked"])
 def test_ranks_are_named_in_ps(tmp_path: Path, preload: bool) -> None:
     pytest.importorskip("setproctitle")
-    from orchestrator.executors import zygote
+    from orchestrator.backends.local import zygote
 
     if preload and "setproctitle" not in Path(zygote.__file__).read_text():
         pytest.skip("forked ranks are named once the zygote sets setproctitle up before it forks "
@@ -58,7 +58,7 @@ def test_ranks_are_named_in_ps(tmp_path: Path, preload: bool) -> None:
     handle = run(_spec(tmp_path, name="titled", nodes=1, local={"preload_torch": preload}))
     assert handle.state == "COMPLETED", handle.error
     titles = [json.loads((tmp_path / "out" / f"rank-{r}.json").read_text())["title"] for r in range(2)]
-    started_as = "orchestrator.executors.zygote" if preload else " orchestrator.launcher "
+    started_as = "orchestrator.backends.local.zygote" if preload else " orchestrator.node.launcher "
     for rank, title in enumerate(titles):
         assert title.startswith(f"orchestrator: titled rank {rank}/2 ("), title
         assert started_as in title  # the command line it replaced stays readable

@@ -4,7 +4,7 @@ ranks, gloo.
 
 When SIGTERM finds rank 0 in Python and its peers blocked in DDP's gradient all-reduce (in C++,
 where no Python handler runs), rank 0's handler broadcast is matched against their all-reduce and
-no rank can ever go on: before the stop's judge (orchestrator.stop_judge) a cancel waited out all
+no rank can ever go on: before the stop's judge (orchestrator.node.stop_judge) a cancel waited out all
 of stop_grace_s (30 s) and then SIGKILLed them. Now it ends them within seconds, CANCELLED, and
 status says why and where each rank waited. A script that checkpoints on SIGTERM while its peers
 wait in a collective still gets its grace.

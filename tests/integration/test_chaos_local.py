@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.chaos import Injection, refusal
-from orchestrator.payload import Payload
-from orchestrator.records import RunRecord
-from orchestrator.recovery import History
-from orchestrator.states import State
+from orchestrator.front.chaos import Injection, refusal
+from orchestrator.core.payload import Payload
+from orchestrator.core.records import RunRecord
+from orchestrator.core.recovery import History
+from orchestrator.core.states import State
 from tests.integration.helpers import SCRIPTS, make_plan
 
 ROOT = Path(__file__).resolve().parents[2]

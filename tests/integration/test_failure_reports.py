@@ -32,11 +32,11 @@ def test_run_shows_the_first_failure_once_without_our_frames(tmp_path: Path, abo
     assert shown.count("Traceback (most recent call last)") == 1, shown[-5000:]
     assert "rank 1 raised ValueError: shard 1 is corrupt" in shown
     assert "in load_shard" in shown and "user_crash.py" in shown
-    for ours in ("orchestrator/launcher.py", "runpy", "zygote.py"):
+    for ours in ("orchestrator/node/launcher.py", "runpy", "zygote.py"):
         assert ours not in shown, f"{ours} in the output:\n{shown[-3000:]}"
     run_dir = next(p for p in (tmp_path / "runs").iterdir() if not p.name.startswith("."))  # .code: the snapshots
     full = json.loads((run_dir / "errors" / "rank-1.json").read_text())
-    assert "orchestrator/launcher.py" in full["traceback"] and "launcher.py" not in full["user_traceback"]
+    assert "orchestrator/node/launcher.py" in full["traceback"] and "launcher.py" not in full["user_traceback"]
     log = (run_dir / "logs" / "rank-1.log").read_text()
     assert "[launcher] rank 1 failed: ValueError: shard 1 is corrupt" in log and "in load_shard" in log
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.records import RunRecord
+from orchestrator.core.records import RunRecord
 from tests.integration.helpers import SCRIPTS, leftover_ranks, make_plan, run_local
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -155,7 +155,7 @@ def test_heartbeats_decide_progress_when_the_logs_never_go_quiet(tmp_path: Path)
     assert record.state == "FAILED" and record.failed_rank == 1, record.error
     assert "no rank made progress for 8s" in (record.error or "")
     assert "stuck_in_io" in record.waits["1"] and "waiting in all_reduce" in record.waits["0"], record.waits
-    from orchestrator.progress import read_progress
+    from orchestrator.core.progress import read_progress
 
     assert read_progress(launch.run_dir, 2)[0] is not None
     assert sorted(p.name for p in (Path(launch.run_dir) / "progress").iterdir()) == ["node-0.json"]  # one per node

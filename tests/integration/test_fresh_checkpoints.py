@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.errors import SubmissionError
-from orchestrator.records import RunRecord
+from orchestrator.core.errors import SubmissionError
+from orchestrator.core.records import RunRecord
 
 SCRIPT = Path(__file__).parent / "scripts" / "ckpt_marker.py"
 

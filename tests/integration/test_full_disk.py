@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 import yaml
 
-from orchestrator import records
-from orchestrator.errors import JobFailedError
-from orchestrator.records import RunRecord
+from orchestrator.core import records
+from orchestrator.core.errors import JobFailedError
+from orchestrator.core.records import RunRecord
 
 SLEEP = Path(__file__).parent / "scripts" / "sleep.py"
 FILL = """import os, sys, time

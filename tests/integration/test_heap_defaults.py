@@ -1,4 +1,4 @@
-"""The C heap defaults (orchestrator.malloc) reach an unmodified script's ranks, whether forked
+"""The C heap defaults (orchestrator.node.malloc) reach an unmodified script's ranks, whether forked
 from the zygote or started fresh, and the user's own settings win.
 
 Measured, not read back: the rank allocates, touches and frees 96 MiB a few times and counts its

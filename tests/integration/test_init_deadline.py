@@ -1,5 +1,5 @@
 """The init deadline and the did-nothing warning for plain scripts that never call into jobs/:
-the launcher sees init_process_group return (orchestrator.join_hook), the supervisor enforces
+the launcher sees init_process_group return (orchestrator.node.join_hook), the supervisor enforces
 distributed.init_timeout_s from outside the ranks."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.records import RunRecord
+from orchestrator.core.records import RunRecord
 from tests.integration.helpers import SCRIPTS, leftover_ranks, make_plan, run_local
 
 ROOT = Path(__file__).resolve().parents[2]

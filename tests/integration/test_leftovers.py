@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import procs
-from orchestrator.records import RunRecord
+from orchestrator.core import procs
+from orchestrator.core.records import RunRecord
 
 from .helpers import SCRIPTS, make_plan, run_local
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from orchestrator.records import RunRecord
+from orchestrator.core.records import RunRecord
 from tests.integration.helpers import (SCRIPTS, final_weights, leftover_ranks, make_plan, run_local, start_detached,
                                        wait_ended)
 
@@ -101,7 +101,7 @@ def test_torchrun_style_script_runs_unchanged(tmp_path: Path) -> None:
     # The socket interface of the local downscale reaches the script under both names.
     assert {(r["gloo_ifname"], r["nccl_ifname"]) for r in rows} == {("lo", "lo")}
     # By default ranks are forked from the launcher that pre-imported torch, not spawned by us.
-    assert all("orchestrator.executors.zygote" in r["cmdline"] and r["ppid"] != os.getpid() for r in rows), rows
+    assert all("orchestrator.backends.local.zygote" in r["cmdline"] and r["ppid"] != os.getpid() for r in rows), rows
 
 
 def test_an_exported_nccl_socket_ifname_reaches_the_ranks_unchanged(tmp_path: Path,
@@ -137,7 +137,7 @@ def test_killed_rank_ends_the_run_within_10s(tmp_path: Path) -> None:
     args = {**TRAIN_ARGS, "max-steps": 0, "epochs": 50, "step-delay": 0.05}
     launch = make_plan(tmp_path, nodes=2, cpu_ranks_per_node=2, args=args)
     from orchestrator.executors.base import prepare_run_dir
-    from orchestrator.executors.supervisor import Supervisor
+    from orchestrator.backends.local.supervisor import Supervisor
 
     record, lock = prepare_run_dir(launch)
     killed: dict[str, float] = {}
@@ -174,7 +174,7 @@ def test_interrupt_and_resume_is_bit_identical(tmp_path: Path) -> None:
     slow = {**args, "step-delay": 0.05}
     # Same training, but slowed down so it can be interrupted mid-epoch.
     launch = make_plan(tmp_path / "b", nodes=2, cpu_ranks_per_node=2, args=slow)
-    from orchestrator.executors.local import LocalExecutor
+    from orchestrator.backends.local.executor import LocalExecutor
 
     ex = LocalExecutor()
     record = ex.submit(launch)
@@ -230,8 +230,8 @@ def test_unreachable_master_is_an_error_not_a_hang(tmp_path: Path) -> None:
 
 def test_debug_executor_runs_one_rank_in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import jobs.train
-    from orchestrator.executors.debug import DebugExecutor
-    from orchestrator.loading import spec_from_dict
+    from orchestrator.backends.local.debug import DebugExecutor
+    from orchestrator.spec.loading import spec_from_dict
     from orchestrator.plan import plan as make
 
     launch = make_plan(tmp_path, nodes=2, cpu_ranks_per_node=2, args=TRAIN_ARGS)
@@ -325,12 +325,12 @@ def test_fresh_interpreters_when_preload_is_off(tmp_path: Path, monkeypatch: pyt
     assert record.state == "COMPLETED", record.error
     rows = [json.loads((out / f"byo-{r}.json").read_text()) for r in range(2)]
     assert all(r["sum"] == 3.0 for r in rows)
-    # Fresh interpreters: each exec'd as 'python -c BOOTSTRAP orchestrator.launcher PAYLOAD' by the run's
+    # Fresh interpreters: each exec'd as 'python -c BOOTSTRAP orchestrator.node.launcher PAYLOAD' by the run's
     # zygote (one parent for all ranks, which stops their leftovers), never a fork that kept
     # the pre-imported launcher's command line.
     assert len({r["ppid"] for r in rows}) == 1 and rows[0]["ppid"] != os.getpid()
     for r in rows:
-        assert "sys.path.pop(0)" in r["cmdline"] and " orchestrator.launcher " in r["cmdline"], r
+        assert "sys.path.pop(0)" in r["cmdline"] and " orchestrator.node.launcher " in r["cmdline"], r
         assert "zygote" not in r["cmdline"], r
     assert sorted(r["pid"] for r in rows) == sorted(record.rank_pids)
     monkeypatch.setenv("CRASH_RANK", "1")
@@ -395,7 +395,7 @@ def test_ranks_remove_the_rendezvous_file_themselves(tmp_path: Path) -> None:
     launch = make_plan(tmp_path, name="rdv", entrypoint=str(SCRIPTS / "file_init_no_teardown.py"))
     payload = tmp_path / "payload.json"
     payload.write_text(launch.payload.to_json())
-    _two_ranks([sys.executable, "-m", "orchestrator.launcher", str(payload)], rdir / "b", tmp_path)
+    _two_ranks([sys.executable, "-m", "orchestrator.node.launcher", str(payload)], rdir / "b", tmp_path)
     assert not list(rdir.iterdir()), f"a script that never tore its group down left {list(rdir.iterdir())}"
 
 
@@ -411,7 +411,7 @@ def test_a_script_that_never_destroys_its_group_exits_cleanly(tmp_path: Path) ->
     payload.write_text(launch.payload.to_json())
     for round_ in range(5):
         out.mkdir()
-        _two_ranks([sys.executable, "-m", "orchestrator.launcher", str(payload)], tmp_path / f"rdv-{round_}", tmp_path)
+        _two_ranks([sys.executable, "-m", "orchestrator.node.launcher", str(payload)], tmp_path / f"rdv-{round_}", tmp_path)
         assert {p.name: p.read_text() for p in out.iterdir()} == {"left-0": "4.0", "left-1": "4.0"}
         shutil.rmtree(out)
 
@@ -451,7 +451,7 @@ def test_objects_a_script_leaves_are_finalized_as_under_python(tmp_path: Path, p
 def test_the_group_is_released_only_after_a_normal_return(tmp_path: Path) -> None:
     import torch.distributed as dist
 
-    from orchestrator.launcher import release_if_returned
+    from orchestrator.node.launcher import release_if_returned
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdv'}", rank=0, world_size=1)
     try:

@@ -152,7 +152,7 @@ def test_a_two_rank_gloo_run_completes_and_leaves_nothing(tmp_path: Path) -> Non
     run_dir = _run_dir(tmp_path, "gloo")
     started = [json.loads(p.read_text()) for p in _wait_for(run_dir, "started-*.json", 2)]
     for rank in started:  # a fresh interpreter (never a fork of a parent that imported torch), watching its pipe
-        assert "orchestrator.launcher" in rank["argv"] and any(a.startswith("--parent-pipe=") for a in rank["argv"])
+        assert "orchestrator.node.launcher" in rank["argv"] and any(a.startswith("--parent-pipe=") for a in rank["argv"])
     _assert_all_end(_watched([r["child"] for r in started]), "the ranks' children", timeout_s=5)
 
 

@@ -23,8 +23,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.records import RunRecord
-from orchestrator.states import TERMINAL
+from orchestrator.core.records import RunRecord
+from orchestrator.core.states import TERMINAL
 
 SCRIPTS = Path(__file__).parent / "scripts"
 SETTLE_S = 15.0  # the most any step may take to show its effect (stop grace included)
@@ -189,7 +189,7 @@ class World:
     def check(self) -> None:
         assert sorted(_ranks("bystander")) == self.bystander_ranks, "a bystander's rank was touched"
         assert _state(self.bystander_dir) == "RUNNING"
-        supervisors = _procs_with(f"orchestrator.executors.local {self.run_dir} ")
+        supervisors = _procs_with(f"orchestrator.backends.local.executor {self.run_dir} ")
         assert len(supervisors) <= 1, f"two live supervisors of one folder: {supervisors}"
         assert len(_ranks("target")) <= 2, "two sets of ranks in one folder"
         if not self.live:
@@ -262,7 +262,7 @@ def test_killed_zygote_is_reported_as_such_and_blames_no_rank(tmp_path: Path) ->
     assert _cli("run", "--detach", str(spec)).returncode == 0
     run_dir = _run_dir(tmp_path, "zyg")
     _eventually(lambda: len(_ranks("zyg")) == 2, "the ranks run", within=60)
-    zygote = [p for p in _procs_with("orchestrator.executors.zygote")
+    zygote = [p for p in _procs_with("orchestrator.backends.local.zygote")
               if open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1] ==
               str(RunRecord.load(run_dir).supervisor_pid)]
     assert len(zygote) == 1

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.errors import SubmissionError
+from orchestrator.core.errors import SubmissionError
 
 STAGE = """import json, os, sys, time
 out, tag, code = sys.argv[sys.argv.index("--out") + 1], sys.argv[sys.argv.index("--tag") + 1], \\

@@ -16,7 +16,7 @@ from typing import Callable
 
 import pytest
 
-from orchestrator.records import RunRecord
+from orchestrator.core.records import RunRecord
 
 STAGE = """import os, sys, time
 out, tag = sys.argv[sys.argv.index("--out") + 1], sys.argv[sys.argv.index("--tag") + 1]

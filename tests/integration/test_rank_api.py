@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from orchestrator.executors.local import LocalExecutor
-from orchestrator.records import RunRecord
-from orchestrator.states import TERMINAL
+from orchestrator.backends.local.executor import LocalExecutor
+from orchestrator.core.records import RunRecord
+from orchestrator.core.states import TERMINAL
 from tests.integration.helpers import final_weights, leftover_ranks, make_plan, run_local, start_detached, wait_ended
 
 EXAMPLE = "jobs.examples.rank_api_example:main"
@@ -44,7 +44,7 @@ def test_user_script_on_the_rank_api_resumes_bit_exactly_after_usr2(tmp_path: Pa
                        args={**ARGS, "step-delay": 0.1}, checkpoint={"interval_steps": 10})
     ex = LocalExecutor()
     record = ex.submit(launch)
-    from orchestrator.progress import read_progress
+    from orchestrator.core.progress import read_progress
 
     deadline = time.monotonic() + 120
     while not ((seen := read_progress(launch.run_dir, 4)[2]) is not None and seen.step >= 13):
@@ -88,7 +88,7 @@ def test_user_script_on_the_rank_api_resumes_bit_exactly_after_usr2(tmp_path: Pa
     for rank, report in enumerate(read_progress(launch.run_dir, 4)):
         assert report is not None and (report.step, report.total) == (TOTAL, TOTAL), (rank, report)
     assert sorted(p.name for p in (Path(launch.run_dir) / "progress").iterdir()) == ["node-0.json", "node-1.json"]
-    from orchestrator.report import write_report
+    from orchestrator.front.report import write_report
 
     summary = write_report(launch.run_dir)
     assert "final train loss" in summary and "rank 3:" in summary, summary
@@ -144,7 +144,7 @@ def test_heartbeat_of_a_rank_with_a_node_goes_into_its_nodes_file(tmp_path: Path
     """A rank that knows its node (GROUP_RANK, LOCAL_RANK: every rank the orchestrator starts)
     stages its report on the node's own memory, and the node's one file holds it."""
     import jobs
-    from orchestrator import progress
+    from orchestrator.core import progress
 
     for name, value in {"ORCH_RUN_DIR": str(tmp_path), "RANK": "5", "ORCH_ATTEMPT": "1", "GROUP_RANK": "2",
                         "LOCAL_RANK": "1"}.items():

@@ -47,7 +47,7 @@ def test_local_ranks_get_exactly_the_planned_environment(tmp_path: Path, preload
         assert {k for k in env if k.startswith("ORCH_")} <= set(row.env)
         assert env["CONTRACT_VAR"] == "a b $HOME ;"  # as written: no shell read it
         assert env["OMP_NUM_THREADS"] == "2"  # the spec's env wins over the thread default
-        assert seen["heap_faults_per_cycle"] < 1000, seen["heap_faults_per_cycle"]  # orchestrator.malloc applied
+        assert seen["heap_faults_per_cycle"] < 1000, seen["heap_faults_per_cycle"]  # orchestrator.node.malloc applied
 
 
 def test_startup_variables_take_effect_on_forked_ranks(tmp_path: Path) -> None:

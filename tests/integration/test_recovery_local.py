@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from orchestrator.recovery import History
+from orchestrator.core.recovery import History
 from tests.integration.helpers import SCRIPTS, make_plan, run_local
 
 

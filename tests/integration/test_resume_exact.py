@@ -14,10 +14,10 @@ from typing import Any, Iterator
 import pytest
 import torch
 
-from orchestrator.executors.local import LocalExecutor
+from orchestrator.backends.local.executor import LocalExecutor
 from orchestrator.plan import LaunchPlan
-from orchestrator.records import RunRecord
-from orchestrator.states import TERMINAL
+from orchestrator.core.records import RunRecord
+from orchestrator.core.states import TERMINAL
 from tests.integration.helpers import final_weights, leftover_ranks, make_plan, run_local, start_detached, wait_ended
 
 # 2 ranks x 2 workers on digits-aug (each image shifted and noised from torch's, Python's and
@@ -99,7 +99,7 @@ def test_resume_with_workers_drawing_augmentations_is_bit_exact(runs: dict[str, 
 
 def test_after_a_resume_the_metrics_and_report_show_each_step_once(runs: dict[str, Any],
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    from orchestrator.report import read_metrics, write_report
+    from orchestrator.front.report import read_metrics, write_report
 
     launch = runs["launch"]
     start = _resumed_from(launch)

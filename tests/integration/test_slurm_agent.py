@@ -1,4 +1,4 @@
-"""The job's agent (orchestrator.slurm_job) without a cluster: a stand-in srun (a child that
+"""The job's agent (orchestrator.backends.slurm.node.slurm_job) without a cluster: a stand-in srun (a child that
 exits on USR2 unless told to checkpoint) and a recording stand-in scontrol on PATH. Its
 requeue decisions are checked for each slurm.requeue policy, through real signals."""
 
@@ -22,7 +22,7 @@ CHILD = """
 import os, signal, sys, time
 out = sys.argv[1]
 if os.environ.get("LISTENING") == "1":  # the rank API's StopFlag on rank 0
-    from orchestrator.run_folder import stop_flag_note
+    from orchestrator.core.run_folder import stop_flag_note
     os.makedirs(os.path.dirname(os.environ["ORCH_REQUEUE_MARKER"]), exist_ok=True)
     open(stop_flag_note(os.environ["ORCH_REQUEUE_MARKER"]), "w").write("listening")
 def on_usr2(signum, frame):
@@ -51,7 +51,7 @@ time.sleep(60)
 def _payload(tmp: Path, slurm: dict | None = None, spec: dict | None = None, **fields) -> None:
     """A real SLURM payload as plan writes it, with a stand-in srun."""
     from orchestrator.plan import plan
-    from orchestrator.spec import JobSpec
+    from orchestrator.spec.models import JobSpec
 
     launch = plan(JobSpec(name="agent", entrypoint="jobs.train:main", executor="slurm", runs_dir=str(tmp / "runs"),
                           slurm={"requeue": fields["requeue"], "max_requeues": fields["max_requeues"], **(slurm or {})},
@@ -87,7 +87,7 @@ def _agent(tmp: Path, policy: str, checkpoint: bool, restart: int = 0, max_reque
 
 def _start_agent(tmp: Path, env: dict[str, str]) -> subprocess.Popen:
     """The agent on tmp's payload, returned once its stand-in srun (the ranks) has started."""
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.slurm_job", str(tmp / "payload.json")], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.backends.slurm.node.slurm_job", str(tmp / "payload.json")], env=env,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.monotonic() + 30
     while not (tmp / "child-started").exists():
@@ -161,7 +161,7 @@ def test_a_stop_that_no_requeue_follows_never_ends_completed(tmp_path: Path, cas
     """The ranks checkpointed on the notice and exited 0, but no requeue followed: the agent ends
     non-zero (SLURM: FAILED, never COMPLETED) and end.json says why, for status. A refused
     scontrol is retried first, within a bound."""
-    from orchestrator.forensics import read_end
+    from orchestrator.node.forensics import read_end
 
     proc = _agent(tmp_path, "never" if case == "never" else "auto", True, restart=2 if case == "limit" else 0,
                   scontrol_exit=1 if case == "refused" else 0)
@@ -185,7 +185,7 @@ def test_the_agent_checks_the_auto_port_on_the_masters_node(tmp_path: Path, take
     import json
     import socket
 
-    from orchestrator.rendezvous import derive_port
+    from orchestrator.core.rendezvous import derive_port
 
     argv_file = tmp_path / "srun-argv.json"
     _payload(tmp_path, spec={"recovery": {"health_check": False}},  # no srun stand-in here for the gate
@@ -198,7 +198,7 @@ def test_the_agent_checks_the_auto_port_on_the_masters_node(tmp_path: Path, take
             holder.listen()
         env = {**os.environ, "SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": socket.gethostname(),
                "SLURMD_NODENAME": socket.gethostname()}
-        out = subprocess.run([sys.executable, "-m", "orchestrator.slurm_job", str(tmp_path / "payload.json")],
+        out = subprocess.run([sys.executable, "-m", "orchestrator.backends.slurm.node.slurm_job", str(tmp_path / "payload.json")],
                              env=env, capture_output=True, text=True, timeout=60)
     finally:
         holder.close()
@@ -224,7 +224,7 @@ def test_always_requeues_after_the_ranks_clean_up_not_during_it(tmp_path: Path) 
 def test_always_requeues_ranks_that_never_end_before_the_margin_is_spent(tmp_path: Path) -> None:
     """Ranks that ignore the notice are requeued when the margin is nearly spent (signal_margin_s
     10: after 5 s), not left to the time limit, which would end the job TIMEOUT unrequeued."""
-    from orchestrator.slurm_job import requeue_deadline
+    from orchestrator.backends.slurm.node.slurm_job import requeue_deadline
 
     proc = _agent(tmp_path, "always", False, slurm={"signal_margin_s": 10}, child_env={"STAY": "1"})
     t0 = time.monotonic()
@@ -245,7 +245,7 @@ def test_the_notice_is_the_specs_signal(tmp_path: Path) -> None:
     """slurm.signal: USR1 (Lightning's requeue signal): the agent takes USR1 as the notice,
     forwards it to the ranks, and requeues on it; sbatch is asked for B:USR1@margin."""
     from orchestrator.plan import plan
-    from orchestrator.spec import JobSpec
+    from orchestrator.spec.models import JobSpec
 
     proc = _agent(tmp_path, "always", False, slurm={"signal": "USR1"}, child_env={"NOTICE": "SIGUSR1"})
     proc.send_signal(signal.SIGUSR1)
@@ -266,7 +266,7 @@ def test_orchestrator_cancel_gives_the_ranks_stop_grace_s_then_scancels(tmp_path
     """`orchestrator cancel` leaves a request in the run folder (and signals the ranks' step): the
     agent gives the ranks stop_grace_s, then scancels its own job (SLURM: CANCELLED); it never
     requeues, even when the ranks checkpointed on that SIGTERM."""
-    from orchestrator import ownership
+    from orchestrator.core import ownership
 
     stuck = tmp_path / "stuck"
     stuck.mkdir()
@@ -303,7 +303,7 @@ def test_a_rank_that_fails_before_its_entrypoint_is_recorded_with_its_rank_and_r
     _payload(tmp_path, requeue="auto", max_requeues=0, spec={"distributed": {"interface": "nosuchif9"}})
     env = {**os.environ, "SLURM_JOB_ID": "78", "SLURM_PROCID": "1", "SLURM_LOCALID": "1", "SLURM_NODEID": "0",
            "SLURM_NTASKS": "2", "SLURM_NNODES": "1", "SLURM_JOB_NODELIST": socket.gethostname()}
-    out = subprocess.run([sys.executable, "-m", "orchestrator.slurm_rank", str(tmp_path / "payload.json")],
+    out = subprocess.run([sys.executable, "-m", "orchestrator.backends.slurm.node.slurm_rank", str(tmp_path / "payload.json")],
                          env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
     assert "rank 1 failed: RuntimeError: interface nosuchif9 does not exist" in out.stderr
@@ -329,8 +329,8 @@ def test_a_preemptions_sigterm_requeues_and_a_scancels_does_not(tmp_path: Path, 
 def test_a_requeue_after_a_cancel_preemption_says_the_agent_did_it(tmp_path: Path) -> None:
     """Under PreemptMode=CANCEL SLURM would end a preempted job; the agent requeues it (auto, the
     ranks checkpointed) and says so where status reads it: the attempt's record."""
-    from orchestrator.attempt_logs import ended_line
-    from orchestrator.recovery import History
+    from orchestrator.core.attempt_logs import ended_line
+    from orchestrator.core.recovery import History
 
     # The stand-in scontrol answers every 'show' alike: the job's and its partition's fields in one line.
     info = "JobId=77 JobState=RUNNING PreemptTime=2026-11-24T18:00:00 Partition=debug PreemptMode=CANCEL"
@@ -358,7 +358,7 @@ def test_ranks_that_end_on_the_cancels_sigterm_before_the_agent_looks_end_cancel
     """`orchestrator cancel`'s SIGTERM ends a script with no handler at once, before the agent's
     next look at the request: the job is still a cancel (scancel, CANCELLED), not a failure
     blamed on a rank "killed by a signal", and not a completion."""
-    from orchestrator import ownership
+    from orchestrator.core import ownership
 
     proc = _agent(tmp_path, "auto", False, child_env={"NOTICE": "SIGTERM"})
     ownership.request_cancel(tmp_path / "run", "orchestrator cancel")
@@ -372,8 +372,8 @@ def test_a_stalled_rank_that_ignores_sigterm_is_killed_within_the_hard_tier(tmp_
     """After a watchdog verdict the ranks get SIGTERM through srun; one that ignores it gets
     SIGKILL (scancel --signal=KILL reaches the steps, not the agent) END_GRACE_S later, and srun
     goes after that: every rank is gone within ~10 s of the decision."""
-    from orchestrator.recovery import History
-    from orchestrator.slurm_job import END_GRACE_S
+    from orchestrator.core.recovery import History
+    from orchestrator.backends.slurm.node.slurm_job import END_GRACE_S
 
     proc = _agent(tmp_path, "never", False, spec={"watchdog": {"stall_s": 2}}, child_env={"IGNORE_TERM": "1"})
     t0 = time.monotonic()
@@ -409,7 +409,7 @@ def test_ranks_slurm_suspended_are_never_called_stalled(tmp_path: Path, suspende
 def test_an_earlier_jobs_attempt_its_agent_never_closed_is_recorded_lost(tmp_path: Path) -> None:
     """Two submissions of one run: the first job's agent was killed (no end recorded); the second
     job's agent records that attempt as lost, not as a node failure of its own, and numbers on."""
-    from orchestrator.recovery import History
+    from orchestrator.core.recovery import History
 
     (tmp_path / "run").mkdir()
     History(tmp_path / "run" / "recovery.json").begin(1, ["nodeX"], tmp_path / "ckpt", job="55")
@@ -426,7 +426,7 @@ def test_an_earlier_jobs_attempt_its_agent_never_closed_is_recorded_lost(tmp_pat
 def test_a_node_failure_requeue_past_max_restarts_ends_the_job(tmp_path: Path) -> None:
     """SLURM requeued the job itself (the agent's node failed) once more than recovery.max_restarts
     allows: the next attempt records the node failure and ends FAILED without starting the ranks."""
-    from orchestrator.recovery import History
+    from orchestrator.core.recovery import History
 
     (tmp_path / "run").mkdir()
     history = History(tmp_path / "run" / "recovery.json")
@@ -439,7 +439,7 @@ def test_a_node_failure_requeue_past_max_restarts_ends_the_job(tmp_path: Path) -
     _payload(tmp_path, spec={"recovery": {"max_restarts": 1}}, requeue="auto", max_requeues=3,
              srun=(sys.executable, "-c", "open('ranks-started', 'w')"))
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "2"}
-    out = subprocess.run([sys.executable, "-m", "orchestrator.slurm_job", str(tmp_path / "payload.json")], env=env,
+    out = subprocess.run([sys.executable, "-m", "orchestrator.backends.slurm.node.slurm_job", str(tmp_path / "payload.json")], env=env,
                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert out.returncode == 1, out.stderr
     assert "no restarts left (1 of 1 used; recovery.max_restarts)" in out.stderr
@@ -452,7 +452,7 @@ def test_a_node_failure_requeue_past_max_restarts_ends_the_job(tmp_path: Path) -
 def test_a_preemption_slurm_requeued_itself_is_a_requeue_not_a_node_failure(tmp_path: Path) -> None:
     """slurm.requeue: never, preempted under PreemptMode=REQUEUE: SLURM requeues the job itself.
     The attempt is recorded preempted, and the next attempt of the job counts it as a requeue."""
-    from orchestrator.recovery import History
+    from orchestrator.core.recovery import History
 
     info = "JobId=77 JobState=RUNNING PreemptTime=2026-11-24T18:00:00"
     proc = _agent(tmp_path, "never", False, child_env={"NOTICE": "SIGTERM"}, job_info=info)
@@ -484,7 +484,7 @@ def test_without_cpus_per_task_each_rank_gets_its_share_of_the_nodes_cpus(tmp_pa
     import json
 
     from orchestrator.plan import plan
-    from orchestrator.spec import JobSpec
+    from orchestrator.spec.models import JobSpec
 
     env_spec = {"KEEP_ME": "yes", **({"OMP_NUM_THREADS": "3"} if own_threads else {})}
     launch = plan(JobSpec(name="cpus", entrypoint="jobs.train:main", executor="slurm", cpu_ranks_per_node=2,
@@ -505,7 +505,7 @@ def test_without_cpus_per_task_each_rank_gets_its_share_of_the_nodes_cpus(tmp_pa
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "77", "SLURM_CPUS_ON_NODE": "9",
            "SLURM_EXPORT_ENV": "NONE", "SLURM_CPUS_PER_GPU": "4"}
     env.pop("OMP_NUM_THREADS", None)
-    done = subprocess.run([sys.executable, "-m", "orchestrator.slurm_job", str(tmp_path / "payload.json")], env=env,
+    done = subprocess.run([sys.executable, "-m", "orchestrator.backends.slurm.node.slurm_job", str(tmp_path / "payload.json")], env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     seen = json.loads(out.read_text())
@@ -520,9 +520,9 @@ def test_without_cpus_per_task_each_rank_gets_its_share_of_the_nodes_cpus(tmp_pa
 def test_the_health_gate_never_imports_from_the_submit_folder(tmp_path: Path) -> None:
     """A json.py where the user submitted (the job's working folder): the agent and its health
     gate, which srun starts there, never import it, and the job goes on to its ranks."""
-    from orchestrator.interpreter import module_argv
+    from orchestrator.core.interpreter import module_argv
     from orchestrator.plan import plan
-    from orchestrator.spec import JobSpec
+    from orchestrator.spec.models import JobSpec
 
     submit_dir, marker = tmp_path / "submit", tmp_path / "hijacked"
     submit_dir.mkdir()
@@ -540,7 +540,7 @@ def test_the_health_gate_never_imports_from_the_submit_folder(tmp_path: Path) ->
     (bin_dir / "srun").write_text('#!/bin/sh\nwhile [ "${1#--}" != "$1" ]; do shift; done\nexec "$@"\n')
     (bin_dir / "srun").chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "78", "SLURM_CPUS_ON_NODE": "2"}
-    done = subprocess.run(module_argv(sys.executable, "orchestrator.slurm_job", str(tmp_path / "payload.json")),
+    done = subprocess.run(module_argv(sys.executable, "orchestrator.backends.slurm.node.slurm_job", str(tmp_path / "payload.json")),
                           cwd=submit_dir, env=env, capture_output=True, text=True, timeout=120)
     assert not marker.exists(), (marker.read_text(), done.stderr[-2000:])
     assert done.returncode == 0 and out.exists(), done.stderr[-2000:]  # the gate passed: the ranks' srun ran

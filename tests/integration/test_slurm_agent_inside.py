@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from orchestrator.recovery import History
+from orchestrator.core.recovery import History
 from tests.integration.test_slurm_agent import _payload
 
 # The ranks' srun: records its argv and the attempt the agent gave it, fails the first time (with
@@ -45,7 +45,7 @@ def _agent(tmp: Path, recovery: dict, nodes: int, nodelist: str, bus: bool) -> s
              requeue="auto", max_requeues=0, srun=(str(ranks_srun),))
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "77",
            "SLURM_JOB_NODELIST": nodelist, "SLURMD_NODENAME": "node1", "BUS": "1" if bus else "0"}
-    return subprocess.run([sys.executable, "-m", "orchestrator.slurm_job", str(tmp / "payload.json")], env=env,
+    return subprocess.run([sys.executable, "-m", "orchestrator.backends.slurm.node.slurm_job", str(tmp / "payload.json")], env=env,
                           capture_output=True, text=True, timeout=120)
 
 

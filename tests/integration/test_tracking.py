@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.tracking import wandb_run_id
+from orchestrator.node.tracking import wandb_run_id
 from tests.integration.helpers import SCRIPTS, leftover_ranks
 
 STEPS, FAIL_AT, INTERVAL = 10, 7, 5

@@ -1,4 +1,4 @@
-"""The SLURM job agent's decisions (orchestrator.agent_decisions), without processes: when a
+"""The SLURM job agent's decisions (orchestrator.backends.slurm.node.agent_decisions), without processes: when a
 requeue is due, a cancel's grace, whether an end is a failure, the attempt's outcome and the exit
 code. The agent that acts on them runs against stand-ins in tests/integration/test_slurm_agent.py."""
 
@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator.agent_decisions import (ALWAYS, AUTO, NEVER, UNFINISHED_EXIT, a_failure, attempt_outcome, cancelled,
+from orchestrator.backends.slurm.node.agent_decisions import (ALWAYS, AUTO, NEVER, UNFINISHED_EXIT, a_failure, attempt_outcome, cancelled,
                                           failed_exit, grace_spent, hang_blamed, no_requeue_left, requeue_deadline,
                                           requeue_evidence, requeue_why, requeues_used, stacks_before_notice)
-from orchestrator.agent_state import AgentState, Phase
-from orchestrator.states import Action, FailureKind, Outcome
+from orchestrator.backends.slurm.node.agent_state import AgentState, Phase
+from orchestrator.core.states import Action, FailureKind, Outcome
 
 
 def test_always_waits_for_the_ranks_until_the_margin_is_nearly_spent() -> None:

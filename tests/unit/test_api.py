@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 import orchestrator
-from orchestrator.errors import (JobFailedError, OrchestratorError, RunNotFinishedError, RunNotFoundError, SpecError,
+from orchestrator.core.errors import (JobFailedError, OrchestratorError, RunNotFinishedError, RunNotFoundError, SpecError,
                                  UsageError, WaitTimeoutError)
-from orchestrator.records import RunRecord, register
+from orchestrator.core.records import RunRecord, register
 
 ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "pydantic", "submitit", "yaml", "rich")
@@ -41,7 +41,8 @@ def test_the_api_functions_stay_free_of_torch() -> None:
 
 
 def test_lazy_exports_are_the_real_objects() -> None:
-    from orchestrator import api, errors, spec
+    from orchestrator import api, spec
+    from orchestrator.core import errors
 
     assert orchestrator.JobSpec is spec.JobSpec
     assert orchestrator.run is api.run and orchestrator.submit is api.submit and orchestrator.Run is api.Run
@@ -128,7 +129,7 @@ def test_wait_is_bounded_and_result_waits_for_nothing(tmp_path: Path) -> None:
     TimeoutError in about the time given, and result() says to wait."""
     import os
 
-    from orchestrator import procs
+    from orchestrator.core import procs
 
     _fake_run(tmp_path, "RUNNING", supervisor_pid=os.getpid(), supervisor_start=procs.start_time(os.getpid()))
     run = orchestrator.Run.get("fake-0123abcd")
@@ -141,7 +142,7 @@ def test_wait_is_bounded_and_result_waits_for_nothing(tmp_path: Path) -> None:
 
 
 def test_sweep_results_are_one_per_point(tmp_path: Path) -> None:
-    from orchestrator.records import point_dir
+    from orchestrator.core.records import point_dir
 
     rec = _fake_run(tmp_path, "COMPLETED", sweep_size=2)
     for i in range(2):

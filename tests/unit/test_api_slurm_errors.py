@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.errors import SubmissionError
-from orchestrator.executors.slurm import check_slurm_conf, controller_problem
+from orchestrator.core.errors import SubmissionError
+from orchestrator.backends.slurm.executor import check_slurm_conf, controller_problem
 
 ROOT = Path(__file__).resolve().parents[2]
 DNS_FAILURE = ("sbatch: error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown host\n"
@@ -77,8 +77,8 @@ def test_status_from_a_laptop_shows_every_run_when_slurm_cannot_be_asked(tmp_pat
     """A SLURM run registered beside a local one, and no cluster from here: `status` lists both (the
     SLURM one as last recorded) with one warning, instead of failing as a whole; naming the SLURM run
     makes the exit code 1."""
-    from orchestrator.records import RunRecord, register
-    from orchestrator.states import State
+    from orchestrator.core.records import RunRecord, register
+    from orchestrator.core.states import State
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env["ORCHESTRATOR_HOME"] = str(tmp_path / "home")

@@ -1,4 +1,4 @@
-"""Every recovery measured (orchestrator.attempt_times): the phases between two attempts, what
+"""Every recovery measured (orchestrator.core.attempt_times): the phases between two attempts, what
 status says of them, and the goodput, on recorded attempts (no process)."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from pathlib import Path
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from orchestrator.attempt_times import Goodput, goodput, joined_at, phases_line, progress_marks, recovery_phases
-from orchestrator.progress import ProgressWriter
-from orchestrator.recovery import Attempt, History, describe
-from orchestrator.states import Action, Outcome
+from orchestrator.core.attempt_times import Goodput, goodput, joined_at, phases_line, progress_marks, recovery_phases
+from orchestrator.core.progress import ProgressWriter
+from orchestrator.core.recovery import Attempt, History, describe
+from orchestrator.core.states import Action, Outcome
 
 
 def _two_attempts() -> tuple[Attempt, Attempt]:

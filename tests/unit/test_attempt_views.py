@@ -1,5 +1,5 @@
 """One attempt's part of a rank's log (``logs --attempt K``, ``Run.logs(attempt=K)``), and the
-lines ``Run.wait`` prints as attempts start and end (``orchestrator.attempt_logs``)."""
+lines ``Run.wait`` prints as attempts start and end (``orchestrator.core.attempt_logs``)."""
 
 from __future__ import annotations
 
@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 
 from orchestrator import api
-from orchestrator.attempt_logs import (SCHEDULER_LAG_S, AttemptNotFoundError, AttemptStream, AttemptWatch, attempt_text, attempts_in,
+from orchestrator.core.attempt_logs import (SCHEDULER_LAG_S, AttemptNotFoundError, AttemptStream, AttemptWatch, attempt_text, attempts_in,
                                        first_attempts, history_changes, job_of_log, read_history, split_attempts)
 from orchestrator.cli import main
-from orchestrator.errors import RunNotFoundError, UsageError
-from orchestrator.records import RunRecord, register
-from orchestrator.recovery import Attempt, History
+from orchestrator.core.errors import RunNotFoundError, UsageError
+from orchestrator.core.records import RunRecord, register
+from orchestrator.core.recovery import Attempt, History
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,20 +35,20 @@ def _marker_template(module: str, start: str) -> ast.JoinedStr:
         if isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0], ast.Constant) \
                 and str(node.values[0].value).startswith(start):
             return node
-    raise AssertionError(f"{module} no longer writes a line starting {start!r}: update orchestrator.attempt_logs")
+    raise AssertionError(f"{module} no longer writes a line starting {start!r}: update orchestrator.core.attempt_logs")
 
 
 def local_marker(attempt: int) -> str:
-    """What the local supervisor writes before attempt ``attempt`` (executors/supervisor.py)."""
-    template = _marker_template("orchestrator/executors/supervisor.py", "=== attempt ")
+    """What the local supervisor writes before attempt ``attempt`` (backends/local/supervisor.py)."""
+    template = _marker_template("orchestrator/backends/local/supervisor.py", "=== attempt ")
     return eval(compile(ast.Expression(template), "supervisor", "eval"),  # noqa: S307 - our own source
                 {"self": SimpleNamespace(record=SimpleNamespace(attempts=attempt)),
                  "time": SimpleNamespace(ctime=lambda: "Mon Jun  3 10:00:00 2024")})
 
 
 def slurm_marker(rank: int, restart: int, job: str = "77", host: str = "node2") -> str:
-    """What orchestrator.slurm_rank prints as a rank's first line in restart ``restart`` of ``job``."""
-    template = _marker_template("orchestrator/slurm_rank.py", "[launcher] rank ")
+    """What orchestrator.backends.slurm.node.slurm_rank prints as a rank's first line in restart ``restart`` of ``job``."""
+    template = _marker_template("orchestrator/backends/slurm/node/slurm_rank.py", "[launcher] rank ")
     names = {"rank": SimpleNamespace(rank=rank, world_size=4, local_rank=rank % 2, master_addr="node1",
                                      master_port=29500, init_method="tcp"),
              "socket": SimpleNamespace(gethostname=lambda: host), "job": SimpleNamespace(job_id=job, restart=restart, attempt=restart)}
@@ -384,7 +384,7 @@ def test_an_earlier_submissions_history_is_not_pending_again(tmp_path: Path) -> 
 @pytest.mark.parametrize("attempts", [True, False])
 def test_wait_prints_the_attempts_as_they_change(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                  attempts: bool) -> None:
-    from orchestrator import procs
+    from orchestrator.core import procs
 
     run_dir = tmp_path / "runs" / "w-0123abcd"
     run_dir.mkdir(parents=True)

@@ -19,7 +19,7 @@ def test_nccl_without_a_gpu_is_an_error_not_gloo(monkeypatch: pytest.MonkeyPatch
 
 
 def test_the_hidden_gpu_hint_only_for_a_dry_run_that_asked_for_a_gpu() -> None:
-    from orchestrator.failures import hidden_gpu_hint
+    from orchestrator.core.failures import hidden_gpu_hint
 
     assert hidden_gpu_hint("RuntimeError: No CUDA GPUs are available", None)
     assert hidden_gpu_hint("CUDA error: invalid device ordinal", ())

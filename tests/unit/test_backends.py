@@ -10,14 +10,15 @@ from pathlib import Path
 import pytest
 
 from orchestrator import backends
-from orchestrator.errors import OrchestratorError
-from orchestrator.executors import EXECUTORS, get_executor
-from orchestrator.spec import ExecutorName
+from orchestrator.backends.factory import EXECUTORS, get_executor
+from orchestrator.core.errors import OrchestratorError
+from orchestrator.spec.models import ExecutorName
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Modules that choose by what a backend does (the registry's flags), never by its name.
-BY_REGISTRY = ["api.py", "planning.py", "pipeline.py", "after.py", "run_files.py", "plan.py", "plan_model.py",
-               "local_plan.py", "executors/base.py", "executors/__init__.py"]
+BY_REGISTRY = ["api.py", "front/planning.py", "front/pipeline.py", "spec/after.py", "front/run_files.py",
+               "plan/__init__.py", "plan/plan_model.py", "backends/local/local_plan.py", "executors/base.py",
+               "executors/__init__.py", "backends/factory.py"]
 _NAME_TEST = re.compile(r"""(==|!=)\s*["'](slurm|local|debug)["']|["'](slurm|local|debug)["']\s*(==|!=)|"""
                         r"""in\s*\(\s*["'](slurm|local|debug)["']""")
 

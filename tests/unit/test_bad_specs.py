@@ -192,7 +192,7 @@ def test_cli_process_exits_2_without_traceback(tmp_path: Path) -> None:
 
 def test_node_local_paths_declared_shared_are_accepted(tmp_path: Path) -> None:
     """slurm.assume_shared_paths is the escape for a cluster whose nodes share /tmp (one host)."""
-    from orchestrator.loading import spec_from_dict
+    from orchestrator.spec.loading import spec_from_dict
 
     spec = spec_from_dict({"name": "shared", "entrypoint": "jobs.train:main", "executor": "slurm", "nodes": 2,
                            "runs_dir": "/tmp/runs", "checkpoint": {"dir": "/dev/shm/ck"},

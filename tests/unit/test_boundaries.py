@@ -28,11 +28,11 @@ def test_jobs_never_import_submitit_or_executors() -> None:
     for path in files:
         for name in _imports(path):
             assert not name.startswith("submitit"), f"{path} imports {name}"
-            assert not name.startswith("orchestrator.executors"), f"{path} imports {name}"
+            assert not name.startswith(("orchestrator.executors", "orchestrator.backends")), f"{path} imports {name}"
 
 
 def test_spec_and_plan_never_import_subprocess() -> None:
-    for module in ("spec.py", "plan.py", "validators.py", "rank_env.py"):
+    for module in ("spec/models.py", "plan/__init__.py", "spec/validators.py", "node/rank_env.py"):
         names = _imports(ROOT / "orchestrator" / module)
         assert "subprocess" not in names, f"orchestrator/{module} imports subprocess"
 
@@ -85,7 +85,7 @@ def test_a_failing_validate_is_seen_as_failing(tmp_path: Path) -> None:
 def test_validate_loads_the_spec_without_the_rest_of_the_api() -> None:
     rc, mods, _ = _run_cli(["validate", str(ROOT / "orchestrator" / "examples" / "tcp-2x8.yaml")])
     assert rc == 0
-    extra = {"orchestrator.api", "orchestrator.records", "orchestrator.plan", "rich", "submitit"} & mods
+    extra = {"orchestrator.api", "orchestrator.core.records", "orchestrator.plan", "rich", "submitit"} & mods
     assert not extra, f"validate imported {sorted(extra)}"
 
 
@@ -97,7 +97,7 @@ def test_a_slurm_rank_runs_only_light_standard_library_code_before_the_entrypoin
     import os
 
     from orchestrator.plan import plan
-    from orchestrator.spec import JobSpec
+    from orchestrator.spec.models import JobSpec
 
     script = tmp_path / "modules.py"
     script.write_text("import json, sys\njson.dump(sorted(sys.modules), open(sys.argv[1], 'w'))\n")
@@ -109,13 +109,13 @@ def test_a_slurm_rank_runs_only_light_standard_library_code_before_the_entrypoin
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env.update(SLURM_JOB_ID="4242", SLURM_JOB_NODELIST="localhost", SLURM_NTASKS="1", SLURM_JOB_NUM_NODES="1",
                SLURM_LOCALID="0", SLURM_PROCID="0", SLURM_NODEID="0")
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.slurm_rank", str(payload)], env=env, cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.backends.slurm.node.slurm_rank", str(payload)], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     mods = set(json.loads(seen.read_text()))
     heavy = {"pydantic", "submitit", "yaml", "rich", "torch", "subprocess", "tempfile", "importlib.abc"} & mods
     assert not heavy, f"a rank imported {sorted(heavy)} before its entrypoint"
-    assert "orchestrator.launcher" in mods or "__main__" in mods  # it did run through the launcher
+    assert "orchestrator.node.launcher" in mods or "__main__" in mods  # it did run through the launcher
 
 
 def _module_graph() -> dict[str, set[str]]:
@@ -169,7 +169,8 @@ def test_executors_never_import_each_other() -> None:
     """An executor (local, debug, slurm) is reached through the executor interface only: what two
     share lives in a module of its own (base, supervisor, rendezvous, rank_env)."""
     graph = _module_graph()
-    executors = {f"orchestrator.executors.{n}" for n in ("local", "debug", "slurm")}
+    executors = {"orchestrator.backends.local.executor", "orchestrator.backends.local.debug",
+                 "orchestrator.backends.slurm.executor"}
     for name in executors:
         assert not graph[name] & (executors - {name}), f"{name} imports {sorted(graph[name] & executors)}"
 
@@ -178,9 +179,11 @@ def test_lower_layers_never_import_the_executors_or_the_interfaces() -> None:
     """The rank side (launcher, SLURM rank and agent, rank_env, payload, rendezvous) and jobs/ never
     import an executor, the CLI or the Python API: an upward import."""
     graph = _module_graph()
-    upper = {m for m in graph if m.startswith("orchestrator.executors")} | {"orchestrator.cli", "orchestrator.api"}
-    lower = ["orchestrator.launcher", "orchestrator.slurm_rank", "orchestrator.slurm_job", "orchestrator.rank_env",
-             "orchestrator.payload", "orchestrator.rendezvous", "orchestrator.slurm_task", "orchestrator.plan",
-             "orchestrator.spec"] + [m for m in graph if m.startswith("jobs")]
+    upper = {m for m in graph if m.startswith(("orchestrator.executors", "orchestrator.backends.local", "orchestrator.cli"))
+             or (m.startswith("orchestrator.backends.slurm.") and not m.startswith("orchestrator.backends.slurm.node"))}
+    upper |= {"orchestrator.cli", "orchestrator.api"}
+    lower = ["orchestrator.node.launcher", "orchestrator.backends.slurm.node.slurm_rank", "orchestrator.backends.slurm.node.slurm_job", "orchestrator.node.rank_env",
+             "orchestrator.core.payload", "orchestrator.core.rendezvous", "orchestrator.backends.slurm.node.slurm_task", "orchestrator.plan",
+             "orchestrator.spec", "orchestrator.spec.models"] + [m for m in graph if m.startswith("jobs")]
     for name in lower:
         assert not graph[name] & upper, f"{name} imports {sorted(graph[name] & upper)}"

@@ -1,4 +1,4 @@
-"""The rank's finder (orchestrator/code_redirect.py): imports that resolve inside the live project
+"""The rank's finder (orchestrator/node/code_redirect.py): imports that resolve inside the live project
 load the snapshot's files, however they were found (sys.path, an editable install's finder), and
 what the snapshot lacks is imported live, said once."""
 
@@ -13,7 +13,7 @@ from typing import Iterator
 
 import pytest
 
-from orchestrator import code_redirect
+from orchestrator.node import code_redirect
 
 
 def _write(root: Path, files: dict[str, str]) -> None:
@@ -109,7 +109,7 @@ def test_modules_outside_the_project_and_already_imported_ones_are_left_alone(tm
 
     assert importlib.import_module("email.message").__name__ == "email.message"
     assert json.__file__ and not Path(json.__file__).is_relative_to(tree)
-    import orchestrator.snapshot as snap  # imported before: its package's __path__ decides
+    import orchestrator.code.snapshot as snap  # imported before: its package's __path__ decides
 
     assert not Path(snap.__file__).is_relative_to(tree)
 

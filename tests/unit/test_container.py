@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import container
-from orchestrator.errors import SpecError
-from orchestrator.loading import spec_from_dict
+from orchestrator.node import container
+from orchestrator.core.errors import SpecError
+from orchestrator.spec.loading import spec_from_dict
 from orchestrator.plan import plan
 
-PKG = os.path.dirname(os.path.abspath(container.__file__))
+PKG = os.path.dirname(os.path.dirname(os.path.abspath(container.__file__)))  # the package, above node/
 JOBS = os.path.join(os.path.dirname(PKG), "jobs")
 
 
@@ -36,7 +36,7 @@ def test_each_runtime_wraps_only_the_rank_command(tmp_path: Path, monkeypatch: p
     launch = _launch(tmp_path, "apptainer", "/img/ddp.sif", cpu_ranks_per_node=1)
     run, payload = launch.run_dir, f"{launch.run_dir}/payload.json"
     mounts = f"{PKG}:/opt/orchestrator/orchestrator:ro,{JOBS}:/opt/orchestrator/jobs:ro,{tmp_path}/work:{tmp_path}/work,{run}:{run},/data:/data:ro"
-    rank = ["python3", "-u", "-c", container.BOOTSTRAP, "orchestrator.slurm_rank", payload]
+    rank = ["python3", "-u", "-c", container.BOOTSTRAP, "orchestrator.backends.slurm.node.slurm_rank", payload]
     srun = list(launch.payload.srun or ())
     assert srun[srun.index(head[0]):] == [*head, "apptainer", "exec", "--bind", mounts, "--opt", "/img/ddp.sif", *rank]
     assert container.wrap(launch.payload.container, ["x"], gpus_per_node=2)[:3] == ["apptainer", "exec", "--nv"]
@@ -52,12 +52,12 @@ def test_each_runtime_wraps_only_the_rank_command(tmp_path: Path, monkeypatch: p
     launch = _launch(tmp_path, "oci", "/srv/bundle", cpu_ranks_per_node=1)
     srun = list(launch.payload.srun or ())
     assert srun[srun.index(head[0]):] == [*head, f"--container={run}/container/oci-bundle", "--opt",
-                                          *rank[:4], "orchestrator.container", payload]
+                                          *rank[:4], "orchestrator.node.container", payload]
     # OCI images have their own /etc files: the node's name resolution is bound in.
     assert launch.payload.container.mounts[-3:] == ("/etc/hosts:/etc/hosts:ro", "/etc/resolv.conf:/etc/resolv.conf:ro",
                                                     "/data:/data:ro")
     lines = container.plan_lines(launch)
-    assert "ranks run `python3 -m orchestrator.container" in lines[0] and "agent runs on the host" in lines[0]
+    assert "ranks run `python3 -m orchestrator.node.container" in lines[0] and "agent runs on the host" in lines[0]
     local = container.plan_lines(plan(spec_from_dict({**launch.spec.model_dump(mode="json"), "executor": "local"})))
     assert len(local) == 1 and "the ranks run on the host" in local[0], local
 

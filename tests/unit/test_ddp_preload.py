@@ -1,4 +1,4 @@
-"""Which jobs the zygote imports torch._dynamo for before forking (executors/forked.builds_ddp):
+"""Which jobs the zygote imports torch._dynamo for before forking (backends/local/forked.builds_ddp):
 those whose every rank builds DistributedDataParallel, and no other (for them it only delays)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.executors.forked import builds_ddp
+from orchestrator.backends.local.forked import builds_ddp
 
 
 @pytest.mark.parametrize("framework", ["lightning", "fabric", "accelerate", "transformers"])

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from orchestrator import frameworks
-from orchestrator.errors import SpecError
-from orchestrator.loading import spec_from_dict
+from orchestrator.node import frameworks
+from orchestrator.core.errors import SpecError
+from orchestrator.spec.loading import spec_from_dict
 from orchestrator.plan import LaunchPlan, plan
 
 #: Every variable any framework sets: a rank gets exactly its framework's, and none without one.

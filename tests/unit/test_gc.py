@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import snapshot_prune
+from orchestrator.front import snapshot_prune
 from orchestrator.cli import main
-from orchestrator.records import RunRecord, register
+from orchestrator.core.records import RunRecord, register
 from orchestrator.remote import REMOTE_COMMANDS
-from orchestrator.states import State
+from orchestrator.core.states import State
 from tests.unit.test_remote_prune import Folder, _view
 
 HOUR = 3600.0

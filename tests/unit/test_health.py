@@ -1,4 +1,4 @@
-"""The health gate (orchestrator.health), for real on this machine: folders, tokens, disk,
+"""The health gate (orchestrator.node.health), for real on this machine: folders, tokens, disk,
 interfaces, GPU grants and the site's node_check. No SLURM: two "nodes" are two threads sharing
 one run folder, and the GPU driver's listing is a folder the test makes."""
 
@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator import health
-from orchestrator.health import NodeHealth, check_node, health_dir, read_results, unhealthy, write_result
+from orchestrator.node import health
+from orchestrator.node.health import NodeHealth, check_node, health_dir, read_results, unhealthy, write_result
 
 GPU_VARS = ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "GPU_DEVICE_ORDINAL")
 

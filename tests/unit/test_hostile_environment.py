@@ -27,9 +27,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator import fs_checks
-from orchestrator.errors import OrchestratorError
-from orchestrator.records import RunRecord, register, registered_runs
+from orchestrator.core import fs_checks
+from orchestrator.core.errors import OrchestratorError
+from orchestrator.core.records import RunRecord, register, registered_runs
 
 from tests.unit.test_hostile_input import SETTINGS, anything, cli
 
@@ -250,7 +250,7 @@ def test_an_unreadable_or_read_only_registry_for_another_user(request: pytest.Fi
     line = one_line(out.returncode, out.stderr)
     assert str(home / "registry.jsonl") in line and "EACCES" in line and "ORCHESTRATOR_HOME" in line, line
     (home / "registry.jsonl").chmod(0o644)  # readable, but its folder and itself are root's
-    code = ("import sys\nfrom orchestrator.records import RunRecord, register\nfrom orchestrator.errors import "
+    code = ("import sys\nfrom orchestrator.core.records import RunRecord, register\nfrom orchestrator.core.errors import "
             "OrchestratorError\ntry:\n    register(RunRecord(run_id='b', run_dir='/nowhere', executor='local'))\n"
             "except OrchestratorError as exc:\n    print(exc, file=sys.stderr)\n    sys.exit(exc.exit_code)\n")
     out = _as_nobody([sys.executable, "-c", code], env, tmp_path)
@@ -434,12 +434,12 @@ hostile_names = st.one_of(st.none(), st.text(max_size=30), st.just("a" * 5000), 
        exc_type=st.sampled_from([OSError, PermissionError, FileNotFoundError, IsADirectoryError]))
 def test_an_os_error_escaping_a_subcommand_is_one_line(monkeypatch: pytest.MonkeyPatch, err: int, name: str | None,
                                                        exc_type: type[OSError]) -> None:
-    import orchestrator.operations
+    import orchestrator.front.operations
 
     def status(*_: object, **__: object) -> int:
         raise exc_type(err, os.strerror(err), name) if name is not None else exc_type(err, os.strerror(err))
 
-    monkeypatch.setattr(orchestrator.operations, "status", status)
+    monkeypatch.setattr(orchestrator.front.operations, "status", status)
     code, out, stderr, _ = cli("status")
     line = one_line(code, stderr, codes=(1,))
     assert errno.errorcode[err] in line and len(line) < 1000 and "\x1b" not in line, line
@@ -448,12 +448,12 @@ def test_an_os_error_escaping_a_subcommand_is_one_line(monkeypatch: pytest.Monke
 
 
 def test_a_programming_error_is_still_a_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
-    import orchestrator.operations
+    import orchestrator.front.operations
 
     def status(*_: object, **__: object) -> int:
         raise KeyError("a bug")
 
-    monkeypatch.setattr(orchestrator.operations, "status", status)
+    monkeypatch.setattr(orchestrator.front.operations, "status", status)
     with pytest.raises(KeyError):
         cli("status")
 

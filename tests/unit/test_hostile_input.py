@@ -29,8 +29,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.cli import main
-from orchestrator.interpreter import BOOTSTRAP
-from orchestrator.loading import load_spec
+from orchestrator.core.interpreter import BOOTSTRAP
+from orchestrator.spec.loading import load_spec
 from orchestrator.plan import plan
 
 EXAMPLES = int(os.environ.get("ORCH_HYPOTHESIS_EXAMPLES", "150"))
@@ -200,13 +200,13 @@ def assert_script_runs_only_the_agent(path: Path, tmp: Path) -> None:
     raw = record.read_bytes().split(b"\n") if record.exists() else []
     argvs = [[a.decode() for a in chunk.split(b"\0")[:-1]] for chunk in raw if chunk]
     payload = os.path.join(launch.run_dir, "payload.json")
-    assert argvs == [["-u", "-c", BOOTSTRAP, "orchestrator.slurm_job", payload]], argvs
+    assert argvs == [["-u", "-c", BOOTSTRAP, "orchestrator.backends.slurm.node.slurm_job", payload]], argvs
     job = "%A_%a" if launch.sweep else "%j"
     assert list(launch.payload.srun) == ["srun", "--unbuffered", "--output",
                                       os.path.join(launch.run_dir, "slurm", f"{job}_%t_log.out"), "--kill-on-bad-exit=1",
                                       "--cpus-per-task=" + str(launch.submitit.get(  # the agent resolves the rule
                                           "cpus_per_task", f"<SLURM_CPUS_ON_NODE / {launch.ranks_per_node}>")),
-                                      python, "-u", "-c", BOOTSTRAP, "orchestrator.slurm_rank", payload]
+                                      python, "-u", "-c", BOOTSTRAP, "orchestrator.backends.slurm.node.slurm_rank", payload]
 
 
 @SETTINGS

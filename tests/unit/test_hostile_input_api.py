@@ -27,12 +27,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator import api
-from orchestrator.errors import OrchestratorError, SpecError, UsageError
-from orchestrator.loading import MAX_DEPTH, MAX_NODES, SpecLoader, load_spec, parse_text
+from orchestrator.core.errors import OrchestratorError, SpecError, UsageError
+from orchestrator.spec.loading import MAX_DEPTH, MAX_NODES, SpecLoader, load_spec, parse_text
 from orchestrator.plan import plan
-from orchestrator.records import RunRecord, register
-from orchestrator.spec import JobSpec
-from orchestrator.validators import NAME_MAX, NUMERIC_ENV, shown
+from orchestrator.core.records import RunRecord, register
+from orchestrator.spec.models import JobSpec
+from orchestrator.spec.validators import NAME_MAX, NUMERIC_ENV, shown
 from tests.unit.test_hostile_input import assert_clean_outcome, cli, field_value, hostile_text
 
 EXAMPLES = int(os.environ.get("ORCH_HYPOTHESIS_EXAMPLES", "150"))
@@ -133,7 +133,7 @@ def test_constructing_with_odd_keys_or_objects_names_them() -> None:
         JobSpec(**{**BASE, "args": {False: 1}})
     with pytest.raises(SpecError, match=r"args.x: a spec mapping holds a object object"):
         JobSpec(**{**BASE, "args": {"x": object()}})
-    from orchestrator.spec import SlurmSpec
+    from orchestrator.spec.models import SlurmSpec
 
     with pytest.raises(SpecError, match=r"partition: .* is not a safe slurm.partition name"):
         SlurmSpec(partition="a;b")
@@ -276,7 +276,7 @@ def test_env_numbers_the_orchestrator_reads_are_ascii(name: str, value: str) -> 
     except SpecError as exc:
         assert f"env: {name} is" in str(exc) and "ASCII digits" in str(exc)
         return
-    for part in value.split(","):  # what the launcher and orchestrator.malloc do with it
+    for part in value.split(","):  # what the launcher and orchestrator.node.malloc do with it
         assert part.isascii() and part.isdigit() and int(part) >= 0
     assert plan(spec).payload.env[name] == value
 
@@ -342,7 +342,7 @@ def test_slurm_python_never_starts_with_a_dash(python: str) -> None:
         return
     assert not python.startswith("-")
     payload = plan(spec).payload
-    from orchestrator.interpreter import BOOTSTRAP
+    from orchestrator.core.interpreter import BOOTSTRAP
 
     assert payload.python == python
     assert payload.srun[payload.srun.index(BOOTSTRAP) - 3] == python  # python -u -c BOOTSTRAP
@@ -481,7 +481,7 @@ def test_wait_takes_any_real_number_of_seconds_and_inf_is_no_limit(tmp_path: Pat
 
 
 def test_wait_with_an_infinite_timeout_waits(tmp_path: Path) -> None:
-    from orchestrator import procs
+    from orchestrator.core import procs
 
     run_dir = tmp_path / "runs" / "fake-0123abcd"
     run_dir.mkdir(parents=True)
@@ -505,7 +505,7 @@ def test_heartbeat_and_metrics_take_any_number_type(tmp_path_factory: pytest.Tem
     np = pytest.importorskip("numpy")
     import jobs
     from jobs.metrics import MetricsWriter
-    from orchestrator.progress import read_progress
+    from orchestrator.core.progress import read_progress
 
     ints = [int, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64]
     reals = ints + [float, np.float16, np.float32, np.float64, Fraction]
@@ -528,7 +528,7 @@ def test_heartbeat_and_metrics_take_any_number_type(tmp_path_factory: pytest.Tem
             os.environ["ORCH_RUN_DIR"] = saved
     report = read_progress(run_dir, 1)[0]
     assert report is not None and report.step == step and report.total == step
-    from orchestrator.report import read_metrics
+    from orchestrator.front.report import read_metrics
 
     assert [m["kind"] for m in read_metrics(run_dir)] == ["train", "eval", "throughput"]
 

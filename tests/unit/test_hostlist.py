@@ -1,4 +1,4 @@
-"""The project's one SLURM host-list parser (orchestrator.hostlist), and every caller using it:
+"""The project's one SLURM host-list parser (orchestrator.core.hostlist), and every caller using it:
 five parsers once disagreed on 4 of 9 expressions (issue 34). The cases were checked against
 ``scontrol show hostnames`` (22.05); tests/unit/test_slurm_checks_gres.py compares generated lists
 with it, and tests/cluster/test_hostlist_scontrol.py on the cluster, multi-bracket lists included."""
@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator import container, hostlist, validators
-from orchestrator.executors import slurm_checks
-from orchestrator.slurm_job import _hostnames
-from orchestrator.slurm_task import expand_nodelist
+from orchestrator.node import container
+from orchestrator.core import hostlist
+from orchestrator.spec import validators
+from orchestrator.backends.slurm import slurm_checks
+from orchestrator.backends.slurm.node.slurm_job import _hostnames
+from orchestrator.backends.slurm.node.slurm_task import expand_nodelist
 
 AGREED = [  # what scontrol show hostnames prints, checked by hand on SLURM 22.05
     ("gpu-[1-2]-[3-4]", ["gpu-1-3", "gpu-1-4", "gpu-2-3", "gpu-2-4"]),

@@ -1,4 +1,4 @@
-"""orchestrator.identity: a run is named by its training fields only. Every field of the spec is
+"""orchestrator.spec.identity: a run is named by its training fields only. Every field of the spec is
 classified (a new one fails here until it is); operational changes never move the run folder,
 training changes always do; plan's identity line says whether a spec resumes and from which step,
 and names the field that made a spec miss another run's checkpoints."""
@@ -15,10 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from orchestrator import identity
-from orchestrator.identity import OPERATIONAL, TRAINING, latest_checkpoint, resume_line, run_id, sibling_warnings
-from orchestrator.loading import spec_from_dict
-from orchestrator.spec import JobSpec
+from orchestrator.spec import identity
+from orchestrator.spec.identity import OPERATIONAL, TRAINING, latest_checkpoint, resume_line, run_id, sibling_warnings
+from orchestrator.spec.loading import spec_from_dict
+from orchestrator.spec.models import JobSpec
 
 BASE: dict[str, Any] = {"name": "job", "entrypoint": "jobs.train:main", "args": {"lr": 0.1, "epochs": 3},
                         "nodes": 1, "cpu_ranks_per_node": 2}
@@ -75,7 +75,7 @@ def test_the_walk_sees_nested_fields() -> None:
 @pytest.mark.parametrize("field", sorted(leaf_fields()))
 def test_every_leaf_field_is_classified_exactly_once(field: str) -> None:
     training, operational = covered_by(field, TRAINING), covered_by(field, OPERATIONAL)
-    assert training or operational, f"{field} is neither TRAINING nor OPERATIONAL in orchestrator/identity.py: decide"
+    assert training or operational, f"{field} is neither TRAINING nor OPERATIONAL in orchestrator/spec/identity.py: decide"
     assert not (training and operational), f"{field} is both TRAINING and OPERATIONAL"
 
 

@@ -11,14 +11,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator.agent_decisions import attempt_in_job, step_hosts
-from orchestrator.errors import SpecError
-from orchestrator.loading import spec_from_dict
-from orchestrator.recovery import History, describe
-from orchestrator.slurm_plan import submitit_parameters
-from orchestrator.spec import allocated_nodes
-from orchestrator.slurm_task import ATTEMPT_VARIABLE, SlurmJob, SlurmTask
-from orchestrator.states import Action, Outcome
+from orchestrator.backends.slurm.node.agent_decisions import attempt_in_job, step_hosts
+from orchestrator.core.errors import SpecError
+from orchestrator.spec.loading import spec_from_dict
+from orchestrator.core.recovery import History, describe
+from orchestrator.backends.slurm.slurm_plan import submitit_parameters
+from orchestrator.spec.models import allocated_nodes
+from orchestrator.backends.slurm.node.slurm_task import ATTEMPT_VARIABLE, SlurmJob, SlurmTask
+from orchestrator.core.states import Action, Outcome
 
 NAMES = st.lists(st.sampled_from([f"node{i}" for i in range(1, 9)]), unique=True, max_size=8)
 
@@ -56,7 +56,7 @@ def test_a_step_task_reads_the_steps_nodes_and_the_attempt_the_agent_gave() -> N
 
 def test_the_ranks_master_is_the_steps_first_node(tmp_path: Path) -> None:
     from orchestrator.plan import plan
-    from orchestrator.rank_env import rank_env_from_slurm
+    from orchestrator.node.rank_env import rank_env_from_slurm
 
     spec = spec_from_dict({"name": "m", "entrypoint": "jobs.train:main", "executor": "slurm", "nodes": 2,
                            "cpu_ranks_per_node": 1, "runs_dir": str(tmp_path), "recovery": {"max_restarts": 1,
@@ -95,7 +95,7 @@ def test_the_plan_says_the_spares_and_the_payload_carries_them(tmp_path: Path) -
 
 
 def test_a_payload_written_before_spares_existed_restarts_inside_the_job(tmp_path: Path) -> None:
-    from orchestrator.payload import Payload
+    from orchestrator.core.payload import Payload
     from orchestrator.plan import plan
 
     spec = spec_from_dict({"name": "o", "entrypoint": "jobs.train:main", "executor": "slurm", "nodes": 1,
@@ -125,8 +125,8 @@ def test_status_tells_a_restart_inside_the_job_from_a_requeue(tmp_path: Path) ->
 def test_the_health_gate_clears_what_killed_ranks_left_in_node_memory(tmp_path: Path) -> None:
     """Ranks killed by a restart never left their node's heartbeat staging folder (/dev/shm); the
     next attempt's gate, on every node before any rank starts, removes this run's, and only its."""
-    from orchestrator.health import clear_staging_left
-    from orchestrator.progress import staging_dir
+    from orchestrator.node.health import clear_staging_left
+    from orchestrator.core.progress import staging_dir
 
     run, other = tmp_path / "run", tmp_path / "other"
     left = [staging_dir(run, 0, 0), staging_dir(run, 1, 1)]

@@ -16,16 +16,16 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from orchestrator import netif
-from orchestrator.display import print_plan
-from orchestrator.loading import spec_from_dict
-from orchestrator.netif import (GLOO_IFNAME, NCCL_IFNAME, NCCL_OWN_CHOICE, NcclConf, Route, choose_interfaces,
+from orchestrator.core import netif
+from orchestrator.front.display import print_plan
+from orchestrator.spec.loading import spec_from_dict
+from orchestrator.core.netif import (GLOO_IFNAME, NCCL_IFNAME, NCCL_OWN_CHOICE, NcclConf, Route, choose_interfaces,
                                 parse_nccl_conf, read_nccl_conf)
-from orchestrator.payload import Payload
+from orchestrator.core.payload import Payload
 from orchestrator.plan import plan
-from orchestrator.slurm_plan import SLURM_RULES
-from orchestrator.rank_env import local_rank_env, rank_env_from_slurm, rank_environment
-from orchestrator.slurm_task import SlurmTask
+from orchestrator.backends.slurm.slurm_plan import SLURM_RULES
+from orchestrator.node.rank_env import local_rank_env, rank_env_from_slurm, rank_environment
+from orchestrator.backends.slurm.node.slurm_task import SlurmTask
 
 ETH0 = Route("eth0", "routes to the master node1")
 LO_ONLY = Route("lo", "every rank runs on this machine", loopback_only=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from jobs.metrics import MetricsWriter
-from orchestrator.report import current_records, read_metrics
+from orchestrator.front.report import current_records, read_metrics
 
 
 def _attempt(run_dir: Path, monkeypatch: pytest.MonkeyPatch, attempt: int, steps: range, rank: int = 0,

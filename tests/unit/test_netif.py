@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator import netif
+from orchestrator.core import netif
 
 pytestmark = pytest.mark.skipif(shutil.which("ip") is None or not os.path.isdir("/sys/class/net"),
                                 reason="needs Linux and the ip command to compare with")

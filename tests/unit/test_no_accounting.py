@@ -20,16 +20,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.after import resolve, slurm_dependencies
-from orchestrator.errors import SubmissionError
-from orchestrator import slurm_controller
-from orchestrator.executors import slurm, slurm_status
-from orchestrator.executors.slurm import (OUTCOME_STATE, SlurmExecutor, account_hint, end_from_agent,
+from orchestrator.spec.after import resolve, slurm_dependencies
+from orchestrator.core.errors import SubmissionError
+from orchestrator.backends.slurm.node import slurm_controller
+from orchestrator.backends.slurm import executor as slurm, slurm_status
+from orchestrator.backends.slurm.executor import (OUTCOME_STATE, SlurmExecutor, account_hint, end_from_agent,
                                           sacct_unusable)
-from orchestrator.records import RunRecord, register
-from orchestrator.recovery import Attempt, History
-from orchestrator.spec import AfterSpec
-from orchestrator.states import TERMINAL, State
+from orchestrator.core.records import RunRecord, register
+from orchestrator.core.recovery import Attempt, History
+from orchestrator.spec.models import AfterSpec
+from orchestrator.core.states import TERMINAL, State
 
 DISABLED = "Slurm accounting storage is disabled\n"
 
@@ -221,7 +221,7 @@ def test_unknown_with_a_clear_line_when_neither_knows(cluster: SimpleNamespace, 
     fresh = SlurmExecutor().refresh([rec])[0]
     assert fresh.state == State.UNKNOWN and not fresh.ended
     assert fresh.error and fresh.error.startswith("job 41 is no longer known to SLURM"), fresh.error
-    from orchestrator.operations import status
+    from orchestrator.front.operations import status
 
     capsys.readouterr()
     status([rec.run_dir])

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator import procs
-from orchestrator.records import RunRecord, home
+from orchestrator.core import procs
+from orchestrator.core.records import RunRecord, home
 
 from tests.unit.test_hostile_input import SETTINGS, anything, cli
 

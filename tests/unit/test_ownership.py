@@ -16,14 +16,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator import ownership, procs
-from orchestrator.errors import OrchestratorError, RunNotFoundError, SubmissionError
+from orchestrator.core import ownership, procs
+from orchestrator.core.errors import OrchestratorError, RunNotFoundError, SubmissionError
 from orchestrator.executors.base import prepare_run_dir, refresh_by_supervisor
-from orchestrator.failures import message_of
-from orchestrator.interpreter import BOOTSTRAP, module_argv
-from orchestrator.loading import spec_from_dict
+from orchestrator.core.failures import message_of
+from orchestrator.core.interpreter import BOOTSTRAP, module_argv
+from orchestrator.spec.loading import spec_from_dict
 from orchestrator.plan import plan
-from orchestrator.records import RunRecord
+from orchestrator.core.records import RunRecord
 
 
 def _launch(tmp: Path, name: str = "own"):
@@ -152,7 +152,7 @@ def test_signals_go_only_to_processes_with_our_handler() -> None:
 def test_stacks_signal_a_rank_only_where_its_pid_means_it(tmp_path: Path) -> None:
     """A rank recorded on another host key (another node, boot or PID namespace, even with the
     same hostname) is never signalled from here; the same record with this host's key is."""
-    from orchestrator import stack_requests
+    from orchestrator.node import stack_requests
 
     handled = subprocess.Popen([sys.executable, "-c", (
         "import faulthandler, signal, sys, time; "
@@ -200,7 +200,7 @@ def test_our_interpreters_never_import_from_their_directory(tmp_path: Path) -> N
     out = subprocess.run(module_argv(sys.executable, "json.tool", "--help"), cwd=tmp_path, capture_output=True,
                          text=True, timeout=30)
     assert out.returncode == 0 and "usage" in out.stdout, out.stderr
-    argv = ["srun", "--x", *module_argv("/opt/py", "orchestrator.slurm_rank", "p.json")]
+    argv = ["srun", "--x", *module_argv("/opt/py", "orchestrator.backends.slurm.node.slurm_rank", "p.json")]
     assert argv[argv.index(BOOTSTRAP) - 3] == "/opt/py"
     assert json.loads(json.dumps(BOOTSTRAP)) == BOOTSTRAP and "'" not in BOOTSTRAP  # one plain shell word
 

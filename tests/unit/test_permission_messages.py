@@ -19,9 +19,9 @@ from typing import Iterator
 
 import pytest
 
-from orchestrator import fs_checks
-from orchestrator.errors import RunNotFoundError, UsageError
-from orchestrator.run_folder import RunFolder
+from orchestrator.core import fs_checks
+from orchestrator.core.errors import RunNotFoundError, UsageError
+from orchestrator.core.run_folder import RunFolder
 
 needs_root = pytest.mark.skipif(not (hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("setpriv")),
                                 reason="drops to the user nobody with setpriv (needs root)")
@@ -42,7 +42,7 @@ CASES = {
 DRIVER = """
 import json, sys
 from orchestrator import fs_checks, ownership
-from orchestrator.errors import OrchestratorError, RunNotFoundError
+from orchestrator.core.errors import OrchestratorError, RunNotFoundError
 ROOT = sys.argv[1]
 out = {}
 for name, code in json.loads(sys.argv[2]).items():

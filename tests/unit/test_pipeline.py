@@ -10,14 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.after import (Parent, after_lines, dependency_options, edge_status, local_problems,
+from orchestrator.spec.after import (Parent, after_lines, dependency_options, edge_status, local_problems,
                                 slurm_dependencies)
-from orchestrator.errors import SpecError, SubmissionError, UsageError
-from orchestrator.loading import load_spec
-from orchestrator.pipeline import (CycleError, Edge, ParentView, decide, decide_all, load_pipeline, load_stages,
+from orchestrator.core.errors import SpecError, SubmissionError, UsageError
+from orchestrator.spec.loading import load_spec
+from orchestrator.front.pipeline import (CycleError, Edge, ParentView, decide, decide_all, load_pipeline, load_stages,
                                    parse_pipeline, topological_order)
-from orchestrator.records import RunRecord, register
-from orchestrator.states import TERMINAL, State
+from orchestrator.core.records import RunRecord, register
+from orchestrator.core.states import TERMINAL, State
 
 
 def _parse(stages: dict) -> object:
@@ -124,7 +124,7 @@ def test_decisions_skip_completed_wait_for_queued_and_cancel_what_cannot_run() -
 
 
 def test_dependencies_render_as_one_sbatch_dependency_that_kills_on_an_invalid_one() -> None:
-    from orchestrator import submitit_adapter
+    from orchestrator.backends.slurm import submitit_adapter
 
     opts = dependency_options([("ok", ["12"]), ("ok", ["13_0", "13_1", "12"]), ("any", ["14"]), ("notok", [])])
     assert opts == {"dependency": "afterok:12:13,afterany:14", "kill-on-invalid-dep": "yes"}
@@ -137,7 +137,7 @@ def test_dependencies_render_as_one_sbatch_dependency_that_kills_on_an_invalid_o
 
 
 def test_users_cannot_set_the_dependency_by_hand() -> None:
-    from orchestrator.loading import spec_from_dict
+    from orchestrator.spec.loading import spec_from_dict
 
     for option in ("dependency", "kill-on-invalid-dep", "dep"):
         with pytest.raises(SpecError, match="after:|abbreviation"):
@@ -153,8 +153,8 @@ def _record(runs: Path, run_id: str, state: str, executor: str = "slurm", jobs: 
 
 
 def test_a_specs_own_after_resolves_to_job_ids_or_says_why_not(tmp_path: Path) -> None:
-    from orchestrator.after import resolve
-    from orchestrator.spec import AfterSpec
+    from orchestrator.spec.after import resolve
+    from orchestrator.spec.models import AfterSpec
 
     runs = tmp_path / "runs"
     _record(runs, "prep-00000001", "COMPLETED")
@@ -182,8 +182,8 @@ def test_a_specs_own_after_resolves_to_job_ids_or_says_why_not(tmp_path: Path) -
     with pytest.raises(SubmissionError, match="names this run itself"):
         parents(("me-00000009", "ok"))
     # The SLURM executor adds the spec's own after: to the pipeline's edges, at submission.
-    from orchestrator.executors.slurm import SlurmExecutor
-    from orchestrator.loading import spec_from_dict
+    from orchestrator.backends.slurm.executor import SlurmExecutor
+    from orchestrator.spec.loading import spec_from_dict
     from orchestrator.plan import plan
 
     def launch(*after: dict) -> object:
@@ -239,7 +239,7 @@ def test_a_spec_after_naming_a_stage_file_follows_that_stage_overrides_and_all(t
 
 
 def test_a_pipeline_whose_stage_waits_for_a_missing_run_is_refused_before_anything_runs(tmp_path: Path) -> None:
-    from orchestrator.pipeline import run_pipeline
+    from orchestrator.front.pipeline import run_pipeline
 
     (tmp_path / "never.py").write_text("raise SystemExit('the pipeline ran a stage before refusing')\n")
     _spec(tmp_path, "prep", executor="local", entrypoint=str(tmp_path / "never.py"))

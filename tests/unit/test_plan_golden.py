@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.interpreter import BOOTSTRAP
-from orchestrator.errors import SpecError
-from orchestrator.loading import spec_from_dict
+from orchestrator.core.interpreter import BOOTSTRAP
+from orchestrator.core.errors import SpecError
+from orchestrator.spec.loading import spec_from_dict
 from orchestrator.plan import plan
 
 GOLDEN = Path(__file__).parent.parent / "golden"
@@ -94,12 +94,12 @@ def test_golden_scripts_keep_the_launch_contract() -> None:
     for name, script in golden_scripts().items():
         assert "#SBATCH --signal=B:USR2@" in script, name
         words = shlex.split(script.rstrip().splitlines()[-1])
-        assert words[0] == "exec" and words[2:6] == ["-u", "-c", BOOTSTRAP, "orchestrator.slurm_job"], name
+        assert words[0] == "exec" and words[2:6] == ["-u", "-c", BOOTSTRAP, "orchestrator.backends.slurm.node.slurm_job"], name
         assert words[-1].endswith("/payload.json"), name
     for launch in (plan(_spec("/shared/runs")), plan(_spec("/shared/runs", sweep={"lr": [0.1, 0.2]}))):
         srun = launch.payload.srun
         assert srun[0] == "srun" and "--kill-on-bad-exit=1" in srun, srun
-        assert list(srun[-4:]) == ["-c", BOOTSTRAP, "orchestrator.slurm_rank", os.path.join(launch.run_dir, "payload.json")]
+        assert list(srun[-4:]) == ["-c", BOOTSTRAP, "orchestrator.backends.slurm.node.slurm_rank", os.path.join(launch.run_dir, "payload.json")]
 
 
 def test_plain_script_matches_golden() -> None:
@@ -169,7 +169,7 @@ def test_agent_line_parses_back_to_the_exact_path() -> None:
     runs_dir = HOSTILE_DIRS["subshell"]
     launch = plan(_spec(runs_dir))
     words = shlex.split((launch.sbatch_script or "").rstrip().splitlines()[-1])
-    assert words == ["exec", PYTHON, "-u", "-c", BOOTSTRAP, "orchestrator.slurm_job",
+    assert words == ["exec", PYTHON, "-u", "-c", BOOTSTRAP, "orchestrator.backends.slurm.node.slurm_job",
                      os.path.join(launch.run_dir, "payload.json")]
     srun = launch.payload.srun
     assert srun[srun.index("--output") + 1] == os.path.join(launch.run_dir, "slurm", "%j_%t_log.out")

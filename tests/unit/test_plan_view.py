@@ -9,9 +9,9 @@ from dataclasses import replace
 
 from rich.console import Console
 
-from orchestrator.display import print_ranks
+from orchestrator.front.display import print_ranks
 from orchestrator.plan import plan
-from orchestrator.spec import JobSpec
+from orchestrator.spec.models import JobSpec
 
 
 def _view(launch, **kw) -> str:
@@ -64,7 +64,7 @@ def test_nccl_aids_can_be_turned_off_and_are_absent_for_gloo() -> None:
 
 
 def test_heap_defaults_are_planned_and_the_users_own_win(monkeypatch) -> None:
-    from orchestrator.malloc import MALLOC_DEFAULTS
+    from orchestrator.node.malloc import MALLOC_DEFAULTS
 
     for executor in ("slurm", "local"):
         launch = plan(_spec(nodes=2, executor=executor) if executor == "slurm" else
@@ -96,8 +96,8 @@ def test_the_readme_table_names_every_variable_a_rank_gets() -> None:
     import re
     from pathlib import Path
 
-    from orchestrator.loading import spec_from_dict
-    from orchestrator.rank_env import FLIGHT_RECORDER_RENAMES
+    from orchestrator.spec.loading import spec_from_dict
+    from orchestrator.node.rank_env import FLIGHT_RECORDER_RENAMES
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     table = readme.split("<!-- rank-env-table -->", 1)[1].split("\n\n", 1)[0]
@@ -112,7 +112,7 @@ def test_the_readme_table_names_every_variable_a_rank_gets() -> None:
 
 
 def test_plan_says_where_each_ranks_cpus_come_from() -> None:
-    from orchestrator.display import print_plan
+    from orchestrator.front.display import print_plan
 
     buf = io.StringIO()
     print_plan(plan(_spec(nodes=2)), Console(file=buf, width=400))

@@ -8,13 +8,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator.loading import load_spec, spec_from_dict
+from orchestrator.spec.loading import load_spec, spec_from_dict
 from orchestrator.plan import plan, render_argv, run_id_for
-from orchestrator.slurm_plan import array_chunks
-from orchestrator.rank_env import RankEnv, node_devices, slurm_visible_devices
-from orchestrator.rendezvous import PORT_BASE, PORT_SPAN, derive_port
-from orchestrator.slurm_task import SlurmTask, expand_nodelist
-from orchestrator.validators import EPHEMERAL_PORTS, slurm_time_minutes
+from orchestrator.backends.slurm.slurm_plan import array_chunks
+from orchestrator.node.rank_env import RankEnv, node_devices, slurm_visible_devices
+from orchestrator.core.rendezvous import PORT_BASE, PORT_SPAN, derive_port
+from orchestrator.backends.slurm.node.slurm_task import SlurmTask, expand_nodelist
+from orchestrator.spec.validators import EPHEMERAL_PORTS, slurm_time_minutes
 
 CLUSTER = {"name": "c", "entrypoint": "jobs.train:main", "nodes": 2, "gpus_per_node": 8,
            "distributed": {"backend": "nccl", "init_method": "tcp", "interface": "ib0"}}
@@ -124,7 +124,7 @@ def test_local_gpu_ranks_see_their_nodes_gpus_and_index_them_by_local_rank() -> 
 
 
 def test_rank_env_roundtrip() -> None:
-    from orchestrator.netif import NcclConf, choose_interfaces
+    from orchestrator.core.netif import NcclConf, choose_interfaces
 
     env = RankEnv(rank=3, local_rank=1, world_size=4, local_world_size=2, node_rank=1, nnodes=2,
                   master_addr="10.0.0.1", master_port=23456, init_method="env://", interface="eth0",
@@ -172,7 +172,7 @@ def test_examples_validate() -> None:
 
 
 def test_slurm_rank_env_from_slurm_variables(tmp_path) -> None:
-    from orchestrator.rank_env import rank_env_from_slurm
+    from orchestrator.node.rank_env import rank_env_from_slurm
 
     launch = plan(spec_from_dict({"name": "s", "entrypoint": "jobs.train:main", "nodes": 2, "gpus_per_node": 2,
                                   "distributed": {"backend": "gloo", "interface": "lo", "init_method": "file",
@@ -198,7 +198,7 @@ def test_local_thread_default_counts_the_cpus_the_process_may_use() -> None:
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs at least 2 CPUs to restrict")
     code = ("import os, sys; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
-            "from orchestrator.loading import spec_from_dict; from orchestrator.plan import plan; "
+            "from orchestrator.spec.loading import spec_from_dict; from orchestrator.plan import plan; "
             "p = plan(spec_from_dict({'name': 't', 'entrypoint': 'jobs.train:main'}), 'local'); "
             "print(p.ranks[0].env['OMP_NUM_THREADS'])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
@@ -260,7 +260,7 @@ def test_a_thread_count_the_user_set_is_never_replaced(monkeypatch: pytest.Monke
 
 
 def test_the_share_counts_what_slurm_granted() -> None:
-    from orchestrator.rank_env import cpu_share, cpu_share_rule, granted_cpus, resolve_cpu_share
+    from orchestrator.node.rank_env import cpu_share, cpu_share_rule, granted_cpus, resolve_cpu_share
 
     assert cpu_share({"SLURM_CPUS_ON_NODE": "32"}, 4)[0] == 8
     assert cpu_share({"SLURM_CPUS_ON_NODE": "3"}, 4)[0] == 1  # at least 1
@@ -275,7 +275,7 @@ def test_the_share_counts_what_slurm_granted() -> None:
 def test_a_slurm_rank_resolves_the_rule_from_what_srun_gave_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """The rank reads the payload's env itself: the rule becomes the CPUs srun gave the task (the
     agent's --cpus-per-task), else the value the agent exported, else the task's CPU mask."""
-    from orchestrator.rank_env import rank_environment
+    from orchestrator.node.rank_env import rank_environment
 
     launch = _slurm(gpus_per_node=2)
     rank = RankEnv(rank=1, local_rank=1, world_size=2, local_world_size=2, node_rank=0, nnodes=1, master_addr="h",

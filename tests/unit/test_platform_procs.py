@@ -15,7 +15,8 @@ from typing import Iterator
 
 import pytest
 
-from orchestrator import ownership, platform_caps, procs, stack_requests
+from orchestrator.core import ownership, platform_caps, procs
+from orchestrator.node import stack_requests
 from tests.integration.macos_standin import REPO
 
 
@@ -117,8 +118,8 @@ def _rank_like(tmp_path: Path, signum: int, with_handler: bool = True, table: st
         import faulthandler, json, os, sys, time
         sys.path.insert(0, {str(REPO)!r})
         from orchestrator import ownership, procs
-        from orchestrator.records import write_json_atomic
-        from orchestrator.stack_requests import live_path, rank_record_path
+        from orchestrator.core.records import write_json_atomic
+        from orchestrator.node.stack_requests import live_path, rank_record_path
         fh = open(live_path({str(tmp_path)!r}, 0), "a")
         if {with_handler!r}:
             faulthandler.register({signum}, file=fh, all_threads=True, chain=False)
@@ -167,7 +168,7 @@ def test_stack_requests_where_handlers_cannot_be_seen(tmp_path: Path, monkeypatc
     see; a signal whose default action kills is refused, saying why; a rank that is gone has ended."""
     from types import SimpleNamespace
 
-    from orchestrator.run_stacks import _silence
+    from orchestrator.front.run_stacks import _silence
 
     _choose(monkeypatch, procs.PsutilTable())
     monkeypatch.setattr(platform_caps, "stack_signal", lambda: platform_caps.StackSignal(
@@ -207,7 +208,7 @@ def test_stack_requests_without_a_table_say_so(tmp_path: Path, monkeypatch: pyte
         assert dumps == {} and refused == {0: stack_requests.UNCONFIRMED}
         assert "pip install psutil" in stack_requests.UNCONFIRMED
         before = stack_requests.live_path(tmp_path, 0).stat().st_size
-        from orchestrator import forensics
+        from orchestrator.node import forensics
 
         assert forensics.capture_local(tmp_path, "a test") == {}
         saved = (tmp_path / "stacks" / "rank-0.txt").read_text()
@@ -238,7 +239,7 @@ def test_a_rank_ends_its_group_when_the_pipe_of_its_launcher_closes(tmp_path: Pa
     rank = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import os, subprocess, sys, time
         sys.path.insert(0, {str(REPO)!r})
-        from orchestrator.launcher import watch_parent_pipe
+        from orchestrator.node.launcher import watch_parent_pipe
         watch_parent_pipe({read_fd})
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
         open({str(pids)!r}, "w").write(f"{{os.getpid()}} {{child.pid}}")
@@ -266,8 +267,8 @@ def test_a_rank_ends_its_group_when_the_pipe_of_its_launcher_closes(tmp_path: Pa
 
 
 def test_the_launcher_takes_the_pipe_option_and_refuses_a_bad_one() -> None:
-    from orchestrator.executors import zygote
-    from orchestrator.launcher import PARENT_PIPE, main
+    from orchestrator.backends.local import zygote
+    from orchestrator.node.launcher import PARENT_PIPE, main
 
     assert zygote.PARENT_PIPE == PARENT_PIPE  # spelled twice: the zygote does not import the launcher
     assert main(["payload.json", "--parent-pipe=x"]) == 2

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import platform_caps
+from orchestrator.core import platform_caps
 from tests.integration.macos_standin import REPO, hidden_proc_argv, proc_can_be_hidden, shim_dir, standin_env
 
 #: Imports every module of orchestrator/ and jobs/ (the packages' own walk: a module added later is
@@ -48,7 +48,7 @@ def _import_everything(tmp_path: Path, hide_proc: bool) -> dict:
 
 def _assert_macos_decisions(result: dict) -> None:
     assert not result["failed"], "\n".join(f"{name}:\n{tb}" for name, tb in result["failed"].items())
-    assert len(result["names"]) > 60 and "orchestrator.executors.zygote" in result["names"]
+    assert len(result["names"]) > 60 and "orchestrator.backends.local.zygote" in result["names"]
     assert "jobs.train" in result["names"]
     caps = result["caps"]
     assert result["rtmin"] is False  # the stand-in took the names away
@@ -120,8 +120,8 @@ def test_only_platform_caps_and_procs_touch_platform_names() -> None:
     """One module decides what the platform can do (platform_caps), one wraps prctl (procs): a
     branch on sys.platform or a real-time signal anywhere else would escape the stand-in. (The
     CPU-affinity callers in plan_model and rank_env guard it with a fallback already, and are listed.)"""
-    allowed = {"orchestrator/platform_caps.py", "orchestrator/procs.py"}
-    guarded = {"orchestrator/plan_model.py": ["sched_getaffinity"], "orchestrator/rank_env.py": ["sched_getaffinity"]}
+    allowed = {"orchestrator/core/platform_caps.py", "orchestrator/core/procs.py"}
+    guarded = {"orchestrator/plan/plan_model.py": ["sched_getaffinity"], "orchestrator/node/rank_env.py": ["sched_getaffinity"]}
     found = []
     for root in ("orchestrator", "jobs"):
         for path in sorted((REPO / root).rglob("*.py")):

@@ -18,13 +18,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator import api, operations, remote, slurm_controller
+from orchestrator import api, remote
+from orchestrator.front import operations
+from orchestrator.backends.slurm.node import slurm_controller
 from orchestrator.api import Run
-from orchestrator.executors import slurm
-from orchestrator.executors.slurm import SchedulerPacing
-from orchestrator.records import RunRecord
-from orchestrator.recovery import Attempt, History
-from orchestrator.states import State
+from orchestrator.backends.slurm import executor as slurm
+from orchestrator.backends.slurm.executor import SchedulerPacing
+from orchestrator.core.records import RunRecord
+from orchestrator.core.recovery import Attempt, History
+from orchestrator.core.states import State
 
 
 # ---- the policy ---------------------------------------------------------------------------------
@@ -249,7 +251,7 @@ def test_an_end_another_client_recorded_needs_no_question(two_minute_job: Story)
 
 
 def test_a_wait_with_a_timeout_still_paces_its_questions(two_minute_job: Story) -> None:
-    from orchestrator.errors import WaitTimeoutError
+    from orchestrator.core.errors import WaitTimeoutError
 
     story = two_minute_job
     with pytest.raises(WaitTimeoutError, match="still RUNNING after 100s"):

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from hypothesis import given, settings, strategies as st
 
-from orchestrator.previous_attempt import ASIDE, PreviousAttempt
-from orchestrator.run_folder import RunFolder
+from orchestrator.executors.previous_attempt import ASIDE, PreviousAttempt
+from orchestrator.core.run_folder import RunFolder
 
 #: Where an attempt leaves files, relative to a run or sweep point folder.
 ATTEMPT_FILES = ["result.json", "errors/rank-0.json", "errors/rank-3.json", "end.json", "ranks/rank-0.json",
@@ -58,7 +58,7 @@ def _new_attempt(run_dir: Path, previous: PreviousAttempt, files: list[str], poi
         (run_dir / "code.json").unlink(missing_ok=True)
     for index in range(points):
         _write(RunFolder(run_dir).point(index).root, "point-payload.json", "new point")
-    from orchestrator.executors.slurm import rotate_folder
+    from orchestrator.backends.slurm.executor import rotate_folder
 
     slurm = RunFolder(run_dir).slurm
     previous.moved(slurm, rotate_folder(slurm))
@@ -132,9 +132,9 @@ def test_a_rerun_whose_start_fails_half_way_leaves_the_completed_attempt(tmp_pat
     attempt (record, spec, result, logs) is exactly as it was."""
     import pytest
 
-    from orchestrator.errors import OrchestratorError
+    from orchestrator.core.errors import OrchestratorError
     from orchestrator.executors import base
-    from orchestrator.loading import spec_from_dict
+    from orchestrator.spec.loading import spec_from_dict
     from orchestrator.plan import plan
 
     launch = plan(spec_from_dict({"name": "again", "entrypoint": "jobs.train:main", "runs_dir": str(tmp_path / "runs")}),

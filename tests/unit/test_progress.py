@@ -1,4 +1,4 @@
-"""The progress report format and the live line (orchestrator/progress.py)."""
+"""The progress report format and the live line (orchestrator/core/progress.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.progress import Progress, ProgressWriter, read_progress, summarize
+from orchestrator.core.progress import Progress, ProgressWriter, read_progress, summarize
 
 
 def test_writer_rate_limits_and_reader_reads_back(tmp_path: Path) -> None:
@@ -66,9 +66,9 @@ def test_summary_names_the_slowest_rank_and_never_fails(rs: list) -> None:
 
 
 # ---- one file per node ----------------------------------------------------------------------------
-from orchestrator import progress as progress_module  # noqa: E402
-from orchestrator.progress import NodePlace, node_progress_path, staging_dir  # noqa: E402
-from orchestrator.watchdog import Watch  # noqa: E402
+from orchestrator.core import progress as progress_module  # noqa: E402
+from orchestrator.core.progress import NodePlace, node_progress_path, staging_dir  # noqa: E402
+from orchestrator.node.watchdog import Watch  # noqa: E402
 
 
 def _node_writers(run: Path, node: int, ranks: list[int], interval: float) -> list[ProgressWriter]:
@@ -198,7 +198,7 @@ def test_ranks_with_staging_folders_of_their_own_still_share_the_nodes_file(tmp_
 def test_a_large_jobs_heartbeats_are_read_a_share_a_look_and_all_before_a_verdict(tmp_path: Path) -> None:
     """200 nodes, stall_s 60: a look reads a tenth of the node files (each every 10 looks); a
     rank that stopped long ago is not condemned on a stale share: the whole picture is read first."""
-    from orchestrator import forensics
+    from orchestrator.node import forensics
 
     now = time.time()
     folder = tmp_path / "progress"

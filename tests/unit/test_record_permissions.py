@@ -15,12 +15,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from orchestrator import operations, records, slurm_controller
+from orchestrator.front import operations
+from orchestrator.core import records
+from orchestrator.backends.slurm.node import slurm_controller
 from orchestrator.cli import main
-from orchestrator.errors import RunNotFoundError
-from orchestrator.executors import slurm
-from orchestrator.records import RunRecord, register, resolve_run, write_json_atomic, write_text_atomic
-from orchestrator.states import State
+from orchestrator.core.errors import RunNotFoundError
+from orchestrator.backends.slurm import executor as slurm
+from orchestrator.core.records import RunRecord, register, resolve_run, write_json_atomic, write_text_atomic
+from orchestrator.core.states import State
 
 
 @pytest.fixture

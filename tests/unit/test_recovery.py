@@ -1,4 +1,4 @@
-"""orchestrator.recovery: the pure decision (restart or stop), the attempts' history, and the
+"""orchestrator.core.recovery: the pure decision (restart or stop), the attempts' history, and the
 checkpoint fingerprint that tells progress. Sequences of failures, generated: whatever happens,
 the job stops within max_restarts restarts, never loops without progress, and never excludes
 so many nodes that it cannot run."""
@@ -11,8 +11,8 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.payload import RecoverySettings
-from orchestrator.recovery import KINDS, Failure, History, checkpoint_fingerprint, decide, describe
+from orchestrator.core.payload import RecoverySettings
+from orchestrator.core.recovery import KINDS, Failure, History, checkpoint_fingerprint, decide, describe
 
 
 def _settings(**over: object) -> RecoverySettings:

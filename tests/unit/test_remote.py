@@ -20,11 +20,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.cli import _command_argv
-from orchestrator.errors import UsageError
+from orchestrator.core.errors import UsageError
 from orchestrator.remote import RemoteSettings, Ssh, load_settings, unpack_pngs
-from orchestrator.remote_checkout import update_checkout
-from orchestrator.remote_protocol import _header
-from orchestrator.snapshot import SHIPPED_NAME
+from orchestrator.remote.remote_checkout import update_checkout
+from orchestrator.remote.remote_protocol import _header
+from orchestrator.code.snapshot import SHIPPED_NAME
 
 WORDS = st.lists(st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"), min_size=0,
                          max_size=12), min_size=1, max_size=6)

@@ -14,11 +14,11 @@ from typing import Any, Iterator, Union, get_args, get_origin
 import pytest
 from pydantic import BaseModel
 
-from orchestrator.errors import SpecError, UsageError
-from orchestrator.loading import load_spec, spec_from_dict
+from orchestrator.core.errors import SpecError, UsageError
+from orchestrator.spec.loading import load_spec, spec_from_dict
 from orchestrator.plan import plan
-from orchestrator.remote_receive import runs_in_home_problem
-from orchestrator.spec import HOME_PATH_FIELDS, JobSpec
+from orchestrator.remote.remote_receive import runs_in_home_problem
+from orchestrator.spec.models import HOME_PATH_FIELDS, JobSpec
 
 BASE: dict[str, Any] = {"name": "paths", "entrypoint": "jobs.train:main", "executor": "slurm"}
 PROBE = "~/orch-probe"

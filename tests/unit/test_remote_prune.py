@@ -12,11 +12,11 @@ from typing import Sequence
 
 import pytest
 
-from orchestrator.errors import OrchestratorError
-from orchestrator.records import RunRecord
-from orchestrator.snapshot import scan, store
-from orchestrator.snapshot_prune import LOCK_NAME, Use, prune, removable, store_lock
-from orchestrator.states import State
+from orchestrator.core.errors import OrchestratorError
+from orchestrator.core.records import RunRecord
+from orchestrator.code.snapshot import scan, store
+from orchestrator.front.snapshot_prune import LOCK_NAME, Use, prune, removable, store_lock
+from orchestrator.core.states import State
 
 HOUR = 3600.0
 NOW = 1_900_000_000.0
@@ -224,7 +224,7 @@ def test_runs_of_another_store_are_not_this_stores(folder: Folder, tmp_path: Pat
 
 def test_a_store_is_looked_at_once_an_hour_at_most(folder: Folder) -> None:
     """Deciding asks the scheduler about every run of the folder: not on every submission."""
-    from orchestrator.snapshot_prune import STAMP_NAME
+    from orchestrator.front.snapshot_prune import STAMP_NAME
 
     codes = [folder.snapshot(v) for v in range(3)]
     folder.age_store(10)
@@ -245,7 +245,7 @@ def test_the_login_node_prunes_after_a_submission_it_held_the_store_for(tmp_path
     snapshot being recorded), and prunes the runs folder's store once the run is recorded."""
     import fcntl
 
-    import orchestrator.snapshot_prune
+    import orchestrator.front.snapshot_prune
     from tests.unit.test_remote_receive_hostile import HONEST_STREAM, Arena, feed, honest_header
 
     arena = Arena(tmp_path / "arena")
@@ -262,7 +262,7 @@ def test_the_login_node_prunes_after_a_submission_it_held_the_store_for(tmp_path
         finally:
             os.close(fd)
 
-    monkeypatch.setattr(orchestrator.snapshot_prune, "prune", lambda store: pruned.append(store))
+    monkeypatch.setattr(orchestrator.front.snapshot_prune, "prune", lambda store: pruned.append(store))
     code, messages, calls = feed(arena, honest_header(), HONEST_STREAM, also=try_the_lock)
     assert code == 0 and len(calls) == 1, messages
     assert held == [True] and pruned == [arena.checkout() / "pkg" / "runs" / ".code"]

@@ -31,10 +31,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import orchestrator.api
-from orchestrator.errors import UsageError
-from orchestrator.remote_protocol import _header
-from orchestrator.remote_receive import INTERNAL_ERROR, MAX_FILE_BYTES, MAX_NAME_BYTES, NO_PROJECT, serve
-from orchestrator.snapshot import SHIPPED_NAME
+from orchestrator.core.errors import UsageError
+from orchestrator.remote.remote_protocol import _header
+from orchestrator.remote.remote_receive import INTERNAL_ERROR, MAX_FILE_BYTES, MAX_NAME_BYTES, NO_PROJECT, serve
+from orchestrator.code.snapshot import SHIPPED_NAME
 
 HONEST = "honest-00000000"
 PROJECT = "fuzz-0123abcd"
@@ -544,12 +544,12 @@ def test_plan_warns_where_submit_would_refuse_runs_in_the_home(arena: Arena) -> 
 
 
 def test_an_oversized_header_is_refused(arena: Arena, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("orchestrator.remote_protocol.MAX_HEADER_BYTES", 100)
+    monkeypatch.setattr("orchestrator.remote.remote_protocol.MAX_HEADER_BYTES", 100)
     assert_refused(arena, honest_header(), HONEST_STREAM, "header is over")
 
 
 def test_too_many_files_are_refused(arena: Arena, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("orchestrator.remote_protocol.MAX_FILES", 3)
+    monkeypatch.setattr("orchestrator.remote.remote_protocol.MAX_FILES", 3)
     assert_refused(arena, honest_header(), HONEST_STREAM, "over the limit of 3")
 
 

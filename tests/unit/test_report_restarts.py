@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.records import RunRecord
-from orchestrator.recovery import History
-from orchestrator.report import resumes, write_report
+from orchestrator.core.records import RunRecord
+from orchestrator.core.recovery import History
+from orchestrator.front.report import resumes, write_report
 from tests.unit.test_metrics_dedupe import _attempt
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from orchestrator import slurm_controller
+from orchestrator.backends.slurm.node import slurm_controller
 
 
 def _stand_in(tmp_path: Path, monkeypatch,  # type: ignore[no-untyped-def]

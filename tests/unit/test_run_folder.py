@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from orchestrator.executors.base import first_error
-from orchestrator.run_folder import RunFolder
+from orchestrator.core.run_folder import RunFolder
 
 
 def _fail(run: RunFolder, rank: int, attempt: int) -> None:

@@ -17,14 +17,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.errors import SpecError
-from orchestrator.executors.slurm_checks import (
+from orchestrator.core.errors import SpecError
+from orchestrator.backends.slurm.slurm_checks import (
     MAX_HOSTS,
     check_against_cluster,
     expand_hostlist,
     gres_gpus,
 )
-from orchestrator.loading import spec_from_dict
+from orchestrator.spec.loading import spec_from_dict
 
 SETTINGS = settings(max_examples=200, deadline=None, derandomize=os.environ.get("CI") == "true")
 

@@ -13,8 +13,8 @@ from typing import Any, Mapping
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.executors import slurm_checks
-from orchestrator.executors.slurm_checks import (
+from orchestrator.backends.slurm import slurm_checks
+from orchestrator.backends.slurm.slurm_checks import (
     ClusterConfig,
     cluster_findings,
     job_defaults,
@@ -23,9 +23,9 @@ from orchestrator.executors.slurm_checks import (
     parse_partitions,
     rank_cpus,
 )
-from orchestrator.loading import spec_from_dict
-from orchestrator.rank_env import cpu_share
-from orchestrator.spec import JobSpec
+from orchestrator.spec.loading import spec_from_dict
+from orchestrator.node.rank_env import cpu_share
+from orchestrator.spec.models import JobSpec
 
 
 def partition_line(name: str, *, default: bool = False, max_time: str = "1-00:00:00", nodes: str = "gpu[01-04]",

@@ -1,4 +1,4 @@
-"""Every SLURM command goes through orchestrator.slurm_controller (one owner for timeouts, busy
+"""Every SLURM command goes through orchestrator.backends.slurm.node.slurm_controller (one owner for timeouts, busy
 retries and error mapping): a grep of the source holds every other module to it, and the
 controller's retries are bounded."""
 
@@ -12,12 +12,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from orchestrator import slurm_controller
+from orchestrator.backends.slurm.node import slurm_controller
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The two SLURM commands that are not the controller's: the agent's srun that starts the ranks
 #: (a long-lived Popen whose messages it reads), and sbatch, which submitit runs.
-ALLOWED = {"orchestrator/slurm_controller.py", "orchestrator/slurm_job.py"}
+ALLOWED = {"orchestrator/backends/slurm/node/slurm_controller.py", "orchestrator/backends/slurm/node/slurm_job.py"}
 _CALL = re.compile(r"subprocess\.(run|Popen|call|check_call|check_output)\(")
 _TOOL = re.compile(r"\[\s*\"(" + "|".join(sorted(slurm_controller.TOOLS)) + r")\"")
 
@@ -64,12 +64,12 @@ def test_no_slurm_command_runs_outside_the_controller() -> None:
         if rel in ALLOWED:
             continue
         for call in _calls(path.read_text(encoding="utf-8")):
-            wrong.append(f"{rel}: subprocess call {call!r}: run it through orchestrator.slurm_controller.run")
+            wrong.append(f"{rel}: subprocess call {call!r}: run it through orchestrator.backends.slurm.node.slurm_controller.run")
     assert not wrong, "\n".join(wrong)
 
 
 def test_the_agent_runs_only_the_ranks_srun_itself() -> None:
-    text = (ROOT / "orchestrator" / "slurm_job.py").read_text(encoding="utf-8")
+    text = (ROOT / "orchestrator" / "backends" / "slurm" / "node" / "slurm_job.py").read_text(encoding="utf-8")
     calls = _CALL.findall(text)
     assert calls == ["Popen"], calls  # the ranks' srun; every other command is the controller's
 

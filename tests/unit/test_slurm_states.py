@@ -1,5 +1,5 @@
-from orchestrator.executors.slurm import _PRIORITY, STATE_MAP, combine, map_state
-from orchestrator.states import State
+from orchestrator.backends.slurm.executor import _PRIORITY, STATE_MAP, combine, map_state
+from orchestrator.core.states import State
 
 DISTINCT = ["PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL",
             "OUT_OF_MEMORY", "REQUEUED"]
@@ -33,7 +33,7 @@ def test_every_state_has_a_priority() -> None:
 
 
 def test_pending_array_ids_expand() -> None:
-    from orchestrator.executors.slurm import expand_array_id
+    from orchestrator.backends.slurm.executor import expand_array_id
 
     assert expand_array_id("12_[3-5,9%4]") == ["12_3", "12_4", "12_5", "12_9"]
     assert expand_array_id("12_7") == ["12_7"] and expand_array_id("13") == ["13"]

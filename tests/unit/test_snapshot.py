@@ -1,4 +1,4 @@
-"""orchestrator.snapshot: what a run freezes, how the store keeps it, and how the ranks find it.
+"""orchestrator.code.snapshot: what a run freezes, how the store keeps it, and how the ranks find it.
 
 What is frozen (the *code rule*): in git, every tracked file plus the untracked files git does not
 ignore that are code; outside git, only the files that are code. Code: sources by suffix (any
@@ -40,9 +40,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator import snapshot as snap_mod
-from orchestrator import snapshot_files, snapshot_scan, snapshot_store
-from orchestrator.snapshot import (CONFIG_MAX_BYTES, LEFT_BIG_CONFIG, LEFT_CHANGING, LEFT_IGNORED, LEFT_NOT_CODE,
+from orchestrator.code import snapshot as snap_mod
+from orchestrator.code import snapshot_files, snapshot_scan, snapshot_store
+from orchestrator.code.snapshot import (CONFIG_MAX_BYTES, LEFT_BIG_CONFIG, LEFT_CHANGING, LEFT_IGNORED, LEFT_NOT_CODE,
                                    LEFT_OUTPUT, LEFT_RUN, SnapshotError, changes_since, project_root, scan,
                                    scan_project, store, unified_diff)
 
@@ -286,7 +286,7 @@ def test_a_git_snapshot_records_the_commit_and_the_uncommitted_diff(tmp_path: Pa
 def test_plans_code_line_names_the_commit_once(tmp_path: Path) -> None:
     from types import SimpleNamespace
 
-    from orchestrator.display import code_line
+    from orchestrator.front.display import code_line
 
     repo = git_repo(tmp_path / "proj", {"train.py": "print(1)\n"})
     (repo / "train.py").write_text("print(2)\n")

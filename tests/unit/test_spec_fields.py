@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.errors import SpecError
-from orchestrator.loading import spec_from_dict
+from orchestrator.core.errors import SpecError
+from orchestrator.spec.loading import spec_from_dict
 from orchestrator.plan import plan
-from orchestrator.validators import OWNED_ENV, hostlist_hosts
+from orchestrator.spec.validators import OWNED_ENV, hostlist_hosts
 
 BASE = {"name": "f", "entrypoint": "jobs.train:main", "executor": "slurm", "nodes": 2}
 

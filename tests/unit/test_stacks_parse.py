@@ -1,5 +1,5 @@
-"""Reading faulthandler's dumps (orchestrator.stacks) and the watchdog's decisions
-(orchestrator.watchdog): plain cases, and one real dump taken through the launcher's mechanism
+"""Reading faulthandler's dumps (orchestrator.core.stacks) and the watchdog's decisions
+(orchestrator.node.watchdog): plain cases, and one real dump taken through the launcher's mechanism
 (faulthandler on STACK_SIGNAL) from a live process."""
 
 from __future__ import annotations
@@ -12,13 +12,14 @@ import textwrap
 import time
 from pathlib import Path
 
-from orchestrator import stack_requests, stacks
-from orchestrator.stacks import Where, in_collective, main_thread, parse, user_frame, where
-from orchestrator.watchdog import Watch, did_nothing, init_culprits, never_joined_message, straggler
+from orchestrator.node import stack_requests
+from orchestrator.core import stacks
+from orchestrator.core.stacks import Where, in_collective, main_thread, parse, user_frame, where
+from orchestrator.node.watchdog import Watch, did_nothing, init_culprits, never_joined_message, straggler
 
 SITE = sysconfig.get_paths()["purelib"]
 STDLIB = sysconfig.get_paths()["stdlib"]
-OURS = str(Path(stacks.__file__).parent)
+OURS = str(Path(stacks.__file__).parents[1] / "node")  # the launcher's folder
 
 WAITING = f"""Thread 0x00007f0000000002 (most recent call first):
   File "{STDLIB}/threading.py", line 331 in wait
@@ -205,8 +206,8 @@ def test_only_the_recorded_process_is_signalled(tmp_path: Path) -> None:
 def test_the_stacks_command_never_imports_torch(tmp_path: Path) -> None:
     """`orchestrator stacks` on a running (local) run: a fresh interpreter prints the rank's stack
     without importing torch."""
-    from orchestrator import procs
-    from orchestrator.records import RunRecord
+    from orchestrator.core import procs
+    from orchestrator.core.records import RunRecord
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -242,7 +243,7 @@ def test_the_stacks_command_never_imports_torch(tmp_path: Path) -> None:
 
 
 def test_wait_lines_group_ranks_at_the_same_place() -> None:
-    from orchestrator.stacks import wait_lines
+    from orchestrator.core.stacks import wait_lines
 
     waits = {"0": "a.py:1 in f, waiting in all_reduce", "1": "a.py:1 in f, waiting in all_reduce",
              "2": "a.py:1 in f, waiting in all_reduce", "3": "b.py:9 in g (not in a collective)",
@@ -254,7 +255,7 @@ def test_wait_lines_group_ranks_at_the_same_place() -> None:
 def test_the_stacks_probe_keeps_its_environment_on_export_none_sites(monkeypatch) -> None:
     """srun reads SLURM_EXPORT_ENV as --export: the probe's srun says ALL, so a site defaulting to
     --export=NONE still starts the probe with this PATH and Python; a surrounding job's SLURM_* stay out."""
-    from orchestrator import slurm_controller, stacks_probe
+    from orchestrator.backends.slurm.node import slurm_controller, stacks_probe
 
     seen: dict = {}
 

@@ -1,5 +1,5 @@
 """States, attempt outcomes, failure kinds, actions and end reasons are spelled once, in
-orchestrator/states.py: the SLURM job agent, the local supervisor, recovery and the watchdog use
+orchestrator/core/states.py: the SLURM job agent, the local supervisor, recovery and the watchdog use
 the enums, never the bare words (a typo there would be a state no one reads)."""
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from orchestrator.states import Action, EndReason, FailureKind, Outcome, Phase, State
+from orchestrator.core.states import Action, EndReason, FailureKind, Outcome, Phase, State
 
 ROOT = Path(__file__).resolve().parents[2]
-MODULES = ["orchestrator/slurm_job.py", "orchestrator/agent_state.py", "orchestrator/agent_decisions.py",
-           "orchestrator/agent_requeue.py", "orchestrator/agent_recovery.py", "orchestrator/agent_watch.py",
-           "orchestrator/executors/supervisor.py", "orchestrator/recovery.py", "orchestrator/watchdog.py"]
+MODULES = ["orchestrator/backends/slurm/node/slurm_job.py", "orchestrator/backends/slurm/node/agent_state.py", "orchestrator/backends/slurm/node/agent_decisions.py",
+           "orchestrator/backends/slurm/node/agent_requeue.py", "orchestrator/backends/slurm/node/agent_recovery.py", "orchestrator/backends/slurm/node/agent_watch.py",
+           "orchestrator/backends/local/supervisor.py", "orchestrator/core/recovery.py", "orchestrator/node/watchdog.py"]
 WORDS = {str(m.value) for enum in (State, Outcome, FailureKind, Action, EndReason, Phase) for m in enum} - {""}
 #: SLURM's own words, read from what its controller answers (scontrol's JobState), not ours.
 SLURMS = {"PREEMPTED", "SUSPENDED"}
@@ -31,7 +31,7 @@ def _words(path: Path) -> list[str]:
 
 def test_no_state_is_spelled_outside_the_enums() -> None:
     found = [hit for module in MODULES for hit in _words(ROOT / module)]
-    assert not found, "use the enum of orchestrator.states:\n" + "\n".join(found)
+    assert not found, "use the enum of orchestrator.core.states:\n" + "\n".join(found)
 
 
 def test_the_words_are_strings_on_disk() -> None:

@@ -1,4 +1,4 @@
-"""orchestrator.states: one typed set of lifecycle states that still reads and writes as the
+"""orchestrator.core.states: one typed set of lifecycle states that still reads and writes as the
 plain strings records on disk, the CLI's output and users' comparisons have always used."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import RunNotFoundError
-from orchestrator.records import RunRecord
-from orchestrator.states import TERMINAL, State
+from orchestrator.core.errors import RunNotFoundError
+from orchestrator.core.records import RunRecord
+from orchestrator.core.states import TERMINAL, State
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMES = ["PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL",
@@ -82,7 +82,7 @@ def test_a_record_without_a_state_is_pending(tmp_path: Path) -> None:
 def test_states_without_enum_strenum() -> None:
     """Ranks may run an older Python than 3.11 (slurm.python): State behaves the same without StrEnum."""
     code = ("import enum, json\ndel enum.StrEnum\n"
-            "from orchestrator.states import State, TERMINAL\n"
+            "from orchestrator.core.states import State, TERMINAL\n"
             "s = State.FAILED\n"
             "assert s == 'FAILED' and str(s) == 'FAILED' and f'{s:8}|' == 'FAILED  |' and s.terminal\n"
             "assert json.dumps(s) == '\"FAILED\"' and 'FAILED' in TERMINAL and not State.PENDING.terminal\n"
@@ -93,7 +93,7 @@ def test_states_without_enum_strenum() -> None:
 
 
 def test_states_are_standard_library_only() -> None:
-    code = ("import sys\nbefore = set(sys.modules)\nimport orchestrator.states\n"
+    code = ("import sys\nbefore = set(sys.modules)\nimport orchestrator.core.states\n"
             "print(sorted(m for m in set(sys.modules) - before if not m.startswith('orchestrator')\n"
             "             and m.split('.')[0] not in sys.stdlib_module_names))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)

@@ -1,14 +1,14 @@
-"""A run's state is spelled in one place (orchestrator.states): no module outside it compares a
+"""A run's state is spelled in one place (orchestrator.core.states): no module outside it compares a
 state with, or sets one to, a string literal ("COMPLETED"), where a typo would be a silent bug.
 SLURM's own words (sacct's, scontrol's JobState) are SLURM's vocabulary and are read as such
-(executors/slurm_status.py maps them), so only what is named ``state`` is held to the rule."""
+(backends/slurm/slurm_status.py maps them), so only what is named ``state`` is held to the rule."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-from orchestrator.states import State
+from orchestrator.core.states import State
 
 ROOT = Path(__file__).resolve().parents[2] / "orchestrator"
 WORDS = {s.value for s in State}
@@ -44,7 +44,7 @@ def offences(source: str) -> list[int]:
 def test_no_state_is_spelled_as_a_string_outside_the_states_module() -> None:
     found = {str(p.relative_to(ROOT)): offences(p.read_text(encoding="utf-8"))
              for p in ROOT.rglob("*.py") if p.name != "states.py"}
-    assert not {k: v for k, v in found.items() if v}, "use orchestrator.states.State, not a string: " + str(
+    assert not {k: v for k, v in found.items() if v}, "use orchestrator.core.states.State, not a string: " + str(
         {k: v for k, v in found.items() if v})
 
 

@@ -16,8 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import bench_status  # noqa: E402
 
-from orchestrator import operations  # noqa: E402
-from orchestrator.records import RunRecord  # noqa: E402
+from orchestrator.front import operations  # noqa: E402
+from orchestrator.core.records import RunRecord  # noqa: E402
 
 
 def test_status_of_many_runs_asks_once_and_rewrites_only_what_changed(tmp_path: Path,

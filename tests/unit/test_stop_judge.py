@@ -1,4 +1,4 @@
-"""The stop's judge (orchestrator.stop_judge): ranks told to stop are stuck only when every rank
+"""The stop's judge (orchestrator.node.stop_judge): ranks told to stop are stuck only when every rank
 waits in a collective, not all in the same one, and they stay so for STUCK_S; a stop under way
 (a rank writing its checkpoint, every rank in one all-reduce, a rank that did not answer) keeps
 its grace, and the looks space out while nothing is stuck."""
@@ -8,11 +8,11 @@ from __future__ import annotations
 import sysconfig
 from pathlib import Path
 
-from orchestrator import stacks
-from orchestrator.stop_judge import FIRST_LOOK_S, MOST_GAP_S, STUCK_S, StopJudge
+from orchestrator.core import stacks
+from orchestrator.node.stop_judge import FIRST_LOOK_S, MOST_GAP_S, STUCK_S, StopJudge
 
 SITE = sysconfig.get_paths()["purelib"]
-OURS = str(Path(stacks.__file__).parent)
+OURS = str(Path(stacks.__file__).parents[1] / "node")  # the launcher's folder
 
 
 def dump(*frames: str) -> str:

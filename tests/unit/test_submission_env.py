@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from orchestrator.display import print_plan
-from orchestrator.executors.slurm import SlurmExecutor
-from orchestrator.executors.slurm_env import (clean_submission_env, sbatch_env_line, sbatch_option_of, script_options,
+from orchestrator.front.display import print_plan
+from orchestrator.backends.slurm.executor import SlurmExecutor
+from orchestrator.backends.slurm.slurm_env import (clean_submission_env, sbatch_env_line, sbatch_option_of, script_options,
                                               submission_env)
 from orchestrator.plan import plan
-from orchestrator.spec import JobSpec
+from orchestrator.spec.models import JobSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 SITE = {"SBATCH_ACCOUNT": "proj-7", "SBATCH_PARTITION": "gpu", "SBATCH_QOS": "high", "SBATCH_RESERVATION": "maint",

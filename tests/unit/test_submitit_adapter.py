@@ -1,4 +1,4 @@
-"""orchestrator.submitit_adapter, the one module that touches submitit's internals: its rendering
+"""orchestrator.backends.slurm.submitit_adapter, the one module that touches submitit's internals: its rendering
 against golden text (a submitit release that renders differently fails here first), the script
 it submits against the one it renders (a fake sbatch; no cluster), the version check, and the
 rule that no other module reaches into submitit.
@@ -19,9 +19,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from orchestrator import submitit_adapter
-from orchestrator.errors import OrchestratorError, SubmissionError
-from orchestrator.submitit_adapter import SUPPORTED, UnsupportedSubmititError, check_version, render_sbatch, submit
+from orchestrator.backends.slurm import submitit_adapter
+from orchestrator.core.errors import OrchestratorError, SubmissionError
+from orchestrator.backends.slurm.submitit_adapter import SUPPORTED, UnsupportedSubmititError, check_version, render_sbatch, submit
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,7 +34,7 @@ PARAMS = {
                               "mem": "32G"},
 }
 FOLDER = "/shared/runs/golden/slurm"
-COMMAND = "exec /opt/venv/bin/python -u -m orchestrator.slurm_job /shared/runs/golden/payload.json"
+COMMAND = "exec /opt/venv/bin/python -u -m orchestrator.backends.slurm.node.slurm_job /shared/runs/golden/payload.json"
 
 GOLDEN_SINGLE = """\
 #!/bin/bash
@@ -61,7 +61,7 @@ source /opt/venv/bin/activate
 
 # command
 export SUBMITIT_EXECUTOR=slurm
-exec /opt/venv/bin/python -u -m orchestrator.slurm_job /shared/runs/golden/payload.json
+exec /opt/venv/bin/python -u -m orchestrator.backends.slurm.node.slurm_job /shared/runs/golden/payload.json
 """
 
 GOLDEN_ARRAY = GOLDEN_SINGLE.replace("# Parameters\n", "# Parameters\n#SBATCH --array=0-2%3\n").replace(
@@ -167,7 +167,7 @@ def test_a_missing_submitit_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_an_unsupported_submitit_is_refused_before_any_use(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Neither rendering, nor submitting, nor the executor (before it makes a run folder) goes on."""
-    from orchestrator.executors.slurm import SlurmExecutor
+    from orchestrator.backends.slurm.executor import SlurmExecutor
 
     monkeypatch.setattr(submitit_adapter, "installed_version", lambda: "1.7.0")
     with pytest.raises(UnsupportedSubmititError, match="submitit 1.7.0 is installed"):
@@ -187,8 +187,8 @@ PRIVATE_NAMES = {"_make_sbatch_string", "_submit_command", "map_count"}
 
 def _sources() -> list[Path]:
     files = sorted((ROOT / "orchestrator").rglob("*.py"))
-    assert (ROOT / "orchestrator" / "submitit_adapter.py") in files
-    return [p for p in files if p.name != "submitit_adapter.py" or p.parent != ROOT / "orchestrator"]
+    assert (ROOT / "orchestrator" / "backends" / "slurm" / "submitit_adapter.py") in files
+    return [p for p in files if p.name != "submitit_adapter.py" or p.parent != ROOT / "orchestrator" / "backends" / "slurm"]
 
 
 def _root(node: ast.expr) -> str | None:
@@ -226,7 +226,7 @@ def _private_uses(path: Path) -> list[str]:
 
 def test_no_module_but_the_adapter_uses_submitit_internals() -> None:
     offenders = {str(p.relative_to(ROOT)): uses for p in _sources() if (uses := _private_uses(p))}
-    assert not offenders, f"submitit's private names outside orchestrator/submitit_adapter.py: {offenders}"
+    assert not offenders, f"submitit's private names outside orchestrator/backends/slurm/submitit_adapter.py: {offenders}"
 
 
 def test_no_module_but_the_adapter_imports_submitit() -> None:
@@ -237,7 +237,7 @@ def test_no_module_but_the_adapter_imports_submitit() -> None:
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             if any(n.split(".")[0] == "submitit" for n in names):
                 importers.append(f"{path.relative_to(ROOT)}:{node.lineno}")
-    assert not importers, f"submitit imported outside orchestrator/submitit_adapter.py: {importers}"
+    assert not importers, f"submitit imported outside orchestrator/backends/slurm/submitit_adapter.py: {importers}"
 
 
 def test_the_checks_above_see_a_private_use(tmp_path: Path) -> None:

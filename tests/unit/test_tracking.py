@@ -1,4 +1,4 @@
-"""The trackers' defaults (orchestrator.tracking), what plan says of them, and sync's listing."""
+"""The trackers' defaults (orchestrator.node.tracking), what plan says of them, and sync's listing."""
 
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ import pytest
 from hypothesis import given, settings as hsettings
 from hypothesis import strategies as st
 
-from orchestrator import sync, tracking
-from orchestrator.errors import OrchestratorError
-from orchestrator.loading import spec_from_dict
+from orchestrator.front import sync
+from orchestrator.node import tracking
+from orchestrator.core.errors import OrchestratorError
+from orchestrator.spec.loading import spec_from_dict
 from orchestrator.plan import plan
-from orchestrator.spec import TrackingSpec
+from orchestrator.spec.models import TrackingSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 USER_VARS = tracking.WANDB_VARS + tracking.TENSORBOARD_VARS + tracking.MLFLOW_VARS

@@ -1,4 +1,4 @@
-"""orchestrator.watchdog.Watch and judge: when a job is judged, and when there is nothing left to
+"""orchestrator.node.watchdog.Watch and judge: when a job is judged, and when there is nothing left to
 judge (the supervisors then stop reading the ranks' files). Generated sequences of looks."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator.watchdog import Watch, judge
+from orchestrator.node.watchdog import Watch, judge
 
 looks = st.lists(st.tuples(st.floats(0, 50), st.lists(st.integers(0, 7), max_size=8)), max_size=12)
 

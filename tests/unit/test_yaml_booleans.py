@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from orchestrator.errors import SpecError
-from orchestrator.loading import YAML11_BOOLEANS, load_spec, parse_override, parse_text
-from orchestrator.pipeline import load_pipeline
-from orchestrator.spec import RECOVERY_KINDS, JobSpec
+from orchestrator.core.errors import SpecError
+from orchestrator.spec.loading import YAML11_BOOLEANS, load_spec, parse_override, parse_text
+from orchestrator.front.pipeline import load_pipeline
+from orchestrator.spec.models import RECOVERY_KINDS, JobSpec
 from tests.unit.test_hostile_input import cli
 
 README = Path(__file__).resolve().parents[2] / "README.md"

@@ -1,0 +1,295 @@
+"""The parent of a local run's ranks: import torch once, then fork one child per rank.
+
+N ranks that each import torch cost N imports, and importing torch is the launch's largest cost
+(the "floor" of docs/PERFORMANCE.md). The zygote imports torch once, while the CLI is still
+validating and planning, then forks the ranks, which share the imported modules copy-on-write.
+Each child starts its own session (so the supervisor can signal its process group), redirects
+its output to its log file, replaces its environment with the rank's, and runs the same
+``orchestrator.node.launcher`` code as a spawned rank. Forking after ``import torch`` is what
+PyTorch's own DataLoader workers do; CUDA is never initialised before the fork.
+
+With ``--exec`` it imports nothing and every child execs a fresh interpreter
+(``local.preload_torch: false``, exactly as on SLURM); the ranks are still its children.
+
+The zygote is a child subreaper dedicated to one run: a rank's grandchild that left the rank's
+session (setsid, daemonised) is re-parented to it, not to init. When every rank has ended, or
+the zygote is told to stop (SIGTERM), it stops and reaps all its remaining descendants, so no
+process a run started outlives it.
+
+Where the kernel has no ``prctl`` (macOS; ``platform_caps.has_prctl``) there is no subreaper and
+no parent-death signal, and the same guarantee rests on process groups and on watching parents:
+each rank leads its own group, which the zygote signals whole (a rank that has ended keeps its
+group watched while members live: no platform reuses a group id in use, ``procs.group_alive``);
+the zygote polls its parent (the supervisor) and stops everything once it is gone; and each rank
+holds the read end of a pipe only the zygote writes to, so it ends its group when the zygote is
+gone (``launcher.watch_parent_pipe``). What a rank moves out of its process group (a setsid
+daemon) escapes there. Where forking after ``import torch`` is not safe (macOS;
+``platform_caps.fork_after_torch_safe``) the zygote imports nothing and execs every rank.
+
+Protocol, one JSON object per line. stdin: ``{"rank", "env", "payload", "log", "fresh"}`` per rank, then
+``{"done": true}``. stdout: ``{"rank", "pid"}`` per fork, then ``{"rank", "exit"}`` as each
+rank ends (a negative exit is the signal that killed it, as in ``subprocess``), and finally
+``{"leftovers": [pid, ...]}``: the processes it had to stop after the ranks ended.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import json
+import os
+import signal
+import sys
+import time
+from typing import Any, NoReturn
+
+from orchestrator.core import platform_caps, procs
+from orchestrator.core.interpreter import module_argv
+from orchestrator.node.rank_exit import leave
+
+
+def emit(message: dict[str, Any]) -> None:
+    """Report to the supervisor. If it is gone (a broken pipe), stop every rank and leave: ranks
+    never run on without a supervisor."""
+    try:
+        sys.stdout.write(json.dumps(message) + "\n")
+        sys.stdout.flush()
+    except (BrokenPipeError, OSError):
+        _stop_and_exit(signal.SIGPIPE, None)
+
+
+def child(msg: dict[str, Any], fresh: bool, watch: Watch | None = None) -> NoReturn:
+    """Runs in the forked rank; never returns. ``fresh``: exec a new interpreter (the zygote's
+    mode, or the rank's own ``"fresh"``: its environment sets variables read only at start-up).
+    ``watch``: the zygote's pipe, where the kernel cannot end the rank with it."""
+    code = 1
+    ran = False
+    preloaded = {name: id(module) for name, module in sys.modules.items()}  # the zygote's: torch, ours, stdlib
+    try:
+        os.setsid()
+        # The zygote never ends before its ranks unless it is killed (SIGKILL, the OOM killer):
+        # then the ranks go too, at once, rather than train on with nothing watching them.
+        procs.set_parent_death_signal(signal.SIGKILL)
+        if os.getppid() != msg["zygote"]:
+            os._exit(1)  # it died before the line above took effect
+        pipe_args: list[str] = []
+        if watch is not None:  # no parent-death signal here: the rank reads the zygote's pipe instead
+            os.close(watch.write_fd)
+            os.set_inheritable(watch.read_fd, True)
+            pipe_args = [f"{PARENT_PIPE}{watch.read_fd}"]
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2):
+            signal.signal(sig, signal.SIG_DFL)
+        log = os.open(msg["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
+        os.close(null)
+        if fresh:
+            os.execve(sys.executable, module_argv(sys.executable, "orchestrator.node.launcher", msg["payload"], *pipe_args),
+                      msg["env"])
+        os.environ.clear()
+        os.environ.update(msg["env"])
+        from orchestrator.node.launcher import main
+
+        ran = True
+        code = main([msg["payload"], *pipe_args])
+    except BaseException:  # report anything, then leave without running the zygote's cleanup
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        leave(code if isinstance(code, int) else 1, ran, preloaded)
+
+
+class Watch:
+    """The pipe a rank reads to learn that the zygote is gone, where the kernel cannot tell it
+    (``launcher.watch_parent_pipe``): the zygote holds the only write end and never writes."""
+
+    def __init__(self) -> None:
+        self.read_fd, self.write_fd = os.pipe()  # both close-on-exec; a child makes the read end inheritable
+
+
+#: The zygote's ranks still running (pid -> rank), and the process groups of ended ranks that still
+#: had members: what it stops when told to, where no subreaper collects what the ranks left.
+_RUNNING: dict[int, int] = {}
+_GROUPS: list[int] = []
+
+
+def _stop_and_exit(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    stop_everything(STOP_GRACE_S)
+    os._exit(128 + signum)
+
+
+#: How long the ranks have to end on SIGTERM when the zygote is told to stop, or its supervisor is
+#: gone, before SIGKILL.
+STOP_GRACE_S = 5.0
+POLL_S = 0.05  # without prctl: how often the zygote looks at its ranks and its parent
+#: What DistributedDataParallel's constructor imports (``torch._dynamo.utils.get_optimize_ddp_mode``):
+#: imported here once, before the first fork, when the supervisor's message says the ranks build DDP
+#: (``forked.builds_ddp``), instead of once in every forked rank. A 2 x 2 demo run took 12.3 s and
+#: 20.5 s of CPU without it, 9.4 s and 12.2 s with it (2026-11-28, 2 cores).
+DDP_IMPORTS = ("torch._dynamo",)
+PARENT_PIPE = "--parent-pipe="  # launcher.PARENT_PIPE, not imported: the zygote imports nothing it need not
+
+
+def stop_everything(grace_s: float) -> list[int]:
+    """Stop whatever the run started: every descendant, where the zygote is a subreaper (Linux);
+    elsewhere the process groups of its ranks, running or ended. Returns the PIDs stopped, as far
+    as they can be listed."""
+    if _KERNEL_GUARD:
+        return procs.stop_descendants(grace_s=grace_s)
+    return _stop_groups(grace_s)
+
+
+def _stop_groups(grace_s: float) -> list[int]:
+    """SIGTERM the process group of every rank (a running rank is the zygote's unreaped child, so
+    its group id names nothing else; an ended rank's group is watched, ``_prune_groups``), reap,
+    SIGKILL what is left after ``grace_s``. Returns the members seen, where they can be listed."""
+    groups = list(dict.fromkeys([*_RUNNING, *_GROUPS]))
+    seen = [pid for g in groups for pid in procs.group_members(g) if pid != os.getpid()]
+    seen += [pid for pid in procs.descendants(os.getpid()) if pid not in seen]
+    for g in groups:
+        procs.signal_group(g, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while True:
+        _reap()
+        alive = [g for g in groups if procs.group_alive(g)]
+        if not alive or time.monotonic() >= deadline:
+            break
+        time.sleep(POLL_S)
+    for g in alive:
+        procs.signal_group(g, signal.SIGKILL)
+    for pid in procs.descendants(os.getpid()):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    time.sleep(POLL_S if alive else 0)
+    _reap()
+    _GROUPS[:] = [g for g in _GROUPS if procs.group_alive(g)]
+    return seen
+
+
+def _reap() -> list[tuple[int, int]]:
+    """Collect every exited child: (pid, status) of each, without waiting. An ended rank leaves
+    ``_RUNNING``; its process group is kept watched if anything still lives in it (the group id
+    stays reserved while it has a member, so it cannot name another process's group)."""
+    reaped = []
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return reaped
+        if pid == 0:
+            return reaped
+        if _RUNNING.pop(pid, None) is not None and procs.group_alive(pid):
+            _GROUPS.append(pid)
+        reaped.append((pid, status))
+
+
+def _prune_groups() -> None:
+    """Forget the groups of ended ranks that have no member left (looked at every POLL_S, so a
+    group id is never held on to after its group ended and the number could be handed out again)."""
+    _GROUPS[:] = [g for g in _GROUPS if procs.group_alive(g)]
+
+
+def _wait_ranks(children: dict[int, int]) -> None:
+    """Report each rank's end as it comes: block in ``wait`` where the kernel guards the run
+    (prctl: the supervisor's death reaches the zygote as SIGTERM); elsewhere poll, watching the
+    supervisor (``--parent``) and the ended ranks' groups."""
+    while children:
+        if _KERNEL_GUARD:
+            try:
+                pid, status = os.wait()
+            except ChildProcessError:
+                break
+            _RUNNING.pop(pid, None)
+            ended = [(pid, status)]
+        else:
+            if _PARENT is not None and os.getppid() != _PARENT:  # the supervisor is gone
+                _stop_and_exit(signal.SIGTERM, None)
+            ended = _reap()
+            _prune_groups()
+            if not ended:
+                time.sleep(POLL_S)
+                continue
+        for pid, status in ended:
+            rank = children.pop(pid, None)  # adopted orphans are reaped here too, and ignored
+            if rank is not None:
+                emit({"rank": rank, "exit": os.waitstatus_to_exitcode(status)})
+
+
+#: Whether the kernel guards this run (prctl: subreaper and parent-death signal), and the
+#: supervisor's PID (``--parent``), which the zygote watches where it does not.
+_KERNEL_GUARD = True
+_PARENT: int | None = None
+
+
+def _import_quietly(modules: list[str] | tuple[str, ...]) -> None:
+    """Import what the ranks will import, before forking them (once imported, again is free)."""
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            pass  # the ranks will report it with a proper traceback
+
+
+def main(argv: list[str]) -> int:
+    global _KERNEL_GUARD, _PARENT
+    fresh = "--exec" in argv or not platform_caps.fork_after_torch_safe()
+    parent = _PARENT = next((int(a.split("=", 1)[1]) for a in argv if a.startswith("--parent=")), None)
+    _KERNEL_GUARD = platform_caps.has_prctl()
+    procs.become_subreaper()
+    signal.signal(signal.SIGTERM, _stop_and_exit)
+    # The supervisor's death, however it dies (SIGKILL, the OOM killer, a closed terminal), reaches
+    # the zygote as SIGTERM: it stops every rank and whatever they started, then leaves. Without
+    # prctl the zygote sees it by polling its parent (_wait_ranks).
+    procs.set_parent_death_signal(signal.SIGTERM)
+    if parent is not None and os.getppid() != parent:
+        return 1  # the supervisor was already gone: start nothing
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides; the ranks get signals directly
+    _import_quietly([] if fresh else [m for m in argv if not m.startswith("-")] or ["torch"])
+    try:  # set up in the parent: a forked rank clears its environment, after which setproctitle cannot start
+        import setproctitle
+
+        with procs.kept_comm():
+            setproctitle.getproctitle()
+    except ImportError:
+        pass
+    watch = None if _KERNEL_GUARD else Watch()
+    children: dict[int, int] = {}
+    for line in sys.stdin:
+        msg = json.loads(line)
+        if msg.get("done"):
+            break
+        sys.stdout.flush()
+        sys.stderr.flush()
+        msg["zygote"] = os.getpid()
+        if not (fresh or msg.get("fresh")):
+            if msg.get("ddp"):
+                _import_quietly(DDP_IMPORTS)
+            # What is loaded now is the ranks' shared, read-only base: out of the collector's
+            # generations, a rank's collections never walk it (nor copy its pages by touching
+            # their headers), as CPython's gc.freeze documents for a server that forks workers.
+            gc.freeze()
+        pid = os.fork()
+        if pid == 0:
+            child(msg, fresh or bool(msg.get("fresh")), watch)
+        children[pid] = _RUNNING[pid] = msg["rank"]
+        emit({"rank": msg["rank"], "pid": pid})
+    _wait_ranks(children)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    groups_left = list(_GROUPS)  # without a subreaper: the ended ranks' groups that still have members
+    left = stop_everything(2.0)
+    if groups_left and not left:  # stopped, but this platform cannot list them: say so all the same
+        print(f"[orchestrator] stopped what {len(groups_left)} rank(s) left running in their process groups "
+              "(this system cannot list those processes)", file=sys.stderr, flush=True)
+    emit({"leftovers": left})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,407 @@
+"""SLURM executor: sbatch through submitit (``orchestrator.backends.slurm.submitit_adapter``, the one module
+that touches submitit), with a fresh submitit executor for every submission.
+
+The sbatch script submitit writes is the one ``plan`` rendered: same parameters, same folder
+(``<run_dir>/slurm``). A sweep is one job array (split at MaxArraySize). Status for any number
+of runs is one ``sacct`` call; SLURM's states are kept distinct (see STATE_MAP).
+
+A cluster without accounting (no slurmdbd: sacct answers "Slurm accounting storage is disabled",
+or there is no sacct) is supported: that is noticed once per process and cluster, and status is
+then one ``squeue -t all`` call, which knows a job until MinJobAge after its end. A job neither
+knows any more gets its end from what its agent recorded in the run folder (``end_from_agent``):
+never COMPLETED unless the agent recorded that, and UNKNOWN, with the reason, when it recorded
+nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+import os
+import pwd
+import sys
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from orchestrator.core import ownership
+from orchestrator.backends.slurm import submitit_adapter
+from orchestrator.spec.after import dependency_options, resolve, slurm_dependencies
+from orchestrator.core.errors import SubmissionError
+from orchestrator.executors.base import CANCEL_SLACK_S, first_error, prepare_attempt, stop_grace_s
+from orchestrator.backends.slurm.slurm_env import clean_submission_env, script_options
+from orchestrator.plan import LaunchPlan
+from orchestrator.core.records import RunRecord, point_dir
+from orchestrator.core.recovery import HISTORY_FILE
+from orchestrator.executors.previous_attempt import PreviousAttempt
+from orchestrator.core.run_folder import RunFolder
+from orchestrator.backends.slurm.node.slurm_controller import check_slurm_conf, controller_problem, one_line
+from orchestrator.backends.slurm.node.slurm_controller import run as run_slurm
+from orchestrator.backends.slurm.slurm_plan import DEFAULT_MAX_ARRAY_SIZE, array_chunks, job_command
+from orchestrator.backends.slurm.slurm_status import (  # noqa: F401  (re-exported: the status half of this executor)
+    _ACCOUNTING_OFF, _PRIORITY, ACCOUNTING_DISABLED, OUTCOME_STATE, STATE_MAP, UNKNOWN_END, _pairs, _queue_states,
+    _sacct, accounting_off, agent_end, combine, end_from_agent, expand_array_id, map_state, sacct_states,
+    sacct_unusable, squeue_states)
+from orchestrator.core.states import State
+
+# ---- waiting on the scheduler politely ----------------------------------------------------------
+
+
+class SchedulerPacing:
+    """When a waiting client asks the scheduler next: the one policy for every loop that waits on
+    SLURM (``api.Run.wait``, ``Run.tail`` and so ``logs -f``, ``--remote``'s status polling, and,
+    with shorter delays, ``cancel``). Pure: it is told the time, each answer and each change seen
+    in the run folder, and says when the next question is due; it never sleeps or asks itself.
+
+    - The first question is due at once.
+    - After an answer: ``first_s`` later if the answer differs from the last one (the state
+      changed), else the last delay times ``factor``, at most ``most_s``.
+    - The run folder changed (the job's agent recorded an attempt's start or end, or its
+      verdict): the next question is due ``soon_s`` after it, and while the answers stay the same
+      the delays grow from there (``soon_s``, x ``factor``...), so the end the agent recorded is
+      confirmed within about a second while a job that ends slowly is not asked every second. At
+      most one such early question per ``first_s``: a folder that keeps changing does not make
+      the client ask more often than that.
+    """
+
+    FIRST_S = 10.0
+    FACTOR = 1.5
+    MOST_S = 60.0
+    SOON_S = 1.0
+
+    def __init__(self, first_s: float = FIRST_S, most_s: float = MOST_S, factor: float = FACTOR,
+                 soon_s: float = SOON_S) -> None:
+        if not 0 < soon_s <= first_s <= most_s or factor < 1:
+            raise ValueError(f"pacing needs 0 < soon_s <= first_s <= most_s and factor >= 1, not soon_s={soon_s}, "
+                             f"first_s={first_s}, most_s={most_s}, factor={factor}")
+        self.first_s, self.most_s, self.factor, self.soon_s = first_s, most_s, factor, soon_s
+        self.next_at = -math.inf  # due at once
+        self.delay: float | None = None  # the delay set after the last answer
+        self.last: Any = _NO_ANSWER
+        self.answers = 0  # answers noted (for callers and tests)
+        self._early_at = -math.inf  # when the last early question (after a folder change) was due
+
+    def due(self, now: float) -> bool:
+        return now >= self.next_at
+
+    def answered(self, now: float, answer: Any) -> float:
+        """Note an answer got at ``now``; returns the delay until the next question."""
+        self.answers += 1
+        if answer != self.last or self.delay is None:
+            self.delay = self.first_s
+        else:
+            self.delay = min(self.most_s, self.delay * self.factor)
+        self.last = answer
+        self.next_at = now + self.delay
+        return self.delay
+
+    def folder_changed(self, now: float) -> None:
+        """The run folder shows news: ask ``soon_s`` from now (once per ``first_s``), then back off."""
+        at = max(now + self.soon_s, self._early_at + self.first_s)
+        if at < self.next_at:
+            self.next_at = self._early_at = at
+            self.delay = self.soon_s / self.factor  # the next unchanged answer waits soon_s
+
+    def wait_s(self, now: float) -> float:
+        """Seconds until the next question is due (0: now)."""
+        return max(0.0, self.next_at - now)
+
+
+_NO_ANSWER = object()
+
+
+#: A sweep's point folders watched for news (beyond this many, the scheduler alone tells).
+WATCHED_POINTS = 32
+
+
+def folder_news(rec: RunRecord) -> tuple:
+    """What changes in a SLURM run's folder when its job's agent has news, for the price of a few
+    ``stat`` calls: each ``recovery.json`` (the agent rewrites it as an attempt starts and as it
+    ends) and each ``end.json`` (its verdict), of the run and of up to WATCHED_POINTS sweep points."""
+    run = RunFolder.of(rec.run_dir)
+    folders = [run] + [run.point(i) for i in range(min(rec.sweep_size, WATCHED_POINTS))]
+    return (*(file_stat(f.root / HISTORY_FILE) for f in folders), *(file_stat(f.end) for f in folders))
+
+
+def file_stat(path: Path) -> tuple[int, int, int] | None:
+    """What changes when a file is replaced (the run folder's files are written whole, then renamed)."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return st.st_mtime_ns, st.st_size, st.st_ino
+
+
+def rotate_folder(folder: Path) -> Path | None:
+    """Job ids restart at 1 on a rebuilt cluster; never let a new job meet an old job's files.
+    Where the old files went (None: there were none)."""
+    if folder.is_dir() and any(folder.iterdir()):
+        n = 1
+        while (old := folder.with_name(f"{folder.name}.{n}")).exists():
+            n += 1
+        folder.rename(old)
+        return old
+    return None
+
+
+#: How long past stop_grace_s a cancel waits for the job's agent to end the job itself before it
+#: scancels the job plainly (the agent looks once a second; srun and scancel take a moment).
+AGENT_ACT_S = 15.0
+#: sbatch's answers that do not say which field the cluster cannot satisfy.
+_UNSATISFIABLE = ("Requested node configuration is not available", "Invalid node name specified",
+                  "Invalid generic resource")
+
+
+# check_slurm_conf and controller_problem: orchestrator.backends.slurm.node.slurm_controller (re-exported here).
+
+
+def _scancel(*args: str, quiet: bool = False) -> None:
+    out = run_slurm(["scancel", *args])
+    if out.returncode is None and not quiet:
+        raise SubmissionError(f"scancel could not run ({out.error}); run this on a SLURM login node")
+    problem = out.problem
+    if problem and not quiet:
+        raise SubmissionError(problem)
+
+
+def max_array_size() -> int:
+    """The cluster's MaxArraySize (array task ids must stay below it)."""
+    out = run_slurm(["scontrol", "show", "config"])
+    if out.returncode is None:
+        raise SubmissionError(f"cannot ask the cluster for its MaxArraySize ({out.error}); submit from a SLURM "
+                              "login node with SLURM_CONF set")
+    problem = out.problem
+    if problem:
+        raise SubmissionError(problem)
+    for line in out.stdout.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "MaxArraySize" and value.strip().isascii() and value.strip().isdigit():
+            return int(value.strip())
+    return DEFAULT_MAX_ARRAY_SIZE
+
+
+class SlurmExecutor:
+    def submit(self, launch: LaunchPlan, after: Sequence[tuple[str, Sequence[str]]] = ()) -> RunRecord:
+        """sbatch through submitit, with the script the plan rendered: the batch script runs the
+        job's agent, which runs one srun task per rank on a payload file (no pickled callable). A sweep is one array per
+        chunk of MaxArraySize; each array task finds its point's payload by its task id.
+
+        ``after``: (when, job ids) the job also waits for (``orchestrator.front.pipeline``'s edges); the
+        spec's own ``after:`` runs are resolved here from their records. Both become one
+        ``--dependency`` with ``--kill-on-invalid-dep=yes``, known only now, so added at submission."""
+        if launch.submitit is None:
+            raise SubmissionError("this plan was not made for the slurm executor; plan it with --executor slurm")
+        submitit_adapter.check_version()  # before a run folder is made
+        check_slurm_conf()
+        extra = self.dependency(launch, after)
+        record, lock, previous = prepare_attempt(launch, self.refresh)  # a job that ended unasked: asked again
+        with lock:  # until the scheduler has the job: then the job is the live attempt
+            return self._submit_locked(launch, record, previous, extra)
+
+    def dependency(self, launch: LaunchPlan, after: Sequence[tuple[str, Sequence[str]]] = ()) -> dict[str, str]:
+        """The sbatch options for what the job waits for (``orchestrator.spec.after``); {} for nothing."""
+        entries = launch.spec.after
+        parents = resolve(entries, "slurm", self._refresh_slurm, launch.run_id) if entries else []
+        return dependency_options([*after, *slurm_dependencies(parents)])
+
+    def _refresh_slurm(self, records: list[RunRecord]) -> list[RunRecord]:
+        slurm = [r for r in records if r.executor == "slurm"]
+        fresh = {r.run_dir: r for r in (self.refresh(slurm) if slurm else [])}
+        return [fresh.get(r.run_dir, r) for r in records]
+
+    def _submit_locked(self, launch: LaunchPlan, record: RunRecord, previous: PreviousAttempt,
+                       extra: dict[str, str] | None = None) -> RunRecord:
+        """sbatch, once the run folder holds the new attempt. Refused: a resubmission's previous
+        attempt is put back as it was (a COMPLETED run stays COMPLETED, its result and logs with
+        it); a first submission's record says FAILED and why."""
+        folder = RunFolder.of(launch.run_dir).slurm
+        previous.moved(folder, rotate_folder(folder))
+        folder.mkdir(parents=True, exist_ok=True)
+        for index, point in enumerate(launch.sweep):
+            launch.payload_for_point(index).write(RunFolder.of(launch.run_dir).point(index).payload)
+        python = launch.spec.slurm.python
+        chunks: list[list[int]] | list[None] = [None]
+        if launch.sweep:  # the plan assumed SLURM's default MaxArraySize; this cluster's may be smaller
+            chunks = array_chunks(len(launch.sweep), max_array_size())
+        job_ids: list[str] = []
+        sbatch_stderr = io.StringIO()  # submitit prints sbatch's errors as well as raising them: once is enough
+        options = script_options(*launch.sbatch_scripts) | set(extra or {})  # the SBATCH_* these would lose to
+        try:
+            with clean_submission_env(options), contextlib.redirect_stderr(sbatch_stderr):
+                for chunk in chunks:  # a chunk: an array of len(chunk) tasks
+                    job_id = submitit_adapter.submit(folder, launch.submitit, job_command(
+                        launch.run_dir, python, chunk[0] if chunk else 0), n_points=len(chunk) if chunk else 0,
+                        extra_sbatch=extra)
+                    job_ids += [f"{job_id}_{i}" for i in range(len(chunk))] if chunk else [job_id]
+        except Exception as exc:
+            if previous.had_record:
+                previous.restore()
+            else:
+                previous.drop()
+                record.update(state=State.FAILED, error=f"submission failed: {exc}", ended=time.time())
+            hint = (" (run 'orchestrator validate SPEC --cluster': it names the field this cluster cannot satisfy)"
+                    if any(s in str(exc) for s in _UNSATISFIABLE) else "")
+            hint += account_hint(str(exc), launch.spec.slurm.account, launch.spec.slurm.partition)
+            raise SubmissionError(controller_problem("sbatch", str(exc)) or
+                                  f"sbatch refused the job: {one_line(exc)}{hint}") from exc
+        sys.stderr.write(sbatch_stderr.getvalue())
+        previous.drop()
+        return record.update(state=State.PENDING, job_ids=job_ids)
+
+    def refresh(self, records: list[RunRecord]) -> list[RunRecord]:
+        """The records of runs not ended, refreshed with one scheduler query for all of them (two
+        when accounting has not heard of a new job yet); a job the scheduler no longer knows (no
+        accounting, and past MinJobAge) takes its end from its agent's record (``agent_end``)."""
+        live = [r for r in records if not r.state.terminal]
+        states = sacct_states([j for r in live for j in r.job_ids])
+        out = []
+        for rec in records:
+            if not rec.state.terminal:
+                per_job, unknown = [], []
+                for index, job in enumerate(rec.job_ids):
+                    if job in states:
+                        per_job.append(states[job])
+                        continue
+                    tasks = [s for k, s in states.items() if k.startswith(job + "_")] if "_" not in job else []
+                    if tasks:
+                        per_job.append(combine(tasks))
+                        continue
+                    state, why = agent_end(rec, index, job)
+                    per_job.append(state)
+                    if why:
+                        unknown.append(why)
+                state = combine(per_job)
+                changes: dict = {"state": state}
+                if state == State.UNKNOWN and unknown:
+                    changes["error"] = unknown[0]
+                elif rec.state == State.UNKNOWN and UNKNOWN_END in (rec.error or ""):
+                    changes["error"] = None  # the unknown end's reason no longer holds
+                if state.terminal:
+                    changes["ended"] = time.time()
+                    err = first_error(rec.run_dir)
+                    if err and state != State.COMPLETED:
+                        changes.update(failed_rank=err["rank"], error=f"rank {err['rank']} raised {err['type']}: {err['message']}\n"
+                                             f"{err.get('user_traceback') or err['traceback']}")
+                    changes.update(agent_verdict(rec, state))
+                if len(per_job) > 1:
+                    changes["point_states"] = {str(i): s for i, s in enumerate(per_job)}
+                rec = rec.update_seen(**changes)
+            out.append(rec)
+        return out
+
+    def cancel(self, record: RunRecord, timeout_s: float | None = None) -> RunRecord:
+        """Stop the job with the ranks' stop_grace_s, then return only when the scheduler no longer
+        lists it (not even COMPLETING).
+
+        A cancel request in the run folder tells the job's agent that this SIGTERM is a cancel (not
+        a preemption: no requeue); ``scancel --signal=TERM`` reaches the ranks' step only, so
+        srun stays up while the ranks checkpoint. The agent then scancels its own job once srun
+        has ended, or after stop_grace_s (SLURM records CANCELLED). A job still pending, and an
+        agent that did not act within the grace, get a plain scancel (SLURM's KillWait)."""
+        record = RunRecord.load(record.run_dir)
+        bases = sorted({j.split("_")[0] for j in record.job_ids})
+        if not bases or record.state.terminal:
+            return record
+        grace = stop_grace_s(record.run_dir)
+        timeout_s = grace + CANCEL_SLACK_S + 60.0 if timeout_s is None else timeout_s
+        ownership.request_cancel(record.run_dir, "orchestrator cancel")
+        _scancel("--state=PENDING", *bases)  # nothing to stop gracefully in a job that never started
+        _scancel("--signal=TERM", *bases, quiet=True)  # refused once nothing runs: the plain scancel ends it
+        deadline = time.monotonic() + timeout_s
+        hard_at = time.monotonic() + grace + AGENT_ACT_S
+        hard = False
+        # One squeue call a question: at once, then 1 s after each change (paced up to 5 s while
+        # nothing changes), and 0.5 s after the job's agent records the attempt's end in the run
+        # folder (looked at every 0.25 s: a few stat calls).
+        pacing = SchedulerPacing(first_s=1.0, most_s=5.0, soon_s=0.5)
+        seen = folder_news(record)
+        while (now := time.monotonic()) < deadline:
+            news = folder_news(record)
+            if news != seen:
+                seen = news
+                pacing.folder_changed(now)
+            if pacing.due(now) or (not hard and now >= hard_at):
+                states = _queue_states(bases)
+                if states == []:  # the scheduler no longer lists the job
+                    break
+                if not hard and (now >= hard_at or "RUNNING" not in (states or ())):
+                    _scancel(*bases)
+                    hard = True
+                pacing.answered(time.monotonic(), tuple(sorted(set(states or ["?"]))))
+            time.sleep(min(0.25, max(0.0, deadline - time.monotonic())))
+        return self.refresh([RunRecord.load(record.run_dir)])[0]
+
+    def log_path(self, record: RunRecord, rank: int, point: int | None = None) -> Path:
+        """submitit names task logs <job>_<task>_log.out in the run's slurm folder; in a sweep the
+        job is the point's array task (<array>_<index>): the one asked for, else the latest one
+        that has a log."""
+        run = RunFolder.of(record.run_dir)
+        if not record.job_ids:
+            return run.slurm_log("unsubmitted", rank)
+        if point is not None and point < len(record.job_ids):
+            return run.slurm_log(record.job_ids[point], rank)
+        for job in reversed(record.job_ids):
+            if run.slurm_log(job, rank).exists():
+                return run.slurm_log(job, rank)
+        return run.slurm_log(record.job_ids[0], rank)
+
+
+def agent_verdict(rec: RunRecord, state: State) -> dict:
+    """What the job's agent recorded about the end (orchestrator.node.forensics.write_end): the init
+    deadline or the stall (failed rank, message, where each rank was), the stacks at the time
+    limit, or the did-nothing warning; for a sweep, the first point that has one."""
+    from orchestrator.node.forensics import read_end
+
+    folders = [point_dir(rec.run_dir, i) for i in range(rec.sweep_size)] if rec.sweep_size else [Path(rec.run_dir)]
+    for folder in folders:
+        end = read_end(folder)
+        if not end:
+            continue
+        changes: dict = {}
+        if end.get("warning") and state == State.COMPLETED:
+            changes["warning"] = str(end["warning"])
+        if state != State.COMPLETED:
+            if end.get("error"):
+                changes.update(error=str(end["error"]), failed_rank=end.get("failed_rank"))
+            if isinstance(end.get("waits"), dict) and end["waits"]:
+                changes["waits"] = {str(k): str(v) for k, v in end["waits"].items()}
+        if changes:
+            return changes
+    return {}
+
+
+#: sbatch's answer when the job charges an account its user has no association with (sites that
+#: enforce associations: AccountingStorageEnforce=associations).
+_INVALID_ACCOUNT = "Invalid account"
+
+
+def account_hint(sbatch_error: str, account: str | None, partition: str | None,
+                 environ: Mapping[str, str] | None = None, user: str | None = None) -> str:
+    """What to add to sbatch's "Invalid account or account/partition combination specified",
+    which names neither: the account the job charged and where it came from (``slurm.account``,
+    else the SBATCH_ACCOUNT sbatch read, else the user's default), the partition, and how to
+    list the accounts the user may charge. '' for any other error."""
+    if _INVALID_ACCOUNT not in sbatch_error:
+        return ""
+    env = os.environ if environ is None else environ
+    user = user or _user_name()
+    if account:
+        named = f"the account '{account}' (slurm.account)"
+    elif env.get("SBATCH_ACCOUNT"):
+        named = f"the account '{env['SBATCH_ACCOUNT']}' (SBATCH_ACCOUNT in this environment)"
+    else:
+        named = f"{user}'s default account (the spec names none)"
+    where = partition or env.get("SBATCH_PARTITION")
+    on = f" on partition '{where}'" if where else ""
+    fix = ("set slurm.account to one of them" if account else
+           "set slurm.account (or SBATCH_ACCOUNT) to one of them")
+    return (f": {named} is not one user {user} may charge{on}; list those with 'sacctmgr show assoc "
+            f"user={user} format=account,partition' and {fix} (or ask the site for an association)")
+
+
+def _user_name() -> str:
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())

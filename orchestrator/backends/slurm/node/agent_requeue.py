@@ -1,0 +1,181 @@
+"""The SLURM job agent's requeue and cancel protocol (``slurm.requeue``, ``orchestrator cancel``,
+preemption): it gathers the evidence (the notice, the rank API's marker, the controller's word on
+a preemption), takes the decisions of ``orchestrator.backends.slurm.node.agent_decisions``, and acts through
+``orchestrator.backends.slurm.node.slurm_controller`` (scontrol requeue, scancel). Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from orchestrator.backends.slurm.node import slurm_controller
+from orchestrator.backends.slurm.node.agent_decisions import (ALWAYS, AUTO, UNFINISHED_EXIT, no_requeue_left, preempted, requeue_evidence,
+                                          requeue_why, requeues_used)
+from orchestrator.backends.slurm.node.agent_state import AgentContext, Phase
+from orchestrator.core.run_folder import RunFolder, stop_flag_note
+from orchestrator.core.states import Action, EndReason
+
+#: scontrol requeue (and the agent's scancel) may take this long, retries included.
+SCONTROL_RETRY_S = 30.0
+
+
+class Requeuer:
+    """Requeue when it is due, at most once an attempt; tell a cancel from a preemption."""
+
+    def __init__(self, ctx: AgentContext) -> None:
+        self.ctx = ctx
+        self.state = ctx.state
+
+    # -- the evidence -------------------------------------------------------------------------
+    def used(self) -> int:
+        c = self.ctx
+        return requeues_used(c.history.requeues(), c.slurm.restart, c.history.restarts_by_requeue())
+
+    def marker(self) -> bool:
+        return os.path.exists(self.ctx.marker)
+
+    def stopping(self) -> bool:
+        """Cancelled: by scancel (SIGTERM to this shell, not a preemption) or by ``orchestrator
+        cancel`` (its request)."""
+        return ("SIGTERM" in self.state.received and not self.term_is_preemption()) or self.state.cancel_at is not None
+
+    def term_is_preemption(self) -> bool:
+        """SIGTERM to this shell is a scancel, the time limit, or a preemption (SLURM's GraceTime:
+        SIGTERM first, then the job is requeued or cancelled). Asked once, of the controller: a
+        preempted job has a PreemptTime (or is PREEMPTED already). A preempted job is handled as
+        at the time-limit notice: requeued by slurm.requeue, never counted as a cancel. (SLURM
+        22.05 signals only the job's steps on preemption, not this shell: then the ranks' end
+        under ``always`` is when it is asked.)"""
+        s, c = self.state, self.ctx
+        if s.preempted is None:
+            job = slurm_controller.show_job(c.job_id)
+            s.preempted = preempted(job)
+            if s.preempted:
+                s.notice_at = s.notice_at or s.term_at or time.monotonic()
+                s.preempt_mode = slurm_controller.partition_preempt_mode(job.get("Partition", ""))
+                mode = f" (partition PreemptMode={s.preempt_mode})" if s.preempt_mode else ""
+                c.say(f"job {c.job_id} is being preempted{mode} (SIGTERM, then SLURM's GraceTime): the ranks "
+                      f"got SIGTERM; slurm.requeue: {c.policy} decides the requeue")
+        return s.preempted
+
+    def finished_after_notice(self) -> bool:
+        """The ranks ended having finished their work, though a notice came: they listened for a
+        stop through the rank API (``jobs.StopFlag``) and never stopped on one, and rank 0's
+        entrypoint returned in this attempt (its result.json). A script that does not use the
+        rank API gives no such evidence: under ``always`` it is requeued after the notice, and
+        resumes from its own snapshot."""
+        try:
+            with open(stop_flag_note(self.ctx.marker), encoding="utf-8") as fh:
+                listening = fh.read().strip() == "listening"
+            with open(RunFolder.of(self.ctx.run_dir).result, encoding="utf-8") as fh:
+                finished = json.load(fh).get("finished")
+        except (OSError, ValueError, AttributeError):
+            return False
+        return (listening and isinstance(finished, (int, float)) and finished >= self.state.started
+                and not self.marker())
+
+    def stopped_early(self) -> bool:
+        """The ranks ended because they were told to stop, not because the work was done: the rank
+        API checkpointed after a stop signal (its marker), or, under ``always``, a script that
+        snapshots itself left on the time limit's notice."""
+        return self.marker() or (self.ctx.policy == ALWAYS and self.state.notice_at is not None
+                                 and not self.finished_after_notice())
+
+    # -- the decisions, acted on --------------------------------------------------------------
+    def if_due(self, ranks_ended: bool, work_done: bool = False) -> None:
+        s, c = self.state, self.ctx
+        if s.phase is not Phase.RUNNING or self.stopping():  # scancel / orchestrator cancel: never
+            return
+        if ranks_ended and work_done and s.notice_at is not None:
+            c.say(f"{c.notice.name} came, but the ranks finished their work before stopping for it "
+                  "(the rank API's stop flag never stopped them): the job is complete, not requeued")
+            return
+        if ranks_ended and c.policy == ALWAYS and s.notice_at is None:
+            self.term_is_preemption()  # did the ranks end because the job is being preempted?
+        marker = c.policy == AUTO and self.marker()
+        if requeue_evidence(c.policy, s.notice_at, marker) and os.path.lexists(c.cancel_request):
+            s.cancel_at = time.monotonic()  # the ranks checkpointed on a cancel's SIGTERM
+            return
+        why = requeue_why(c.policy, c.notice.name, s.notice_at, marker, ranks_ended, time.monotonic(),
+                          c.payload.signal_margin_s)
+        if why is not None:
+            self.requeue(why)
+
+    def requeue(self, why: str) -> None:
+        """A requeue for the time limit or a preemption (slurm.requeue), bounded by slurm.max_requeues
+        (recovery's restarts are counted apart)."""
+        s, c = self.state, self.ctx
+        s.enter(Phase.REQUEUEING)
+        limit, used = c.payload.max_requeues, self.used()
+        refused = no_requeue_left(used, limit)
+        if refused:
+            s.not_requeued = refused
+            c.say(f"{why}; {refused}")
+            s.enter(Phase.NOT_REQUEUED)
+            return
+        if s.preempted is None:  # SLURM 22.05 signals only the ranks' step on preemption: ask once
+            self.term_is_preemption()
+        if s.preempted and s.preempt_mode.startswith("CANCEL"):
+            why = (f"preempted, under PreemptMode={s.preempt_mode}, with which SLURM would have ended the job: "
+                   f"the agent requeued it itself ({why})")
+        c.say(f"{why}: requeueing {c.job_id} (requeue {used + 1} of {limit})")
+        self.scontrol_requeue()
+        if s.phase is Phase.REQUEUED:
+            s.action = Action.REQUEUE
+            s.requeued_why = why
+
+    def scontrol_requeue(self, exclude: list[str] | None = None) -> None:
+        """``scontrol requeue``, retried within a bound; then, for a restart, the job's excluded
+        nodes (ExcNodeList can only change while the job pends, which it does from the requeue
+        until this agent has ended: the job is COMPLETING until then, so it cannot start yet)."""
+        s, c = self.state, self.ctx
+        answer = slurm_controller.requeue(c.job_id, SCONTROL_RETRY_S,
+                                          on_retry=lambda a: c.say(f"scontrol requeue {c.job_id} failed: {a.complaint}"))
+        if answer.ok:
+            s.enter(Phase.REQUEUED)
+            if exclude:
+                self.exclude(exclude)
+            return
+        c.say(f"scontrol requeue {c.job_id} failed: {answer.complaint}")
+        s.not_requeued = f"scontrol requeue failed: {answer.complaint}"
+        s.enter(Phase.NOT_REQUEUED)
+
+    def exclude(self, nodes: list[str]) -> None:
+        """Add ``nodes`` to the job's ExcNodeList (keeping what the spec's slurm.exclude named)."""
+        c = self.ctx
+        # Both asked again on a failure: the requeue's SIGTERM can kill either scontrol, and an answer
+        # lost here would drop what slurm.exclude named (or the exclusion itself).
+        job = slurm_controller.show_job(c.job_id, SCONTROL_RETRY_S, persist=True)
+        names = sorted(set(slurm_controller.controller_hosts(job.get("ExcNodeList", ""))) | set(nodes))
+        answer = slurm_controller.set_excluded(c.job_id, names, SCONTROL_RETRY_S)
+        problem = answer.complaint
+        c.say(f"the next attempt excludes {', '.join(names)}" if not problem else
+              f"could not exclude {', '.join(names)} from the next attempt: {problem}")
+
+    def end_cancelled(self, why: str) -> int:
+        """``orchestrator cancel`` asked, and the ranks ended (or their grace ran out): scancel this
+        job, which SLURM records CANCELLED. If scancel fails, the job still never ends COMPLETED."""
+        c = self.ctx
+        c.say(f"orchestrator cancel: {why}; scancel {c.job_id}")
+        problem = slurm_controller.scancel(c.job_id, timeout_s=SCONTROL_RETRY_S).complaint
+        if problem:
+            from orchestrator.node import forensics
+
+            forensics.write_end(c.run_dir, reason=EndReason.CANCELLED, error=f"cancelled; scancel failed: {problem}")
+        self.state.cancel_sent = True  # asked once; SLURM ends the job (and this agent) from here
+        return UNFINISHED_EXIT
+
+    def unfinished(self) -> int:
+        """A stop that no requeue follows is not a completed job: end non-zero (SLURM records
+        FAILED, not COMPLETED) with the reason in end.json, which status shows."""
+        from orchestrator.node import forensics
+
+        c = self.ctx
+        why = self.state.not_requeued or f"slurm.requeue: {c.policy}"
+        message = (f"the ranks stopped before their work was done (a stop signal, then a checkpoint) and the job "
+                   f"was not requeued: {why}; submit the spec again to resume from the checkpoint")
+        c.say(message)
+        forensics.write_end(c.run_dir, reason=EndReason.NOT_REQUEUED, error=message)
+        return UNFINISHED_EXIT

@@ -1,0 +1,112 @@
+"""The SLURM job agent's state, explicit: its ``Phase`` (defined with the other states in
+``orchestrator.core.states``; the moves it may make are here) and every fact it has gathered during
+one attempt (``AgentState``), plus what its parts share (``AgentContext``). Standard library only
+(the agent runs it on the job's first node).
+
+The decisions on this state are pure functions in ``orchestrator.backends.slurm.node.agent_decisions``; the agent's
+loop (``orchestrator.backends.slurm.node.slurm_job``) and its parts (``agent_requeue``, ``agent_recovery``,
+``agent_watch``) gather the facts and act on the decisions.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from orchestrator.core.payload import Payload
+from orchestrator.core.recovery import Attempt, Failure, History
+from orchestrator.backends.slurm.node.slurm_task import SlurmJob
+from orchestrator.core.states import Action, Phase
+
+
+MOVES: dict[Phase, frozenset[Phase]] = {
+    Phase.RUNNING: frozenset({Phase.REQUEUEING, Phase.ENDING, Phase.RESTARTING}),
+    Phase.REQUEUEING: frozenset({Phase.REQUEUED, Phase.NOT_REQUEUED}),
+    Phase.REQUEUED: frozenset(), Phase.NOT_REQUEUED: frozenset(),
+    Phase.ENDING: frozenset({Phase.REQUEUEING, Phase.RESTARTING}), Phase.RESTARTING: frozenset(),
+}
+
+#: srun's first message about a task that ended badly: (host, task, what), the what of a signal.
+Killed = tuple[str, int, str]
+
+
+@dataclass
+class AgentState:
+    """Everything one attempt of the agent knows: its phase, what it received and when (monotonic
+    times), and what the attempt led to. Nothing else of the agent changes during an attempt."""
+
+    phase: Phase = Phase.RUNNING
+    received: list[str] = field(default_factory=list)  # the signals that came, by name
+    started: float = 0.0  # wall time srun started the ranks
+    notice_at: float | None = None  # the time limit's notice (or a preemption) first came
+    notice_pending: bool = False  # stacks first, then the notice is forwarded (a rank may end on it)
+    term_at: float | None = None  # SIGTERM first came
+    preempted: bool | None = None  # whether that SIGTERM is a preemption (asked once)
+    preempt_mode: str = ""  # the preempting partition's PreemptMode, once a preemption is known
+    cancel_at: float | None = None  # `orchestrator cancel` asked (its request file was seen)
+    cancel_sent: bool = False  # the agent scancelled its job: asked once, SLURM ends the rest
+    not_requeued: str = ""  # why a requeue that was due did not happen (Phase.NOT_REQUEUED)
+    requeued_why: str = ""  # why this attempt requeued the job (the time limit, a preemption)
+    action: Action = Action.NONE  # what this attempt led to
+    failure: Failure | None = None  # what ended this attempt, for recovery.decide
+    over_limit: str = ""  # SLURM requeued the job after a node failure with no restart left
+    first_end: str | None = None  # srun's line about the first task that ended badly
+    killed: Killed | None = None  # that task, if a signal ended it
+    lost_nodes: set[str] = field(default_factory=set)  # nodes srun said the step lost
+    straggler_outside: bool = False  # the watchdog's straggler was not inside a collective
+    suspended_s: float = 0.0  # the job's time suspended so far (the watchdog's clock leaves it out)
+    suspended_now: bool = False
+    suspend_checked: float | None = None  # the controller was last asked about a suspension
+
+    def enter(self, phase: Phase) -> None:
+        """Move to ``phase``; any move ``MOVES`` does not name is a bug, refused."""
+        if phase not in MOVES[self.phase]:
+            raise RuntimeError(f"the job's agent cannot go from {self.phase.value} to {phase.value}")
+        self.phase = phase
+
+
+def say(text: str) -> None:
+    """The agent's own lines in the batch log."""
+    print(f"[launcher] {text}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class AgentContext:
+    """What the agent's parts share: the payload, the job, the attempts' history, the state."""
+
+    payload: Payload
+    slurm: SlurmJob
+    history: History
+    state: AgentState
+    marker: str  # the rank API's checkpoint marker (ORCH_REQUEUE_MARKER)
+    cancel_request: Path  # `orchestrator cancel`'s request in the run folder
+    notice: signal.Signals  # the time limit's notice (slurm.signal)
+    attempt: Attempt | None = None
+    say: Callable[[str], None] = say
+    #: The nodes the ranks' step runs on this attempt, in rank order (empty: the whole allocation).
+    #: A job with spares (recovery.spares), or one that lost a node inside the job, uses some of its nodes.
+    step: tuple[str, ...] = ()
+
+    @property
+    def rank_hosts(self) -> tuple[str, ...]:
+        """The ranks' nodes: node i holds ranks i*ranks_per_node..."""
+        return self.step or self.slurm.hosts
+
+    @property
+    def job_id(self) -> str:
+        return self.slurm.job_id
+
+    @property
+    def run_dir(self) -> str:
+        return self.payload.run_dir
+
+    @property
+    def policy(self) -> str:
+        return self.payload.requeue
+
+    @property
+    def world(self) -> int:
+        return self.payload.world_size

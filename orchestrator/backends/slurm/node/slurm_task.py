@@ -1,0 +1,103 @@
+"""What SLURM tells a job and its tasks about themselves, parsed once: used by the job's agent and by
+every rank. Standard library only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Optional
+
+from orchestrator.core.hostlist import expand
+from orchestrator.core.run_folder import RunFolder
+
+#: What the job's agent tells the ranks of a step: the job's attempt (``SlurmJob.attempt``).
+ATTEMPT_VARIABLE = "ORCH_JOB_ATTEMPT"
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """SLURM's compressed host list ("gpu[01-03,7],cpu1") as names, without calling scontrol
+    (``orchestrator.core.hostlist``); [] for none."""
+    return expand(nodelist) if nodelist and nodelist != "(null)" else []
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    """The job (or array task) this process belongs to."""
+
+    job_id: str  # what scontrol and sacct use: '<array job>_<task>' inside an array
+    raw_job_id: str  # SLURM_JOB_ID: the allocation's own number
+    array_job_id: Optional[str]
+    array_task: Optional[int]
+    restart: int  # SLURM_RESTART_COUNT: 0 on the first attempt, one more per requeue
+    hosts: tuple[str, ...]  # the job's allocation (its spares included)
+    #: This job's attempt, from 0: one more per requeue and per restart inside the allocation. The
+    #: agent gives it to each step it starts (ATTEMPT_VARIABLE); without it, SLURM_RESTART_COUNT.
+    attempt: int = 0
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> SlurmJob:
+        array_job = environ.get("SLURM_ARRAY_JOB_ID") or None
+        task = environ.get("SLURM_ARRAY_TASK_ID")
+        raw = environ["SLURM_JOB_ID"]
+        restart = int(environ.get("SLURM_RESTART_COUNT", "0"))
+        return cls(
+            job_id=f"{array_job}_{task}" if array_job else raw, raw_job_id=raw, array_job_id=array_job,
+            array_task=int(task) if array_job and task is not None else None,
+            restart=restart, hosts=tuple(expand_nodelist(environ.get("SLURM_JOB_NODELIST", ""))),
+            attempt=int(environ.get(ATTEMPT_VARIABLE, restart)),
+        )
+
+    def payload_path(self, path: str | Path, point_base: int) -> Path:
+        """The payload of this job: the run's, or in a job array that of its sweep point."""
+        if self.array_task is None:
+            return Path(path)
+        return RunFolder(Path(path).parent).point(point_base + self.array_task).payload
+
+    def requeue_marker(self, run_dir: str) -> str:
+        """Written by the rank API once the ranks checkpointed after a stop signal (policy auto)."""
+        return str(RunFolder(Path(run_dir)).requeue_marker(self.job_id, self.attempt))
+
+    def rank_log(self, pattern: str, rank: int) -> Path:
+        """srun's --output pattern (%j, %A, %a, %t) for one rank of this job."""
+        return Path(pattern.replace("%A", self.array_job_id or self.raw_job_id)
+                    .replace("%a", "" if self.array_task is None else str(self.array_task))
+                    .replace("%j", self.raw_job_id).replace("%t", str(rank)))
+
+
+@dataclass(frozen=True)
+class SlurmTask:
+    """One srun task (one rank) of the job."""
+
+    job: SlurmJob
+    procid: int
+    localid: int
+    nodeid: int
+    ntasks: int
+    nnodes: int  # the step's nodes
+    cuda_visible_devices: Optional[str]  # as SLURM set it for the task (None: not set)
+    #: The step's nodes, in order (the job's, when SLURM does not say): the ranks' master is the first.
+    #: A job with spares runs its ranks' step on some of its nodes.
+    hosts: tuple[str, ...] = ()
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> SlurmTask:
+        job = SlurmJob.from_environ(environ)
+        step = tuple(expand_nodelist(environ.get("SLURM_STEP_NODELIST", ""))) or job.hosts
+        nnodes = environ.get("SLURM_STEP_NUM_NODES") or environ.get("SLURM_JOB_NUM_NODES") or \
+            environ.get("SLURM_NNODES", "1")
+        return cls(job=job, procid=int(environ["SLURM_PROCID"]),
+                   localid=int(environ["SLURM_LOCALID"]), nodeid=int(environ["SLURM_NODEID"]),
+                   ntasks=int(environ["SLURM_NTASKS"]), nnodes=int(nnodes),
+                   cuda_visible_devices=environ.get("CUDA_VISIBLE_DEVICES"), hosts=step)
+
+
+def point_base(args: list[str]) -> int:
+    """``--point-base N``: the first sweep point of this job array (arrays are split at MaxArraySize)."""
+    return int(args[args.index("--point-base") + 1]) if "--point-base" in args else 0
+
+
+def master_port(args: list[str]) -> Optional[int]:
+    """``--master-port N``: the auto port the job's agent found free on the master's node (None:
+    not given, the rank derives it)."""
+    return int(args[args.index("--master-port") + 1]) if "--master-port" in args else None

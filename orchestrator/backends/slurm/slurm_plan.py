@@ -1,0 +1,264 @@
+"""SLURM's part of a plan: the sbatch parameters (submitit's names) and script, rendered by
+submitit's own template through ``orchestrator.backends.slurm.submitit_adapter`` (so what ``plan`` shows is
+what is submitted), the srun argv the job's agent runs, the rank table with the values only the
+job knows shown as their rules, and the sweep's split into arrays under MaxArraySize.
+
+``SlurmPlanner`` is what the generic planner (``orchestrator.plan``) asks, through
+``orchestrator.backends``; the SLURM executor imports the rest. Pure: the cluster's MaxArraySize
+is asked by ``api.plan_for`` (as submit asks it) and given to the plan.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from typing import Any, Mapping
+
+from orchestrator.node.container import container_settings, srun_tail
+from orchestrator.core.interpreter import module_argv
+from orchestrator.core.netif import InterfaceChoice
+from orchestrator.core.payload import ContainerSettings, Payload
+from orchestrator.plan.plan_model import Launcher, Layout, RankRow, paused_gc
+from orchestrator.node.rank_env import RankEnv, cpu_share_rule, installed_torch_version, planned_interfaces, rank_environment
+from orchestrator.core.rendezvous import init_url, rendezvous_file
+from orchestrator.core.run_folder import RunFolder
+from orchestrator.backends.slurm.node.slurm_task import ATTEMPT_VARIABLE
+from orchestrator.code.snapshot import Snapshot
+from orchestrator.spec.models import JobSpec, allocated_nodes
+
+#: SLURM's default MaxArraySize is 1001, so one array holds at most 1000 tasks.
+DEFAULT_MAX_ARRAY_SIZE = 1001
+
+
+#: What a SLURM rank's values are made of, where only the job knows them.
+SLURM_RULES = {
+    "master_addr": "<first host of the ranks' step (SLURM_STEP_NODELIST)>",
+    "port": "<derive_port(SLURM_JOB_ID, attempt), or the next port free on the master's node: 20000-31999>",
+    "interface": "<interface that routes to MASTER_ADDR>",
+    "job": "<SLURM_JOB_ID>",
+    "restart": "<restart>",
+    "attempt": "<the job's attempt: 0, then one more per requeue or restart (ORCH_JOB_ATTEMPT)>",
+    "visible": "<the node's GPUs as SLURM sets them; LOCAL_RANK indexes them>",
+}
+
+
+def slurm_rows(spec: JobSpec, payload: Payload) -> list[RankRow]:
+    """Every SLURM rank's environment, with the values only the job knows shown as their rules
+    (``SLURM_RULES``); built by the same ``rank_environment`` each rank calls."""
+    rpn, d = payload.ranks_per_node, spec.distributed
+    addr, iface = SLURM_RULES["master_addr"], ",".join(d.interface_names()) or SLURM_RULES["interface"]
+    port = d.port if d.port != "auto" else SLURM_RULES["port"]
+    rfile = rendezvous_file(payload.rendezvous_dir, SLURM_RULES["job"], SLURM_RULES["restart"])
+    marker = str(RunFolder.of(payload.run_dir).requeue_marker(SLURM_RULES["job"], SLURM_RULES["restart"]))  # type: ignore[arg-type]
+    torch_version = installed_torch_version(payload.env)
+    interfaces = planned_interfaces(payload, "slurm", SLURM_RULES["interface"])
+    # One template per local rank, copied per node (a C-level dict copy): linear, and several times
+    # faster than building each row's dict in a plan of tens of thousands of ranks.
+    templates = []
+    for local in range(rpn):
+        contract = RankEnv(rank="", local_rank=local, world_size=spec.world_size, local_world_size=rpn, node_rank="",
+                           nnodes=spec.nodes, master_addr=addr, master_port=port,
+                           init_method=init_url(d.init_method, addr, port, rfile), interface=iface,
+                           visible_devices=SLURM_RULES["visible"] if spec.gpus_per_node else None, source="plan",
+                           interfaces=interfaces)
+        template = rank_environment(contract, payload, SLURM_RULES["attempt"], marker, torch_version)
+        template[ATTEMPT_VARIABLE] = SLURM_RULES["attempt"]  # the job's agent gives it to each step it starts
+        templates.append(template)
+    rows = []
+    for node in range(spec.nodes):
+        node_text, host = str(node), f"<node {node} of the allocation>"
+        for local, template in enumerate(templates):
+            rank = node * rpn + local
+            env = template.copy()
+            env["RANK"], env["NODE_RANK"], env["GROUP_RANK"] = str(rank), node_text, node_text
+            rows.append(RankRow(rank=rank, local_rank=local, node_rank=node, host=host, env=env))
+    return rows
+
+
+
+class SlurmPlanner:
+    """The SLURM backend's decisions in a plan (``plan_model.BackendPlanner``)."""
+
+    def layout(self, spec: JobSpec) -> Layout:
+        iface = spec.distributed.interface_names()
+        spares = spec.recovery.spares
+        notes = [f"recovery.spares: {spares}: the job holds {allocated_nodes(spec)} nodes; the ranks run on {spec.nodes} "
+                 f"of them (the first healthy ones) and a failed node is replaced by a spare inside the job"] if spares else []
+        return Layout(nodes=spec.nodes, ranks_per_node=spec.ranks_per_node, backend=spec.resolved_backend,
+                      interface=",".join(iface) if iface else "auto", devices=None, notes=notes)
+
+    def threads(self, spec: JobSpec, local_ranks: int) -> int | str:
+        """``slurm.cpus_per_task``, or without it the rank's share of its node's granted CPUs, a
+        rule the job's agent resolves (``rank_env.cpu_share_rule``)."""
+        return spec.slurm.cpus_per_task if spec.slurm.cpus_per_task is not None else cpu_share_rule(spec.ranks_per_node)
+
+    def python(self, spec: JobSpec) -> str:
+        return spec.slurm.python if spec.slurm.python is not None else sys.executable
+
+    def launcher(self, spec: JobSpec, run_dir: str, python: str, code: Snapshot | None, sweep: bool) -> Launcher:
+        rank_log = str(RunFolder.of(run_dir).slurm_log("%A_%a" if sweep else "%j", "%t"))
+        srun = srun_argv(rank_log, run_dir, python, srun_cpus_per_task(spec), container_settings(spec, run_dir, code),
+                         spec.gpus_per_node, os.path.abspath(spec.workdir) if spec.workdir else os.getcwd())
+        return Launcher(srun=srun, rank_log=rank_log)
+
+    def rank_start(self, spec: JobSpec, env: Mapping[str, str]) -> tuple[str, str | None]:
+        return "fresh", None
+
+    def cpus_line(self, spec: JobSpec, ranks: int, default: int | str) -> str:
+        s, rpn = spec.slurm, spec.ranks_per_node
+        if s.cpus_per_task is not None:
+            cpus = srun_cpus_per_task(spec)
+            dp = f" (slurm.cpus_per_task {s.cpus_per_task} x {max(1, spec.gpus_per_node)} GPU(s): strategy dp's one " \
+                 f"rank per node)" if spec.strategy == "dp" and cpus != s.cpus_per_task else ""
+            return (f"{cpus} per rank{dp}, as slurm.cpus_per_task asks (sbatch and the ranks' srun "
+                    f"--cpus-per-task={cpus}); OMP_NUM_THREADS={default}")
+        asked = (f"slurm.cpus_per_gpu asks for {s.cpus_per_gpu} per GPU (--cpus-per-gpu={s.cpus_per_gpu}, "
+                 f"{s.cpus_per_gpu * spec.gpus_per_node} per node)" if s.cpus_per_gpu is not None else
+                 "the job asks for no CPU count (no slurm.cpus_per_task or slurm.cpus_per_gpu), so the site's "
+                 "defaults decide each node's CPUs (DefCpuPerGPU; at least 1 per rank)")
+        return (f"{default} per rank, known when the job starts: {asked}; the job's agent shares the CPUs SLURM "
+                f"granted a node equally among its {rpn} rank(s) (srun --cpus-per-task, OMP_NUM_THREADS)")
+
+    def interfaces(self, payload: Payload) -> InterfaceChoice:
+        return planned_interfaces(payload, "slurm", SLURM_RULES["interface"])
+
+    def launch_fields(self, spec: JobSpec, run_id: str, run_dir: str, shown: Payload, n_points: int,
+                      max_array_size: int | None) -> dict[str, Any]:
+        """The submission: submitit's parameters, one sbatch script per array chunk (the first
+        chunk's alone without a sweep), and the rank table. ``max_array_size``: the cluster's
+        (``api.plan_for`` asks it); None: SLURM's default is assumed, and the plan says so."""
+        params = submitit_parameters(spec, n_points=n_points)
+        folder = str(RunFolder.of(run_dir).slurm)
+        chunks = array_chunks(n_points, max_array_size or DEFAULT_MAX_ARRAY_SIZE)
+        scripts = [render_sbatch(params, folder, job_command(run_dir, spec.slurm.python, chunk[0]), n_points=len(chunk))
+                   for chunk in chunks] or [render_sbatch(params, folder, job_command(run_dir, spec.slurm.python))]
+        with paused_gc():
+            rows = slurm_rows(spec, shown)
+        return dict(ranks=rows, submitit=params, sbatch_script=scripts[0], sbatch_scripts=scripts, array_chunks=chunks)
+
+    def array_note(self, n_points: int, max_array_size: int | None, why: str | None) -> str | None:
+        """The plan's line on how a sweep is split into arrays, and by which MaxArraySize."""
+        if not n_points:
+            return None
+        size = max_array_size or DEFAULT_MAX_ARRAY_SIZE
+        arrays = len(array_chunks(n_points, size))
+        where = (f"this cluster's MaxArraySize={size}" if max_array_size is not None else
+                 f"SLURM's default MaxArraySize={size}, assumed: {why or 'no cluster answered'}; submit "
+                 "splits by the cluster's own")
+        return f"sweep: {n_points} point(s) in {arrays} job array(s) of at most {max(1, size - 1)} task(s) ({where})"
+
+
+# ---- SLURM rendering -----------------------------------------------------------------------
+def submitit_parameters(spec: JobSpec, n_points: int = 0) -> dict[str, Any]:
+    """The parameters given to submitit's SlurmExecutor.update_parameters, by submitit's names."""
+    s = spec.slurm
+    params: dict[str, Any] = {
+        "job_name": spec.name,
+        "nodes": allocated_nodes(spec),  # the spares too (recovery.spares): the agent picks the ranks' nodes
+        "ntasks_per_node": spec.ranks_per_node,
+        "time": s.time_minutes,
+        "signal_delay_s": s.signal_margin_s,
+        # The batch script runs the job's agent (orchestrator.backends.slurm.node.slurm_job), which runs srun itself.
+        "use_srun": False,
+        # One log per rank with stdout and stderr interleaved, as the local executor writes it:
+        # `logs --rank N` shows the traceback next to the output that led to it.
+        "stderr_to_stdout": True,
+    }
+    gpus = f"{s.gpu_type}:{spec.gpus_per_node}" if s.gpu_type and spec.gpus_per_node else spec.gpus_per_node
+    optional = {
+        # No --cpus-per-task unless the spec sets it: asking for one switches off the site's
+        # DefCpuPerGPU (slurm.conf: used only "if the job didn't specify --cpus-per-task"), and the
+        # job's agent gives each rank its share of what SLURM granted instead.
+        "cpus_per_task": srun_cpus_per_task(spec) if s.cpus_per_task is not None else None,
+        # --gpus-per-node=TYPE:N (not --gres=gpu:TYPE:N): the GPU-specific option of SLURM >= 19.05,
+        # which the srun steps inherit and which SLURM's GPU binding and cgroups act on.
+        "gpus_per_node": gpus or None, "partition": s.partition, "account": s.account,
+        "qos": s.qos, "constraint": s.constraint, "exclusive": True if s.exclusive else None,
+        # submitit's own parameters, rendered as written (no unit conversion, unlike its mem).
+        "mem_per_cpu": s.mem_per_cpu, "mem_per_gpu": s.mem_per_gpu,
+        # None (submitit's default is 'submitit'): no wckey unless the spec names one (submitit_adapter).
+        "wckey": s.wckey,
+        "setup": list(s.setup) or None, "additional_parameters": dict(s.extra_sbatch) or None,
+    }
+    params.update({k: val for k, val in optional.items() if val is not None})
+    # The time-limit signal goes to the batch shell only (B:): the agent forwards it to the ranks
+    # through srun, and so knows it came.
+    params["additional_parameters"] = {**params.get("additional_parameters", {}),
+                                       "signal": f"B:{s.signal}@{s.signal_margin_s}"}
+    restarts = spec.recovery.max_restarts > 0  # recovery requeues the job after a failure
+    if s.max_requeues == 0 and not restarts:  # SLURM requeues batch jobs on node failure by default (JobRequeue=1)
+        params["additional_parameters"] = {**params.get("additional_parameters", {}), "no-requeue": True}
+    elif s.requeue != "never" or restarts:  # sites with JobRequeue=0 refuse scontrol requeue unless the job asked
+        params["additional_parameters"] = {**params.get("additional_parameters", {}), "requeue": True}
+    if restarts and "node_failure" in spec.recovery.on:
+        # A lost node ends the ranks' step, not the job: its agent requeues it without that node.
+        params["additional_parameters"] = {**params.get("additional_parameters", {}), "no-kill": True}
+    for option in ("nodelist", "exclude"):
+        if getattr(s, option):
+            params["additional_parameters"] = {**params.get("additional_parameters", {}), option: getattr(s, option)}
+    if s.mem:
+        params["additional_parameters"] = {**params.get("additional_parameters", {}), "mem": s.mem}
+    # Options submitit has no parameter for, or one it warns about: its cpus_per_gpu warns that it
+    # "requires gpus_per_task", which SLURM does not (--cpus-per-gpu works with --gpus-per-node).
+    for option, value in (("cpus-per-gpu", s.cpus_per_gpu), ("reservation", s.reservation)):
+        if value is not None:
+            params["additional_parameters"] = {**params.get("additional_parameters", {}), option: value}
+    return params
+
+
+
+def srun_cpus_per_task(spec: JobSpec) -> int | str:
+    """The ranks' srun --cpus-per-task: ``slurm.cpus_per_task`` (times the node's GPUs for strategy
+    dp's one rank), as sbatch asks for it; without it the rank's share of its node's granted CPUs,
+    resolved by the job's agent (``rank_env.cpu_share_rule``)."""
+    s = spec.slurm
+    if s.cpus_per_task is None:
+        return cpu_share_rule(spec.ranks_per_node)
+    return s.cpus_per_task * (max(1, spec.gpus_per_node) if spec.strategy == "dp" else 1)
+
+
+def python_command(python: str | None) -> str:
+    """The interpreter as the shell must see it: one quoted word (submitit pastes its ``python``
+    argument into the srun line as written, so it always gets this, never the raw field)."""
+    return shlex.quote(python if python is not None else sys.executable)
+
+
+def job_command(run_dir: str, python: str | None, point_base: int = 0) -> str:
+    """The batch script's one command: the job's agent (stdlib only; no submitit, no pickle). It
+    replaces the batch shell (exec), so the time-limit signal (B:USR2) reaches it and nothing else."""
+    argv = module_argv(python if python is not None else sys.executable, "orchestrator.backends.slurm.node.slurm_job",
+                       str(RunFolder.of(run_dir).payload))
+    words = ["exec", python_command(python), *map(shlex.quote, argv[1:])]
+    return " ".join(words + ([f"--point-base {point_base}"] if point_base else []))
+
+
+def srun_argv(rank_log: str, run_dir: str, python: str, cpus_per_task: int | str = 1,
+              container: ContainerSettings | None = None, gpus_per_node: int = 0, workdir: str = "") -> list[str]:
+    """What the agent runs: one srun task per rank, each the stdlib-only SLURM rank entry. An argv,
+    never a shell line. Logs are named as submitit names them (<job>_<task>_log.out).
+
+    ``--cpus-per-task`` again: since SLURM 22.05 srun no longer inherits it from the batch job,
+    so under task/affinity every rank would be bound to one CPU while OMP_NUM_THREADS says more
+    (and its DataLoader workers would inherit that one-CPU mask). ``cpus_per_task`` may be the
+    rule ``rank_env.cpu_share_rule``, which the agent resolves before it runs srun.
+
+    ``container``: the rank runs inside it (``orchestrator.node.container``); srun and the agent stay on the host."""
+    head = ["srun", "--unbuffered", "--output", rank_log, "--kill-on-bad-exit=1", f"--cpus-per-task={cpus_per_task}"]
+    payload = str(RunFolder.of(run_dir).payload)
+    if container is not None:
+        return head + srun_tail(container, run_dir, workdir or os.getcwd(), payload, gpus_per_node)
+    return head + module_argv(python, "orchestrator.backends.slurm.node.slurm_rank", payload)
+
+
+def render_sbatch(params: dict[str, Any], folder: str, command: str, n_points: int = 0) -> str:
+    """Render with submitit's own template, exactly as the SLURM executor submits it."""
+    from orchestrator.backends.slurm import submitit_adapter  # the module that will submit it
+
+    return submitit_adapter.render_sbatch(params, folder, command, n_points)
+
+
+def array_chunks(n_points: int, max_array_size: int) -> list[list[int]]:
+    """Split sweep indices into arrays that each fit under MaxArraySize (task ids < MaxArraySize)."""
+    size = max(1, max_array_size - 1)
+    return [list(range(i, min(i + size, n_points))) for i in range(0, n_points, size)]

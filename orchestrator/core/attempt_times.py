@@ -1,0 +1,174 @@
+"""Every recovery measured, and the run's goodput: the moments of an attempt (``Attempt.times``,
+in <run>/recovery.json), the phases of the recovery between two attempts, and productive training
+time over wall time.
+
+A recovery's phases: ``teardown`` (the failure seen to the attempt's end: ranks ended, blame,
+decision), ``wait`` (to the next attempt's start: a requeue's hold and the queue), ``gate`` (its
+health gate), ``launch`` (the rest until its ranks start), ``start`` (to every rank joined: the
+interpreter, imports, rendezvous), ``first step`` (to its first step: the resume, rank API only). The local supervisor and the SLURM job's agent record the moments; status and
+report read them. Standard library only (the agent imports it on a compute node).
+
+An attempt's moments (wall-clock seconds, each only when known):
+
+- ``gate_s``: how long its health gate took;
+- ``ranks_at``: its ranks were started (srun, or the local zygote's forks);
+- ``joined_at``: its last rank joined the process group (the watchdog saw it; any script);
+- ``first_step_at`` / ``first_step``: every rank had reported its first step of the attempt, and the
+  lowest step reported first (the step it resumed from): the rank API's progress reports only;
+- ``last_step_at`` / ``last_step``: its last report, and the slowest rank's step then;
+- ``failed_at``: the failure was seen (the ranks' srun ended, a rank exited non-zero, a watchdog verdict).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Optional, Protocol, Sequence
+
+from orchestrator.core.states import Action
+
+
+class Attempt(Protocol):
+    """What is read of an attempt (``recovery.Attempt``, which status shows through this module)."""
+
+    number: int
+    started: float
+    ended: Optional[float]
+    action: str
+    times: dict[str, float]
+
+#: The phases of one recovery, in order, as status names them.
+PHASES = ("teardown", "wait", "gate", "launch", "start", "first step")
+
+
+def progress_marks(run_dir: str | Path, world_size: int, since: float) -> dict[str, float]:
+    """The rank API's moments of the attempt that started at ``since``: first and last step (from
+    each node's heartbeat file: O(nodes) reads, once per attempt). {} for a script without it."""
+    from orchestrator.core.progress import read_progress
+
+    reports = [r for r in read_progress(run_dir, world_size) if r is not None and r.time >= since]
+    if not reports:
+        return {}
+    marks = {"last_step_at": max(r.time for r in reports), "last_step": float(min(r.step for r in reports))}
+    firsts = [r for r in reports if r.first_time is not None and r.first_step is not None]
+    if len(firsts) == world_size:  # every rank stepped: the attempt's first step is done
+        marks["first_step_at"] = max(r.first_time for r in firsts if r.first_time is not None)
+        marks["first_step"] = float(min(r.first_step for r in firsts if r.first_step is not None))
+    return marks
+
+
+def joined_at(joined: Mapping[int, float], world_size: int) -> dict[str, float]:
+    """When the watchdog saw the last rank join (its ``Watch.joined``), once every rank has."""
+    return {"joined_at": max(joined.values())} if world_size > 0 and len(joined) >= world_size else {}
+
+
+def back_at(attempt: Attempt) -> Optional[float]:
+    """When the attempt was training: its first step, else every rank joined, else its ranks started."""
+    t = attempt.times
+    return t.get("first_step_at") or t.get("joined_at") or t.get("ranks_at")
+
+
+def recovery_phases(before: Attempt, after: Attempt) -> Optional[dict[str, float]]:
+    """The recovery from ``before``'s failure (or requeue) to ``after``'s training, phase by phase
+    (seconds), with ``total``: the failure seen to the first new step (or join). None when ``before``
+    was not followed by a recovery (it completed, or the run was started again), or not measured."""
+    if before.action not in (Action.RESTART, Action.REQUEUE):  # it ended (or was stopped): no recovery followed
+        return None
+    failed, back = before.times.get("failed_at") or before.ended, back_at(after)
+    if failed is None or before.ended is None or back is None or back < failed:
+        return None
+    a = after.times
+    ranks_at = a.get("ranks_at", after.started)
+    joined = a.get("joined_at", ranks_at)
+    gate = a.get("gate_s", 0.0)
+    phases = {"teardown": before.ended - failed, "wait": max(0.0, after.started - before.ended), "gate": gate,
+              "launch": max(0.0, ranks_at - after.started - gate), "start": max(0.0, joined - ranks_at),
+              "first step": max(0.0, a["first_step_at"] - joined) if "first_step_at" in a else 0.0}
+    phases["total"] = back - failed
+    return phases
+
+
+def phases_line(phases: Mapping[str, float], after: Optional[int] = None) -> str:
+    """'recovered in 8.9s from attempt 1 (teardown 0.6, gate 0.5, ...)': the phases over 0.05 s."""
+    parts = ", ".join(f"{name} {phases[name]:.1f}" for name in PHASES if phases.get(name, 0.0) >= 0.05)
+    return (f"recovered in {phases['total']:.1f}s" + (f" from attempt {after}" if after is not None else "")
+            + (f" ({parts})" if parts else ""))
+
+
+@dataclass(frozen=True)
+class Goodput:
+    """Productive training time over wall time from submit, and where the rest went."""
+
+    wall_s: float
+    productive_s: float  # training time, lost work taken out
+    queue_s: float  # submit to the first attempt's start
+    recovery_s: float  # failures to training again (restarts, requeue holds, the queue again)
+    lost_s: float  # steps done again after a resume (from the rank API's steps)
+    startup_s: float  # the first attempt's start to its training
+
+    @property
+    def fraction(self) -> float:
+        return self.productive_s / self.wall_s if self.wall_s > 0 else 0.0
+
+    def line(self) -> str:
+        return (f"goodput {self.fraction:.0%}: {self.productive_s:.0f}s training of {self.wall_s:.0f}s since submit "
+                f"(queue {self.queue_s:.0f}s, start-up {self.startup_s:.0f}s, recovery {self.recovery_s:.0f}s, "
+                f"lost work {self.lost_s:.0f}s)")
+
+
+#: How far a node's clock may run behind the submitting host's (an attempt's start is the node's
+#: time, the submission the submitting host's): an attempt that started this little before the
+#: submission still belongs to it.
+CLOCK_SKEW_S = 1.0
+
+
+def goodput(history: Sequence[Attempt], submitted: float, now: float) -> Optional[Goodput]:
+    """This submission's goodput (None before its first attempt trained). An attempt is productive
+    from its training start (``back_at``) to its last step (or its failure, or its end); the steps an
+    attempt resumed below the previous one's last step count as lost, at the previous one's pace.
+    Only the attempts since ``submitted`` count: a run submitted again keeps its earlier
+    submissions' attempts in its history (their training is not this submission's, and the time
+    between them and the new submission is nobody's recovery)."""
+    attempts = [a for a in history if a.started and _of_this_submission(a, submitted)]
+    trained = [a for a in attempts if back_at(a) is not None]
+    if not trained:
+        return None
+    end = max((a.ended or now) for a in attempts)
+    productive = lost = recovery = 0.0
+    for i, a in enumerate(attempts):
+        start = back_at(a)
+        if start is None:
+            continue
+        stop = a.times.get("last_step_at") or a.times.get("failed_at") or a.ended or now
+        productive += max(0.0, stop - start)
+        before = attempts[i - 1] if i else None
+        if before is not None:
+            phases = recovery_phases(before, a)
+            recovery += phases["total"] if phases else 0.0
+            lost += _lost_s(before, a)
+    first = attempts[0]
+    startup = max(0.0, (back_at(first) or first.started) - first.started)
+    wall = max(0.0, end - min(submitted, first.started))  # the skew allowed: never less than its attempts
+    return Goodput(wall_s=wall, productive_s=max(0.0, productive - lost), queue_s=max(0.0, first.started - submitted),
+                   recovery_s=recovery, lost_s=lost, startup_s=startup)
+
+
+def _of_this_submission(attempt: Attempt, submitted: float) -> bool:
+    """Started at or after the submission; or just before it by the clocks' skew and not over by then
+    (an earlier submission's last attempt ends before the next submission)."""
+    if attempt.started >= submitted:
+        return True
+    return attempt.started >= submitted - CLOCK_SKEW_S and (attempt.ended is None or attempt.ended > submitted)
+
+
+def _lost_s(before: Attempt, after: Attempt) -> float:
+    """The work ``after`` did again: the steps between its resume and ``before``'s last, at
+    ``before``'s pace (rank API steps only; 0 when unknown)."""
+    b, a = before.times, after.times
+    if not {"first_step", "first_step_at", "last_step", "last_step_at"} <= set(b) or "first_step" not in a:
+        return 0.0
+    steps = b["last_step"] - b["first_step"]
+    if steps <= 0 or b["last_step_at"] <= b["first_step_at"]:
+        return 0.0
+    per_step = (b["last_step_at"] - b["first_step_at"]) / steps
+    return max(0.0, b["last_step"] - a["first_step"]) * per_step

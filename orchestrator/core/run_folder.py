@@ -1,0 +1,271 @@
+"""Every path of a run folder, named once. Standard library only (ranks use it too).
+
+    <run>/record.json  plan.json  payload.json  result.json  spec.yaml  supervisor.log  end.json
+    <run>/code.json                the code snapshot the ranks import (orchestrator.code.snapshot)
+    <run>/lock  lease.json  requests/cancel   the live attempt's lock, its lease, a cancel request
+    <run>/logs/rank-N.log          local ranks' output (SLURM: <run>/slurm/<job>_<task>_log.out)
+    <run>/errors/rank-N.json       a failing rank's traceback, full and trimmed (this attempt's)
+    <run>/attempts/K/              attempt K's failure record once another attempt started: errors/, end.json
+    <run>/progress/node-G.json     the rank API's heartbeats, one file per node (orchestrator.core.progress)
+    <run>/ranks/rank-N.json        who the rank is (host, pid, start time), for identity-checked signals
+    <run>/joined/rank-N[.calling]  the rank returned from (entered) init_process_group
+    <run>/stacks/rank-N.txt        stacks saved at an abnormal end; stacks/live/: on request
+    <run>/requeue/checkpointed-<job>-<restart>   the rank API checkpointed after a stop signal
+    <run>/requeue/checkpointed-<job>-<restart>.stopflag   'listening' or 'stopped' (jobs.StopFlag)
+    <run>/nccl-trace/rank-N        the NCCL flight recorder's dumps
+    <run>/metrics/rank-N.jsonl     jobs.MetricsWriter's records
+    <run>/report/                  what ``orchestrator report`` made of them (metrics.png, summary.txt)
+    <run>/allreduce.json  predictions.jsonl   what jobs.allreduce and jobs.infer write (by default)
+    <run>/checkpoints/             (unless checkpoint.dir says otherwise)
+    <run>/points/NNNN/             one sweep point: the same layout again (and point-payload.json)
+    <run>/.previous-attempt/       a resubmission's previous attempt, until the scheduler takes the new one
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    root: Path
+
+    @classmethod
+    def of(cls, path: "str | Path | RunFolder") -> RunFolder:
+        return path if isinstance(path, RunFolder) else cls(Path(path))
+
+    @property
+    def points(self) -> Path:
+        """The sweep points' folders (``point`` names one)."""
+        return self.root / "points"
+
+    def point(self, index: int) -> RunFolder:
+        """The folder of one sweep point: its logs, errors and result live there."""
+        return RunFolder(self.points / f"{index:04d}")
+
+    # -- the run's own files
+    @property
+    def record(self) -> Path:
+        return self.root / "record.json"
+
+    @property
+    def plan(self) -> Path:
+        return self.root / "plan.json"
+
+    @property
+    def code(self) -> Path:
+        """The code snapshot the run imports (``orchestrator.code.snapshot``): its id, tree, commit."""
+        return self.root / "code.json"
+
+    @property
+    def payload(self) -> Path:
+        return self.root / "payload.json"
+
+    @property
+    def point_payload(self) -> Path:
+        """A sweep point's own payload, as the local supervisor writes it in the point's folder."""
+        return self.root / "point-payload.json"
+
+    @property
+    def spec(self) -> Path:
+        """The spec the run was started from, as YAML."""
+        return self.root / "spec.yaml"
+
+    @property
+    def result(self) -> Path:
+        return self.root / "result.json"
+
+    @property
+    def end(self) -> Path:
+        """The SLURM agent's verdict (reason, failed rank, message, waits)."""
+        return self.root / "end.json"
+
+    @property
+    def supervisor_log(self) -> Path:
+        return self.root / "supervisor.log"
+
+    @property
+    def slurm(self) -> Path:
+        return self.root / "slurm"
+
+    def slurm_log(self, job: str, task: "int | str") -> Path:
+        """submitit's name for a task's log: ``<job>_<task>_log.out`` (also with its patterns,
+        ``%j``, ``%A_%a``, ``%t``, in what sbatch is given)."""
+        return self.slurm / f"{job}_{task}_log.out"
+
+    # -- who holds the run (orchestrator.core.ownership)
+    @property
+    def lock(self) -> Path:
+        return self.root / "lock"
+
+    @property
+    def lease(self) -> Path:
+        return self.root / "lease.json"
+
+    @property
+    def cancel_request(self) -> Path:
+        return self.root / "requests" / "cancel"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    # -- per rank
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    def log(self, rank: int) -> Path:
+        return self.logs / f"rank-{rank}.log"
+
+    @property
+    def leftovers_log(self) -> Path:
+        return self.logs / "leftovers.log"
+
+    @property
+    def errors(self) -> Path:
+        return self.root / "errors"
+
+    def error(self, rank: int) -> Path:
+        return self.errors / f"rank-{rank}.json"
+
+    def error_files(self) -> list[Path]:
+        """The tracebacks ranks have written (none when there is no errors/ folder)."""
+        return list(self.errors.glob("rank-*.json")) if self.errors.is_dir() else []
+
+    def progress(self, rank: int) -> Path:
+        return self.root / "progress" / f"rank-{rank}.json"
+
+    @property
+    def ranks(self) -> Path:
+        return self.root / "ranks"
+
+    def rank_record(self, rank: int) -> Path:
+        return self.ranks / f"rank-{rank}.json"
+
+    def joined(self, rank: int) -> Path:
+        return self.root / "joined" / f"rank-{rank}"
+
+    def calling(self, rank: int) -> Path:
+        return self.root / "joined" / f"rank-{rank}.calling"
+
+    @property
+    def stacks(self) -> Path:
+        return self.root / "stacks"
+
+    def saved_stack(self, rank: int) -> Path:
+        return self.stacks / f"rank-{rank}.txt"
+
+    def live_stack(self, rank: int) -> Path:
+        return self.stacks / "live" / f"rank-{rank}.txt"
+
+    def requeue_marker(self, job_id: str, restart: int) -> Path:
+        return self.root / "requeue" / f"checkpointed-{job_id}-{restart}"
+
+    @property
+    def nccl_trace_prefix(self) -> Path:
+        """TORCH_FR_DUMP_TEMP_FILE: torch appends the rank."""
+        return self.root / "nccl-trace" / "rank-"
+
+    # -- what jobs write, and what is made of it
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics"
+
+    def metrics_file(self, rank: int) -> Path:
+        return self.metrics / f"rank-{rank}.jsonl"
+
+    def metrics_files(self) -> list[Path]:
+        """Every rank's metrics file there is, in name order."""
+        return sorted(self.metrics.glob("rank-*.jsonl"))
+
+    @property
+    def report(self) -> Path:
+        """Where ``orchestrator report`` writes its plots and summary."""
+        return self.root / "report"
+
+    @property
+    def report_plot(self) -> Path:
+        return self.report / "metrics.png"
+
+    @property
+    def report_summary(self) -> Path:
+        return self.report / "summary.txt"
+
+    @property
+    def allreduce(self) -> Path:
+        """jobs.allreduce's table (rank 0 writes it; ``orchestrator preflight`` reads it)."""
+        return self.root / "allreduce.json"
+
+    @property
+    def predictions(self) -> Path:
+        """jobs.infer's predictions, unless its --output says otherwise."""
+        return self.root / "predictions.jsonl"
+
+    @property
+    def rendezvous(self) -> Path:
+        """Default folder of file:// rendezvous files."""
+        return self.root / "rendezvous"
+
+    #: What belongs to one attempt only (forgotten before the next one starts).
+    def attempt_files(self) -> list[Path]:
+        return [self.ranks, self.root / "joined", self.stacks / "live", self.end]
+
+    @property
+    def attempts(self) -> Path:
+        """Earlier attempts' failure records, one folder per attempt (``keep_failures``)."""
+        return self.root / "attempts"
+
+    def keep_failures(self) -> Path | None:
+        """Move the previous attempt's failure record (errors/, end.json) to attempts/K/, K being
+        the attempt its ranks recorded, counted from 1 as status and recovery.json count: what status shows is this attempt's alone, and every
+        attempt's failures stay readable. None when there was nothing to keep."""
+        import json
+        import os
+
+        errors = sorted(self.errors.glob("rank-*.json")) if self.errors.is_dir() else []
+        if not errors and not self.end.is_file():
+            return None
+        label = "earlier"
+        for path in errors:
+            try:
+                attempt = json.loads(path.read_text(encoding="utf-8")).get("attempt")
+            except (OSError, ValueError, AttributeError):
+                continue
+            if isinstance(attempt, int) and not isinstance(attempt, bool):
+                label = str(attempt + 1)  # the ranks count from 0 (ORCH_ATTEMPT); status from 1
+                break
+        target, n = self.attempts / label, 1
+        while target.exists():
+            target, n = self.attempts / f"{label}.{n}", n + 1
+        target.mkdir(parents=True, exist_ok=True)
+        try:
+            if errors:
+                os.replace(self.errors, target / "errors")
+            if self.end.is_file():
+                os.replace(self.end, target / "end.json")
+        except OSError:
+            return None  # a concurrent start moved it first, or the folder is read-only: forgotten below
+        return target
+
+    def forget_attempt(self) -> None:
+        """Keep the previous attempt's failures (``keep_failures``), then remove its ranks, joins,
+        live dumps and verdict (before a new one)."""
+        import shutil
+
+        self.keep_failures()
+        for path in self.attempt_files():
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+
+
+def stop_flag_note(marker: str) -> str:
+    """Where the rank API's StopFlag notes, beside the attempt's requeue marker, that the ranks
+    listen for a stop ('listening') and whether they stopped on one ('stopped'): the job's agent
+    then knows that ranks which ended after a time-limit notice without stopping had finished
+    their work, and must not be requeued to do it again."""
+    return marker + ".stopflag"
+

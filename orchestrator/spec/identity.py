@@ -1,0 +1,176 @@
+"""A run's identity: the run folder (and so its checkpoints) is named by what changes the training.
+
+The rule: a run is ``<name>-<hash>``, the hash of the *training* fields of the spec: what is run
+(``entrypoint``, ``args``, ``extra_args``, ``sweep``), on what world (``nodes``, ranks per node as
+the executor will run them, ``strategy``, ``distributed.grad_compression``) and where (the
+executor: a local dry run never resumes a SLURM run's checkpoints, nor the other way round).
+
+Everything else is *operational*: how long, where and how it is scheduled and watched
+(``slurm.*``, ``local.*``, ``watchdog.*``, ``recovery.*``, ``stop_grace_s``), the rendezvous
+(``distributed.*`` but gradient compression), checkpoint cadence and place (``checkpoint.*`` but
+``resume``: a run that starts over must not write its checkpoints among the old ones, whose higher
+steps would win the next resume),
+``env`` (debugging switches: NCCL_DEBUG, TORCH_*...; a value that changes the training belongs in
+``args``), ``workdir``, ``runs_dir`` and the code snapshot (``code.*``; the code itself is not
+part of the identity either: fixing a bug and submitting again resumes). Changing an operational
+field and submitting again resumes the same run: after a TIMEOUT, raise ``slurm.time`` and submit.
+
+Every field of the spec is classified here; a unit test fails when a new one is not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Optional
+
+from orchestrator.spec.models import JobSpec
+
+#: Top-level fields (or dotted sub-fields) that name the run.
+TRAINING: tuple[str, ...] = (
+    "name", "entrypoint", "args", "extra_args", "sweep", "nodes", "gpus_per_node", "cpu_ranks_per_node",
+    "strategy", "executor", "distributed.grad_compression", "checkpoint.resume", "framework", "bool_args",
+)
+#: The rest: changing one resumes the same run.
+OPERATIONAL: tuple[str, ...] = (
+    "distributed.backend", "distributed.init_method", "distributed.port", "distributed.rendezvous_dir",
+    "distributed.rendezvous_dir_is_shared", "distributed.interface", "distributed.init_timeout_s",
+    "distributed.collective_timeout_s", "distributed.nccl_async_error_handling", "distributed.nccl_flight_recorder",
+    "checkpoint.dir", "checkpoint.interval_steps", "checkpoint.keep_last",
+    "slurm", "local", "env", "workdir", "watchdog", "recovery", "code", "stop_grace_s", "runs_dir",
+    "container", "after", "tracking",
+)
+#: Training fields added after run ids were first handed out: left out of the hash while they hold
+#: their default, so a spec that does not use them keeps the run id it had.
+LATER_TRAINING_DEFAULTS: dict[str, Any] = {"framework": None, "bool_args": "flag"}
+
+_RUN_NAME = re.compile(r"^(?P<name>.+)-(?P<hash>[0-9a-f]{8})$")
+
+
+def identity_fields(spec: JobSpec) -> dict[str, Any]:
+    """The values that name the run (defaults included, so a default that changes in a release
+    is visible: the fields are few and fixed, not the whole spec)."""
+    data = spec.model_dump(mode="json")
+    out: dict[str, Any] = {}
+    for dotted in TRAINING:
+        value: Any = data
+        for part in dotted.split("."):
+            value = value[part]
+        if dotted in LATER_TRAINING_DEFAULTS and value == LATER_TRAINING_DEFAULTS[dotted]:
+            continue
+        if dotted == "bool_args" and not _has_bool(data["args"], data["sweep"]):
+            continue  # no true/false to pass: the command line is the same either way
+        out[dotted] = value
+    if spec.executor == "local":  # the world the local executor will actually run
+        out["local_shape"] = list(spec.local_shape())
+    return out
+
+
+def _has_bool(args: dict[str, Any], sweep: dict[str, list[Any]]) -> bool:
+    values = [*args.values(), *(x for xs in sweep.values() for x in xs)]
+    return any(isinstance(x, bool) or (isinstance(x, list) and any(isinstance(y, bool) for y in x)) for x in values)
+
+
+def run_id(spec: JobSpec) -> str:
+    blob = json.dumps(identity_fields(spec), sort_keys=True, separators=(",", ":"))
+    return f"{spec.name}-{hashlib.sha256(blob.encode()).hexdigest()[:8]}"
+
+
+def differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """The identity fields whose values differ (``args.lr``, ``nodes``...)."""
+    out = []
+    for key in sorted(set(a) | set(b)):
+        va, vb = a.get(key), b.get(key)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            out += [f"{key}.{sub}" for sub in sorted(set(va) | set(vb)) if va.get(sub) != vb.get(sub)]
+        elif va != vb:
+            out.append(key)
+    return out
+
+
+# ---- what the folder already holds (read by the CLI's plan, never by plan()) ---------------------
+def latest_checkpoint(folder: str | Path) -> Optional[tuple[str, Optional[int]]]:
+    """The newest checkpoint file in a folder and its step when its name carries one
+    (``ckpt-0000000300.pt``, ``step_300.ckpt``, ``epoch=2-step=300.ckpt``); None when empty."""
+    try:
+        files = [p for p in Path(folder).iterdir() if p.is_file() and not p.name.startswith(".")]
+    except OSError:
+        return None
+    if not files:
+        return None
+    newest = max(files, key=lambda p: p.stat().st_mtime)
+    step = re.search(r"(?:^ckpt-|step[=_-]?)(\d+)", newest.name)
+    return newest.name, (int(step[1]) if step else None)
+
+
+def resume_line(run_dir: str, checkpoint_dir: str, points: int = 0, resume: bool = True) -> str:
+    """``plan``'s line: does this spec resume a run, and from where (a sweep: its points' folders)."""
+    run = os.path.basename(run_dir)
+    folders = [os.path.join(checkpoint_dir, f"point-{i:04d}") for i in range(points)] if points else [checkpoint_dir]
+    found = [(f, c) for f in folders if (c := latest_checkpoint(f)) is not None]
+    exists = os.path.isdir(run_dir)
+    if not found:
+        return f"run {run} exists with no checkpoint: starts at step 0" if exists else f"new run {run}"
+    if not resume:
+        return (f"{'run ' + run if exists else 'new run ' + run}: starts at step 0 (checkpoint.resume: false), "
+                f"though {checkpoint_dir} holds checkpoints")
+    steps = [c[1] for _, c in found if c[1] is not None]
+    at = f"step {max(steps)}" if steps else "its newest checkpoint"
+    if points:
+        return f"resumes run {run}: {len(found)} of {points} points hold checkpoints (up to {at})"
+    where = os.path.join(found[0][0], found[0][1][0])
+    return (f"resumes run {run} at {at} ({where})" if exists else
+            f"new run {run}, but checkpoint.dir holds {at} ({where}): the ranks resume from it")
+
+
+def sibling_warnings(spec: JobSpec, run_dir: str, limit: int = 3) -> list[str]:
+    """Other runs of the same name in the runs folder holding checkpoints: this spec differs from
+    theirs in a training field, so it starts fresh; say which fields, so a change made by mistake
+    is caught before hours are spent."""
+    import yaml
+
+    from orchestrator.spec.loading import spec_from_dict
+
+    parent, own = Path(run_dir).parent, Path(run_dir).name
+    mine = identity_fields(spec)
+    out = []
+    try:
+        siblings = sorted(parent.iterdir(), key=lambda p: p.stat().st_mtime, reverse=True)
+    except OSError:
+        return []
+    for folder in siblings:
+        match = _RUN_NAME.match(folder.name)
+        if folder.name == own or match is None or match["name"] != spec.name or not folder.is_dir():
+            continue
+        try:
+            theirs_spec = spec_from_dict(yaml.safe_load((folder / "spec.yaml").read_text(encoding="utf-8")))
+        except Exception:  # an older or hand-edited folder: no claim about it
+            continue
+        ckpt = theirs_spec.checkpoint.dir or str(folder / "checkpoints")
+        found = latest_checkpoint(ckpt if os.path.isabs(ckpt) else folder / "checkpoints")
+        if found is None:
+            continue
+        changed = differences(identity_fields(theirs_spec), mine)
+        step = f"step {found[1]}" if found[1] is not None else found[0]
+        out.append(f"run {folder.name} holds checkpoints ({step}) of this job name; this spec differs in "
+                   f"{', '.join(changed) or 'fields an older version named the run by'}, so it starts a new run. "
+                   f"To resume that one, undo the change")
+        if len(out) >= limit:
+            break
+    return out
+
+
+def plan_lines(launch: Any) -> list[str]:
+    """What ``plan``, ``run`` and ``submit`` say about the run's identity: whether the spec resumes
+    a run (and from which step) or starts one, and other runs of the job's name holding
+    checkpoints, with the fields this spec changed."""
+    ckpt = launch.payload.checkpoint
+    lines = [f"identity: {resume_line(launch.run_dir, ckpt.dir, len(launch.sweep), ckpt.resume)}"]
+    try:
+        lines += [f"warning: {w}" for w in sibling_warnings(launch.spec, launch.run_dir)]
+    except OSError:
+        pass
+    return lines

@@ -280,3 +280,25 @@ def test_no_module_or_class_grows_past_its_limit() -> None:
                 if methods > most:
                     wrong.append(f"{name}: {methods} methods and properties (at most {most})")
     assert not wrong, "\n".join(wrong)
+
+
+def _floor_plan() -> set[str]:
+    """The folders the map's floor plan draws (its code block after '## The floor plan')."""
+    block = MAP.read_text().split("## The floor plan", 1)[1].split("```", 2)[1]
+    folders: set[str] = set()
+    stack: list[str] = []
+    for line in block.splitlines():
+        found = re.match(r"^( *)([a-z_]+)/", line)
+        if not found:
+            continue
+        depth = len(found[1]) // 2
+        stack[depth:] = [found[2]]
+        folders.add("/".join(stack))
+    return folders
+
+
+def test_the_floor_plan_draws_every_folder() -> None:
+    actual = {str(p.relative_to(ROOT)) for package in PACKAGES for p in [ROOT / package, *(ROOT / package).rglob("*")]
+              if p.is_dir() and p.name != "__pycache__" and "__pycache__" not in p.parts}
+    drawn = _floor_plan()
+    assert drawn == actual, f"drawn, not there: {sorted(drawn - actual)}; there, not drawn: {sorted(actual - drawn)}"

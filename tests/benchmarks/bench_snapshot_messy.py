@@ -86,7 +86,8 @@ def main() -> None:
     ap.add_argument("--mb", type=int, default=300)
     ap.add_argument("--before", default="c0972a7")
     args = ap.parse_args()
-    before = load(subprocess.run(["git", "-C", str(ROOT), "show", f"{args.before}:orchestrator/snapshot.py"  # before the package move],
+    # --before is a commit from before the package move: the module was orchestrator/snapshot.py then
+    before = load(subprocess.run(["git", "-C", str(ROOT), "show", f"{args.before}:orchestrator/snapshot.py"],
                                  capture_output=True, text=True, check=True).stdout, "snapshot_before")
     sys.path.insert(0, str(ROOT))
     from orchestrator.code import snapshot as after

@@ -159,3 +159,27 @@ def test_heartbeats_decide_progress_when_the_logs_never_go_quiet(tmp_path: Path)
 
     assert read_progress(launch.run_dir, 2)[0] is not None
     assert sorted(p.name for p in (Path(launch.run_dir) / "progress").iterdir()) == ["node-0.json"]  # one per node
+
+
+def test_sixteen_nodes_of_four_ranks_keep_a_heartbeat_file_a_node_and_a_stall_is_named_in_time(tmp_path: Path) -> None:
+    """Issue 36's acceptance at 16 nodes x 4 ranks (local: 16 emulated nodes, 64 gloo ranks): the
+    run folder's progress holds one file a node, not a rank, and a rank that stalls is still
+    caught and named within stall_s + 5 s of the last heartbeat (the failure as the supervisor saw
+    it, before 64 ranks' stacks are saved)."""
+    from orchestrator.core.progress import read_progress
+    from orchestrator.core.recovery import History
+
+    stall_s = 8
+    launch = make_plan(tmp_path, entrypoint=str(SCRIPTS / "heartbeat_stall.py"), extra_args=["37"], nodes=16,
+                       cpu_ranks_per_node=4, distributed={"backend": "gloo"}, watchdog={"stall_s": stall_s},
+                       local={"timeout_s": 240})
+    record = run_local(launch)
+    assert record.state == "FAILED" and record.failed_rank == 37, record.error
+    assert f"no rank made progress for {stall_s}s" in (record.error or "")
+    assert "stuck_in_io" in record.waits["37"], record.waits.get("37")
+    files = sorted(p.name for p in (Path(launch.run_dir) / "progress").iterdir())
+    assert files == sorted(f"node-{n}.json" for n in range(16)), files  # one a node: 16, not 64
+    last_beat = max(p.time for p in read_progress(launch.run_dir, 64) if p is not None)
+    seen = History.load(launch.run_dir).attempts[-1].times["failed_at"]
+    print(f"last heartbeat -> stall seen: {seen - last_beat:.1f}s (stall_s {stall_s})")
+    assert seen - last_beat <= stall_s + 5, (seen - last_beat, record.error)

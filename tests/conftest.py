@@ -105,6 +105,10 @@ SLOW = {
     "tests/cluster/test_slurm.py::test_two_nodes_tcp_training_completes",
     "tests/cluster/test_stacks_slurm.py::test_stall_on_slurm_names_the_straggler_with_every_stack",
     "tests/cluster/test_stacks_slurm.py::test_init_deadline_on_slurm_names_the_rank",  # 33 s alone, 94 in 3 streams
+    # a requeue round trip (the old attempt ended on its node, the new one trains again), then a cancel
+    "tests/cluster/test_old_layout_slurm.py::test_a_job_of_the_old_layout_runs_is_requeued_and_cancelled",  # 20 s alone, 89 in 3 streams
+    # a hang past stall_s, stacks from both nodes, a restart without the straggler's node
+    "tests/cluster/test_recovery_slurm.py::test_a_hang_restarts_without_the_stragglers_node",  # 21 s alone, 60.3 in 3 streams
     "tests/cluster/test_remote_slurm.py::test_a_second_submit_ships_only_what_changed_and_resumes_the_same_run",
     # two submissions through the login node (ssh, the login user's install): 43 s alone, 72 s in three streams
     "tests/cluster/test_remote_slurm.py::test_tilde_is_the_login_users_home_plan_is_the_clusters_and_a_new_host_name_resumes",

@@ -109,6 +109,8 @@ SLOW = {
     "tests/cluster/test_old_layout_slurm.py::test_a_job_of_the_old_layout_runs_is_requeued_and_cancelled",  # 20 s alone, 89 in 3 streams
     # a hang past stall_s, stacks from both nodes, a restart without the straggler's node
     "tests/cluster/test_recovery_slurm.py::test_a_hang_restarts_without_the_stragglers_node",  # 21 s alone, 60.3 in 3 streams
+    # a 2-node job of 4 ranks that queues behind the other streams' jobs (74.7 s in 3 streams)
+    "tests/cluster/test_slurm.py::test_fake_gpus_follow_the_torchrun_contract",
     "tests/cluster/test_remote_slurm.py::test_a_second_submit_ships_only_what_changed_and_resumes_the_same_run",
     # two submissions through the login node (ssh, the login user's install): 43 s alone, 72 s in three streams
     "tests/cluster/test_remote_slurm.py::test_tilde_is_the_login_users_home_plan_is_the_clusters_and_a_new_host_name_resumes",

@@ -23,14 +23,23 @@ def _saved(run_dir: str) -> dict[int, str]:
     return {int(p.stem.split("-")[1]): p.read_text() for p in (Path(run_dir) / "stacks").glob("rank-*.txt")}
 
 
+def _wait_until_running(job: str, within_s: float = 300) -> None:
+    deadline = time.monotonic() + within_s
+    while subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True,
+                         timeout=30).stdout.strip() == "PENDING":
+        assert time.monotonic() < deadline, f"job {job} still pending after {within_s:.0f}s"
+        time.sleep(0.5)
+
+
 def test_stacks_reach_every_rank_on_both_nodes_and_they_keep_running(cluster: dict[str, str]) -> None:
     out = Path(cluster["runs_dir"]) / "busy-out"
     out.mkdir(exist_ok=True)
     launch = slurm_plan(cluster, name="busy", entrypoint=str(SCRIPTS / "busy_loop.py"), extra_args=[str(out), "120"])
     ex = SlurmExecutor()
-    ex.submit(launch)
+    record = ex.submit(launch)
     env = {**os.environ, "SLURM_CONF": cluster["SLURM_CONF"], "ORCHESTRATOR_HOME": cluster["runs_dir"]}
     try:
+        _wait_until_running(record.job_ids[0])  # the queue behind the other streams' jobs is not the ranks' start
         deadline = time.monotonic() + 120
         while not all((out / f"alive-{r}").exists() for r in range(4)):
             assert time.monotonic() < deadline, "the ranks never started stepping"

@@ -10,6 +10,7 @@ nothing else has it. Standard library only (every rank imports the package).
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 from importlib.machinery import ModuleSpec
 from types import CodeType, ModuleType

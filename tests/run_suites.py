@@ -38,6 +38,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import IO
@@ -177,11 +178,13 @@ def main() -> int:
     main_report = log_dir / f"junit-main-{os.getpid()}.xml"
     workers = ["-n", str(opts.workers), "--dist", "worksteal"] if opts.workers > 0 else []
     main = start([f"--junitxml={main_report}", *workers, *pytest_args, "tests/unit", "tests/integration"], None)
+    main_ended: list[float] = []  # when the session ended, not when the cluster's sessions let us look
+    threading.Thread(target=lambda: (main.wait(), main_ended.append(time.monotonic())), daemon=True).start()
     try:
         cluster_rc, cluster_reports = cluster_sessions(pytest_args, deadline, log_dir)
     finally:
         main_rc = finish(main, deadline, "unit and integration")
-        main_took = (time.monotonic() - started) / 60
+        main_took = ((main_ended[0] if main_ended else time.monotonic()) - started) / 60
     print(f"[run_suites] unit and integration: exit {main_rc}, {main_took:.1f} min", flush=True)
     reports = {"main": [main_report], "cluster": cluster_reports}
     rc = {"main": main_rc, "cluster": max(cluster_rc.values(), default=0)}

@@ -11,7 +11,7 @@ then neither brings it up nor down) and starts the sessions with ``TESTS_CLUSTER
   the suite with the cores half idle (2026-11-28: the last 2.6 of 22.7 minutes).
 - ``a``, ``b`` and ``c`` at once: tests that use the cluster as any user would (their own jobs,
   read-only queries); a the CPU-heavy ones, b and c those that mostly wait (``WAITING``). Two
-  2-node jobs of 2 ranks fit the 2 x 4 CPUs side by side; a third queues until one ends.
+  2-node jobs of 2 ranks fit the 2 x 6 CPUs three side by side (conftest.CPUS); a fourth queues.
 - ``last``, alone: the cluster rebuilt without accounting (test_no_accounting.py), which no test
   after it could use.
 
@@ -37,8 +37,9 @@ SHARED_VAR = "TESTS_CLUSTER_SHARED"
 #: min and 423 CPU-s; the waiting tests 12.7 min and about 170 CPU-s. So the cluster's part, one
 #: wait after another, took 16+ minutes even alone, while the whole suite asks for about 1,500 CPU-s
 #: (12.5 min of 2 cores): the suite waited, not computed. The waiting tests are now two streams (b,
-#: c) beside a; each holds a job slot for a minute or two, and a job that finds the 2 x 4 CPUs taken
-#: queues until one frees.
+#: c) beside a; each holds a job slot for a minute or two. On 2 x 4 CPUs two such jobs fit and a
+#: third queued: stream a's jobs waited behind b's and c's (a 13 s test took 148 s); the nodes now
+#: claim 6 CPUs each (conftest.CPUS), a slot per stream.
 PARALLEL = ("a", "b", "c")
 SERIAL = "serial"
 LAST = "last"

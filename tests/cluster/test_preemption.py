@@ -15,6 +15,7 @@ import pytest
 
 from orchestrator.backends.slurm.executor import SlurmExecutor
 
+from .conftest import CPUS
 from .test_rank_api_slurm import ARGS, EXAMPLE, TOTAL, _result, _run_releasing_requeues, _stops_and_resumes
 from .test_slurm import no_job_processes, slurm_plan
 
@@ -55,7 +56,7 @@ def test_a_real_preemption_requeues_a_rank_api_job_which_resumes_and_completes(c
         assert time.monotonic() < deadline, "the job never reached step 5"
         time.sleep(0.5)
     # Every CPU of both nodes, from the partition that preempts: SLURM has to take debug's job.
-    high = subprocess.run(["sbatch", "--parsable", "-p", "high", "-N2", "--ntasks-per-node=4", "-t", "2",
+    high = subprocess.run(["sbatch", "--parsable", "-p", "high", "-N2", f"--ntasks-per-node={CPUS}", "-t", "2",
                            "-o", "/dev/null", "--wrap", "srun true"], capture_output=True, text=True, check=True)
     final = _run_releasing_requeues(ex, record, timeout=600)
     rank0, stops, resumes = _stops_and_resumes(launch.run_dir, "SIGTERM")

@@ -2,7 +2,7 @@
 
 - ``DefCpuPerGPU=2`` (deploy/cluster.sh, --profile site): a GPU spec that sets no
   ``slurm.cpus_per_task`` renders no ``--cpus-per-task`` and no ``--wckey``, so every rank gets
-  the site's CPUs per GPU, bound to them (one rank per node: the nodes claim 4 CPUs on a 2-core
+  the site's CPUs per GPU, bound to them (one rank per node: the nodes claim 6 CPUs on a 2-core
   machine, so two ranks of 2 CPUs each would share real ones).
 - ``SBATCH_ACCOUNT`` and ``SBATCH_PARTITION`` exported by the user reach sbatch: the job is
   charged to that account and runs in that partition when the spec names none.

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from orchestrator.cli import main
+from .conftest import CPUS
 
 
 def _validate(tmp_path: Path, capsys: pytest.CaptureFixture[str], **slurm: Any) -> tuple[int, str, str]:
@@ -51,5 +52,5 @@ def test_partition_lists_and_cpus_per_gpu_rank_on_the_site_profile(cluster: dict
     code, out, err = _validate(tmp_path, capsys, cpus_per_task=1)
     assert code == 0, (out, err)
     assert "warning: CPUs: each GPU rank would get 1 CPU in partition debug" in err, err
-    assert "raise slurm.cpus_per_task (up to 4" in err, err  # the deploy nodes claim 4 CPUs
+    assert f"raise slurm.cpus_per_task (up to {CPUS}" in err, err  # what the deploy nodes claim
 

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 #: Defined in ``orchestrator.front.planning`` (specs in, plans out) and ``orchestrator.front.run_files``
 #: (what a run left), and part of this module's API.
 __all__ = ["SpecLike", "array_limit", "as_spec", "load_spec", "plan_for", "planned", "scan_code", "check_attempt",
-           "run", "submit", "Run", "StateWatch", "refresh", "registered", "POLL_S"]
+           "run", "submit", "Run", "RunFacts", "StateWatch", "refresh", "registered", "POLL_S"]
 
 #: How often ``Run.wait`` looks at the run. A look at a local run reads its folder (cheap). A look
 #: at a SLURM run is a few ``stat`` calls on its folder; the scheduler itself is asked only when
@@ -130,23 +130,15 @@ def _executor(name: str, zygote: subprocess.Popen | None = None) -> Executor:
 
 
 # ---- runs ----------------------------------------------------------------------------------
-class Run:
-    """A handle on one run: its folder, and for SLURM its job ids. It holds no process, so it
-    can be dropped and found again with ``Run.get``. ``.state`` reads the run folder;
-    ``.status()`` also asks the scheduler (one query)."""
+class RunFacts:
+    """What a run is, as its folder says (no scheduler query): ``Run``'s read side."""
 
     def __init__(self, record: RunRecord) -> None:
         self._record = record
 
-    @classmethod
-    def get(cls, ref: str | Path) -> Run:
-        """A run by folder, id, or unique prefix of an id (as ``orchestrator status`` takes)."""
-        return cls(RunRecord.load(resolve_run(str(ref))))
-
     def __repr__(self) -> str:
         return f"Run({self.id!r}, state={self._record.state.value!r}, executor={self.executor!r}, run_dir='{self.run_dir}')"
 
-    # -- what it is ----------------------------------------------------------------------------
     @property
     def id(self) -> str:
         return self._record.run_id
@@ -179,6 +171,17 @@ class Run:
     def error(self) -> str | None:
         """The first failure (rank and traceback), once the run has failed."""
         return self.record.error
+
+
+class Run(RunFacts):
+    """A handle on one run: its folder, and for SLURM its job ids. It holds no process, so it
+    can be dropped and found again with ``Run.get``. ``.state`` reads the run folder;
+    ``.status()`` also asks the scheduler (one query)."""
+
+    @classmethod
+    def get(cls, ref: str | Path) -> Run:
+        """A run by folder, id, or unique prefix of an id (as ``orchestrator status`` takes)."""
+        return cls(RunRecord.load(resolve_run(str(ref))))
 
     # -- the scheduler ---------------------------------------------------------------------------
     def status(self) -> State:

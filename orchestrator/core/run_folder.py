@@ -27,13 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
-@dataclass(frozen=True)
-class RunFolder:
-    root: Path
+class RunFiles:
+    """The run's own files: its record, plan, code, payload, spec, result and verdict; its
+    checkpoints, rendezvous files and sweep points."""
 
-    @classmethod
-    def of(cls, path: "str | Path | RunFolder") -> RunFolder:
-        return path if isinstance(path, RunFolder) else cls(Path(path))
+    root: Path
 
     @property
     def points(self) -> Path:
@@ -44,7 +42,6 @@ class RunFolder:
         """The folder of one sweep point: its logs, errors and result live there."""
         return RunFolder(self.points / f"{index:04d}")
 
-    # -- the run's own files
     @property
     def record(self) -> Path:
         return self.root / "record.json"
@@ -86,15 +83,21 @@ class RunFolder:
         return self.root / "supervisor.log"
 
     @property
-    def slurm(self) -> Path:
-        return self.root / "slurm"
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
 
-    def slurm_log(self, job: str, task: "int | str") -> Path:
-        """submitit's name for a task's log: ``<job>_<task>_log.out`` (also with its patterns,
-        ``%j``, ``%A_%a``, ``%t``, in what sbatch is given)."""
-        return self.slurm / f"{job}_{task}_log.out"
+    @property
+    def rendezvous(self) -> Path:
+        """Default folder of file:// rendezvous files."""
+        return self.root / "rendezvous"
 
-    # -- who holds the run (orchestrator.core.ownership)
+
+class ControlFiles:
+    """Who holds the run and what steers its attempts (orchestrator.core.ownership, the SLURM
+    agent): lock, lease, cancel request, submitit's folder, requeue markers, earlier attempts."""
+
+    root: Path
+
     @property
     def lock(self) -> Path:
         return self.root / "lock"
@@ -108,10 +111,28 @@ class RunFolder:
         return self.root / "requests" / "cancel"
 
     @property
-    def checkpoints(self) -> Path:
-        return self.root / "checkpoints"
+    def slurm(self) -> Path:
+        return self.root / "slurm"
 
-    # -- per rank
+    def slurm_log(self, job: str, task: "int | str") -> Path:
+        """submitit's name for a task's log: ``<job>_<task>_log.out`` (also with its patterns,
+        ``%j``, ``%A_%a``, ``%t``, in what sbatch is given)."""
+        return self.slurm / f"{job}_{task}_log.out"
+
+    def requeue_marker(self, job_id: str, restart: int) -> Path:
+        return self.root / "requeue" / f"checkpointed-{job_id}-{restart}"
+
+    @property
+    def attempts(self) -> Path:
+        """Earlier attempts' failure records, one folder per attempt (``keep_failures``)."""
+        return self.root / "attempts"
+
+
+class RankFiles:
+    """Per rank: its log, traceback, heartbeat, identity, join markers and stacks."""
+
+    root: Path
+
     @property
     def logs(self) -> Path:
         return self.root / "logs"
@@ -160,15 +181,17 @@ class RunFolder:
     def live_stack(self, rank: int) -> Path:
         return self.stacks / "live" / f"rank-{rank}.txt"
 
-    def requeue_marker(self, job_id: str, restart: int) -> Path:
-        return self.root / "requeue" / f"checkpointed-{job_id}-{restart}"
-
     @property
     def nccl_trace_prefix(self) -> Path:
         """TORCH_FR_DUMP_TEMP_FILE: torch appends the rank."""
         return self.root / "nccl-trace" / "rank-"
 
-    # -- what jobs write, and what is made of it
+
+class OutputFiles:
+    """What jobs write (metrics, allreduce's table, predictions), and what ``report`` makes of it."""
+
+    root: Path
+
     @property
     def metrics(self) -> Path:
         return self.root / "metrics"
@@ -203,19 +226,21 @@ class RunFolder:
         """jobs.infer's predictions, unless its --output says otherwise."""
         return self.root / "predictions.jsonl"
 
-    @property
-    def rendezvous(self) -> Path:
-        """Default folder of file:// rendezvous files."""
-        return self.root / "rendezvous"
+
+@dataclass(frozen=True)
+class RunFolder(RunFiles, ControlFiles, RankFiles, OutputFiles):
+    """Every path of a run folder, by section (the classes above), and what a new attempt does to
+    the previous one's files."""
+
+    root: Path
+
+    @classmethod
+    def of(cls, path: "str | Path | RunFolder") -> RunFolder:
+        return path if isinstance(path, RunFolder) else cls(Path(path))
 
     #: What belongs to one attempt only (forgotten before the next one starts).
     def attempt_files(self) -> list[Path]:
         return [self.ranks, self.root / "joined", self.stacks / "live", self.end]
-
-    @property
-    def attempts(self) -> Path:
-        """Earlier attempts' failure records, one folder per attempt (``keep_failures``)."""
-        return self.root / "attempts"
 
     def keep_failures(self) -> Path | None:
         """Move the previous attempt's failure record (errors/, end.json) to attempts/K/, K being

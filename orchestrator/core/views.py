@@ -73,11 +73,9 @@ class TrackingView(Protocol):
     def mlflow(self) -> bool: ...
 
 
-class SpecView(Protocol):
-    """A validated ``JobSpec``, as the rule modules read it."""
+class ShapeView(Protocol):
+    """A spec's shape: where it runs, on how many nodes and ranks, with which backend."""
 
-    @property
-    def entrypoint(self) -> str: ...
     @property
     def executor(self) -> str: ...
     @property
@@ -92,10 +90,21 @@ class SpecView(Protocol):
     def ranks_per_node(self) -> int: ...
     @property
     def resolved_backend(self) -> str: ...
+
+    def local_shape(self) -> tuple[int, int]: ...
+
+    def local_backend(self) -> str: ...
+
+
+class CommandView(Protocol):
+    """What a spec runs on every rank, with what, and where its runs go."""
+
     @property
-    def bool_args(self) -> str: ...
+    def entrypoint(self) -> str: ...
     @property
     def args(self) -> Mapping[str, Any]: ...  # values as the user wrote them: text, numbers, true/false, lists
+    @property
+    def bool_args(self) -> str: ...
     @property
     def sweep(self) -> Mapping[str, Sequence[Any]]: ...
     @property
@@ -104,6 +113,11 @@ class SpecView(Protocol):
     def runs_dir(self) -> str: ...
     @property
     def workdir(self) -> Optional[str]: ...
+
+
+class SectionsView(Protocol):
+    """A spec's sections, as the views above."""
+
     @property
     def container(self) -> Optional[ContainerView]: ...
     @property
@@ -119,9 +133,10 @@ class SpecView(Protocol):
     @property
     def tracking(self) -> TrackingView: ...
 
-    def local_shape(self) -> tuple[int, int]: ...
 
-    def local_backend(self) -> str: ...
+class SpecView(ShapeView, CommandView, SectionsView, Protocol):
+    """A validated ``JobSpec``, as the rule modules read it: its shape, its command and its
+    sections (a module that reads only one of them can be typed with that one)."""
 
 
 class RankView(Protocol):

@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.core.errors import OrchestratorError
+from orchestrator.front.startup import start_line
 from orchestrator.plan import LaunchPlan, RankRow, paused_gc
 
 #: Sweep points shown at each end of the sweep table.
@@ -88,6 +89,7 @@ def print_plan(launch: LaunchPlan, console: Console | None = None, node: int | N
     if stall:
         console.print(f"stall watchdog: ends the job when no rank progresses for {stall:g}s", markup=False)
     console.print(recovery_line(launch), markup=False)
+    console.print(start_line(launch), markup=False)
     for note in launch.notes:
         console.print(Text.assemble(("note:", "yellow"), " ", note))
     for line in sbatch_env_lines(launch):

@@ -257,11 +257,11 @@ def test_the_generic_planner_imports_no_backend() -> None:
         assert not backends, f"{module} (the generic planner) imports backends: {backends}"
 
 
-#: Issue 34's limits: a module a reader can hold in mind, a class with one job. What is over them
-#: today is named here with its size, frozen: it may shrink, never grow, and nothing joins it.
+#: Issue 34's limits: a module a reader can hold in mind, a class with one job. Nothing is over them
+#: (RunFolder, SpecView and api.Run were, at 47, 23 and 22: each is now its sections, one class each).
 MAX_LINES, MAX_METHODS = 500, 15
 LONG_MODULES = {"orchestrator.spec.models": None}  # the spec's field definitions: exempt (None: no limit)
-BIG_CLASSES = {"orchestrator.core.run_folder.RunFolder": 47, "orchestrator.core.views.SpecView": 23, "orchestrator.api.Run": 22}
+BIG_CLASSES: dict[str, int] = {}
 
 
 def test_no_module_or_class_grows_past_its_limit() -> None:

@@ -121,6 +121,8 @@ def cluster_sessions(pytest_args: list[str], deadline: float, log_dir: Path) -> 
         RUNS_DIR.mkdir(parents=True)
         rc = _sessions({streams.SERIAL: streams.SERIAL}, common, deadline, log_dir, tag)
         rc.update(_sessions({name: name for name in streams.PARALLEL}, common, deadline, log_dir, tag))
+        if any(rc.values()):
+            keep_cluster_logs(CLUSTER_DIR / "log", log_dir / f"cluster-logs-{tag}")
         rc.update(_sessions({streams.LAST: streams.LAST}, common, deadline, log_dir, tag))
     finally:
         subprocess.run([*cluster_sh, "down", "--dir", str(CLUSTER_DIR)], cwd=ROOT, capture_output=True, timeout=300)
@@ -204,6 +206,27 @@ def main() -> int:
     print(f"[run_suites] unit+integration exit {rc['main']}, cluster exit {rc['cluster']} "
           f"({', '.join(f'{k} {v}' for k, v in cluster_rc.items())}); {took:.1f} min in all", flush=True)
     return 130 if INTERRUPTED else rc["main"] or rc["cluster"]
+
+
+#: What of SLURM's own logs a failed cluster session's report shows (the rest is kept in the copy).
+LOG_NEWS = ("error", "kill", "signal", "oom", "fail")
+
+
+def keep_cluster_logs(source: Path, target: Path, most: int = 80) -> None:
+    """A cluster test failed: keep slurmctld's and every slurmd's log (``cluster.sh down`` removes
+    them with the cluster) and print their lines about errors, kills and signals, so a failure
+    that only the full load shows (a rank SIGKILLed as its job starts) can be read afterwards."""
+    try:
+        shutil.copytree(source, target, dirs_exist_ok=True)
+    except OSError as exc:
+        print(f"[run_suites] could not keep the cluster's logs from {source}: {exc}", flush=True)
+        return
+    lines = [f"{path.name}: {line}" for path in sorted(target.glob("slurm*.log"))
+             for line in path.read_text(errors="replace").splitlines() if any(w in line.lower() for w in LOG_NEWS)]
+    print(f"[run_suites] a cluster session failed: SLURM's logs kept in {target}; their last {min(most, len(lines))} "
+          f"of {len(lines)} lines about errors, kills and signals:", flush=True)
+    for line in lines[-most:]:
+        print(f"  {line}", flush=True)
 
 
 def failed_tests(report: Path) -> list[str]:

@@ -61,6 +61,7 @@ def latency(repeat: int, tmp: Path, script: Path) -> None:
     plain: list[float] = []
     cli: list[float] = []
     plain_cli: list[float] = []
+    ungated: list[float] = []  # the same submit with recovery.health_check off: what the gate's step costs
     for i in range(repeat):
         out = tmp / f"ours-{i}"
         out.mkdir()
@@ -70,6 +71,13 @@ def latency(repeat: int, tmp: Path, script: Path) -> None:
         subprocess.run([PY, "-m", "orchestrator", "submit", str(spec)], check=True, stdout=subprocess.DEVNULL)
         cli.append(time.time() - t0)
         ours.append(wait_files(out, 4) - t0)
+        out = tmp / f"nogate-{i}"
+        out.mkdir()
+        spec = spec_file(tmp, name=f"nogate{i}", entrypoint=str(script), nodes=2, cpu_ranks_per_node=2,
+                         extra_args=["--out", str(out)], recovery={"health_check": False})
+        t0 = time.time()
+        subprocess.run([PY, "-m", "orchestrator", "submit", str(spec)], check=True, stdout=subprocess.DEVNULL)
+        ungated.append(wait_files(out, 4) - t0)
         out = tmp / f"plain-{i}"
         out.mkdir()
         t0 = time.time()
@@ -87,6 +95,9 @@ def latency(repeat: int, tmp: Path, script: Path) -> None:
           f"orchestrator submit {statistics.median(cli):.2f} s; from its return to 4 ranks running: "
           f"{statistics.median([a - b for a, b in zip(plain, plain_cli)]):.2f} s vs "
           f"{statistics.median([a - b for a, b in zip(ours, cli)]):.2f} s")
+    g = statistics.median(ungated)
+    print(f"  with the health gate off (recovery.health_check: false): {g:.2f} s (+{g - p:.2f} s): the gate's "
+          f"srun step costs {o - g:.2f} s")
 
 
 def sweep_submission(tmp: Path, script: Path, points: int = 100) -> list[str]:

@@ -56,11 +56,10 @@ def _watchdog_reads(nodes: int, world: int, stall_s: Optional[float]) -> str:
     """What the job's watchdog reads a second once every rank runs (``orchestrator.node.forensics``)."""
     if not stall_s:
         return "once every rank has joined, nothing is read of the ranks' files (watchdog.stall_s is off)"
-    from orchestrator.node.forensics import COVER_S, SHARE_ABOVE
+    from orchestrator.node.forensics import cover_looks, files_per_look
 
-    cover = max(1, int(min(COVER_S, stall_s / 6)))
-    share = nodes if nodes <= SHARE_ABOVE else -(-nodes // cover)
-    every = "each a second" if share >= nodes else f"each at least every {cover}s"
+    share = files_per_look(nodes, stall_s)
+    every = "each a second" if share >= nodes else f"each at least every {cover_looks(stall_s)}s"
     return (f"the stall watchdog reads {share} of the {nodes} heartbeat file(s) a second, one a node ({every}); "
             f"a rank that sends no heartbeat (a script without the rank API) has its log's size read instead: "
             f"up to {world} a second")

@@ -54,13 +54,22 @@ COVER_S = 10.0
 _READERS: dict[int, tuple[Watch, progress.HeartbeatReader]] = {}
 
 
+def cover_looks(stall_s: Optional[float]) -> int:
+    """In how many looks the watchdog reads every node file once (one a second, the share rule)."""
+    return max(1, int(min(COVER_S, stall_s / 6))) if stall_s else 1
+
+
+def files_per_look(files: int, stall_s: Optional[float]) -> int:
+    """How many of ``files`` heartbeat files one look reads (``progress.HeartbeatReader``'s rule)."""
+    return files if files <= SHARE_ABOVE else min(files, -(-files // cover_looks(stall_s)))
+
+
 def _reader(watch: Watch, run_dir: str | Path) -> progress.HeartbeatReader:
     """The heartbeat reader of this watch (one per attempt's watch, kept while it is in use)."""
     held = _READERS.get(id(watch))
     if held is not None and held[0] is watch:
         return held[1]
-    cover = max(1, int(min(COVER_S, watch.stall_s / 6))) if watch.stall_s else 1
-    reader = progress.HeartbeatReader(run_dir, watch.world_size, cover, share_above=SHARE_ABOVE)
+    reader = progress.HeartbeatReader(run_dir, watch.world_size, cover_looks(watch.stall_s), share_above=SHARE_ABOVE)
     if len(_READERS) > 32:
         _READERS.clear()  # watches of attempts long over
     _READERS[id(watch)] = (watch, reader)

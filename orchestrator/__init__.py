@@ -8,8 +8,6 @@ submitit. The public API is loaded on first use (PEP 562)::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 from orchestrator.core import moved
 
 __version__ = "0.1.0"
@@ -33,7 +31,10 @@ _LAZY = {
 }
 __all__ = sorted(_LAZY)
 
+TYPE_CHECKING = False  # not typing's: the package stays cheap to import (moved.py says why)
 if TYPE_CHECKING:
+    from typing import Any
+
     from orchestrator.api import Run, load_spec, run, submit
     from orchestrator.core.errors import (JobFailedError, OrchestratorError, RunNotFinishedError, RunNotFoundError,
                                           SpecError, SubmissionError, UsageError, WaitTimeoutError)

@@ -253,7 +253,7 @@ def _read_index(store_dir: str, root: str) -> dict[str, list]:
 
 def write_index(snap: Snapshot) -> None:
     """Remember each file's hash by its (size, mtime, inode), so the next scan reads only what changed."""
-    from orchestrator.core.records import write_json_atomic
+    from orchestrator.core.atomic_files import write_json_atomic
 
     index = {rel: [*snap.hashed[rel], e.sha] for rel, e in snap.entries.items() if rel in snap.hashed}
     write_json_atomic(_index_path(snap.store_dir, snap.root), index)

@@ -27,7 +27,7 @@ def store(snap: Snapshot) -> str:
     copied from the project only when it still hashes to what was scanned; a tree already there
     is checked against the manifest and rebuilt when damaged. Safe to run twice at once (every
     write is a rename into place)."""
-    from orchestrator.core.records import write_json_atomic
+    from orchestrator.core.atomic_files import write_json_atomic
 
     store_dir = Path(snap.store_dir)
     blobs = store_dir / "blobs"

@@ -23,3 +23,27 @@ def module_argv(python: str, module: str, *args: str, unbuffered: bool = True) -
     """``python [-u] -m module args...``, without the current directory on ``sys.path``."""
     return [python, *(["-u"] if unbuffered else []), "-c", BOOTSTRAP, module, *args]
 
+
+
+#: The same, for a process that needs the standard library and this package only (the health
+#: gate): ``-S`` skips ``site`` (every ``.pth`` file of the environment, an editable install's
+#: finder: 10-25 ms an interpreter), and the folder that holds the ``orchestrator`` package is put
+#: last on ``sys.path`` (after the standard library: nothing there can shadow it).
+LEAN_BOOTSTRAP = ('import sys; sys.path[:1] == [""] and sys.path.pop(0); sys.path.append(sys.argv.pop(1)); '
+                  'import runpy; runpy.run_module(sys.argv.pop(1), run_name="__main__")')
+
+
+def package_root() -> str:
+    """The folder that holds this ``orchestrator`` package, as this interpreter imported it."""
+    import os
+
+    import orchestrator
+
+    return os.path.dirname(os.path.dirname(os.path.abspath(orchestrator.__file__ or "")))
+
+
+def lean_module_argv(python: str, module: str, *args: str, root: str | None = None) -> list[str]:
+    """``python -S -m module args...`` importing only the standard library and ``root``'s
+    ``orchestrator`` (this process's, by default: ``python`` must be the interpreter running it,
+    or one that sees the same package), never the current directory."""
+    return [python, "-S", "-c", LEAN_BOOTSTRAP, root or package_root(), module, *args]

@@ -10,11 +10,15 @@ nothing else has it. Standard library only (every rank imports the package).
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import sys
 from importlib.machinery import ModuleSpec
-from types import CodeType, ModuleType
-from typing import Optional, Sequence
+
+#: ``typing`` is not imported at run time: every process the orchestrator starts on a node (each
+#: rank, each health gate task) imports this package first, and typing alone is ~10 ms of them.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import CodeType, ModuleType
+    from typing import Optional, Sequence
 
 #: old module name -> its new one. Frozen: a name is added here when a module moves, and never
 #: removed while a job started by a release that used it may still be queued.
@@ -129,6 +133,8 @@ class _Alias:
         module.__spec__ = self._spec  # the import machinery set the old name's: keep the module's own
 
     def get_code(self, name: str) -> Optional[CodeType]:  # runpy: ``python -m OLD`` runs NEW as __main__
+        import importlib.util
+
         spec = importlib.util.find_spec(self.new)
         loader = spec.loader if spec is not None else None
         return loader.get_code(self.new) if loader is not None and hasattr(loader, "get_code") else None

@@ -88,7 +88,7 @@ class RunLock:
     def renew(self, pid: int | None = None) -> None:
         """Write the lease: this host, the holder's pid, now. A failure is not fatal (a full disk
         must not stop training): the lock still holds, and only other hosts see a stale lease."""
-        from orchestrator.core.records import write_json_atomic
+        from orchestrator.core.atomic_files import write_json_atomic
 
         try:
             write_json_atomic(RunFolder.of(self.run_dir).lease, {"host": this_host(), "pid": pid or os.getpid(),
@@ -245,7 +245,7 @@ def request_cancel(run_dir: str | Path, why: str) -> None:
     folder is fine, and not theirs. Only a path in the way (a file where the requests folder
     goes) is to be cleared; any other error is the filesystem's, and says so."""
     from orchestrator.core.fs_checks import errno_text, is_denied, no_permission, shown
-    from orchestrator.core.records import write_json_atomic
+    from orchestrator.core.atomic_files import write_json_atomic
 
     path = RunFolder.of(run_dir).cancel_request
     try:

@@ -209,6 +209,6 @@ class Payload:
     def write(self, path: str | Path) -> None:
         """The one writer of payload files (the run's, each sweep point's, the local supervisor's
         per-point copy): atomically, as JSON, in the format ``from_dict`` reads."""
-        from orchestrator.core.records import write_json_atomic
+        from orchestrator.core.atomic_files import write_json_atomic
 
         write_json_atomic(Path(path), self.to_dict())

@@ -118,7 +118,7 @@ class History:
         return cls(path, attempts, excluded)
 
     def save(self) -> None:
-        from orchestrator.core.records import write_json_atomic
+        from orchestrator.core.atomic_files import write_json_atomic
 
         write_json_atomic(self.path, {"attempts": [asdict(a) for a in self.attempts], "excluded": self.excluded})
 

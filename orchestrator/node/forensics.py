@@ -93,7 +93,7 @@ def capture_local(run_dir: str | Path, reason: str, ranks: Optional[list[int]] =
 
 
 def write_end(run_dir: str | Path, **verdict: Any) -> None:
-    from orchestrator.core.records import write_json_atomic
+    from orchestrator.core.atomic_files import write_json_atomic
 
     write_json_atomic(RunFolder.of(run_dir).end, {"time": time.time(), **verdict})
 

@@ -21,19 +21,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
-import shutil
-import signal
-import socket
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+
+# What only a node that fails, or runs recovery.node_check, needs (shlex, signal, subprocess,
+# shutil, socket) is imported there, and typing not at all: the gate is one interpreter on every
+# node before every attempt, and at 64 nodes sharing two cores each millisecond of imports here
+# was ~30 ms of the gate (docs/PERFORMANCE.md).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Mapping, Sequence
 
 from orchestrator.core.fs_checks import errno_text, shown
-from orchestrator.core.records import write_json_atomic
+from orchestrator.core.atomic_files import write_json_atomic
 from orchestrator.core.run_folder import RunFolder
 
 #: Free space (MiB) a node needs under the run folder and the checkpoint folder. 1 GiB holds the
@@ -84,7 +86,7 @@ class NodeHealth:
     @classmethod
     def from_dict(cls, data: Any) -> NodeHealth:
         """Raises ValueError on anything but what :meth:`to_dict` writes (a truncated or foreign file)."""
-        if not isinstance(data, Mapping):
+        if not isinstance(data, dict):
             raise ValueError("a health result is not a JSON object")
         node, ok, problems, seconds = (data.get(k) for k in ("node", "ok", "problems", "seconds"))
         if (not isinstance(node, str) or not isinstance(ok, bool) or not isinstance(problems, list)
@@ -259,7 +261,8 @@ def _disk(folders: Sequence[str], floor_mb: int) -> str | None:
     for folder in folders:
         try:
             device = os.stat(folder).st_dev
-            free_mb = shutil.disk_usage(folder).free // (1024 * 1024)
+            fs = os.statvfs(folder)  # what shutil.disk_usage reads, without importing shutil
+            free_mb = fs.f_bavail * fs.f_frsize // (1024 * 1024)
         except OSError:
             continue
         if device in devices:
@@ -353,6 +356,10 @@ def _node_check(node: str, argv: Sequence[str] | None, environ: Mapping[str, str
     started too), its output and errors read together for the last line."""
     if not argv:
         return None
+    import shlex
+    import signal
+    import subprocess
+
     head = f"recovery.node_check ({shlex.join(argv)[:200]}) failed on {node}"
     env = {**environ, "ORCH_HEALTH_NODE": node}
     try:
@@ -380,6 +387,8 @@ def _node_check(node: str, argv: Sequence[str] | None, environ: Mapping[str, str
 
 
 def _signal_name(number: int) -> str:
+    import signal
+
     try:
         return signal.Signals(number).name
     except ValueError:
@@ -439,8 +448,13 @@ def clear_staging_left(run_dir: str) -> int:
     attempt starts, every such folder of the run is a leftover. Returns how many were removed."""
     from orchestrator.core.progress import staging_dirs
 
+    folders = staging_dirs(run_dir)
+    if not folders:
+        return 0
+    import shutil
+
     removed = 0
-    for folder in staging_dirs(run_dir):
+    for folder in folders:
         shutil.rmtree(folder, ignore_errors=True)
         removed += not folder.exists()
     return removed
@@ -457,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--node-check-json is not JSON ({exc}): give a list of strings, e.g. '[\"/bin/true\"]'")
         if not isinstance(node_check, list) or not node_check or not all(isinstance(a, str) for a in node_check):
             parser.error("--node-check-json must be a non-empty JSON list of strings, e.g. '[\"/bin/true\"]'")
-    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    node = os.environ.get("SLURMD_NODENAME") or os.uname().nodename  # what socket.gethostname() says
     nodes = [n.strip() for n in args.nodes.split(",") if n.strip()]
     cleared = clear_staging_left(args.run_dir)
     if cleared:

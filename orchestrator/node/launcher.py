@@ -28,7 +28,7 @@ from typing import Any
 from orchestrator.node import malloc
 from orchestrator.core.payload import Payload
 from orchestrator.node.rank_env import OrchVar
-from orchestrator.core.records import write_json_atomic
+from orchestrator.core.atomic_files import write_json_atomic
 from orchestrator.core.rendezvous import remove_rendezvous_file
 from orchestrator.core.run_folder import RunFolder
 

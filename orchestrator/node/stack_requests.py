@@ -75,7 +75,7 @@ def install(run_dir: str | Path, rank: int) -> None:
         faulthandler.register(STACK_SIGNAL, file=fh, all_threads=True, chain=False)
         _KEPT[:] = [fh]
         me = os.getpid()
-        from orchestrator.core.records import write_json_atomic
+        from orchestrator.core.atomic_files import write_json_atomic
 
         write_json_atomic(rank_record_path(run_dir, rank), {
             "rank": rank, "host": socket.gethostname(), "host_key": this_host(), "pid": me,

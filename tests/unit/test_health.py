@@ -258,3 +258,35 @@ def test_the_wait_for_peers_lists_the_folder_less_and_less_often(tmp_path: Path,
     pauses = [b - a for a, b in zip(listings, listings[1:])]
     assert 5 <= len(listings) <= 14, (len(listings), pauses)  # every 0.1 s: 20
     assert pauses[0] < 0.05 and all(p < 0.65 for p in pauses) and max(pauses) > 0.4, pauses
+
+
+def test_the_gate_process_starts_lean_and_still_gives_a_verdict(tmp_path: Path) -> None:
+    """The agent starts the gate with ``lean_module_argv``: no site (no .pth files, no editable
+    finder), the package found by its folder, and none of what only a failing node or a
+    node_check needs. What it leaves out is the gate's cost on every node of every attempt
+    (docs/PERFORMANCE.md); each name here came back once through a shared import."""
+    import subprocess
+    import sys
+
+    from orchestrator.core.interpreter import lean_module_argv
+
+    probes = tmp_path / "probes"
+    probes.mkdir()
+    (probes / "gate_probe.py").write_text(
+        "import sys\nimport orchestrator.node.health\n"
+        "print(sys.flags.no_site, sorted(m for m in ('typing', 'orchestrator.core.records', 'subprocess', "
+        "'socket', 'shutil', 'shlex', 'site') if m in sys.modules))\n")
+    seen = subprocess.run(lean_module_argv(sys.executable, "gate_probe"), capture_output=True, text=True, cwd=tmp_path,
+                          timeout=60, env={"PYTHONPATH": str(probes), "PATH": "/usr/bin:/bin"})
+    assert seen.returncode == 0, seen.stderr
+    assert seen.stdout.split(maxsplit=1) == ["1", "[]\n"], seen.stdout
+    run = tmp_path / "run"
+    run.mkdir()
+    (tmp_path / "json.py").write_text("raise SystemExit('the submit folder was imported')\n")
+    done = subprocess.run(lean_module_argv(sys.executable, "orchestrator.node.health", "--run-dir", str(run),
+                                           "--checkpoint-dir", str(run / "ckpt"), "--attempt", "1", "--nodes", "n1",
+                                           "--node-check-json", '["/bin/true"]'),
+                          capture_output=True, text=True, cwd=tmp_path, timeout=60,
+                          env={"SLURMD_NODENAME": "n1", "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    assert read_results(str(run), 1, ["n1"])["n1"].ok

@@ -15,7 +15,7 @@ from orchestrator.backends.slurm.node import slurm_controller
 from orchestrator.backends.slurm.node.agent_decisions import attempt_outcome, cancelled, failed_exit, hang_blamed, step_hosts
 from orchestrator.backends.slurm.node.agent_requeue import SCONTROL_RETRY_S, Requeuer
 from orchestrator.backends.slurm.node.agent_state import AgentContext, Phase
-from orchestrator.core.interpreter import module_argv
+from orchestrator.core.interpreter import lean_module_argv
 from orchestrator.core.recovery import HARDWARE_SIGNALS, Failure, decide
 from orchestrator.core.run_folder import RunFolder
 from orchestrator.core.states import Action, EndReason, FailureKind, Outcome
@@ -105,10 +105,12 @@ class AgentRecovery:
         gpus = p.ranks_per_node if p.backend == "nccl" and p.strategy == "ddp" else 0
         where = [f"--nodelist={','.join(hosts)}"] if set(hosts) != set(c.slurm.hosts) else []  # not an excluded one
         argv = ["srun", f"--nodes={len(hosts)}", f"--ntasks={len(hosts)}", "--ntasks-per-node=1", *where,
-                "--kill-on-bad-exit=0", "--cpus-per-task=1",  # never importing from the submit folder (a json.py)
-                *module_argv(p.python, "orchestrator.node.health", "--run-dir", c.run_dir, "--checkpoint-dir",
-                             p.checkpoint.dir, "--attempt", str(number), "--nodes", ",".join(hosts), "--gpus", str(gpus),
-                             unbuffered=False)]
+                "--kill-on-bad-exit=0", "--cpus-per-task=1",
+                # never importing from the submit folder (a json.py), nor site's .pth files: the gate
+                # is the standard library and this package (the agent's: it runs the same python)
+                *lean_module_argv(p.python, "orchestrator.node.health", "--run-dir", c.run_dir, "--checkpoint-dir",
+                                  p.checkpoint.dir, "--attempt", str(number), "--nodes", ",".join(hosts),
+                                  "--gpus", str(gpus))]
         if p.interface:
             argv += ["--interface", p.interface]
         if p.recovery.node_check:

@@ -49,7 +49,7 @@ def failed_before_entrypoint(payload: Payload, rank: int, attempt: int, exc: Bas
     import traceback
 
     from orchestrator.core.failures import FAILED_MARK, message_of
-    from orchestrator.core.records import write_json_atomic
+    from orchestrator.core.atomic_files import write_json_atomic
     from orchestrator.core.run_folder import RunFolder
 
     message = f"{message_of(exc)} (on {socket.gethostname()}, before the entrypoint started)"

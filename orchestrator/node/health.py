@@ -108,6 +108,11 @@ def _file_name(node: str) -> str:
     return "_" + name if name in {"", ".", ".."} or name.startswith(".") else name
 
 
+def result_name(node: str) -> str:
+    """The file name of a node's verdict in the attempt's health folder."""
+    return f"{_file_name(node)}.json"
+
+
 def check_node(node: str, run_dir: str, checkpoint_dir: str, attempt: int, peers: Sequence[str],
                interface: str | None = None, gpus: int = 0, node_check: Sequence[str] | None = None,
                disk_floor_mb: int = DISK_FLOOR_MB, token_wait_s: float = TOKEN_WAIT_S,
@@ -399,7 +404,7 @@ def _signal_name(number: int) -> str:
 
 def write_result(run_dir: str, attempt: int, health: NodeHealth) -> Path:
     """``<health dir>/<node>.json``, replaced atomically: a reader never sees half a verdict."""
-    path = health_dir(run_dir, attempt) / f"{_file_name(health.node)}.json"
+    path = health_dir(run_dir, attempt) / result_name(health.node)
     write_json_atomic(path, health.to_dict())
     return path
 
@@ -411,7 +416,7 @@ def read_results(run_dir: str, attempt: int, nodes: Sequence[str]) -> dict[str, 
     out: dict[str, NodeHealth] = {}
     for node in nodes:
         try:
-            data = json.loads((folder / f"{_file_name(node)}.json").read_text(encoding="utf-8"))
+            data = json.loads((folder / result_name(node)).read_text(encoding="utf-8"))
             out[node] = NodeHealth.from_dict(data)
         except (OSError, ValueError):
             out[node] = NodeHealth(node=node, ok=False, seconds=0.0, problems=(

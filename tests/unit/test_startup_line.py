@@ -22,11 +22,12 @@ def _plan(executor: str = "slurm", **fields: Any) -> LaunchPlan:
     return plan(spec_from_dict(spec), executor)  # type: ignore[arg-type]
 
 
-def test_a_thousand_node_job_names_its_two_steps_and_its_rendezvous() -> None:
+def test_a_thousand_node_job_names_its_one_step_and_its_rendezvous() -> None:
     line = start_line(_plan())
-    assert line.startswith("start-up: one srun step runs the health gate on the 1024 node(s)"), line
+    assert line.startswith("start-up: one srun step starts the 8192 rank(s), 8 a node; each node's first rank runs "
+                           "the health gate"), line
     assert f"waits up to {TOKEN_WAIT_S:g}s for the other nodes' tokens" in line, line
-    assert "then one srun step starts the 8192 rank(s), 8 a node" in line, line
+    assert "no entrypoint starts before the job's agent has every node's verdict" in line, line
     assert "the 8192 ranks connect to rank 0's TCPStore, its libuv server" in line, line
     assert "within distributed.init_timeout_s, 300s" in line and "96K ranks" in line, line
     assert "nothing is read of the ranks' files (watchdog.stall_s is off)" in line, line
@@ -64,3 +65,11 @@ def test_a_local_run_is_processes_on_this_machine() -> None:
     line = start_line(_plan("local", nodes=2, gpus_per_node=0, cpu_ranks_per_node=2))
     assert line.startswith("start-up: 4 rank process(es) on this machine (2 emulated node(s) of 2)"), line
     assert "srun" not in line, line
+
+
+def test_spares_keep_the_gate_a_step_of_its_own_over_every_held_node() -> None:
+    """A spare must be known good before it takes a node's place: the gate checks the whole
+    allocation first, then the ranks' step starts."""
+    line = start_line(_plan(recovery={"spares": 2, "max_restarts": 1}))
+    assert line.startswith("start-up: one srun step runs the health gate on the 1026 node(s)"), line
+    assert "then one srun step starts the 8192 rank(s), 8 a node" in line, line

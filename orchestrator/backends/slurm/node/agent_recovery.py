@@ -19,10 +19,12 @@ from orchestrator.core.interpreter import lean_module_argv
 from orchestrator.core.recovery import HARDWARE_SIGNALS, Failure, decide
 from orchestrator.core.run_folder import RunFolder
 from orchestrator.core.states import Action, EndReason, FailureKind, Outcome
+from orchestrator.node.gate_step import DECIDE_WITHIN_S
 
 #: The health gate's srun: the token wait (health.TOKEN_WAIT_S) and node_check (NODE_CHECK_TIMEOUT_S)
-#: fit in it, and a node where the task cannot start is reported as not reporting.
-HEALTH_SRUN_TIMEOUT_S = 150.0
+#: fit in it, and a node where the task cannot start is reported as not reporting. The same bound as
+#: the gate's inside the ranks' step (``orchestrator.node.gate_step``).
+HEALTH_SRUN_TIMEOUT_S = DECIDE_WITHIN_S
 
 
 class AgentRecovery:
@@ -94,7 +96,7 @@ class AgentRecovery:
         import json
         import shutil
 
-        from orchestrator.node import health
+        from orchestrator.node import gate_step, health
 
         c = self.ctx
         assert c.attempt is not None
@@ -102,7 +104,7 @@ class AgentRecovery:
         hosts = [h for h in c.slurm.hosts if h not in c.history.excluded] or list(c.slurm.hosts) or [socket.gethostname()]
         shutil.rmtree(health.health_dir(c.run_dir, number), ignore_errors=True)  # a resubmission's leftovers
         p = c.payload
-        gpus = p.ranks_per_node if p.backend == "nccl" and p.strategy == "ddp" else 0
+        gpus = gate_step.gate_gpus(p)
         where = [f"--nodelist={','.join(hosts)}"] if set(hosts) != set(c.slurm.hosts) else []  # not an excluded one
         argv = ["srun", f"--nodes={len(hosts)}", f"--ntasks={len(hosts)}", "--ntasks-per-node=1", *where,
                 "--kill-on-bad-exit=0", "--cpus-per-task=1",

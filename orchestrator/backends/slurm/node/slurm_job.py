@@ -51,13 +51,14 @@ import time
 from dataclasses import replace
 from typing import IO, Mapping
 
-from orchestrator.node import container
+from orchestrator.node import container, gate_step
 from orchestrator.backends.slurm.node import slurm_controller
 from orchestrator.backends.slurm.node.agent_decisions import (AUTO, UNFINISHED_EXIT, a_failure, attempt_in_job, exit_code,  # noqa: F401
                                           grace_spent, preempted, requeue_deadline, srun_signal_death, stacks_before_notice,
                                           suspended_s)
 from orchestrator.backends.slurm.node.agent_decisions import NODE_FAILURE as _NODE_FAILURE
 from orchestrator.backends.slurm.node.agent_decisions import SRUN_TASK_ENDED as _SRUN_TASK_ENDED
+from orchestrator.backends.slurm.node.agent_gate import StepGate
 from orchestrator.backends.slurm.node.agent_recovery import AgentRecovery
 from orchestrator.backends.slurm.node.agent_requeue import SCONTROL_RETRY_S, Requeuer
 from orchestrator.backends.slurm.node.agent_state import MOVES, AgentContext, AgentState, Phase, say  # noqa: F401  (re-exported)
@@ -166,11 +167,14 @@ class JobAgent:
         s, p = self.state, self.payload
         if s.over_limit:
             return self.recovery.over_limit()
-        if p.recovery.health_check and self.ctx.world > 0:
+        c = self.ctx
+        in_step = (c.world > 0 and bool(c.slurm.hosts)
+                   and gate_step.runs_in_step(p, spares_held=len(c.slurm.hosts) > p.nodes))
+        if p.recovery.health_check and c.world > 0 and not in_step:  # a step of its own first
             unhealthy = self.recovery.health_gate(self.srun_environment())
             if unhealthy is not None and not self.recovery.replace_unhealthy(unhealthy):
                 return self.recovery.gate_failed(unhealthy)
-        if self.ctx.world > 0:
+        if c.world > 0:
             srun_argv = self._on_step_nodes(srun_argv)
         port = master_port(self.ctx, self.environ)
         if port is False:
@@ -181,9 +185,16 @@ class JobAgent:
             srun_argv = [resolve_cpu_share(a, self.cpus_per_rank) for a in srun_argv]
             say(f"each rank gets {self.cpus_per_rank} CPU(s) ({self.cpus_from}; srun "
                 f"--cpus-per-task={self.cpus_per_rank})")
-        code = self._srun(srun_argv)
+        gate = StepGate(c, c.rank_hosts) if in_step else None
+        code = self._srun([*srun_argv, *gate.argv()] if gate is not None else srun_argv, gate)
         if s.cancel_at is None and os.path.lexists(self.ctx.cancel_request):
             s.cancel_at = time.monotonic()  # the ranks ended on the cancel's SIGTERM before a look saw it
+        if gate is not None and not gate.decided and s.cancel_at is None and s.term_at is None:
+            gate.look(step_ended=True)  # the step ended before every node reported
+        if gate is not None and gate.failure is not None and s.cancel_at is None:
+            # No spare to take a node's place (the gate runs inside the step only without spares):
+            # recovery decides, as after a gate step of its own.
+            return self.recovery.gate_failed(gate.failure)
         return self._after_srun(code)
 
     def _on_step_nodes(self, srun_argv: list[str]) -> list[str]:
@@ -215,8 +226,9 @@ class JobAgent:
                 env[name] = str(len(hosts))
         return env
 
-    def _srun(self, srun_argv: list[str]) -> int:
-        """Start the ranks and watch them until srun ends: its exit code."""
+    def _srun(self, srun_argv: list[str], gate: StepGate | None = None) -> int:
+        """Start the ranks and watch them until srun ends: its exit code. With the health gate in
+        the step (``gate``), the watchdog's clock starts once the gate let the entrypoints start."""
         s, p = self.state, self.payload
         logs = {r: self.ctx.slurm.rank_log(p.rank_log, r) for r in range(self.ctx.world)} if p.rank_log else {}
         self.watch = AgentWatch(self.ctx, logs)
@@ -236,6 +248,13 @@ class JobAgent:
         # may have ended before the loop looked.
         next_look = time.monotonic() + LOOK_S
         while (code := self.srun.poll()) is None:
+            gating = gate is not None and not gate.decided
+            if gating and gate is not None and gate.look() and gate.failure is None:
+                gating = False
+                s.started = time.time()  # the entrypoints start now: the init deadline counts from here
+                if self.ctx.attempt is not None:
+                    self.ctx.attempt.times["ranks_at"] = s.started
+                next_look = time.monotonic() + LOOK_S
             self.requeuer.if_due(ranks_ended=False)
             if s.notice_pending:
                 s.notice_pending = False
@@ -246,7 +265,7 @@ class JobAgent:
                 self.requeuer.end_cancelled(f"the ranks did not end within stop_grace_s ({p.stop_grace_s:g}s)")
             elif s.cancel_at is not None and not s.cancel_sent and self.watch.stuck_after_cancel():
                 self._end_ranks()
-            if s.phase is Phase.RUNNING and not self.requeuer.stopping() and time.monotonic() >= next_look:
+            if s.phase is Phase.RUNNING and not self.requeuer.stopping() and not gating and time.monotonic() >= next_look:
                 next_look = time.monotonic() + LOOK_S
                 if os.path.lexists(self.ctx.cancel_request):
                     s.cancel_at = time.monotonic()
@@ -258,7 +277,7 @@ class JobAgent:
                         self.ctx.attempt.times["failed_at"] = time.time()
                     s.enter(Phase.ENDING)
                     self._end_ranks()
-            time.sleep(POLL_S)
+            time.sleep(min(POLL_S, max(0.005, gate.wait_s())) if gating and gate is not None else POLL_S)
         relay.join(timeout=5)
         return code
 

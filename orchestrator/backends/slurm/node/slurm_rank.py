@@ -20,7 +20,7 @@ from orchestrator.node.launcher import exit_code_of, run_rank
 from orchestrator.core.payload import Payload
 from orchestrator.node.rank_env import installed_torch_version, rank_env_from_slurm, rank_environment
 from orchestrator.core.rendezvous import remove_earlier_files
-from orchestrator.backends.slurm.node.slurm_task import SlurmTask, master_port, point_base
+from orchestrator.backends.slurm.node.slurm_task import SlurmTask, gate_attempt, master_port, point_base
 
 
 def keep_running_on_time_limit_notice(rank: int, notice: signal.Signals = signal.SIGUSR2) -> None:
@@ -75,6 +75,15 @@ def main(args: list[str]) -> int:
     # At once, not after the set-up below: the notice can come while a slow start is still under way
     # (its default action would end the rank, and the job would fail instead of running on).
     keep_running_on_time_limit_notice(int(task.procid), signal.Signals[payload.stop_signal])
+    gate = gate_attempt(args)
+    if gate is not None:  # the health gate inside this step: nothing of the user's runs before it passes
+        from orchestrator.node import gate_step
+
+        stop = gate_step.take_part(payload, gate, task.localid, task.hosts, os.environ)
+        if stop is not None:
+            print(f"[launcher] task {task.procid} on {os.environ.get('SLURMD_NODENAME') or os.uname().nodename}: "
+                  f"{stop}", file=sys.stderr, flush=True)
+            return 1
     try:
         rank = rank_env_from_slurm(task, payload, master_port(args))
     except Exception as exc:  # before the entrypoint (a named interface missing on this node...)

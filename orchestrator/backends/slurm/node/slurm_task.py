@@ -101,3 +101,13 @@ def master_port(args: list[str]) -> Optional[int]:
     """``--master-port N``: the auto port the job's agent found free on the master's node (None:
     not given, the rank derives it)."""
     return int(args[args.index("--master-port") + 1]) if "--master-port" in args else None
+
+
+#: The ranks' srun option that has the step run the health gate first (``orchestrator.node.gate_step``).
+GATE_OPTION = "--gate"
+
+
+def gate_attempt(args: list[str]) -> Optional[int]:
+    """``--gate K``: the attempt (as recovery.json counts) whose health gate this task takes part in
+    before its entrypoint (None: the gate ran as a step of its own, or not at all)."""
+    return int(args[args.index(GATE_OPTION) + 1]) if GATE_OPTION in args else None

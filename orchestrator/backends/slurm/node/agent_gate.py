@@ -1,0 +1,93 @@
+"""The job agent's side of the health gate inside the ranks' step (``orchestrator.node.gate_step``):
+it reads the nodes' verdicts as they come, and writes the one decision every task waits for.
+
+Its looks follow the tasks' own pace (10 ms, then half again as long each, up to 0.5 s), each one
+listing of the attempt's health folder (a name a node); the verdicts are read once, when every
+node's is there, when the step ended, or ``DECIDE_WITHIN_S`` after the step started (a node that
+never reported failed the gate: silence is what a dead node, a task that never started, or a hung
+filesystem look like). Standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+from orchestrator.backends.slurm.node.agent_state import AgentContext
+from orchestrator.backends.slurm.node.slurm_task import GATE_OPTION
+from orchestrator.core.recovery import Failure
+from orchestrator.core.states import FailureKind
+from orchestrator.node import gate_step, health
+
+_POLL_FIRST_S, _POLL_GROWTH, _POLL_MAX_S = 0.01, 1.5, 0.5
+
+
+class StepGate:
+    """One attempt's gate inside the ranks' step: ``argv`` for the ranks' srun, then ``look`` from
+    the agent's loop until ``decided``; ``failure`` says what a failed gate blames."""
+
+    def __init__(self, ctx: AgentContext, nodes: tuple[str, ...]) -> None:
+        assert ctx.attempt is not None
+        self.ctx = ctx
+        self.nodes = nodes
+        self.number = ctx.attempt.number
+        self.folder = health.health_dir(ctx.run_dir, self.number)
+        shutil.rmtree(self.folder, ignore_errors=True)  # a resubmission's leftovers: never this attempt's
+        self.names = {health.result_name(n) for n in nodes}
+        self.started = time.monotonic()
+        self.decided = False
+        self.failure: Failure | None = None
+        self._next = self.started + _POLL_FIRST_S
+        self._pause = _POLL_FIRST_S
+
+    def argv(self) -> list[str]:
+        return [GATE_OPTION, str(self.number)]
+
+    def wait_s(self) -> float:
+        """How long the agent's loop may sleep before the next look is due."""
+        return max(0.0, self._next - time.monotonic())
+
+    def look(self, step_ended: bool = False) -> bool:
+        """One look when due (or at once once the step ended): True when it decided now."""
+        now = time.monotonic()
+        if self.decided or (now < self._next and not step_ended):
+            return False
+        self._pause = min(self._pause * _POLL_GROWTH, _POLL_MAX_S)
+        self._next = now + self._pause
+        try:
+            seen = set(os.listdir(self.folder))
+        except OSError:
+            seen = set()
+        if step_ended and not self.names & seen:  # no task of the step ran: srun's own message is the story
+            self.decided = True
+            self.ctx.say("health gate: the ranks' step ended before any node reported")
+            return True
+        if self.names <= seen or step_ended or now - self.started >= gate_step.DECIDE_WITHIN_S:
+            self._decide()
+            return True
+        return False
+
+    def _decide(self) -> None:
+        c = self.ctx
+        assert c.attempt is not None
+        bad = health.unhealthy(health.read_results(c.run_dir, self.number, self.nodes))
+        shutil.rmtree(health.checkpoint_tokens(c.payload.checkpoint.dir, self.number).parent, ignore_errors=True)
+        seconds = time.monotonic() - self.started
+        c.attempt.health = bad
+        c.attempt.times["gate_s"] = round(seconds, 3)
+        self.decided = True
+        if not bad:
+            c.say(f"health gate: {len(self.nodes)} node(s) healthy in {seconds:.1f}s (inside the ranks' step)")
+            self._write(True, "")
+            return
+        why = "; ".join(f"{node}: {problem}" for node, problem in sorted(bad.items()))
+        c.say(f"health gate: {why}")
+        self.failure = Failure(FailureKind.UNHEALTHY, f"the health gate failed: {why}", tuple(sorted(bad)))
+        self._write(False, f"node(s) {', '.join(sorted(bad))} failed it; the job's batch log says why")
+
+    def _write(self, go: bool, why: str) -> None:
+        try:
+            gate_step.write_decision(self.ctx.run_dir, self.number, go, why)
+        except OSError as exc:  # the tasks give up waiting (gate_step.TASK_WAIT_S) and end
+            self.ctx.say(f"health gate: cannot write the decision under {self.folder}: {exc}")

@@ -1,0 +1,144 @@
+"""The health gate inside the ranks' own srun step: one srun step a start instead of two.
+
+The gate (``orchestrator.node.health``) used to be an srun step of its own before the ranks' step:
+at 64 nodes on this machine a step of interpreters cost 3-7 s before any rank started, and on a
+real cluster every extra step is a launch across every node. Now, when the ranks' command is
+ours and runs on the host (no container: a site's node_check and the interface are the host's),
+and the job holds no spare nodes (the separate step checks the spares too, so that one is known
+good before it replaces a node), the ranks' step runs it:
+
+1. each node's first task (``SLURM_LOCALID`` 0) runs the node's checks and writes its verdict to
+   ``<run>/health/attempt-<K>/<node>.json``, as the separate step's task does;
+2. the job's agent reads the verdicts as they come (``orchestrator.backends.slurm.node.agent_gate``)
+   and writes one decision, ``<run>/health/attempt-<K>/decision/verdict.json``: go, or stop with why;
+3. every task waits for the decision before anything of the user's runs: go starts the
+   entrypoint, stop ends the task (exit 1) and the agent goes on as after a failed gate.
+
+The decision's folder is listed, not the file looked up (on NFS a lookup of a missing name may be
+answered from the client's cache; a listing revalidates it), first after 10 ms, then each wait
+half again as long, up to 0.5 s. Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from orchestrator.node import health
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Mapping, Sequence
+
+    from orchestrator.core.payload import Payload
+
+#: The agent decides at the latest this long after the ranks' step started (the token wait and
+#: node_check fit in it; a node whose task never started counts as not reporting). A task waits a
+#: little longer for the decision before it gives up on the agent.
+DECIDE_WITHIN_S = 150.0
+TASK_WAIT_S = DECIDE_WITHIN_S + 30.0
+
+_POLL_FIRST_S, _POLL_GROWTH, _POLL_MAX_S = 0.01, 1.5, 0.5
+
+
+def gate_gpus(payload: Payload) -> int:
+    """The GPUs a node must have been granted for this job: one a rank under nccl DDP (a job that
+    shares GPUs, or none, is not held to a count)."""
+    return payload.ranks_per_node if payload.backend == "nccl" and payload.strategy == "ddp" else 0
+
+
+def runs_in_step(payload: Payload, spares_held: bool) -> bool:
+    """Whether the ranks' step runs the gate (the module's docstring says when); otherwise the agent
+    runs it as a step of its own first. The ranks' command must be this version's own
+    (``slurm_rank``): a payload whose srun is anything else never reads ``--gate``."""
+    return (payload.recovery.health_check and payload.container is None and not spares_held
+            and any(a == "orchestrator.backends.slurm.node.slurm_rank" for a in payload.srun))
+
+
+def decision_dir(run_dir: str, attempt: int) -> Path:
+    return health.health_dir(run_dir, attempt) / "decision"
+
+
+def write_decision(run_dir: str, attempt: int, go: bool, why: str = "") -> None:
+    """The agent's one decision for the attempt, replaced atomically (a task reads all of it or none)."""
+    from orchestrator.core.atomic_files import write_json_atomic
+
+    write_json_atomic(decision_dir(run_dir, attempt) / "verdict.json", {"go": go, "why": why})
+
+
+def wait_for_decision(run_dir: str, attempt: int, wait_s: float = TASK_WAIT_S) -> dict[str, Any] | None:
+    """The decision once the agent wrote it; None when none came within ``wait_s``."""
+    folder = decision_dir(run_dir, attempt)
+    deadline = time.monotonic() + wait_s
+    pause = _POLL_FIRST_S
+    while True:
+        try:
+            present = "verdict.json" in os.listdir(folder)
+        except OSError:
+            present = False
+        if present:
+            try:
+                data = json.loads((folder / "verdict.json").read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                data = None
+            if isinstance(data, dict) and isinstance(data.get("go"), bool):
+                return data
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+        pause = min(pause * _POLL_GROWTH, _POLL_MAX_S)
+
+
+def check_this_node(payload: Payload, attempt: int, node: str, peers: Sequence[str],
+                    environ: Mapping[str, str]) -> bool:
+    """A node's first task: the node's checks, its verdict written for the agent, its problems on
+    stderr (the task's log). False when the verdict could not be written (the agent then hears
+    nothing from this node, and says so)."""
+    cleared = health.clear_staging_left(payload.run_dir)
+    if cleared:
+        print(f"health: {node}: removed {cleared} heartbeat staging folder(s) of this run that ranks killed in an "
+              "earlier attempt left in node-local memory", file=sys.stderr)
+    result = health.check_node(node, payload.run_dir, payload.checkpoint.dir, attempt, peers,
+                               interface=payload.interface, gpus=gate_gpus(payload),
+                               node_check=list(payload.recovery.node_check or ()) or None, environ=environ)
+    for problem in result.problems:
+        print(f"health: {node}: {problem}", file=sys.stderr)
+    try:
+        health.write_result(payload.run_dir, attempt, result)
+    except OSError as exc:
+        print(f"health: {node}: cannot write the result under {health.health_dir(payload.run_dir, attempt)}: "
+              f"{exc}; the node will count as not reporting", file=sys.stderr)
+        return False
+    return True
+
+
+def take_part(payload: Payload, attempt: int, local_id: int, peers: Sequence[str],
+              environ: Mapping[str, str]) -> str | None:
+    """One task's part in the gate: None to go on to the entrypoint, else why this task must end
+    without starting it."""
+    node = environ.get("SLURMD_NODENAME") or os.uname().nodename
+    if local_id == 0:
+        try:
+            written = check_this_node(payload, attempt, node, peers, environ)
+        except Exception as exc:  # a bug or an odd node: the agent must still hear from this node
+            written = False
+            problem = (f"the health gate failed on {node}: {type(exc).__name__}: {exc}; report this with the run "
+                       "folder")
+            print(f"health: {node}: {problem}", file=sys.stderr)
+            try:
+                health.write_result(payload.run_dir, attempt, health.NodeHealth(node, False, (problem,), 0.0))
+                written = True
+            except OSError:
+                pass
+        if not written:
+            return "the health gate's verdict for this node could not be written"
+    decision = wait_for_decision(payload.run_dir, attempt)
+    if decision is None:
+        return (f"no decision from the job's agent within {TASK_WAIT_S:g}s of the health gate "
+                f"(under {decision_dir(payload.run_dir, attempt)})")
+    if decision["go"]:
+        return None
+    return f"the health gate stopped the attempt: {decision.get('why') or 'a node failed it'}"

@@ -313,6 +313,18 @@ def first_error(run_dir: str | Path) -> dict | None:
     return min(errors, key=lambda e: e.get("time", 0) if isinstance(e.get("time"), (int, float)) else 0) if errors else None
 
 
+def raised(err: dict) -> str:
+    """A rank's recorded error (``first_error``) as the record says it: the rank, the exception, and
+    the traceback (the user's part, when the rank trimmed one)."""
+    return f"rank {err['rank']} raised {err['type']}: {err['message']}\n{err.get('user_traceback') or err['traceback']}"
+
+
+def while_cancelled(error: str) -> str:
+    """The error of a cancelled run's rank: a rank that fails as the cancel stops its peers (a
+    connection its stopped peer closed) is a bystander, so the record says the cancel first."""
+    return f"cancelled; while the ranks stopped, {error}"
+
+
 def move_aside(run_dir: str | Path) -> Path | None:
     """Rename an existing, finished run folder to <run_dir>.<n> so a fresh run can start."""
     return start_over(run_dir)[0]

@@ -9,11 +9,12 @@ Every figure is a job of one rank a node running a script without torch (it reco
 started, then sleeps until cancelled), side by side with the floor, in the same run:
 
 1. The floor inside one allocation (salloc): ``srun true``, ``srun python -c pass`` and ``srun
-   python -c "import orchestrator.node.health"`` on every node: what a job step, an interpreter, and
-   the health gate's imports cost at this many nodes.
+   python -c "import orchestrator.backends.slurm.node.slurm_rank"`` on every node: what a job step,
+   an interpreter, and a rank's imports before its entrypoint cost at this many nodes.
 2. submit -> every rank running: ``orchestrator submit`` against ``sbatch --wrap "srun python
    script"``, and where ours goes: the command, the job's start to the agent's first attempt, the
-   health gate (recovery.json's ``gate_s``), the ranks' step (from its start to the last rank).
+   health gate (recovery.json's ``gate_s``: from the ranks' step's start to the agent's decision,
+   the gate running inside that step), then from the decision to the last rank's entrypoint.
 3. cancel -> every rank gone: ``orchestrator cancel`` against ``scancel`` of the plain job, until
    no rank's process is left (the nodes are network namespaces: every rank is visible here).
 """
@@ -70,7 +71,7 @@ def wait_gone(pids: list[int], timeout: float = 120) -> float:
 def floors(nodes: int) -> dict[str, float]:
     """Seconds of each srun inside one allocation of every node (median of 3)."""
     steps = {"srun true": "true", "srun python -c pass": f"{PY} -c pass",
-             "srun python -c 'import orchestrator.node.health'": f"{PY} -c 'import orchestrator.node.health'"}
+             "srun python -c 'import ...slurm_rank'": f"{PY} -c 'import orchestrator.backends.slurm.node.slurm_rank'"}
     script = "\n".join(
         f'for i in 1 2 3; do t=$(date +%s.%N); srun -Q -N{nodes} --ntasks-per-node=1 {cmd} >/dev/null; '
         f'echo "{name}|$t|$(date +%s.%N)"; done' for name, cmd in steps.items())
@@ -108,7 +109,8 @@ def ours(shared: Path, nodes: int, i: int, script: Path) -> dict[str, float]:
         time.sleep(0.2)
     times = attempt.get("times", {})
     return {"submit -> all ranks": last - t0, "the command": command, "to the agent's first attempt": attempt["started"] - t0,
-            "health gate": float(times.get("gate_s", 0.0)), "ranks' step": last - float(times.get("ranks_at", last)),
+            "health gate": float(times.get("gate_s", 0.0)),
+            "gate's decision -> last rank": last - float(times.get("ranks_at", last)),
             "cancel -> all ranks gone": gone - c0}
 
 
@@ -155,7 +157,7 @@ def main() -> None:
         for key in ("submit -> all ranks", "cancel -> all ranks gone"):
             o, p = statistics.median(r[key] for r in mine), statistics.median(r[key] for r in theirs)
             print(f"  {key:28} orchestrator {o:6.2f}   sbatch+srun / scancel {p:6.2f}   +{o - p:.2f} s ({o / p:.2f}x)")
-        for key in ("the command", "to the agent's first attempt", "health gate", "ranks' step"):
+        for key in ("the command", "to the agent's first attempt", "health gate", "gate's decision -> last rank"):
             print(f"    of ours: {key:30} {statistics.median(r[key] for r in mine):6.2f}")
     finally:
         if a.cluster is None:

@@ -83,7 +83,15 @@ def test_cancel_of_an_unmodified_lightning_job_ends_every_rank_within_seconds(cl
     print(f"cancel -> every rank gone: {gone[0] if gone else 'never'}s; cancel returned after {returned:.1f}s")
     assert gone and gone[0] < RANKS_GONE_S, f"ranks gone after {gone}s (bound {RANKS_GONE_S}s): {record.error}"
     assert record.state == "CANCELLED", record
-    assert "stuck after SIGTERM" in (record.error or ""), record.error
-    assert record.waits.get("0") == "signal_connector.py:118 in _sigterm_notifier_fn, waiting in broadcast", \
-        record.waits
+    if "stuck after SIGTERM" in (record.error or ""):  # the deadlock formed: the stop judge ended it
+        assert record.waits.get("0") == "signal_connector.py:118 in _sigterm_notifier_fn, waiting in broadcast", \
+            record.waits
+    else:
+        # Beside the other streams' jobs (2 cores), a peer was sometimes still in Python when SIGTERM
+        # came: its own handler ran, Lightning raised SIGTERMException at its next step, it left, and
+        # the others failed on the connection it closed (2.7 s after the cancel, before the judge's
+        # 3 s). Also a cancel that works; the record must say it was one, not blame the bystander.
+        # The deadlock itself is made certain in tests/integration/test_cancel_stuck_handlers.py.
+        print(f"the deadlock did not form; the record says: {(record.error or '').splitlines()[:1]}")
+        assert record.error is None or record.error.startswith("cancelled; while the ranks stopped, "), record.error
     assert not rank_pids()

@@ -29,7 +29,7 @@ from orchestrator.node import forensics, join_hook, stack_requests
 from orchestrator.core import ownership, procs, progress, stack_files
 from orchestrator.core.progress import NodePlace
 from orchestrator.core.errors import SubmissionError
-from orchestrator.executors.base import first_error
+from orchestrator.executors.base import first_error, raised, while_cancelled
 from orchestrator.executors.console import LogTails
 from orchestrator.backends.local.forked import ForkedRank, ZygoteGroup, builds_ddp, start_zygote
 from orchestrator.core.failures import hidden_gpu_hint
@@ -298,7 +298,7 @@ class Supervisor:
                 if not self._cancelled:
                     self._capture(run_dir, f"rank {failed[0]} ended with exit code {codes[failed[0]]}")
                 rank, message = first_failure(failed, codes, run_dir, self.launch.payload.devices)
-                self.record.update(failed_rank=rank, error=message)
+                self.record.update(failed_rank=rank, error=while_cancelled(message) if self._cancelled else message)
                 self.failure = Failure(FailureKind.CRASH, (self.record.error or f"rank {rank} failed").splitlines()[0])
                 self._kill_all(grace=GRACE_S)
                 if tails:
@@ -476,7 +476,7 @@ def first_failure(failed: list[int], codes: list[int | None], run_dir: Path,
         message = f"rank {rank} was killed by signal {procs.signal_name(-(codes[rank] or 0))}"
     elif err is not None and err["rank"] in failed:
         rank = err["rank"]
-        message = f"rank {rank} raised {err['type']}: {err['message']}\n{err.get('user_traceback') or err['traceback']}"
+        message = raised(err)
         hint = hidden_gpu_hint(err["message"], devices)
         message += f"\n{hint}" if hint else ""
     else:

@@ -1,8 +1,9 @@
 """The job agent's side of the health gate inside the ranks' step (``orchestrator.node.gate_step``):
 it reads the nodes' verdicts as they come, and writes the one decision every task waits for.
 
-Its looks follow the tasks' own pace (10 ms, then half again as long each, up to 0.5 s), each one
-listing of the attempt's health folder (a name a node); the verdicts are read once, when every
+Its looks come 10 ms apart while verdicts keep arriving, and half again as long each while none
+does, up to 0.1 s (one process listing one folder: the decision waits on it), each one listing
+of the attempt's health folder (a name a node); the verdicts are read once, when every
 node's is there, when the step ended, or ``DECIDE_WITHIN_S`` after the step started (a node that
 never reported failed the gate: silence is what a dead node, a task that never started, or a hung
 filesystem look like). Standard library only.
@@ -20,7 +21,7 @@ from orchestrator.core.recovery import Failure
 from orchestrator.core.states import FailureKind
 from orchestrator.node import gate_step, health
 
-_POLL_FIRST_S, _POLL_GROWTH, _POLL_MAX_S = 0.01, 1.5, 0.5
+_POLL_FIRST_S, _POLL_GROWTH, _POLL_MAX_S = 0.01, 1.5, 0.1
 
 
 class StepGate:
@@ -40,6 +41,7 @@ class StepGate:
         self.failure: Failure | None = None
         self._next = self.started + _POLL_FIRST_S
         self._pause = _POLL_FIRST_S
+        self._arrived = 0  # the verdicts seen at the last look
 
     def argv(self) -> list[str]:
         return [GATE_OPTION, str(self.number)]
@@ -53,12 +55,14 @@ class StepGate:
         now = time.monotonic()
         if self.decided or (now < self._next and not step_ended):
             return False
-        self._pause = min(self._pause * _POLL_GROWTH, _POLL_MAX_S)
-        self._next = now + self._pause
         try:
             seen = set(os.listdir(self.folder))
         except OSError:
             seen = set()
+        arrived = len(self.names & seen)
+        self._pause = _POLL_FIRST_S if arrived > self._arrived else min(self._pause * _POLL_GROWTH, _POLL_MAX_S)
+        self._arrived = arrived
+        self._next = now + self._pause
         if step_ended and not self.names & seen:  # no task of the step ran: srun's own message is the story
             self.decided = True
             self.ctx.say("health gate: the ranks' step ended before any node reported")

@@ -117,26 +117,29 @@ def check_this_node(payload: Payload, attempt: int, node: str, peers: Sequence[s
     return True
 
 
-def take_part(payload: Payload, attempt: int, local_id: int, peers: Sequence[str],
-              environ: Mapping[str, str]) -> str | None:
-    """One task's part in the gate: None to go on to the entrypoint, else why this task must end
-    without starting it."""
+def check_part(payload: Payload, attempt: int, local_id: int, peers: Sequence[str],
+               environ: Mapping[str, str]) -> str | None:
+    """A task's first part in the gate: the node's checks on its first task (the others have none).
+    None to go on to ``decision_part``, else why this task must end without its entrypoint."""
+    if local_id != 0:
+        return None
     node = environ.get("SLURMD_NODENAME") or os.uname().nodename
-    if local_id == 0:
+    try:
+        written = check_this_node(payload, attempt, node, peers, environ)
+    except Exception as exc:  # a bug or an odd node: the agent must still hear from this node
+        written = False
+        problem = f"the health gate failed on {node}: {type(exc).__name__}: {exc}; report this with the run folder"
+        print(f"health: {node}: {problem}", file=sys.stderr)
         try:
-            written = check_this_node(payload, attempt, node, peers, environ)
-        except Exception as exc:  # a bug or an odd node: the agent must still hear from this node
-            written = False
-            problem = (f"the health gate failed on {node}: {type(exc).__name__}: {exc}; report this with the run "
-                       "folder")
-            print(f"health: {node}: {problem}", file=sys.stderr)
-            try:
-                health.write_result(payload.run_dir, attempt, health.NodeHealth(node, False, (problem,), 0.0))
-                written = True
-            except OSError:
-                pass
-        if not written:
-            return "the health gate's verdict for this node could not be written"
+            health.write_result(payload.run_dir, attempt, health.NodeHealth(node, False, (problem,), 0.0))
+            written = True
+        except OSError:
+            pass
+    return None if written else "the health gate's verdict for this node could not be written"
+
+
+def decision_part(payload: Payload, attempt: int) -> str | None:
+    """Every task's last part: the agent's decision. None to start the entrypoint, else why not."""
     decision = wait_for_decision(payload.run_dir, attempt)
     if decision is None:
         return (f"no decision from the job's agent within {TASK_WAIT_S:g}s of the health gate "

@@ -96,8 +96,8 @@ def latency(repeat: int, tmp: Path, script: Path) -> None:
           f"{statistics.median([a - b for a, b in zip(plain, plain_cli)]):.2f} s vs "
           f"{statistics.median([a - b for a, b in zip(ours, cli)]):.2f} s")
     g = statistics.median(ungated)
-    print(f"  with the health gate off (recovery.health_check: false): {g:.2f} s (+{g - p:.2f} s): the gate's "
-          f"srun step costs {o - g:.2f} s")
+    print(f"  with the health gate off (recovery.health_check: false): {g:.2f} s (+{g - p:.2f} s): the gate "
+          f"(inside the ranks' step) costs {o - g:.2f} s")
 
 
 def sweep_submission(tmp: Path, script: Path, points: int = 100) -> list[str]:

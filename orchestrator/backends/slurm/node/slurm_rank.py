@@ -76,18 +76,24 @@ def main(args: list[str]) -> int:
     # (its default action would end the rank, and the job would fail instead of running on).
     keep_running_on_time_limit_notice(int(task.procid), signal.Signals[payload.stop_signal])
     gate = gate_attempt(args)
+    stop: str | None = None
     if gate is not None:  # the health gate inside this step: nothing of the user's runs before it passes
         from orchestrator.node import gate_step
 
-        stop = gate_step.take_part(payload, gate, task.localid, task.hosts, os.environ)
-        if stop is not None:
-            print(f"[launcher] task {task.procid} on {os.environ.get('SLURMD_NODENAME') or os.uname().nodename}: "
-                  f"{stop}", file=sys.stderr, flush=True)
-            return 1
-    try:
+        stop = gate_step.check_part(payload, gate, task.localid, task.hosts, os.environ)
+    failed: Exception | None = None
+    try:  # no side effects: worked out while the other nodes are checked
         rank = rank_env_from_slurm(task, payload, master_port(args))
     except Exception as exc:  # before the entrypoint (a named interface missing on this node...)
-        return failed_before_entrypoint(payload, task.procid, job.attempt, exc)
+        failed = exc
+    if gate is not None and stop is None:
+        stop = gate_step.decision_part(payload, gate)
+    if stop is not None:
+        print(f"[launcher] task {task.procid} on {os.environ.get('SLURMD_NODENAME') or os.uname().nodename}: "
+              f"{stop}", file=sys.stderr, flush=True)
+        return 1
+    if failed is not None:
+        return failed_before_entrypoint(payload, task.procid, job.attempt, failed)
     os.environ.update(rank_environment(rank, payload, job.attempt, job.requeue_marker(payload.run_dir),
                                        installed_torch_version(payload.env)))
     malloc.apply()  # the job's heap settings, for this process too (its children get them at start)

@@ -97,6 +97,12 @@ def staging_dirs(run_dir: str | Path) -> list[Path]:
     return sorted(_staging_base().glob(f"{_staging_prefix(run_dir)}-a*-n*"))
 
 
+def node_local_file(run_dir: str | Path, name: str) -> Path:
+    """A file of this run in the staging folders' place on the node's own memory (what the health
+    gate inside the ranks' step tells a node's other tasks: ``orchestrator.node.gate_step``)."""
+    return _staging_base() / f"{_staging_prefix(run_dir)}-{name}"
+
+
 def _staging_base() -> Path:
     shm = Path("/dev/shm")
     return shm if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK) else Path(tempfile.gettempdir())

@@ -12,7 +12,11 @@ good before it replaces a node), the ranks' step runs it:
 2. the job's agent reads the verdicts as they come (``orchestrator.backends.slurm.node.agent_gate``)
    and writes one decision, ``<run>/health/attempt-<K>/decision/verdict.json``: go, or stop with why;
 3. every task waits for the decision before anything of the user's runs: go starts the
-   entrypoint, stop ends the task (exit 1) and the agent goes on as after a failed gate.
+   entrypoint, stop ends the task (exit 1) and the agent goes on as after a failed gate. Only a
+   node's first task waits on the shared folder; it copies the decision to the node's own memory
+   (``/dev/shm``, where the rank API stages its heartbeats), where the node's other tasks look for
+   it every 10 ms (falling back to the shared folder once a second, for a node whose tasks do not
+   share that memory): the shared filesystem sees nodes, not ranks.
 
 The decision's folder is listed, not the file looked up (on NFS a lookup of a missing name may be
 answered from the client's cache; a listing revalidates it), first after 10 ms, then each wait
@@ -81,13 +85,9 @@ def wait_for_decision(run_dir: str, attempt: int, wait_s: float = TASK_WAIT_S) -
             present = "verdict.json" in os.listdir(folder)
         except OSError:
             present = False
-        if present:
-            try:
-                data = json.loads((folder / "verdict.json").read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                data = None
-            if isinstance(data, dict) and isinstance(data.get("go"), bool):
-                return data
+        data = _read_decision(folder / "verdict.json") if present else None
+        if data is not None:
+            return data
         if time.monotonic() >= deadline:
             return None
         time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
@@ -99,6 +99,7 @@ def check_this_node(payload: Payload, attempt: int, node: str, peers: Sequence[s
     """A node's first task: the node's checks, its verdict written for the agent, its problems on
     stderr (the task's log). False when the verdict could not be written (the agent then hears
     nothing from this node, and says so)."""
+    forget_node_signals(payload.run_dir, node)
     cleared = health.clear_staging_left(payload.run_dir)
     if cleared:
         print(f"health: {node}: removed {cleared} heartbeat staging folder(s) of this run that ranks killed in an "
@@ -138,9 +139,65 @@ def check_part(payload: Payload, attempt: int, local_id: int, peers: Sequence[st
     return None if written else "the health gate's verdict for this node could not be written"
 
 
-def decision_part(payload: Payload, attempt: int) -> str | None:
+def node_signal(run_dir: str, attempt: int, node: str, environ: Mapping[str, str]) -> Path:
+    """Where a node's first task leaves the decision for the node's other tasks (node-local), named
+    by the SLURM step too: a copy left by another submission's step never passes for this one's."""
+    from orchestrator.core.progress import node_local_file
+
+    step = f"{environ.get('SLURM_JOB_ID', '0')}.{environ.get('SLURM_STEP_ID', '0')}".replace("/", "_")
+    return node_local_file(run_dir, f"gate-a{int(attempt)}-{step}-{health.result_name(node)}")
+
+
+def forget_node_signals(run_dir: str, node: str) -> None:
+    """Remove this run's decision copies on this node (a node's first task, before its gate and once
+    its rank ended): what a task killed before it could leave behind."""
+    from orchestrator.core.progress import node_local_file
+
+    here = node_local_file(run_dir, "gate-")
+    for path in here.parent.glob(f"{here.name}a*-*-{health.result_name(node)}"):
+        try:
+            path.unlink()
+        except OSError:
+            pass
+
+
+def _read_decision(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("go"), bool) else None
+
+
+def _wait_on_node(run_dir: str, attempt: int, local: Path, wait_s: float = TASK_WAIT_S) -> dict[str, Any] | None:
+    """A node's other task: the first task's copy on the node, else (once a second) the shared one."""
+    deadline = time.monotonic() + wait_s
+    shared_at = time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        decision = _read_decision(local) if os.path.exists(local) else None
+        if decision is None and time.monotonic() >= shared_at:
+            shared_at = time.monotonic() + 1.0
+            decision = wait_for_decision(run_dir, attempt, wait_s=0.0)
+        if decision is not None:
+            return decision
+        time.sleep(0.01)
+    return None
+
+
+def decision_part(payload: Payload, attempt: int, local_id: int, environ: Mapping[str, str]) -> str | None:
     """Every task's last part: the agent's decision. None to start the entrypoint, else why not."""
-    decision = wait_for_decision(payload.run_dir, attempt)
+    node = environ.get("SLURMD_NODENAME") or os.uname().nodename
+    if local_id == 0:
+        decision = wait_for_decision(payload.run_dir, attempt)
+        if decision is not None:
+            try:
+                from orchestrator.core.atomic_files import write_json_atomic
+
+                write_json_atomic(node_signal(payload.run_dir, attempt, node, environ), decision)
+            except OSError:
+                pass  # the node's other tasks read the shared one
+    else:
+        decision = _wait_on_node(payload.run_dir, attempt, node_signal(payload.run_dir, attempt, node, environ))
     if decision is None:
         return (f"no decision from the job's agent within {TASK_WAIT_S:g}s of the health gate "
                 f"(under {decision_dir(payload.run_dir, attempt)})")

@@ -16,9 +16,11 @@ from pathlib import Path
 from orchestrator.core.recovery import History
 
 NODES = ("gnode1", "gnode2")
+PER_NODE = 2  # a node's second task waits on its first task's node-local copy of the decision
 
 #: srun: the options are srun's (the gate's own step has --nodes and --ntasks-per-node; the ranks'
-#: --output), then the command, run once a node with the task's variables; exits as the worst task.
+#: --output), then the command, run once a task (PER_NODE a node) with the task's variables; exits
+#: as the worst task.
 SRUN = """#!{python}
 import os, subprocess, sys
 args = sys.argv[1:]
@@ -26,12 +28,14 @@ calls = open({calls!r}, "a")
 calls.write(" ".join(a for a in args if a.startswith("--")) + "\\n")
 while args and args[0].startswith("--"):
     args = args[2:] if args[0] in ("--output",) else args[1:]
-nodes = {nodes!r}
+nodes, per_node = {nodes!r}, {per_node}
 procs = []
 for i, node in enumerate(nodes):
-    env = dict(os.environ, SLURM_PROCID=str(i), SLURM_LOCALID="0", SLURM_NODEID=str(i), SLURM_NTASKS=str(len(nodes)),
-               SLURM_STEP_NUM_NODES=str(len(nodes)), SLURM_STEP_NODELIST=",".join(nodes), SLURMD_NODENAME=node)
-    procs.append(subprocess.Popen(args, env=env))
+    for local in range(per_node):
+        env = dict(os.environ, SLURM_PROCID=str(i * per_node + local), SLURM_LOCALID=str(local), SLURM_NODEID=str(i),
+                   SLURM_NTASKS=str(len(nodes) * per_node), SLURM_STEP_NUM_NODES=str(len(nodes)),
+                   SLURM_STEP_NODELIST=",".join(nodes), SLURMD_NODENAME=node, SLURM_STEP_ID="0")
+        procs.append(subprocess.Popen(args, env=env))
 sys.exit(max(p.wait() for p in procs))
 """
 
@@ -51,14 +55,14 @@ def _job(tmp: Path, node_check: str | None = None) -> tuple[subprocess.Completed
     script.write_text(SCRIPT)
     recovery = {"node_check": [node_check]} if node_check else {}
     launch = plan(JobSpec(name="gate", entrypoint=str(script), extra_args=[str(out)], executor="slurm", nodes=2,
-                          cpu_ranks_per_node=1, runs_dir=str(tmp / "runs"), distributed={"interface": "lo"},
+                          cpu_ranks_per_node=PER_NODE, runs_dir=str(tmp / "runs"), distributed={"interface": "lo"},
                           recovery=recovery))
     run_dir = Path(launch.run_dir)  # the ranks' srun names its payload there
     run_dir.mkdir(parents=True)
     dataclasses.replace(launch.payload, rank_log=str(tmp / "rank-%t.log")).write(run_dir / "payload.json")
     bin_dir = tmp / "bin"
     bin_dir.mkdir()
-    (bin_dir / "srun").write_text(SRUN.format(python=sys.executable, calls=str(tmp / "srun-calls"), nodes=NODES))
+    (bin_dir / "srun").write_text(SRUN.format(python=sys.executable, calls=str(tmp / "srun-calls"), nodes=NODES, per_node=PER_NODE))
     for name in ("scontrol", "scancel"):
         (bin_dir / name).write_text(f"#!/bin/sh\necho {name} \"$@\" >> {tmp / 'calls'}\n")
     for path in bin_dir.iterdir():
@@ -75,7 +79,12 @@ def test_a_healthy_job_runs_one_step_and_every_rank_starts_after_the_gate(tmp_pa
     assert done.returncode == 0, done.stderr[-3000:]
     calls = (tmp_path / "srun-calls").read_text().splitlines()
     assert len(calls) == 1 and "--gate" in calls[0], calls  # one srun: the ranks', with the gate in it
-    assert sorted(p.name for p in out.iterdir()) == ["started-0", "started-1"]
+    assert sorted(p.name for p in out.iterdir()) == [f"started-{r}" for r in range(len(NODES) * PER_NODE)]
+    from orchestrator.node.gate_step import node_signal
+
+    for node in NODES:  # each node's copy of the decision, gone with its first task
+        here = node_signal(str(run), 1, node, {"SLURM_JOB_ID": "91", "SLURM_STEP_ID": "0"})
+        assert not here.exists(), here
     assert "health gate: 2 node(s) healthy" in done.stderr and "inside the ranks' step" in done.stderr, done.stderr
     folder = run / "health" / "attempt-1"
     assert sorted(p.name for p in folder.glob("*.json")) == [f"{n}.json" for n in NODES]

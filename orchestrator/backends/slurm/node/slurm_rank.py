@@ -87,7 +87,7 @@ def main(args: list[str]) -> int:
     except Exception as exc:  # before the entrypoint (a named interface missing on this node...)
         failed = exc
     if gate is not None and stop is None:
-        stop = gate_step.decision_part(payload, gate)
+        stop = gate_step.decision_part(payload, gate, task.localid, os.environ)
     if stop is not None:
         print(f"[launcher] task {task.procid} on {os.environ.get('SLURMD_NODENAME') or os.uname().nodename}: "
               f"{stop}", file=sys.stderr, flush=True)
@@ -107,7 +107,11 @@ def main(args: list[str]) -> int:
             for path in remove_earlier_files(payload.rendezvous_dir, job.job_id, job.attempt):
                 print(f"[launcher] removed the previous attempt's rendezvous file {path}", flush=True)
         os.makedirs(payload.rendezvous_dir, exist_ok=True)
-    return exit_code_of(run_rank, payload, int(rank.rank))
+    try:
+        return exit_code_of(run_rank, payload, int(rank.rank))
+    finally:
+        if gate is not None and task.localid == 0:  # its copy of the decision, read long ago
+            gate_step.forget_node_signals(payload.run_dir, os.environ.get("SLURMD_NODENAME") or os.uname().nodename)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,11 @@ progressing for ``watchdog.stall_s``, ends the job FAILED once every rank's stac
 (``srun --overlap`` runs ``orchestrator.backends.slurm.node.stacks_probe`` on each node); so does a notice that no
 requeue will follow, before it is forwarded. The verdict goes to ``<run>/end.json`` for status.
 
+No rank's entrypoint starts before the health gate passed: inside the ranks' own step (each node's
+first task checks it; ``agent_gate`` reads the verdicts and writes the decision every task waits
+for), or, for a job holding spares or running its ranks in a container, as an srun step of its own
+first (``AgentRecovery.health_gate``).
+
 The loop is here (``JobAgent``: srun's lifecycle over one ``agent_state.AgentState``); the
 decisions are pure functions (``agent_decisions``); the requeue and cancel protocol
 (``agent_requeue``), the attempt's record and recovery (``agent_recovery``) and the watchdog

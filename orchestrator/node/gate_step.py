@@ -140,25 +140,24 @@ def check_part(payload: Payload, attempt: int, local_id: int, peers: Sequence[st
 
 
 def node_signal(run_dir: str, attempt: int, node: str, environ: Mapping[str, str]) -> Path:
-    """Where a node's first task leaves the decision for the node's other tasks (node-local), named
-    by the SLURM step too: a copy left by another submission's step never passes for this one's."""
+    """The folder where a node's first task leaves the decision for the node's other tasks (on the
+    node's own memory), named by the SLURM step too: another submission's never passes for this one's."""
     from orchestrator.core.progress import node_local_file
 
     step = f"{environ.get('SLURM_JOB_ID', '0')}.{environ.get('SLURM_STEP_ID', '0')}".replace("/", "_")
-    return node_local_file(run_dir, f"gate-a{int(attempt)}-{step}-{health.result_name(node)}")
+    return node_local_file(run_dir, f"gate-a{int(attempt)}-{step}-{health._file_name(node)}")
 
 
 def forget_node_signals(run_dir: str, node: str) -> None:
-    """Remove this run's decision copies on this node (a node's first task, before its gate and once
-    its rank ended): what a task killed before it could leave behind."""
+    """Remove this run's decision copies on this node (a node's first task does, before its gate
+    and once its rank ended): what tasks killed before they all read one leave behind."""
+    import shutil
+
     from orchestrator.core.progress import node_local_file
 
     here = node_local_file(run_dir, "gate-")
-    for path in here.parent.glob(f"{here.name}a*-*-{health.result_name(node)}"):
-        try:
-            path.unlink()
-        except OSError:
-            pass
+    for path in here.parent.glob(f"{here.name}a*-*-{health._file_name(node)}"):
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _read_decision(path: Path) -> dict[str, Any] | None:
@@ -169,12 +168,42 @@ def _read_decision(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and isinstance(data.get("go"), bool) else None
 
 
-def _wait_on_node(run_dir: str, attempt: int, local: Path, wait_s: float = TASK_WAIT_S) -> dict[str, Any] | None:
+def _leave_copy(folder: Path, decision: dict[str, Any]) -> None:
+    """The node's first task: the decision for the node's other tasks."""
+    from orchestrator.core.atomic_files import write_json_atomic
+
+    try:
+        folder.mkdir(mode=0o700, exist_ok=True)
+        write_json_atomic(folder / "decision.json", decision)
+    except OSError:
+        pass  # the node's other tasks read the shared one
+
+
+def _take_copy(folder: Path, local_id: int, readers: int) -> dict[str, Any] | None:
+    """A node's other task: the copy, if there; the last of the ``readers`` to read it removes it
+    (so a job's end leaves nothing in the node's memory, however its ranks end)."""
+    decision = _read_decision(folder / "decision.json")
+    if decision is None:
+        return None
+    try:
+        (folder / f"read-{local_id}").touch()
+        done = sum(name.startswith("read-") for name in os.listdir(folder)) >= readers
+    except OSError:
+        done = False
+    if done:
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)
+    return decision
+
+
+def _wait_on_node(run_dir: str, attempt: int, local: Path, local_id: int = 1, readers: int = 1,
+                  wait_s: float = TASK_WAIT_S) -> dict[str, Any] | None:
     """A node's other task: the first task's copy on the node, else (once a second) the shared one."""
     deadline = time.monotonic() + wait_s
     shared_at = time.monotonic() + 1.0
     while time.monotonic() < deadline:
-        decision = _read_decision(local) if os.path.exists(local) else None
+        decision = _take_copy(local, local_id, readers) if os.path.isdir(local) else None
         if decision is None and time.monotonic() >= shared_at:
             shared_at = time.monotonic() + 1.0
             decision = wait_for_decision(run_dir, attempt, wait_s=0.0)
@@ -187,17 +216,13 @@ def _wait_on_node(run_dir: str, attempt: int, local: Path, wait_s: float = TASK_
 def decision_part(payload: Payload, attempt: int, local_id: int, environ: Mapping[str, str]) -> str | None:
     """Every task's last part: the agent's decision. None to start the entrypoint, else why not."""
     node = environ.get("SLURMD_NODENAME") or os.uname().nodename
+    local = node_signal(payload.run_dir, attempt, node, environ)
     if local_id == 0:
         decision = wait_for_decision(payload.run_dir, attempt)
-        if decision is not None:
-            try:
-                from orchestrator.core.atomic_files import write_json_atomic
-
-                write_json_atomic(node_signal(payload.run_dir, attempt, node, environ), decision)
-            except OSError:
-                pass  # the node's other tasks read the shared one
+        if decision is not None and payload.ranks_per_node > 1:
+            _leave_copy(local, decision)
     else:
-        decision = _wait_on_node(payload.run_dir, attempt, node_signal(payload.run_dir, attempt, node, environ))
+        decision = _wait_on_node(payload.run_dir, attempt, local, local_id, payload.ranks_per_node - 1)
     if decision is None:
         return (f"no decision from the job's agent within {TASK_WAIT_S:g}s of the health gate "
                 f"(under {decision_dir(payload.run_dir, attempt)})")

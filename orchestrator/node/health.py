@@ -26,10 +26,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-# What only a node that fails, or runs recovery.node_check, needs (shlex, signal, subprocess,
-# shutil, socket) is imported there, and typing not at all: the gate is one interpreter on every
-# node before every attempt, and at 64 nodes sharing two cores each millisecond of imports here
-# was ~30 ms of the gate (docs/PERFORMANCE.md).
+# shlex, signal, subprocess, shutil and socket are imported where a failing node or node_check needs
+# them, typing never: the gate runs on every node before every attempt (docs/PERFORMANCE.md).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Mapping, Sequence

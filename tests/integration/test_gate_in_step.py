@@ -82,7 +82,7 @@ def test_a_healthy_job_runs_one_step_and_every_rank_starts_after_the_gate(tmp_pa
     assert sorted(p.name for p in out.iterdir()) == [f"started-{r}" for r in range(len(NODES) * PER_NODE)]
     from orchestrator.node.gate_step import node_signal
 
-    for node in NODES:  # each node's copy of the decision, gone with its first task
+    for node in NODES:  # each node's copy of the decision, gone once its other task read it
         here = node_signal(str(run), 1, node, {"SLURM_JOB_ID": "91", "SLURM_STEP_ID": "0"})
         assert not here.exists(), here
     assert "health gate: 2 node(s) healthy" in done.stderr and "inside the ranks' step" in done.stderr, done.stderr
@@ -110,3 +110,7 @@ def test_a_node_failing_the_gate_starts_no_entrypoint_and_is_blamed(tmp_path: Pa
     assert "ECC errors" in attempt.health["gnode2"] and "gnode1" not in attempt.health
     end = json.loads((run / "end.json").read_text())
     assert end["reason"] == "unhealthy" and "gnode2" in end["error"], end
+    from orchestrator.node.gate_step import node_signal
+
+    for node in NODES:  # the node-local copies, gone though no entrypoint ran
+        assert not node_signal(str(run), 1, node, {"SLURM_JOB_ID": "91", "SLURM_STEP_ID": "0"}).exists()

@@ -94,21 +94,26 @@ def test_a_resubmissions_leftover_decision_is_never_this_attempts(tmp_path: Path
 
 def test_a_nodes_other_tasks_read_its_first_tasks_copy_and_fall_back_to_the_shared_folder(tmp_path: Path) -> None:
     """Only a node's first task lists the shared decision folder; the others wait on its copy in the
-    node's own memory, and read the shared one once a second in case that memory is not shared."""
-    from orchestrator.core.atomic_files import write_json_atomic
+    node's own memory (the last of them to read it removes it), and read the shared one once a
+    second in case that memory is not shared."""
+    import shutil
 
     run, env = str(tmp_path / "run"), {"SLURM_JOB_ID": "5", "SLURM_STEP_ID": "2"}
     local = gate_step.node_signal(run, 1, "n1", env)
     try:
-        write_json_atomic(local, {"go": True, "why": ""})
+        gate_step._leave_copy(local, {"go": True, "why": ""})
         started = time.monotonic()
-        assert gate_step._wait_on_node(run, 1, local, wait_s=5) == {"go": True, "why": ""}
+        assert gate_step._wait_on_node(run, 1, local, local_id=1, readers=2, wait_s=5) == {"go": True, "why": ""}
         assert time.monotonic() - started < 0.5  # not the shared folder's once a second
+        assert local.is_dir()  # one of the two readers left
+        assert gate_step._wait_on_node(run, 1, local, local_id=2, readers=2, wait_s=5) == {"go": True, "why": ""}
+        assert not local.exists()  # the last reader removed it
         assert gate_step.node_signal(run, 1, "n1", {**env, "SLURM_STEP_ID": "3"}) != local  # another step's copy
+        gate_step._leave_copy(local, {"go": True, "why": ""})
         gate_step.forget_node_signals(run, "n1")
         assert not local.exists()
     finally:
-        local.unlink(missing_ok=True)
+        shutil.rmtree(local, ignore_errors=True)
     gate_step.write_decision(run, 1, False, "n2 failed it")
     started = time.monotonic()
     assert gate_step._wait_on_node(run, 1, local, wait_s=5) == {"go": False, "why": "n2 failed it"}

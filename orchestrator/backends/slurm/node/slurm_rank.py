@@ -81,12 +81,25 @@ def main(args: list[str]) -> int:
         from orchestrator.node import gate_step
 
         stop = gate_step.check_part(payload, gate, task.localid, task.hosts, os.environ)
+    try:
+        return _start(task, payload, args, gate, stop)
+    finally:
+        if gate is not None and task.localid == 0:  # its node-local copy of the decision (gate_step)
+            gate_step.forget_node_signals(payload.run_dir, os.environ.get("SLURMD_NODENAME") or os.uname().nodename)
+
+
+def _start(task: SlurmTask, payload: Payload, args: list[str], gate: int | None, stop: str | None) -> int:
+    """The rank's environment, the gate's decision (``gate``: the attempt whose gate this task takes
+    part in), then the entrypoint."""
+    job = task.job
     failed: Exception | None = None
     try:  # no side effects: worked out while the other nodes are checked
         rank = rank_env_from_slurm(task, payload, master_port(args))
     except Exception as exc:  # before the entrypoint (a named interface missing on this node...)
         failed = exc
     if gate is not None and stop is None:
+        from orchestrator.node import gate_step
+
         stop = gate_step.decision_part(payload, gate, task.localid, os.environ)
     if stop is not None:
         print(f"[launcher] task {task.procid} on {os.environ.get('SLURMD_NODENAME') or os.uname().nodename}: "
@@ -107,11 +120,7 @@ def main(args: list[str]) -> int:
             for path in remove_earlier_files(payload.rendezvous_dir, job.job_id, job.attempt):
                 print(f"[launcher] removed the previous attempt's rendezvous file {path}", flush=True)
         os.makedirs(payload.rendezvous_dir, exist_ok=True)
-    try:
-        return exit_code_of(run_rank, payload, int(rank.rank))
-    finally:
-        if gate is not None and task.localid == 0:  # its copy of the decision, read long ago
-            gate_step.forget_node_signals(payload.run_dir, os.environ.get("SLURMD_NODENAME") or os.uname().nodename)
+    return exit_code_of(run_rank, payload, int(rank.rank))
 
 
 if __name__ == "__main__":

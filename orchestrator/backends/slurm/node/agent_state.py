@@ -60,6 +60,7 @@ class AgentState:
     suspended_s: float = 0.0  # the job's time suspended so far (the watchdog's clock leaves it out)
     suspended_now: bool = False
     suspend_checked: float | None = None  # the controller was last asked about a suspension
+    stopped_seen: bool = False  # the agent's loop saw a gap: it was stopped (a suspension), not yet asked
 
     def enter(self, phase: Phase) -> None:
         """Move to ``phase``; any move ``MOVES`` does not name is a bug, refused."""

@@ -71,13 +71,17 @@ class AgentWatch:
         """The watchdog's clock: wall time less the time the job spent suspended, so that ranks
         SLURM only stopped (``scontrol suspend``, a SUSPEND,GANG preemption) are never called
         stalled or late to join for it. The controller is asked only when a verdict is near (at
-        most every SUSPEND_CHECK_S): None while the job is suspended (no verdict now)."""
+        most every SUSPEND_CHECK_S), or at once after the agent itself was stopped (``stopped_seen``:
+        SLURM stops the agent with its job, so its own loop sees the gap; the ranks may have reported
+        again before this look, and the suspension would go unsaid): None while the job is
+        suspended (no verdict now)."""
         assert self.watch is not None
         s, c = self.state, self.ctx
         adjusted = now - s.suspended_s
-        if not (self.watch.stalled(adjusted) or self.watch.never_joined(adjusted)):
+        stopped, s.stopped_seen = s.stopped_seen, False
+        if not (stopped or self.watch.stalled(adjusted) or self.watch.never_joined(adjusted)):
             return adjusted
-        if s.suspend_checked is not None and time.monotonic() < s.suspend_checked + SUSPEND_CHECK_S:
+        if not stopped and s.suspend_checked is not None and time.monotonic() < s.suspend_checked + SUSPEND_CHECK_S:
             return adjusted if not s.suspended_now else None
         s.suspend_checked = time.monotonic()
         job = slurm_controller.show_job(c.job_id)

@@ -77,6 +77,9 @@ from orchestrator.core.states import EndReason
 
 POLL_S = 0.2
 LOOK_S = 1.0  # the watchdog reads the shared run folder: once a second
+#: A gap this long between two turns of the loop (which sleeps POLL_S) means the agent was stopped:
+#: SLURM suspended the job (``scontrol suspend``, SUSPEND,GANG preemption), so the watchdog asks.
+STOPPED_GAP_S = 5.0
 #: After a watchdog verdict (the stacks are saved): srun gets SIGTERM and forwards it; a rank still
 #: alive this long after gets SIGKILL (scancel --signal=KILL reaches the job's steps, not this
 #: agent), and srun this long after that: every rank is gone within ~10 s of the decision.
@@ -251,8 +254,11 @@ class JobAgent:
         # Requeue while the job is still running, as soon as the evidence is there (SLURM then
         # ends the ranks that are still exiting); checked once more after srun, since every rank
         # may have ended before the loop looked.
-        next_look = time.monotonic() + LOOK_S
+        next_look, last = time.monotonic() + LOOK_S, time.monotonic()
         while (code := self.srun.poll()) is None:
+            if time.monotonic() - last > STOPPED_GAP_S:  # this loop was stopped: the job was suspended
+                s.stopped_seen = True
+            last = time.monotonic()
             gating = gate is not None and not gate.decided
             if gating and gate is not None and gate.look() and gate.failure is None:
                 gating = False

@@ -20,9 +20,9 @@ good before it replaces a node), the ranks' step runs it:
 
 The decision's folder is listed, not the file looked up (on NFS a lookup of a missing name may be
 answered from the client's cache; a listing revalidates it), first after 10 ms, then each wait
-half again as long, up to 0.2 s: the folder holds one name at most, and every 0.2 s is what each
-task pays for starting its entrypoint at most 0.2 s after the decision (at 0.5 s, the 64-node
-start on this machine waited up to 0.5 s more; docs/PERFORMANCE.md). Standard library only.
+half again as long, up to 0.2 s: the folder holds one name at most, and a listing every 0.2 s is
+what a node pays for starting its entrypoints at most 0.2 s after the decision (at 0.5 s, the
+64-node start on this machine waited up to 0.5 s more; docs/PERFORMANCE.md). Standard library only.
 """
 
 from __future__ import annotations

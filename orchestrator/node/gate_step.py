@@ -145,7 +145,7 @@ def node_signal(run_dir: str, attempt: int, node: str, environ: Mapping[str, str
     from orchestrator.core.progress import node_local_file
 
     step = f"{environ.get('SLURM_JOB_ID', '0')}.{environ.get('SLURM_STEP_ID', '0')}".replace("/", "_")
-    return node_local_file(run_dir, f"gate-a{int(attempt)}-{step}-{health._file_name(node)}")
+    return node_local_file(run_dir, f"gate-a{int(attempt)}-{step}-{health.node_file_name(node)}")
 
 
 def forget_node_signals(run_dir: str, node: str) -> None:
@@ -156,7 +156,7 @@ def forget_node_signals(run_dir: str, node: str) -> None:
     from orchestrator.core.progress import node_local_file
 
     here = node_local_file(run_dir, "gate-")
-    for path in here.parent.glob(f"{here.name}a*-*-{health._file_name(node)}"):
+    for path in here.parent.glob(f"{here.name}a*-*-{health.node_file_name(node)}"):
         shutil.rmtree(path, ignore_errors=True)
 
 

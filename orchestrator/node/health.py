@@ -100,7 +100,7 @@ def health_dir(run_dir: str, attempt: int) -> Path:
     return RunFolder.of(run_dir).root / "health" / f"attempt-{attempt}"
 
 
-def _file_name(node: str) -> str:
+def node_file_name(node: str) -> str:
     """A node name as a file name (a host name never holds '/', but the CLI's argument may)."""
     name = node.replace("/", "_").replace("\0", "_")
     return "_" + name if name in {"", ".", ".."} or name.startswith(".") else name
@@ -108,7 +108,7 @@ def _file_name(node: str) -> str:
 
 def result_name(node: str) -> str:
     """The file name of a node's verdict in the attempt's health folder."""
-    return f"{_file_name(node)}.json"
+    return f"{node_file_name(node)}.json"
 
 
 def check_node(node: str, run_dir: str, checkpoint_dir: str, attempt: int, peers: Sequence[str],
@@ -166,7 +166,7 @@ def _writable(folder: str, node: str, create: bool) -> str | None:
     """Write, fsync, read back and remove a small file: a folder that is read-only, full, over
     quota or on a dead mount fails here, naming the folder and the kernel's reason."""
     what = "checkpoint folder" if create else "run folder"
-    probe = Path(folder) / f".health-probe-{_file_name(node)}-{os.getpid()}"
+    probe = Path(folder) / f".health-probe-{node_file_name(node)}-{os.getpid()}"
     data = f"{node} {os.getpid()}\n".encode()
     step = "create"
     try:
@@ -205,8 +205,8 @@ def _write_token(tokens: Path, node: str, run_failed: bool, problems: list[str])
     said already, and there is no point waiting for anyone."""
     try:
         tokens.mkdir(parents=True, exist_ok=True)
-        path = tokens / _file_name(node)
-        tmp = tokens / f".{_file_name(node)}.{os.getpid()}.tmp"
+        path = tokens / node_file_name(node)
+        tmp = tokens / f".{node_file_name(node)}.{os.getpid()}.tmp"
         tmp.write_text(f"{node} {os.getpid()}\n", encoding="utf-8")
         os.replace(tmp, path)
     except OSError as exc:
@@ -235,7 +235,7 @@ def _wait_for_peers(tokens: Path, node: str, peers: Sequence[str], run_dir: str,
                     wait_s: float, field_name: str = "runs_dir") -> str | None:
     """Poll the tokens folder (a fresh listing each time: on NFS reading the folder revalidates
     it, where a lookup of a missing name may be answered from the client's cache)."""
-    wanted = {_file_name(p): p for p in peers}
+    wanted = {node_file_name(p): p for p in peers}
     pause = _POLL_FIRST_S
     while True:
         try:

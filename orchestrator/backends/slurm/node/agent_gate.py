@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from typing import Sequence
 
 from orchestrator.backends.slurm.node.agent_state import AgentContext
 from orchestrator.backends.slurm.node.slurm_task import GATE_OPTION
@@ -74,25 +75,34 @@ class StepGate:
         return False
 
     def _decide(self) -> None:
-        c = self.ctx
-        assert c.attempt is not None
-        bad = health.unhealthy(health.read_results(c.run_dir, self.number, self.nodes))
-        shutil.rmtree(health.checkpoint_tokens(c.payload.checkpoint.dir, self.number).parent, ignore_errors=True)
-        seconds = time.monotonic() - self.started
-        c.attempt.health = bad
-        c.attempt.times["gate_s"] = round(seconds, 3)
         self.decided = True
-        if not bad:
-            c.say(f"health gate: {len(self.nodes)} node(s) healthy in {seconds:.1f}s (inside the ranks' step)")
+        self.failure = gate_verdict(self.ctx, self.number, self.nodes, time.monotonic() - self.started,
+                                    " (inside the ranks' step)")
+        if self.failure is None:
             self._write(True, "")
-            return
-        why = "; ".join(f"{node}: {problem}" for node, problem in sorted(bad.items()))
-        c.say(f"health gate: {why}")
-        self.failure = Failure(FailureKind.UNHEALTHY, f"the health gate failed: {why}", tuple(sorted(bad)))
-        self._write(False, f"node(s) {', '.join(sorted(bad))} failed it; the job's batch log says why")
+        else:
+            self._write(False, f"node(s) {', '.join(self.failure.blamed)} failed it; the job's batch log says why")
 
     def _write(self, go: bool, why: str) -> None:
         try:
             gate_step.write_decision(self.ctx.run_dir, self.number, go, why)
         except OSError as exc:  # the tasks give up waiting (gate_step.TASK_WAIT_S) and end
             self.ctx.say(f"health gate: cannot write the decision under {self.folder}: {exc}")
+
+
+def gate_verdict(ctx: AgentContext, number: int, nodes: Sequence[str], seconds: float, where: str = "") -> Failure | None:
+    """The gate's verdict once it ran, however it ran (inside the ranks' step, or a step of its own:
+    ``AgentRecovery.health_gate``): every node's result read (a node without one failed), the
+    checkpoint folder's tokens removed, the attempt's record of it, the batch log's line; the
+    failure (unhealthy, blamed on the nodes that failed) or None."""
+    assert ctx.attempt is not None
+    bad = health.unhealthy(health.read_results(ctx.run_dir, number, nodes))
+    shutil.rmtree(health.checkpoint_tokens(ctx.payload.checkpoint.dir, number).parent, ignore_errors=True)
+    ctx.attempt.health = bad
+    ctx.attempt.times["gate_s"] = round(seconds, 3)
+    if not bad:
+        ctx.say(f"health gate: {len(nodes)} node(s) healthy in {seconds:.1f}s{where}")
+        return None
+    why = "; ".join(f"{node}: {problem}" for node, problem in sorted(bad.items()))
+    ctx.say(f"health gate: {why}")
+    return Failure(FailureKind.UNHEALTHY, f"the health gate failed: {why}", tuple(sorted(bad)))

@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import Iterable
 
 from orchestrator.backends.slurm.node import slurm_controller
+from orchestrator.backends.slurm.node.agent_gate import gate_verdict
 from orchestrator.backends.slurm.node.agent_decisions import attempt_outcome, cancelled, failed_exit, hang_blamed, step_hosts
 from orchestrator.backends.slurm.node.agent_requeue import SCONTROL_RETRY_S, Requeuer
 from orchestrator.backends.slurm.node.agent_state import AgentContext, Phase
@@ -122,16 +123,7 @@ class AgentRecovery:
                                       capture=False)
         if answer.returncode is None:
             c.say(f"health gate: srun did not finish ({answer.error})")
-        bad = health.unhealthy(health.read_results(c.run_dir, number, hosts))
-        shutil.rmtree(health.checkpoint_tokens(p.checkpoint.dir, number).parent, ignore_errors=True)
-        c.attempt.health = bad
-        c.attempt.times["gate_s"] = round(time.monotonic() - started, 3)
-        if not bad:
-            c.say(f"health gate: {len(hosts)} node(s) healthy in {time.monotonic() - started:.1f}s")
-            return None
-        why = "; ".join(f"{node}: {problem}" for node, problem in sorted(bad.items()))
-        c.say(f"health gate: {why}")
-        return Failure(FailureKind.UNHEALTHY, f"the health gate failed: {why}", tuple(sorted(bad)))
+        return gate_verdict(c, number, hosts, time.monotonic() - started)
 
     def gate_failed(self, failure: Failure) -> int:
         """The health gate failed with too few healthy nodes in the job: recorded, then recovery."""

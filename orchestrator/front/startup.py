@@ -66,8 +66,10 @@ def _watchdog_reads(nodes: int, world: int, stall_s: Optional[float]) -> str:
         return "once every rank has joined, nothing is read of the ranks' files (watchdog.stall_s is off)"
     from orchestrator.node.forensics import cover_looks, files_per_look
 
-    share = files_per_look(nodes, stall_s)
-    every = "each a second" if share >= nodes else f"each at least every {cover_looks(stall_s)}s"
-    return (f"the stall watchdog reads {share} of the {nodes} heartbeat file(s) a second, one a node ({every}); "
-            f"a rank that sends no heartbeat (a script without the rank API) has its log's size read instead: "
-            f"up to {world} a second")
+    def every(share: int, of: int) -> str:
+        return "each a second" if share >= of else f"each at least every {cover_looks(stall_s)}s"
+
+    share, logs = files_per_look(nodes, stall_s), files_per_look(world, stall_s)
+    return (f"the stall watchdog reads {share} of the {nodes} heartbeat file(s) a second, one a node "
+            f"({every(share, nodes)}); a rank that sends no heartbeat (a script without the rank API) has its "
+            f"log's size read instead: {logs} of the {world} log(s) a second ({every(logs, world)})")

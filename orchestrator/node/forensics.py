@@ -15,9 +15,10 @@ Run folder, per attempt (cleared when an attempt starts)::
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Collection, Iterable, Mapping, Optional
 
 from orchestrator.node import join_hook, stack_requests
 from orchestrator.core import progress, stack_files, stacks
@@ -27,31 +28,62 @@ from orchestrator.core.run_folder import RunFolder
 
 def look(watch: Watch, run_dir: str | Path, log_paths: Mapping[int, Path], now: Optional[float] = None) -> None:
     """Feed the watch one observation: heartbeats (``progress.HeartbeatReader``: one listing of
-    ``progress/``, then the node files, or at a large job a share of them a look in turn, all of
-    them again before the watch would call a stall), the joins until every rank has joined (one
-    listing), and the log size only of ranks that send no heartbeat (the watch judges a rank by
-    its heartbeat once it has one). A look at a job of rank-API scripts costs a few operations
-    per node at most, not per rank."""
+    ``progress/``, then the node files, or at a large job a share of them a look in turn), the
+    joins until every rank has joined (one listing), and the log size only of ranks that send no
+    heartbeat (the watch judges a rank by its heartbeat once it has one), at a large job a share
+    of those logs a look in turn too (``LogShare``). Before the watch would call a stall, all of
+    both are read again. A look costs a few operations per node at most, not per rank, whether
+    the ranks' scripts use the rank API or not."""
     now = time.time() if now is None else now
-    reader = _reader(watch, run_dir)
+    reader, logs = _readers(watch, run_dir)
     beats = reader.look()
+    silent = log_paths.keys() - watch.heartbeat.keys()  # a heartbeat of this attempt: its log says nothing more
+    joined = [] if len(watch.joined) >= watch.world_size else join_hook.joined_ranks(run_dir, watch.world_size)
+    watch.observe(now, logs.look(log_paths, silent), beats, joined)
+    if reader.cover_looks > 1 and watch.stalled(now):  # a verdict is near: the whole picture first
+        watch.observe(now, log_sizes(log_paths, sorted(log_paths.keys() - watch.heartbeat.keys())),
+                      reader.everything(), [])
+
+
+def log_sizes(log_paths: Mapping[int, Path], ranks: Iterable[int]) -> dict[int, int]:
+    """The sizes of these ranks' logs (0: not there yet, or unreadable): a stat each."""
     sizes = {}
-    for rank in log_paths.keys() - watch.heartbeat.keys():  # a heartbeat of this attempt: its log says nothing more
+    for rank in ranks:
         try:
-            sizes[rank] = log_paths[rank].stat().st_size
+            sizes[rank] = os.stat(log_paths[rank]).st_size
         except OSError:
             sizes[rank] = 0
-    joined = [] if len(watch.joined) >= watch.world_size else join_hook.joined_ranks(run_dir, watch.world_size)
-    watch.observe(now, sizes, beats, joined)
-    if reader.cover_looks > 1 and watch.stalled(now):
-        watch.observe(now, {}, reader.everything(), [])  # a verdict is near: the whole picture first
+    return sizes
+
+
+class LogShare:
+    """Which logs of the ranks that send no heartbeat (a script without the rank API) a look
+    reads: all of them up to ``SHARE_ABOVE``, else a share a look in turn, so that each is read at
+    least once every ``cover_looks`` looks, as ``progress.HeartbeatReader`` reads the node files.
+    A log not read this look keeps its last size in the watch: its growth is seen at its next
+    turn, later than it happened, never a growth that did not happen (so the share only ever
+    delays a stall verdict, by at most ``cover_looks`` looks, and ``look`` reads them all before
+    one). At 8,192 ranks and stall_s of a minute or more that is 820 stats a second, not 8,192."""
+
+    def __init__(self, cover_looks: int) -> None:
+        self.cover_looks = max(1, cover_looks)
+        self._cursor = 0
+
+    def look(self, log_paths: Mapping[int, Path], silent: Collection[int]) -> dict[int, int]:
+        ranks = sorted(silent)
+        share = -(-len(ranks) // self.cover_looks)  # ceil
+        if share >= len(ranks) or len(ranks) <= SHARE_ABOVE:
+            return log_sizes(log_paths, ranks)
+        start = self._cursor % len(ranks)
+        self._cursor = start + share
+        return log_sizes(log_paths, (ranks + ranks)[start:start + share])
 
 
 #: Files a look reads at most in steady state, spread over looks: at 1,024 nodes the node files
 #: are read a share a look, each at least every COVER_S seconds (and every stall_s / 6).
 SHARE_ABOVE = 64
 COVER_S = 10.0
-_READERS: dict[int, tuple[Watch, progress.HeartbeatReader]] = {}
+_READERS: dict[int, tuple[Watch, progress.HeartbeatReader, LogShare]] = {}
 
 
 def cover_looks(stall_s: Optional[float]) -> int:
@@ -60,20 +92,23 @@ def cover_looks(stall_s: Optional[float]) -> int:
 
 
 def files_per_look(files: int, stall_s: Optional[float]) -> int:
-    """How many of ``files`` heartbeat files one look reads (``progress.HeartbeatReader``'s rule)."""
+    """How many of ``files`` heartbeat files (or logs) one look reads (``progress.HeartbeatReader``'s
+    rule, and ``LogShare``'s)."""
     return files if files <= SHARE_ABOVE else min(files, -(-files // cover_looks(stall_s)))
 
 
-def _reader(watch: Watch, run_dir: str | Path) -> progress.HeartbeatReader:
-    """The heartbeat reader of this watch (one per attempt's watch, kept while it is in use)."""
+def _readers(watch: Watch, run_dir: str | Path) -> tuple[progress.HeartbeatReader, LogShare]:
+    """The heartbeat reader and the log share of this watch (one each per attempt's watch, kept
+    while it is in use)."""
     held = _READERS.get(id(watch))
     if held is not None and held[0] is watch:
-        return held[1]
-    reader = progress.HeartbeatReader(run_dir, watch.world_size, cover_looks(watch.stall_s), share_above=SHARE_ABOVE)
+        return held[1], held[2]
+    looks = cover_looks(watch.stall_s)
+    reader = progress.HeartbeatReader(run_dir, watch.world_size, looks, share_above=SHARE_ABOVE)
     if len(_READERS) > 32:
         _READERS.clear()  # watches of attempts long over
-    _READERS[id(watch)] = (watch, reader)
-    return reader
+    _READERS[id(watch)] = (watch, reader, LogShare(looks))
+    return reader, _READERS[id(watch)][2]
 
 
 def waits_of(dumps: Mapping[int, str]) -> dict[str, str]:

@@ -15,6 +15,10 @@ Run: .venv/bin/python tests/benchmarks/bench_agent_look.py [--ranks 8192] [--ran
    strace as creates and renames under the run folder, per node per second. Target: <= 2.
 3. For a job with the stall watchdog off: the looks left once every rank has joined (none).
 
+Figure 1 also for ranks that send no heartbeat (a script without the rank API: the main case),
+whose logs' sizes the watchdog reads instead: a share of them a look at stall_s 600 (each at least
+every 10 s, ``forensics.LogShare``), against every log every look, what a stall_s under 12 s still does.
+
 Needs strace for the counts (Debian: apt-get install strace); without it the times alone.
 """
 
@@ -50,6 +54,8 @@ def lay_out(run: Path, ranks: int, per_node: int, layout: str) -> dict[int, Path
         logs[r].write_text("step\n")
         join_hook.joined_path(run, r).write_text("")
     now = time.time()
+    if layout == "none":  # scripts without the rank API: no heartbeats, the logs are all there is
+        return logs
     if layout == "rank":
         progress_path(run, 0).parent.mkdir(parents=True, exist_ok=True)
         for r in range(ranks):
@@ -67,10 +73,10 @@ def lay_out(run: Path, ranks: int, per_node: int, layout: str) -> dict[int, Path
 WARM_LOOKS = int(forensics.COVER_S) + 2
 
 
-def looks(run: Path, ranks: int, count: int) -> list[float]:
+def looks(run: Path, ranks: int, count: int, stall_s: float = 600.0) -> list[float]:
     """``count`` steady-state looks (after WARM_LOOKS that learn the heartbeats and joins)."""
     logs = {r: run / "logs" / f"rank-{r}.log" for r in range(ranks)}
-    watch = Watch(ranks, time.time() - 3600, 600.0, 300.0)  # started before the layout was written
+    watch = Watch(ranks, time.time() - 3600, stall_s, 300.0)  # started before the layout was written
     for _ in range(WARM_LOOKS):
         forensics.look(watch, run, logs)
     times = []
@@ -96,11 +102,12 @@ def counted(argv: list[str]) -> dict[str, int] | None:
         return calls
 
 
-def ops_per_look(run: Path, ranks: int) -> float | None:
+def ops_per_look(run: Path, ranks: int, stall_s: float = 600.0) -> float | None:
     """One steady look's file operations: a child that makes 10 looks after its warm-up, less one
     that makes none, over 10."""
     def child(n: int) -> list[str]:
-        return [sys.executable, __file__, "--child-looks", str(n), "--run", str(run), "--ranks", str(ranks)]
+        return [sys.executable, __file__, "--child-looks", str(n), "--run", str(run), "--ranks", str(ranks),
+                "--child-stall", str(stall_s)]
 
     many, none = counted(child(10)), counted(child(0))
     if many is None or none is None:
@@ -151,24 +158,28 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=5.0, help="how long one node's ranks heartbeat (figure 2)")
     ap.add_argument("--child-looks", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--child-beats", type=float, help=argparse.SUPPRESS)
+    ap.add_argument("--child-stall", type=float, default=600.0, help=argparse.SUPPRESS)
     ap.add_argument("--run", type=Path, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child_looks is not None:
-        looks(a.run, a.ranks, a.child_looks)
+        looks(a.run, a.ranks, a.child_looks, a.child_stall)
         return
     if a.child_beats is not None:
         child_beats(a.run, a.ranks_per_node, a.child_beats)
         return
     nodes = -(-a.ranks // a.ranks_per_node)
     print(f"{a.ranks} ranks on {nodes} nodes ({a.ranks_per_node} a node), stall watchdog on, steady state:")
-    for layout, name in (("node", "one heartbeat file per node (today)"), ("rank", "one per rank (before)")):
+    cases = (("node", 600.0, "one heartbeat file per node (today)"), ("rank", 600.0, "one per rank (before)"),
+             ("none", 600.0, "no rank API: logs, a share a look (today)"),
+             ("none", 6.0, "no rank API: every log a look (before; today below stall_s 12)"))
+    for layout, stall_s, name in cases:
         with tempfile.TemporaryDirectory() as d:
             run = Path(d)
             lay_out(run, a.ranks, a.ranks_per_node, layout)
-            took = statistics.median(looks(run, a.ranks, a.repeat))
-            ops = ops_per_look(run, a.ranks)
+            took = statistics.median(looks(run, a.ranks, a.repeat, stall_s))
+            ops = ops_per_look(run, a.ranks, stall_s)
             said = f"{ops:.0f} file operations" if ops is not None else "file operations not counted (no strace)"
-            print(f"  {name:38} {took * 1000:7.1f} ms a look, {said} a look")
+            print(f"  {name:62} {took * 1000:7.1f} ms a look, {said} a look")
     per_second = writes_per_node_second(a.ranks_per_node, a.seconds)
     if per_second is not None:
         print(f"  heartbeats: {per_second:.1f} creates+renames a node a second on the shared folder "

@@ -223,6 +223,38 @@ def test_a_large_jobs_heartbeats_are_read_a_share_a_look_and_all_before_a_verdic
     assert len(watch.heartbeat) == 400  # everything read before the verdict
 
 
+def test_a_large_jobs_logs_are_read_a_share_a_look_and_all_before_a_verdict(tmp_path: Path) -> None:
+    """400 ranks of a script without the rank API (no heartbeats), stall_s 60: a look stats a tenth
+    of the logs, each every 10 looks; a log that grew is seen at its next turn (never a growth that
+    did not happen); a job whose logs all stopped is still called stalled, after every log was read
+    once more, and a log that grew since its last turn keeps the job alive."""
+    from orchestrator.node import forensics
+
+    logs = {r: tmp_path / f"rank-{r}.log" for r in range(400)}
+    for path in logs.values():
+        path.write_text("start\n")
+    start = time.time()
+    watch = Watch(world_size=400, stall_s=60.0, init_timeout_s=None, started=start)
+    share = forensics._readers(watch, tmp_path)[1]
+    chosen = [set(share.look(logs, set(range(400)))) for _ in range(10)]
+    assert [len(c) for c in chosen] == [40] * 10 and set().union(*chosen) == set(range(400))
+    for i in range(10):
+        forensics.look(watch, tmp_path, logs, now=start + i)
+    assert share.cover_looks == 10 and set(watch.log_sizes) == set(range(400))
+    assert watch.log_grew == {}  # nothing grew: nothing counted as progress
+
+    logs[7].write_text("start\nstep 1\n")  # rank 7 writes; the others are silent from here
+    for i in range(10, 20):
+        forensics.look(watch, tmp_path, logs, now=start + i)
+    assert set(watch.log_grew) == {7} and start + 10 <= watch.log_grew[7] <= start + 19
+
+    grew_at = watch.log_grew[7]
+    logs[250].write_text("start\nstep 1\n")  # grows after its last turn (the next look's share is 0-39)
+    forensics.look(watch, tmp_path, logs, now=grew_at + 61)
+    assert watch.log_grew.get(250) == grew_at + 61 and not watch.stalled(grew_at + 61)  # the full read saw it
+    assert watch.stalled(grew_at + 61 + 61)  # nothing more: stalled, on what every log says
+
+
 def _first_report_at_the_barrier(run: str, rank: int, ranks: int, barrier: object) -> None:
     writer = ProgressWriter(run, rank=rank, attempt=0, min_interval_s=60.0, place=NodePlace(0, rank, ranks))
     barrier.wait()  # type: ignore[attr-defined]

@@ -46,7 +46,7 @@ def test_what_holds_the_start_back_at_scale_is_named() -> None:
 
 def test_the_watchdog_share_it_prints_is_what_the_reader_reads(tmp_path: Path) -> None:
     """The number of heartbeat files a look reads, as the line says it, against a real look at a
-    run folder of 1,024 node files."""
+    run folder of 1,024 node files; and the logs it reads of ranks that send no heartbeat."""
     line = start_line(_plan(watchdog={"stall_s": 120}))
     said = int(line.split("the stall watchdog reads ", 1)[1].split(" ", 1)[0])
     folder = tmp_path / "progress"
@@ -56,9 +56,14 @@ def test_the_watchdog_share_it_prints_is_what_the_reader_reads(tmp_path: Path) -
         ranks = {str(r): {"rank": r, "time": now, "step": 1} for r in range(node * 8, node * 8 + 8)}
         (folder / f"node-{node}.json").write_text(json.dumps({"ranks": ranks}))
     watch = Watch(8192, now - 60, 120.0, 300.0)
-    read = len(forensics._reader(watch, tmp_path).look()) // 8
+    heartbeats, logs = forensics._readers(watch, tmp_path)
+    read = len(heartbeats.look()) // 8
     assert said == read == 103, (said, read, line)
-    assert "up to 8192 a second" in line, line
+    # A script without the rank API: its ranks' logs, a share a look too (the files need not exist to count)
+    said_logs = int(line.split("has its log's size read instead: ", 1)[1].split(" ", 1)[0])
+    stated = logs.look({r: tmp_path / f"rank-{r}.log" for r in range(8192)}, set(range(8192)))
+    assert said_logs == len(stated) == 820, (said_logs, len(stated), line)
+    assert "820 of the 8192 log(s) a second (each at least every 10s)" in line, line
 
 
 def test_a_local_run_is_processes_on_this_machine() -> None:

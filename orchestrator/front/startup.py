@@ -39,7 +39,8 @@ def _steps(executor: str, nodes: int, world: int, per_node: int, payload: Payloa
     ranks = f"one srun step starts the {world} rank(s), {per_node} a node"
     if not payload.recovery.health_check:
         return ranks
-    checks = f"checks itself, then waits up to {TOKEN_WAIT_S:g}s for the other nodes' tokens"
+    checks = (f"checks itself, and that it sees the job agent's token in the folders the nodes share: one "
+              f"listing of a one-name folder, up to {TOKEN_WAIT_S:g}s for a filesystem slow to show it")
     if runs_in_step(payload, spares_held=payload.recovery.spares > 0):
         return (f"{ranks}; each node's first rank runs the health gate ({checks}), and no entrypoint starts "
                 f"before the job's agent has every node's verdict")

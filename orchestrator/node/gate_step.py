@@ -37,7 +37,7 @@ from orchestrator.node import health
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Mapping, Sequence
+    from typing import Any, Mapping
 
     from orchestrator.core.payload import Payload
 
@@ -94,8 +94,7 @@ def wait_for_decision(run_dir: str, attempt: int, wait_s: float = TASK_WAIT_S) -
         pause = min(pause * _POLL_GROWTH, _POLL_MAX_S)
 
 
-def check_this_node(payload: Payload, attempt: int, node: str, peers: Sequence[str],
-                    environ: Mapping[str, str]) -> bool:
+def check_this_node(payload: Payload, attempt: int, node: str, environ: Mapping[str, str]) -> bool:
     """A node's first task: the node's checks, its verdict written for the agent, its problems on
     stderr (the task's log). False when the verdict could not be written (the agent then hears
     nothing from this node, and says so)."""
@@ -104,7 +103,7 @@ def check_this_node(payload: Payload, attempt: int, node: str, peers: Sequence[s
     if cleared:
         print(f"health: {node}: removed {cleared} heartbeat staging folder(s) of this run that ranks killed in an "
               "earlier attempt left in node-local memory", file=sys.stderr)
-    result = health.check_node(node, payload.run_dir, payload.checkpoint.dir, attempt, peers,
+    result = health.check_node(node, payload.run_dir, payload.checkpoint.dir, attempt,
                                interface=payload.interface, gpus=gate_gpus(payload),
                                node_check=list(payload.recovery.node_check or ()) or None, environ=environ)
     for problem in result.problems:
@@ -118,15 +117,14 @@ def check_this_node(payload: Payload, attempt: int, node: str, peers: Sequence[s
     return True
 
 
-def check_part(payload: Payload, attempt: int, local_id: int, peers: Sequence[str],
-               environ: Mapping[str, str]) -> str | None:
+def check_part(payload: Payload, attempt: int, local_id: int, environ: Mapping[str, str]) -> str | None:
     """A task's first part in the gate: the node's checks on its first task (the others have none).
     None to go on to ``decision_part``, else why this task must end without its entrypoint."""
     if local_id != 0:
         return None
-    node = environ.get("SLURMD_NODENAME") or os.uname().nodename
+    node = health.this_node(environ)
     try:
-        written = check_this_node(payload, attempt, node, peers, environ)
+        written = check_this_node(payload, attempt, node, environ)
     except Exception as exc:  # a bug or an odd node: the agent must still hear from this node
         written = False
         problem = f"the health gate failed on {node}: {type(exc).__name__}: {exc}; report this with the run folder"
@@ -215,7 +213,7 @@ def _wait_on_node(run_dir: str, attempt: int, local: Path, local_id: int = 1, re
 
 def decision_part(payload: Payload, attempt: int, local_id: int, environ: Mapping[str, str]) -> str | None:
     """Every task's last part: the agent's decision. None to start the entrypoint, else why not."""
-    node = environ.get("SLURMD_NODENAME") or os.uname().nodename
+    node = health.this_node(environ)
     local = node_signal(payload.run_dir, attempt, node, environ)
     if local_id == 0:
         decision = wait_for_decision(payload.run_dir, attempt)

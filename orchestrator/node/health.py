@@ -8,11 +8,11 @@ to ``<run>/health/attempt-<K>/<node>.json`` for the agent (or the local supervis
 
 On SLURM the job's agent runs it as one srun task per node::
 
-    python -m orchestrator.node.health --run-dir RUN --checkpoint-dir CKPT --attempt K --nodes n1,n2 \\
+    python -m orchestrator.node.health --run-dir RUN --checkpoint-dir CKPT --attempt K \\
         [--interface IF] [--gpus N] [--disk-floor-mb M] [--token-wait-s S] [--node-check-json '[...]']
 
 locally the supervisor calls :func:`check_node` for the one machine. Standard library only, and
-quick (a healthy node takes a few milliseconds, plus the wait for the other nodes' tokens): it
+quick (a healthy node takes a few milliseconds, and one look for the job agent's token): it
 runs on every node before every attempt.
 """
 
@@ -34,7 +34,9 @@ if TYPE_CHECKING:
 
 from orchestrator.core.fs_checks import errno_text, shown
 from orchestrator.core.atomic_files import write_json_atomic
-from orchestrator.core.run_folder import RunFolder
+from orchestrator.node.shared_folders import (CHECKPOINT_DIR, RUNS_DIR, not_shared, token_folders,
+                                              wait_for_agent_token)
+from orchestrator.node.shared_folders import checkpoint_tokens, health_dir  # noqa: F401  (health.health_dir, as ever)
 
 #: Free space (MiB) a node needs under the run folder and the checkpoint folder. 1 GiB holds the
 #: logs, stack dumps and metrics of a long run and a small model's checkpoint; below it a run
@@ -42,10 +44,11 @@ from orchestrator.core.run_folder import RunFolder
 #: Jobs with large checkpoints should ask for more (--disk-floor-mb).
 DISK_FLOOR_MB = 1024
 
-#: How long a node waits for the other nodes' tokens. srun starts the tasks together, so healthy
-#: nodes see each other in well under a second; the rest is for a shared filesystem that is slow
-#: to show another client's new file: NFS caches a folder's attributes up to acdirmax (60 s by
-#: default). Only a node that really does not share the folder waits it out.
+#: How long a node waits to see the job agent's token (``shared_folders``). The agent writes it
+#: before the gate's tasks start, so a healthy node sees it at its first look; the rest is for a
+#: shared filesystem that is slow to show another client's new file: NFS caches a folder's
+#: attributes up to acdirmax (60 s by default). Only a node that really does not share the folder
+#: waits it out.
 TOKEN_WAIT_S = 60.0
 
 #: recovery.node_check gets this long before it is killed and the node marked unhealthy.
@@ -59,13 +62,6 @@ NVIDIA_GPUS_DIR = "/proc/driver/nvidia/gpus"
 #: the step's own binding before the job's (the job's is the batch node's on a multi-node job).
 GPU_VARIABLES = ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "GPU_DEVICE_ORDINAL")
 
-#: The peers' tokens are looked for after 0.01 s, then each wait half again as long, up to 0.5 s:
-#: healthy nodes see each other within the first looks (srun starts them within milliseconds:
-#: with a first wait of 0.1 s, the node that came first waited 0.1 s of a 0.27-0.32 s gate on
-#: the 2-node site cluster), and a node that waits out TOKEN_WAIT_S lists the folder about 130
-#: times, not 600 (every node lists a folder of a token per node: at a thousand nodes, what a
-#: metadata server sees grows with the nodes squared times the looks).
-_POLL_FIRST_S, _POLL_GROWTH, _POLL_MAX_S = 0.01, 1.5, 0.5
 _LINE_MAX = 300
 
 
@@ -77,9 +73,11 @@ class NodeHealth:
     ok: bool
     problems: tuple[str, ...]  # one line each: what is wrong, and what to do
     seconds: float  # how long the checks took
+    unshared: tuple[str, ...] = ()  # the fields (runs_dir, checkpoint.dir) whose agent token it did not see
 
     def to_dict(self) -> dict[str, Any]:
-        return {"node": self.node, "ok": self.ok, "problems": list(self.problems), "seconds": self.seconds}
+        return {"node": self.node, "ok": self.ok, "problems": list(self.problems), "seconds": self.seconds,
+                "unshared": list(self.unshared)}
 
     @classmethod
     def from_dict(cls, data: Any) -> NodeHealth:
@@ -87,17 +85,13 @@ class NodeHealth:
         if not isinstance(data, dict):
             raise ValueError("a health result is not a JSON object")
         node, ok, problems, seconds = (data.get(k) for k in ("node", "ok", "problems", "seconds"))
+        unshared = data.get("unshared", [])
         if (not isinstance(node, str) or not isinstance(ok, bool) or not isinstance(problems, list)
                 or not all(isinstance(p, str) for p in problems)
-                or not isinstance(seconds, (int, float)) or isinstance(seconds, bool)):
+                or not isinstance(seconds, (int, float)) or isinstance(seconds, bool)
+                or not isinstance(unshared, list) or not all(u in (RUNS_DIR, CHECKPOINT_DIR) for u in unshared)):
             raise ValueError("a health result lacks node, ok, problems or seconds, or has the wrong types")
-        return cls(node=node, ok=ok, problems=tuple(problems), seconds=float(seconds))
-
-
-def health_dir(run_dir: str, attempt: int) -> Path:
-    """``<run>/health/attempt-<K>``: one folder per attempt, so an earlier attempt's tokens never
-    pass for this one's."""
-    return RunFolder.of(run_dir).root / "health" / f"attempt-{attempt}"
+        return cls(node=node, ok=ok, problems=tuple(problems), seconds=float(seconds), unshared=tuple(unshared))
 
 
 def node_file_name(node: str) -> str:
@@ -111,14 +105,14 @@ def result_name(node: str) -> str:
     return f"{node_file_name(node)}.json"
 
 
-def check_node(node: str, run_dir: str, checkpoint_dir: str, attempt: int, peers: Sequence[str],
+def check_node(node: str, run_dir: str, checkpoint_dir: str, attempt: int,
                interface: str | None = None, gpus: int = 0, node_check: Sequence[str] | None = None,
                disk_floor_mb: int = DISK_FLOOR_MB, token_wait_s: float = TOKEN_WAIT_S,
                environ: Mapping[str, str] | None = None) -> NodeHealth:
     """Run every check on this node (none stops the others) and say what failed.
 
-    The token is written first and the peers' tokens looked for last, so the other nodes'
-    checks overlap the wait instead of adding to it."""
+    Whether this node shares the folders with the job's agent (its token, ``shared_folders``) is
+    looked at last, so that a filesystem slow to show the token overlaps the other checks."""
     start = time.monotonic()
     env = os.environ if environ is None else environ
     problems: list[str] = []
@@ -134,13 +128,6 @@ def check_node(node: str, run_dir: str, checkpoint_dir: str, attempt: int, peers
     run_problem = guarded("folder", _writable, run_dir, node, False)
     ckpt_problem = guarded("folder", _writable, checkpoint_dir, node, True)
     problems += [p for p in (run_problem, ckpt_problem) if p]
-    tokens = health_dir(run_dir, attempt) / "tokens"
-    token_written = bool(guarded("token", _write_token, tokens, node, run_problem is not None, problems))
-    # A checkpoint folder outside the run folder must be shared too (else each node resumes from
-    # its own): the same tokens, there.
-    ckpt_tokens = checkpoint_tokens(checkpoint_dir, attempt) if _outside(checkpoint_dir, run_dir) else None
-    ckpt_written = ckpt_tokens is not None and bool(
-        guarded("token", _write_token, ckpt_tokens, node, ckpt_problem is not None, problems))
     token_deadline = time.monotonic() + token_wait_s
     for problem in (guarded("disk", _disk, (run_dir, checkpoint_dir), disk_floor_mb),
                     guarded("interface", _interface, interface),
@@ -148,16 +135,17 @@ def check_node(node: str, run_dir: str, checkpoint_dir: str, attempt: int, peers
                     guarded("node_check", _node_check, node, node_check, env)):
         if problem:
             problems.append(problem)
-    waits = [(tokens, run_dir, "runs_dir")] if token_written else []
-    if ckpt_written and ckpt_tokens is not None:
-        waits.append((ckpt_tokens, checkpoint_dir, "checkpoint.dir"))
-    for folder, shown_dir, field_name in waits:
-        problem = guarded("token", _wait_for_peers, folder, node, peers, shown_dir, token_deadline, token_wait_s,
-                          field_name)
+    unshared: list[str] = []
+    failed = {RUNS_DIR: run_problem, CHECKPOINT_DIR: ckpt_problem}
+    for field, folder, named in token_folders(run_dir, checkpoint_dir, attempt):
+        if failed[field]:
+            continue  # said already; there is no point waiting
+        problem = guarded("token", wait_for_agent_token, folder, node, named, field, token_deadline, token_wait_s)
         if problem:
             problems.append(problem)
+            unshared.append(field)
     return NodeHealth(node=node, ok=not problems, problems=tuple(problems),
-                      seconds=round(time.monotonic() - start, 3))
+                      seconds=round(time.monotonic() - start, 3), unshared=tuple(unshared))
 
 
 # -- 1. the folders are writable -----------------------------------------------------------------
@@ -196,62 +184,6 @@ def _writable(folder: str, node: str, create: bool) -> str | None:
         return (f"cannot {step} the {what} {shown(folder)} on {node}: {errno_text(exc)}; make it writable "
                 "there (permissions, quota, free space, a read-only or dead mount)")
     return None
-
-
-# -- 2. the run folder is shared -----------------------------------------------------------------
-
-def _write_token(tokens: Path, node: str, run_failed: bool, problems: list[str]) -> bool:
-    """This node's token, for the others to see. When the run folder is not writable that was
-    said already, and there is no point waiting for anyone."""
-    try:
-        tokens.mkdir(parents=True, exist_ok=True)
-        path = tokens / node_file_name(node)
-        tmp = tokens / f".{node_file_name(node)}.{os.getpid()}.tmp"
-        tmp.write_text(f"{node} {os.getpid()}\n", encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError as exc:
-        if not run_failed:
-            problems.append(f"cannot write the health token of {node} under {shown(tokens)}: {errno_text(exc)}; "
-                            "make the run folder writable there")
-        return False
-    return True
-
-
-def checkpoint_tokens(checkpoint_dir: str, attempt: int) -> Path:
-    """Where the nodes leave their tokens in a checkpoint folder of its own (hidden: a checkpoint
-    reader, and recovery's progress check, skip dot-files). The agent removes it after the gate."""
-    return Path(checkpoint_dir) / ".orch-health" / f"attempt-{attempt}"
-
-
-def _outside(folder: str, run_dir: str) -> bool:
-    a, b = os.path.abspath(folder), os.path.abspath(run_dir)
-    try:
-        return os.path.commonpath([a, b]) != b
-    except ValueError:
-        return True
-
-
-def _wait_for_peers(tokens: Path, node: str, peers: Sequence[str], run_dir: str, deadline: float,
-                    wait_s: float, field_name: str = "runs_dir") -> str | None:
-    """Poll the tokens folder (a fresh listing each time: on NFS reading the folder revalidates
-    it, where a lookup of a missing name may be answered from the client's cache)."""
-    wanted = {node_file_name(p): p for p in peers}
-    pause = _POLL_FIRST_S
-    while True:
-        try:
-            seen = set(os.listdir(tokens))
-        except OSError:
-            seen = set()
-        missing = [peer for name, peer in wanted.items() if name not in seen]
-        if not missing or time.monotonic() >= deadline:
-            break
-        time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
-        pause = min(pause * _POLL_GROWTH, _POLL_MAX_S)
-    if not missing:
-        return None
-    shown_peers = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
-    return (f"{node} does not see the health tokens of node(s) {shown_peers} under {shown(run_dir)} after "
-            f"{wait_s:g}s: is {field_name} shared between the nodes? (or the health check never started there)")
 
 
 # -- 3. free disk --------------------------------------------------------------------------------
@@ -422,9 +354,23 @@ def read_results(run_dir: str, attempt: int, nodes: Sequence[str]) -> dict[str, 
     return out
 
 
-def unhealthy(results: Mapping[str, NodeHealth]) -> dict[str, str]:
-    """The failing nodes, each with its problems on one line (for status and the exclude list)."""
-    return {node: "; ".join(h.problems) or "unhealthy" for node, h in results.items() if not h.ok}
+def unhealthy(results: Mapping[str, NodeHealth], agent_node: str | None = None,
+              folders: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The failing nodes, each with its problems on one line (for status and the exclude list).
+    With the agent's node and the folders (field -> folder) the nodes must share: every node when
+    most of them do not see the agent's token in one (``shared_folders.not_shared``)."""
+    bad = {node: "; ".join(h.problems) or "unhealthy" for node, h in results.items() if not h.ok}
+    if agent_node is not None and folders:
+        unseen = {node: h.unshared for node, h in results.items()}
+        for node, line in not_shared(unseen, list(results), agent_node, folders).items():
+            bad[node] = f"{bad[node]}; {line}" if node in bad and line not in bad[node] else line
+    return bad
+
+
+def this_node(environ: Mapping[str, str] | None = None) -> str:
+    """This node's name as SLURM knows it (what socket.gethostname() says, elsewhere)."""
+    env = os.environ if environ is None else environ
+    return env.get("SLURMD_NODENAME") or os.uname().nodename
 
 
 # -- the command ---------------------------------------------------------------------------------
@@ -436,7 +382,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", required=True)
     p.add_argument("--checkpoint-dir", required=True)
     p.add_argument("--attempt", type=int, required=True)
-    p.add_argument("--nodes", required=True, help="every node of the allocation, comma-separated")
     p.add_argument("--interface", default=None)
     p.add_argument("--gpus", type=int, default=0, help="GPUs the job needs on each node")
     p.add_argument("--disk-floor-mb", type=int, default=DISK_FLOOR_MB)
@@ -474,13 +419,12 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--node-check-json is not JSON ({exc}): give a list of strings, e.g. '[\"/bin/true\"]'")
         if not isinstance(node_check, list) or not node_check or not all(isinstance(a, str) for a in node_check):
             parser.error("--node-check-json must be a non-empty JSON list of strings, e.g. '[\"/bin/true\"]'")
-    node = os.environ.get("SLURMD_NODENAME") or os.uname().nodename  # what socket.gethostname() says
-    nodes = [n.strip() for n in args.nodes.split(",") if n.strip()]
+    node = this_node()
     cleared = clear_staging_left(args.run_dir)
     if cleared:
         print(f"health: {node}: removed {cleared} heartbeat staging folder(s) of this run that ranks killed in "
               "an earlier attempt left in node-local memory", file=sys.stderr)
-    health = check_node(node, args.run_dir, args.checkpoint_dir, args.attempt, nodes, interface=args.interface,
+    health = check_node(node, args.run_dir, args.checkpoint_dir, args.attempt, interface=args.interface,
                         gpus=args.gpus, node_check=node_check, disk_floor_mb=args.disk_floor_mb,
                         token_wait_s=args.token_wait_s)
     for problem in health.problems:

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from orchestrator import api
-from orchestrator.node import health
+from orchestrator.node import health, shared_folders
 from orchestrator.core.recovery import History
 
 SCRIPT = textwrap.dedent('''
@@ -47,7 +47,8 @@ def main() -> None:
         run.mkdir()
         env = {"CUDA_VISIBLE_DEVICES": "0"}
         for want in (1, 2):
-            h = health.check_node("gpu-node", str(run), str(run / "ckpt"), want, ["gpu-node"], gpus=want, environ=env)
+            shared_folders.write_agent_token(str(run), str(run / "ckpt"), want, "gpu-node")  # the agent's part
+            h = health.check_node("gpu-node", str(run), str(run / "ckpt"), want, gpus=want, environ=env)
             out[f"gate_gpus_{want}"] = {"ok": h.ok, "problems": list(h.problems), "seconds": h.seconds}
         script = Path(d) / "crash_once_nccl.py"
         script.write_text(SCRIPT)

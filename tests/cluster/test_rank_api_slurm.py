@@ -105,8 +105,8 @@ def test_a_checkpoint_folder_the_nodes_do_not_share_fails_the_job_naming_the_ran
                                                                                     gate: bool) -> None:
     """The site profile gives every node its own /mnt/orch-node-local (a node's local disk). With
     the checkpoints there, rank 0 would resume from its own and node 2's ranks from nothing, and
-    the weights would part ways; instead the health gate (each node's token in the folder, read
-    back by the others) fails the job before any rank starts, naming the nodes and the field; with
+    the weights would part ways; instead the health gate (the job agent's token in the folder,
+    looked for by every node) fails the job before any rank starts, naming the nodes and the field; with
     the gate off, the ranks prove at the start that they all see the folder rank 0 sees, and the job
     fails at once naming the ranks and the fix."""
     launch = slurm_plan(cluster, name=f"nodelocal-{gate}", entrypoint=EXAMPLE, args=ARGS,
@@ -115,11 +115,14 @@ def test_a_checkpoint_folder_the_nodes_do_not_share_fails_the_job_naming_the_ran
     record = run(launch)
     logs = "".join(p.read_text() for p in sorted((Path(launch.run_dir) / "slurm").glob("*_log.out")))
     assert record.state == "FAILED", (record.error, logs[-3000:])
-    if gate:
-        for node, other in (("node1", "node2"), ("node2", "node1")):
-            why = (f"{node} does not see the health tokens of node(s) {other} under /mnt/orch-node-local/ckpt after "
-                   "60s: is checkpoint.dir shared between the nodes?")
-            assert why in (record.error or ""), (record.error, logs[-3000:])
+    if gate:  # the agent runs on the batch node (node1): node2 does not see its token, and is all the others
+        error = record.error or ""
+        why = ("node2 does not see the job agent's health token under /mnt/orch-node-local/ckpt after 60s: "
+               "is checkpoint.dir shared between the nodes?")
+        folder = ("checkpoint.dir /mnt/orch-node-local/ckpt is not one folder the nodes share: 1 of the 1 node(s) "
+                  "besides node1 (the job agent's) do not see what the agent wrote there")
+        assert why in error and error.count(folder) == 2, (error, logs[-3000:])  # both nodes blamed, for the folder
+        assert "node1: " in error and "; node2: " in error, error
         assert "[launcher] rank " not in logs, logs[-3000:]  # no rank started
     else:
         why = "rank(s) 2, 3 (on node2) cannot see the checkpoint folder /mnt/orch-node-local/ckpt as rank 0 does"

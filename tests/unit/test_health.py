@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.node import health
+from orchestrator.node import health, shared_folders
 from orchestrator.node.health import NodeHealth, check_node, health_dir, read_results, unhealthy, write_result
 
 GPU_VARS = ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "GPU_DEVICE_ORDINAL")
@@ -24,13 +24,14 @@ def _no_driver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(health, "NVIDIA_GPUS_DIR", str(tmp_path / "no-driver"))
 
 
-def _check(tmp_path: Path, node: str = "n1", **kwargs: Any) -> NodeHealth:
+def _check(tmp_path: Path, node: str = "n1", agent: bool = True, **kwargs: Any) -> NodeHealth:
     run = tmp_path / "run"
     run.mkdir(exist_ok=True)
     kwargs.setdefault("checkpoint_dir", str(run / "checkpoints"))
-    kwargs.setdefault("peers", [node])
     kwargs.setdefault("environ", {})
     kwargs.setdefault("token_wait_s", 0.3)
+    if agent:  # the job agent's part, before the gate's tasks start
+        shared_folders.write_agent_token(str(run), kwargs["checkpoint_dir"], 1, "agent-node")
     return check_node(node, str(run), attempt=1, **kwargs)
 
 
@@ -40,7 +41,8 @@ def test_a_healthy_node_passes_fast(tmp_path: Path) -> None:
     assert h.ok and h.problems == (), h
     assert time.monotonic() - start < 1.0 and h.seconds < 1.0, h
     assert (tmp_path / "run" / "checkpoints").is_dir()  # created, parents and all
-    assert (health_dir(str(tmp_path / "run"), 1) / "tokens" / "n1").read_text().startswith("n1 ")
+    assert (health_dir(str(tmp_path / "run"), 1) / "agent" / "agent").read_text().startswith("agent-node ")
+    assert sorted(p.name for p in health_dir(str(tmp_path / "run"), 1).iterdir()) == ["agent"]  # no token a node
     assert [p.name for p in (tmp_path / "run").iterdir() if p.name.startswith(".health-probe")] == []
 
 
@@ -54,68 +56,68 @@ def test_a_checkpoint_folder_that_cannot_be_made_is_named(tmp_path: Path) -> Non
 
 
 def test_a_run_folder_that_is_a_file_is_named_once(tmp_path: Path) -> None:
-    """No token can be written there, and that is not said a second time."""
+    """No token can be looked for there, and that is not said a second time."""
     run = tmp_path / "run-file"
     run.write_text("x")
-    h = check_node("n1", str(run), str(tmp_path / "ckpt"), 1, ["n1", "n2"], token_wait_s=0.3, environ={})
-    assert not h.ok and len(h.problems) == 2, h
-    assert "run folder" in h.problems[0] and str(run) in h.problems[0], h
-    # the checkpoint folder (outside the run folder) is checked for sharing on its own: n2 never wrote there
-    assert "is checkpoint.dir shared" in h.problems[1] and "runs_dir" not in h.problems[1], h
-    assert h.seconds < 0.6, h  # one wait (the checkpoint folder's), none for the run folder's tokens
+    ckpt = str(tmp_path / "ckpt")
+    shared_folders.write_agent_token(str(run), ckpt, 1, "agent-node")  # the checkpoint folder's only
+    h = check_node("n1", str(run), ckpt, 1, token_wait_s=0.3, environ={})
+    assert not h.ok and len(h.problems) == 1 and "run folder" in h.problems[0], h
+    assert h.seconds < 0.3, h  # no wait: the checkpoint folder's token was there, the run folder's not looked for
 
 
-def test_a_missing_peer_token_is_reported_after_the_wait(tmp_path: Path) -> None:
+def test_a_node_that_does_not_see_the_agents_token_says_so_after_the_wait(tmp_path: Path) -> None:
     start = time.monotonic()
-    h = _check(tmp_path, peers=["n1", "ghost"], token_wait_s=0.3)
+    h = _check(tmp_path, agent=False, token_wait_s=0.3)
     took = time.monotonic() - start
-    assert not h.ok and len(h.problems) == 1, h
-    assert "ghost" in h.problems[0] and "n1 does not see" in h.problems[0], h
+    assert not h.ok and len(h.problems) == 1 and h.unshared == ("runs_dir",), h
+    assert h.problems[0].startswith("n1 does not see the job agent's health token under "), h
     assert "is runs_dir shared" in h.problems[0] and "0.3s" in h.problems[0], h
     assert 0.3 <= took < 1.5, took
 
 
-def test_two_nodes_sharing_the_run_folder_see_each_other(tmp_path: Path) -> None:
+def test_nodes_see_an_agent_token_written_after_they_started(tmp_path: Path) -> None:
+    """The nodes look again until the token shows (a filesystem slow to show it): each waits for it,
+    not the whole wait."""
     results: dict[str, NodeHealth] = {}
 
-    def node(name: str, delay: float) -> None:
-        time.sleep(delay)
-        results[name] = _check(tmp_path, node=name, peers=["a", "b"], token_wait_s=5.0)
+    def node(name: str) -> None:
+        results[name] = _check(tmp_path, node=name, agent=False, token_wait_s=5.0)
 
-    threads = [threading.Thread(target=node, args=("a", 0.0)), threading.Thread(target=node, args=("b", 0.3))]
+    threads = [threading.Thread(target=node, args=(n,)) for n in ("a", "b")]
     start = time.monotonic()
     for t in threads:
         t.start()
+    time.sleep(0.3)
+    shared_folders.write_agent_token(str(tmp_path / "run"), str(tmp_path / "run" / "checkpoints"), 1, "agent-node")
     for t in threads:
         t.join()
     assert results["a"].ok and results["b"].ok, results
-    assert time.monotonic() - start < 3.0  # "a" waited for "b"'s token, not the whole 5 s
-    assert results["a"].seconds >= 0.2, results  # ...but it did wait for it
+    assert time.monotonic() - start < 3.0 and results["a"].seconds >= 0.2, results
 
 
 def test_a_checkpoint_folder_of_its_own_must_be_shared_too(tmp_path: Path) -> None:
-    """Two nodes share the run folder but each has its own checkpoint folder (node-local disk):
-    each names the other and checkpoint.dir; with one shared checkpoint folder both pass."""
-    results: dict[str, NodeHealth] = {}
+    """Three nodes share the run folder; the agent (on node a) wrote its token in the shared
+    checkpoint folder. Node c's checkpoint folder is its own (node-local disk at another path here):
+    c alone is blamed. With two nodes, b's folder its own: b is more than half of the nodes besides
+    the agent's, so the folder is not one the nodes share, and both are blamed, with that line."""
+    shared, local = tmp_path / "shared", tmp_path / "local-c"
+    folders = {"runs_dir": str(tmp_path / "run"), "checkpoint.dir": str(shared)}
+    shared_folders.write_agent_token(str(tmp_path / "run"), str(shared), 1, "a")
+    results = {n: _check(tmp_path, node=n, agent=False, token_wait_s=0.5, checkpoint_dir=str(ckpt))
+               for n, ckpt in (("a", shared), ("b", shared), ("c", local))}
+    assert results["a"].ok and results["b"].ok, results
+    assert results["c"].problems == (f"c does not see the job agent's health token under {local} after 0.5s: is "
+                                     "checkpoint.dir shared between the nodes? (or that folder is unreadable there)",)
+    assert results["c"].unshared == ("checkpoint.dir",)
+    assert unhealthy(results, "a", folders) == {"c": results["c"].problems[0]}
+    assert health.checkpoint_tokens(str(shared), 1).is_dir()  # hidden, for the agent to remove
 
-    def node(name: str, ckpt: Path) -> None:
-        results[name] = _check(tmp_path, node=name, peers=["a", "b"], token_wait_s=1.0, checkpoint_dir=str(ckpt))
-
-    for ckpts in ({"a": tmp_path / "local-a", "b": tmp_path / "local-b"},
-                  {"a": tmp_path / "shared", "b": tmp_path / "shared"}):
-        threads = [threading.Thread(target=node, args=(n, c)) for n, c in ckpts.items()]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if ckpts["a"] != ckpts["b"]:
-            for me, other in (("a", "b"), ("b", "a")):
-                assert results[me].problems == (f"{me} does not see the health tokens of node(s) {other} under "
-                                                f"{ckpts[me]} after 1s: is checkpoint.dir shared between the nodes? "
-                                                "(or the health check never started there)",), results
-        else:
-            assert results["a"].ok and results["b"].ok, results
-            assert health.checkpoint_tokens(str(ckpts["a"]), 1).is_dir()  # hidden, for the agent to remove
+    two = {"a": results["a"], "b": NodeHealth("b", False, results["c"].problems, 0.5, ("checkpoint.dir",))}
+    bad = unhealthy(two, "a", folders)
+    line = (f"checkpoint.dir {shared} is not one folder the nodes share: 1 of the 1 node(s) besides a (the job "
+            "agent's) do not see what the agent wrote there; give checkpoint.dir a path on a filesystem every node mounts")
+    assert bad == {"a": line, "b": f"{two['b'].problems[0]}; {line}"}, bad
 
 
 def test_a_disk_floor_above_the_free_space_is_reported(tmp_path: Path) -> None:
@@ -188,8 +190,7 @@ def test_node_check_timeout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_every_check_runs(tmp_path: Path) -> None:
-    h = _check(tmp_path, peers=["n1", "ghost"], interface="nosuchif9", gpus=1, node_check=["false"],
-               disk_floor_mb=10**9)
+    h = _check(tmp_path, agent=False, interface="nosuchif9", gpus=1, node_check=["false"], disk_floor_mb=10**9)
     assert len(h.problems) == 5, h
 
 
@@ -216,7 +217,8 @@ def test_main_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
         monkeypatch.delenv(name, raising=False)
     run = tmp_path / "run"
     run.mkdir()
-    args = ["--run-dir", str(run), "--checkpoint-dir", str(run / "ckpt"), "--attempt", "3", "--nodes", "n1",
+    shared_folders.write_agent_token(str(run), str(run / "ckpt"), 3, "n1")
+    args = ["--run-dir", str(run), "--checkpoint-dir", str(run / "ckpt"), "--attempt", "3",
             "--token-wait-s", "0.3", "--node-check-json", json.dumps(["sh", "-c", 'test "$ORCH_HEALTH_NODE" = n1'])]
     assert health.main(args) == 0
     assert capsys.readouterr().err == ""
@@ -234,29 +236,33 @@ def test_main_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
 def test_main_refuses_a_bad_node_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         health.main(["--run-dir", str(tmp_path), "--checkpoint-dir", str(tmp_path), "--attempt", "1",
-                     "--nodes", "n1", "--node-check-json", '"false"'])
+                     "--node-check-json", '"false"'])
     assert exc.value.code == 2
     assert "list of strings" in capsys.readouterr().err
 
 
-def test_the_wait_for_peers_lists_the_folder_less_and_less_often(tmp_path: Path,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """Waiting out the whole token wait, a node lists the tokens folder a bounded number of times
-    (first after 0.01 s, then each pause half again as long, up to 0.5 s), not every 0.1 s: with a
-    token per node in the folder and every node listing it, that is the metadata server's load."""
-    listings: list[float] = []
-    real_listdir = health.os.listdir
+def test_the_wait_for_the_agents_token_lists_its_folder_less_and_less_often(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node lists one folder, which holds the agent's token alone: once when the token is there;
+    waiting out the whole token wait, a bounded number of times (at once, after 0.01 s, then each
+    pause half again as long, up to 0.5 s), not every 0.1 s."""
+    listings: list[tuple[float, str]] = []
+    real_listdir = shared_folders.os.listdir
 
     def counting(path: Any) -> list[str]:
-        if Path(path).name == "tokens":
-            listings.append(time.monotonic())
+        listings.append((time.monotonic(), str(path)))
         return real_listdir(path)
 
-    monkeypatch.setattr(health.os, "listdir", counting)
-    h = _check(tmp_path, peers=["n1", "ghost"], token_wait_s=2.0)
-    assert not h.ok and "ghost" in h.problems[0]
-    pauses = [b - a for a, b in zip(listings, listings[1:])]
-    assert 5 <= len(listings) <= 14, (len(listings), pauses)  # every 0.1 s: 20
+    monkeypatch.setattr(shared_folders.os, "listdir", counting)
+    assert _check(tmp_path).ok
+    agent_folder = str(health_dir(str(tmp_path / "run"), 1) / "agent")
+    assert [p for _, p in listings] == [agent_folder]  # one listing, of a folder of one name
+    listings.clear()
+    h = _check(tmp_path, agent=False, token_wait_s=2.0, checkpoint_dir=str(tmp_path / "ckpt-elsewhere"))
+    assert not h.ok and h.unshared == ("checkpoint.dir",), h  # the run folder's token is there from the first call
+    times = [t for t, p in listings if p.endswith(".orch-health/attempt-1/agent")]
+    pauses = [b - a for a, b in zip(times, times[1:])]
+    assert 5 <= len(times) <= 15, (len(times), pauses)  # every 0.1 s: 20
     assert pauses[0] < 0.05 and all(p < 0.65 for p in pauses) and max(pauses) > 0.4, pauses
 
 
@@ -283,8 +289,9 @@ def test_the_gate_process_starts_lean_and_still_gives_a_verdict(tmp_path: Path) 
     run = tmp_path / "run"
     run.mkdir()
     (tmp_path / "json.py").write_text("raise SystemExit('the submit folder was imported')\n")
+    shared_folders.write_agent_token(str(run), str(run / "ckpt"), 1, "n1")
     done = subprocess.run(lean_module_argv(sys.executable, "orchestrator.node.health", "--run-dir", str(run),
-                                           "--checkpoint-dir", str(run / "ckpt"), "--attempt", "1", "--nodes", "n1",
+                                           "--checkpoint-dir", str(run / "ckpt"), "--attempt", "1",
                                            "--node-check-json", '["/bin/true"]'),
                           capture_output=True, text=True, cwd=tmp_path, timeout=60,
                           env={"SLURMD_NODENAME": "n1", "PATH": "/usr/bin:/bin"})

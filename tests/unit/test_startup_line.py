@@ -26,7 +26,8 @@ def test_a_thousand_node_job_names_its_one_step_and_its_rendezvous() -> None:
     line = start_line(_plan())
     assert line.startswith("start-up: one srun step starts the 8192 rank(s), 8 a node; each node's first rank runs "
                            "the health gate"), line
-    assert f"waits up to {TOKEN_WAIT_S:g}s for the other nodes' tokens" in line, line
+    assert f"the job agent's token in the folders the nodes share: one listing of a one-name folder, up to " \
+           f"{TOKEN_WAIT_S:g}s" in line, line
     assert "no entrypoint starts before the job's agent has every node's verdict" in line, line
     assert "the 8192 ranks connect to rank 0's TCPStore, its libuv server" in line, line
     assert "within distributed.init_timeout_s, 300s" in line and "96K ranks" in line, line

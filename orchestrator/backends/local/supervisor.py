@@ -445,10 +445,12 @@ def health_gate(payload: Payload, attempt: int) -> Failure | None:
     failure (unhealthy) when it fails, else None."""
     if not payload.recovery.health_check:
         return None
-    from orchestrator.node import health
+    from orchestrator.node import health, shared_folders
 
     node = socket.gethostname()
-    result = health.check_node(node, payload.run_dir, payload.checkpoint.dir, attempt, [node],
+    for line in shared_folders.write_agent_token(payload.run_dir, payload.checkpoint.dir, attempt, node):
+        print(f"[orchestrator] health gate: {line}", file=sys.stderr)
+    result = health.check_node(node, payload.run_dir, payload.checkpoint.dir, attempt,
                                interface=None, gpus=len(payload.devices or ()),
                                node_check=payload.recovery.node_check,
                                environ={**os.environ, **({"CUDA_VISIBLE_DEVICES": ",".join(map(str, payload.devices))}

@@ -21,7 +21,7 @@ from orchestrator.backends.slurm.node.agent_state import AgentContext
 from orchestrator.backends.slurm.node.slurm_task import GATE_OPTION
 from orchestrator.core.recovery import Failure
 from orchestrator.core.states import FailureKind
-from orchestrator.node import gate_step, health
+from orchestrator.node import gate_step, health, shared_folders
 
 _POLL_FIRST_S, _POLL_GROWTH, _POLL_MAX_S = 0.01, 1.5, 0.02
 
@@ -37,6 +37,9 @@ class StepGate:
         self.number = ctx.attempt.number
         self.folder = health.health_dir(ctx.run_dir, self.number)
         shutil.rmtree(self.folder, ignore_errors=True)  # a resubmission's leftovers: never this attempt's
+        for line in shared_folders.write_agent_token(ctx.run_dir, ctx.payload.checkpoint.dir, self.number,
+                                             health.this_node()):
+            ctx.say(f"health gate: {line}")
         self.names = {health.result_name(n) for n in nodes}
         self.started = time.monotonic()
         self.decided = False
@@ -96,7 +99,8 @@ def gate_verdict(ctx: AgentContext, number: int, nodes: Sequence[str], seconds: 
     checkpoint folder's tokens removed, the attempt's record of it, the batch log's line; the
     failure (unhealthy, blamed on the nodes that failed) or None."""
     assert ctx.attempt is not None
-    bad = health.unhealthy(health.read_results(ctx.run_dir, number, nodes))
+    folders = {f: named for f, _, named in shared_folders.token_folders(ctx.run_dir, ctx.payload.checkpoint.dir, number)}
+    bad = health.unhealthy(health.read_results(ctx.run_dir, number, nodes), health.this_node(), folders)
     shutil.rmtree(health.checkpoint_tokens(ctx.payload.checkpoint.dir, number).parent, ignore_errors=True)
     ctx.attempt.health = bad
     ctx.attempt.times["gate_s"] = round(seconds, 3)

@@ -97,13 +97,15 @@ class AgentRecovery:
         import json
         import shutil
 
-        from orchestrator.node import gate_step, health
+        from orchestrator.node import gate_step, health, shared_folders
 
         c = self.ctx
         assert c.attempt is not None
         number = c.attempt.number
         hosts = [h for h in c.slurm.hosts if h not in c.history.excluded] or list(c.slurm.hosts) or [socket.gethostname()]
         shutil.rmtree(health.health_dir(c.run_dir, number), ignore_errors=True)  # a resubmission's leftovers
+        for line in shared_folders.write_agent_token(c.run_dir, c.payload.checkpoint.dir, number, health.this_node()):
+            c.say(f"health gate: {line}")
         p = c.payload
         gpus = gate_step.gate_gpus(p)
         where = [f"--nodelist={','.join(hosts)}"] if set(hosts) != set(c.slurm.hosts) else []  # not an excluded one
@@ -112,8 +114,7 @@ class AgentRecovery:
                 # never importing from the submit folder (a json.py), nor site's .pth files: the gate
                 # is the standard library and this package (the agent's: it runs the same python)
                 *lean_module_argv(p.python, "orchestrator.node.health", "--run-dir", c.run_dir, "--checkpoint-dir",
-                                  p.checkpoint.dir, "--attempt", str(number), "--nodes", ",".join(hosts),
-                                  "--gpus", str(gpus))]
+                                  p.checkpoint.dir, "--attempt", str(number), "--gpus", str(gpus))]
         if p.interface:
             argv += ["--interface", p.interface]
         if p.recovery.node_check:

@@ -80,7 +80,7 @@ def main(args: list[str]) -> int:
     if gate is not None:  # the health gate inside this step: nothing of the user's runs before it passes
         from orchestrator.node import gate_step
 
-        stop = gate_step.check_part(payload, gate, task.localid, task.hosts, os.environ)
+        stop = gate_step.check_part(payload, gate, task.localid, os.environ)
     try:
         return _start(task, payload, args, gate, stop)
     finally:

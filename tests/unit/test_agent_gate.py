@@ -85,6 +85,24 @@ def test_a_task_gives_up_on_an_agent_that_never_decides(tmp_path: Path) -> None:
     assert 0.3 <= time.monotonic() - started < 2
 
 
+def test_the_decision_is_looked_for_at_a_pace_that_grows_with_the_job(tmp_path: Path, monkeypatch: Any) -> None:
+    """A node's looks for the decision: at most 20 ms apart at 2 nodes (the entrypoints start soon
+    after it), 0.5 s at thousands (the nodes' looks together stay near 1,000 a second)."""
+    assert [gate_step.decision_pause_s(n) for n in (1, 2, 20, 64, 500, 4096)] == [0.02, 0.02, 0.02, 0.064, 0.5, 0.5]
+    for nodes, at_least, at_most in ((2, 40, 60), (4096, 6, 12)):
+        listings: list[float] = []
+        real = gate_step.os.listdir
+
+        def counting(path: Any) -> list[str]:
+            listings.append(time.monotonic())
+            return real(path)
+
+        monkeypatch.setattr(gate_step.os, "listdir", counting)
+        assert gate_step.wait_for_decision(str(tmp_path), 1, wait_s=1.0, nodes=nodes) is None
+        monkeypatch.undo()
+        assert at_least <= len(listings) <= at_most, (nodes, len(listings))
+
+
 def test_a_resubmissions_leftover_decision_is_never_this_attempts(tmp_path: Path) -> None:
     ctx = _ctx(tmp_path, [])
     gate_step.write_decision(ctx.run_dir, 3, True)

@@ -1,6 +1,6 @@
 """Start-up and cancel of a many-node job against SLURM's own floor, on the deploy cluster (issue 36).
 
-Run (root): .venv/bin/python tests/benchmarks/bench_scale.py [--nodes 64] [--repeat 3] [--cluster DIR]
+Run (root): .venv/bin/python tests/benchmarks/bench_scale.py [--nodes 64] [--repeat 3] [--cluster DIR] [--gloo]
 Without --cluster it brings a cluster of ``--nodes`` nodes with one CPU each up in its own folder
 (deploy/cluster.sh up --nodes N --cpus 1; stop the test cluster first: both use the same namespaces)
 and takes it down at the end.
@@ -17,6 +17,17 @@ started, then sleeps until cancelled), side by side with the floor, in the same 
    the gate running inside that step), then from the decision to the last rank's entrypoint.
 3. cancel -> every rank gone: ``orchestrator cancel`` against ``scancel`` of the plain job, until
    no rank's process is left (the nodes are network namespaces: every rank is visible here).
+4. the job's agent in steady state (the stall watchdog on, every rank running): its CPU time over
+   10 s, against a bare loop that wakes as often (every 0.2 s) and does nothing.
+
+After each job is cancelled the bench waits until it has left the queue (its nodes out of
+COMPLETING), so that no job measured waits for the previous one's nodes.
+
+``--gloo``: the job's script imports torch, joins a gloo process group and all-reduces once before
+it records its start, as a training script's first step does; the plain job's batch script sets
+what torchrun would (MASTER_ADDR from ``scontrol show hostnames``, the rank from SLURM_PROCID) and
+GLOO_SOCKET_IFNAME, as a hand-written one must on these nodes. Each rank imports torch (about 2 s
+of CPU and 280 MB here): at 64 ranks on this machine's 2 cores and 24 GB, run it at 32 nodes.
 """
 
 from __future__ import annotations
@@ -43,6 +54,24 @@ with open(os.path.join(out, 'rank-' + rank), 'w') as f:
     f.write(f"{time.time()} {os.getpid()}")
 time.sleep(3600)
 """
+GLOO = """import os, sys, time
+out = sys.argv[sys.argv.index('--out') + 1]
+for name, slurm in (('RANK', 'SLURM_PROCID'), ('WORLD_SIZE', 'SLURM_NTASKS'), ('LOCAL_RANK', 'SLURM_LOCALID')):
+    os.environ.setdefault(name, os.environ[slurm])  # plain srun: what torchrun would set
+import torch
+import torch.distributed as dist
+dist.init_process_group('gloo')
+t = torch.ones(1024)
+dist.all_reduce(t)
+assert t[0].item() == dist.get_world_size()
+with open(os.path.join(out, 'rank-' + os.environ['RANK']), 'w') as f:
+    f.write(f"{time.time()} {os.getpid()}")
+time.sleep(3600)
+"""
+#: The plain job's batch script for --gloo: what a hand-written one sets before srun.
+GLOO_ENV = ('export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1) MASTER_PORT=29555 '
+            'GLOO_SOCKET_IFNAME=eth0; ')
+AGENT_WINDOW_S = 10.0
 
 
 def wait_ranks(out: Path, n: int, timeout: float = 300) -> tuple[float, list[int]]:
@@ -84,13 +113,54 @@ def floors(nodes: int) -> dict[str, float]:
     return {name: statistics.median(v) for name, v in took.items()}
 
 
-def ours(shared: Path, nodes: int, i: int, script: Path) -> dict[str, float]:
+def wait_job_gone(job: str, timeout: float = 300) -> None:
+    """Until SLURM holds no trace of the job (its nodes out of COMPLETING): the next job measured
+    must not wait for this one's nodes."""
+    deadline = time.monotonic() + timeout
+    while subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True).stdout.strip():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"job {job} still in the queue {timeout:.0f} s after its ranks ended")
+        time.sleep(0.2)
+
+
+def cpu_seconds(pid: int) -> float:
+    """A process's user + system CPU time so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_over(pid: int, seconds: float) -> float:
+    """The share of one core ``pid`` used over ``seconds``."""
+    before = cpu_seconds(pid)
+    time.sleep(seconds)
+    return (cpu_seconds(pid) - before) / seconds
+
+
+def agent_pid(run_dir: Path) -> int:
+    """The job's agent: the batch script's python running slurm_job on this run's payload."""
+    found = subprocess.run(["pgrep", "-f", f"slurm_job {run_dir}/payload.json"], capture_output=True, text=True)
+    return int(found.stdout.split()[0])
+
+
+def bare_loop_cpu(seconds: float) -> float:
+    """The floor of the agent's steady state: a loop that wakes every 0.2 s (the agent's POLL_S)."""
+    loop = subprocess.Popen([PY, "-c", "import time\nwhile True: time.sleep(0.2)"])
+    try:
+        time.sleep(1.0)  # past its start
+        return cpu_over(loop.pid, seconds)
+    finally:
+        loop.kill()
+        loop.wait()
+
+
+def ours(shared: Path, nodes: int, i: int, script: Path, window_s: float = AGENT_WINDOW_S) -> dict[str, float]:
     out = shared / f"ours-{i}"
     out.mkdir()
     spec = shared / f"spec-{i}.yaml"
     spec.write_text(yaml.safe_dump({"name": f"scale{i}", "executor": "slurm", "runs_dir": str(shared / "runs"),
                                     "entrypoint": str(script), "nodes": nodes, "cpu_ranks_per_node": 1,
-                                    "extra_args": ["--out", str(out)], "slurm": {"time": "00:10:00"}}))
+                                    "extra_args": ["--out", str(out)], "slurm": {"time": "00:10:00"},
+                                    "watchdog": {"stall_s": 600}}))
     t0 = time.time()
     said = subprocess.run([PY, "-m", "orchestrator", "submit", str(spec)], check=True, capture_output=True,
                           text=True, cwd=shared).stdout  # "submitted ID: job(s) J; run folder DIR"
@@ -98,6 +168,7 @@ def ours(shared: Path, nodes: int, i: int, script: Path) -> dict[str, float]:
     last, pids = wait_ranks(out, nodes)
     line = next(ln for ln in said.splitlines() if ln.startswith("submitted "))
     run_id, run_dir = line.split()[1].rstrip(":"), Path(line.rsplit("run folder ", 1)[1])
+    agent_cpu = cpu_over(agent_pid(run_dir), window_s)
     c0 = time.time()
     subprocess.run([PY, "-m", "orchestrator", "cancel", run_id], check=True, capture_output=True, cwd=shared)
     gone = wait_gone(pids)
@@ -108,23 +179,27 @@ def ours(shared: Path, nodes: int, i: int, script: Path) -> dict[str, float]:
             break
         time.sleep(0.2)
     times = attempt.get("times", {})
+    wait_job_gone(line.split("job(s) ", 1)[1].split(";", 1)[0].split(",")[0])
     return {"submit -> all ranks": last - t0, "the command": command, "to the agent's first attempt": attempt["started"] - t0,
             "health gate": float(times.get("gate_s", 0.0)),
             "gate's decision -> last rank": last - float(times.get("ranks_at", last)),
-            "cancel -> all ranks gone": gone - c0}
+            "cancel -> all ranks gone": gone - c0, "agent CPU": agent_cpu}
 
 
-def plain(shared: Path, nodes: int, i: int, script: Path) -> dict[str, float]:
+def plain(shared: Path, nodes: int, i: int, script: Path, prefix: str = "") -> dict[str, float]:
+    """``prefix``: what the batch script runs before srun (--gloo: GLOO_ENV)."""
     out = shared / f"plain-{i}"
     out.mkdir()
     t0 = time.time()
     job = subprocess.run(["sbatch", "--parsable", f"-N{nodes}", "--ntasks-per-node=1", "-o", "/dev/null",
-                          "--wrap", f"srun {PY} {script} --out {out}"], check=True, capture_output=True,
+                          "--wrap", f"{prefix}srun {PY} {script} --out {out}"],
+                         check=True, capture_output=True,
                          text=True).stdout.strip().split(";")[0]
     last, pids = wait_ranks(out, nodes)
     c0 = time.time()
     subprocess.run(["scancel", job], check=True)
     gone = wait_gone(pids)
+    wait_job_gone(job)
     return {"submit -> all ranks": last - t0, "cancel -> all ranks gone": gone - c0}
 
 
@@ -134,6 +209,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--cluster", type=Path, default=None, help="a running deploy/ cluster's folder (kept up)")
     ap.add_argument("--shared", type=Path, default=SHARED, help="a folder every node sees, not node-local")
+    ap.add_argument("--agent-window", type=float, default=AGENT_WINDOW_S, help="seconds the agent's CPU is measured over")
+    ap.add_argument("--gloo", action="store_true", help="the job's script imports torch and all-reduces once over gloo")
     a = ap.parse_args()
     folder = a.cluster or CLUSTER
     if a.cluster is None:
@@ -145,20 +222,24 @@ def main() -> None:
         shared = a.shared / f"bench-{os.getpid()}"
         shared.mkdir()
         script = shared / "started.py"
-        script.write_text(SCRIPT)
-        print(f"{a.nodes} nodes, one rank a node (a script without torch), {a.repeat} round(s), seconds (median):")
+        script.write_text(GLOO if a.gloo else SCRIPT)
+        what = "a torch script, started once past its first gloo all-reduce" if a.gloo else "a script without torch"
+        print(f"{a.nodes} nodes, one rank a node ({what}), {a.repeat} round(s), seconds (median):")
         for name, took in floors(a.nodes).items():
             print(f"  floor: {name:48} {took:6.2f}")
         mine: list[dict[str, float]] = []
         theirs: list[dict[str, float]] = []
         for i in range(a.repeat):  # alternated, so both see the same machine
-            theirs.append(plain(shared, a.nodes, i, script))
-            mine.append(ours(shared, a.nodes, i, script))
+            theirs.append(plain(shared, a.nodes, i, script, GLOO_ENV if a.gloo else ""))
+            mine.append(ours(shared, a.nodes, i, script, a.agent_window))
         for key in ("submit -> all ranks", "cancel -> all ranks gone"):
             o, p = statistics.median(r[key] for r in mine), statistics.median(r[key] for r in theirs)
             print(f"  {key:28} orchestrator {o:6.2f}   sbatch+srun / scancel {p:6.2f}   +{o - p:.2f} s ({o / p:.2f}x)")
         for key in ("the command", "to the agent's first attempt", "health gate", "gate's decision -> last rank"):
             print(f"    of ours: {key:30} {statistics.median(r[key] for r in mine):6.2f}")
+        agent, bare = statistics.median(r["agent CPU"] for r in mine), bare_loop_cpu(a.agent_window)
+        print(f"  the job's agent, steady state (stall watchdog on), over {a.agent_window:g} s: {agent * 100:.3f} % of a "
+              f"core; a bare loop waking as often: {bare * 100:.3f} %")
     finally:
         if a.cluster is None:
             subprocess.run(["bash", str(ROOT / "deploy" / "cluster.sh"), "down", "--dir", str(folder)], cwd=ROOT,

@@ -53,8 +53,9 @@ def test_bench_recovery_inside_runs_one_round(cluster: dict[str, str]) -> None:
 def test_bench_scale_runs_one_round_on_the_sessions_nodes(cluster: dict[str, str]) -> None:
     folder = Path(cluster["SLURM_CONF"]).parent
     said = _bench([str(BENCH / "bench_scale.py"), "--cluster", str(folder), "--nodes", "2", "--repeat", "1",
-                   "--shared", str(Path(cluster["runs_dir"]) / "bench-scale-smoke")],
+                   "--agent-window", "1", "--shared", str(Path(cluster["runs_dir"]) / "bench-scale-smoke")],
                   {**os.environ, "SLURM_CONF": cluster["SLURM_CONF"]})
     for line in (r"floor: srun true\s+[\d.]+", r"submit -> all ranks\s+orchestrator\s+[\d.]+\s+sbatch\+srun",
-                 r"cancel -> all ranks gone\s+orchestrator\s+[\d.]+", r"of ours: health gate\s+[\d.]+"):
+                 r"cancel -> all ranks gone\s+orchestrator\s+[\d.]+", r"of ours: health gate\s+[\d.]+",
+                 r"the job's agent, steady state .*: [\d.]+ % of a core; a bare loop waking as often: [\d.]+ %"):
         assert re.search(line, said), f"no /{line}/ in:\n{said[-4000:]}"

@@ -6,6 +6,8 @@ cluster first: both use the same namespaces), unless --cluster names a running o
 
 1. submit -> all ranks running: `orchestrator submit` of a 2 x 2 job whose ranks record the
    time they start, against `sbatch --wrap "srun ..."` running the same script. Ratio reported.
+   Each job leaves the queue before the next is submitted. The controller's scheduling still
+   moves single jobs by up to a second here: take medians of 5 or more.
 2. submission of a 100-point sweep: wall time of `orchestrator submit` (one array). Target <= 2 s.
 3. scheduler calls made by `status` over 100 jobs (100 array tasks + 20 single jobs): target 1-2.
 4. scheduler calls made by `submit --wait` of a 2-minute job, counted by wrappers of sacct,
@@ -49,6 +51,22 @@ def wait_files(out: Path, n: int, timeout: float = 120) -> float:
     return max(float(p.read_text()) for p in out.glob("rank-*"))
 
 
+def wait_job_gone(job: str, timeout: float = 120) -> None:
+    """Until SLURM holds no trace of the job: the next job measured must not wait for its nodes
+    (before, the job that came first in each round paid for the previous round's last job)."""
+    deadline = time.monotonic() + timeout
+    while subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True).stdout.strip():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"job {job} still in the queue {timeout:.0f} s after its ranks started")
+        time.sleep(0.1)
+
+
+def submitted_job(said: str) -> str:
+    """The job id ``orchestrator submit`` printed ("submitted ID: job(s) J; run folder DIR")."""
+    line = next(ln for ln in said.splitlines() if ln.startswith("submitted "))
+    return line.split("job(s) ", 1)[1].split(";", 1)[0].split(",")[0]
+
+
 def spec_file(tmp: Path, **fields: Any) -> Path:
     path = tmp / f"spec-{time.monotonic_ns()}.yaml"
     path.write_text(yaml.safe_dump({"name": "bench", "executor": "slurm", "runs_dir": str(tmp / "runs"),
@@ -68,23 +86,29 @@ def latency(repeat: int, tmp: Path, script: Path) -> None:
         spec = spec_file(tmp, name=f"lat{i}", entrypoint=str(script), nodes=2, cpu_ranks_per_node=2,
                          extra_args=["--out", str(out)])
         t0 = time.time()
-        subprocess.run([PY, "-m", "orchestrator", "submit", str(spec)], check=True, stdout=subprocess.DEVNULL)
+        said = subprocess.run([PY, "-m", "orchestrator", "submit", str(spec)], check=True, capture_output=True,
+                              text=True).stdout
         cli.append(time.time() - t0)
         ours.append(wait_files(out, 4) - t0)
+        wait_job_gone(submitted_job(said))
         out = tmp / f"nogate-{i}"
         out.mkdir()
         spec = spec_file(tmp, name=f"nogate{i}", entrypoint=str(script), nodes=2, cpu_ranks_per_node=2,
                          extra_args=["--out", str(out)], recovery={"health_check": False})
         t0 = time.time()
-        subprocess.run([PY, "-m", "orchestrator", "submit", str(spec)], check=True, stdout=subprocess.DEVNULL)
+        said = subprocess.run([PY, "-m", "orchestrator", "submit", str(spec)], check=True, capture_output=True,
+                              text=True).stdout
         ungated.append(wait_files(out, 4) - t0)
+        wait_job_gone(submitted_job(said))
         out = tmp / f"plain-{i}"
         out.mkdir()
         t0 = time.time()
-        subprocess.run(["sbatch", "-Q", "-N2", "--ntasks-per-node=2", "-o", "/dev/null", "--wrap",
-                        f"srun {PY} {script} --out {out}"], check=True)
+        job = subprocess.run(["sbatch", "--parsable", "-Q", "-N2", "--ntasks-per-node=2", "-o", "/dev/null", "--wrap",
+                              f"srun {PY} {script} --out {out}"], check=True, capture_output=True,
+                             text=True).stdout.strip().split(";")[0]
         plain_cli.append(time.time() - t0)
         plain.append(wait_files(out, 4) - t0)
+        wait_job_gone(job)
     o, p = statistics.median(ours), statistics.median(plain)
     from bench_cli import bytecode_state  # this folder is on sys.path: the benchmarks run as scripts
 

@@ -16,7 +16,9 @@ started, then sleeps until cancelled), side by side with the floor, in the same 
    health gate (recovery.json's ``gate_s``: from the ranks' step's start to the agent's decision,
    the gate running inside that step), then from the decision to the last rank's entrypoint.
 3. cancel -> every rank gone: ``orchestrator cancel`` against ``scancel`` of the plain job, until
-   no rank's process is left (the nodes are network namespaces: every rank is visible here).
+   no rank's process is left (the nodes are network namespaces: every rank is visible here). The
+   ranks are watched while our command runs: it returns only once the job has left the queue,
+   which it reports on its own line (until 2026-11-29 that wait was counted as the ranks').
 4. the job's agent in steady state (the stall watchdog on, every rank running): its CPU time over
    10 s, against a bare loop that wakes as often (every 0.2 s) and does nothing.
 
@@ -42,6 +44,7 @@ import time
 from pathlib import Path
 
 import yaml
+from bench_slurm import submitted_job, wait_job_gone  # this folder is on sys.path: the benchmarks run as scripts
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
@@ -58,14 +61,19 @@ GLOO = """import os, sys, time
 out = sys.argv[sys.argv.index('--out') + 1]
 for name, slurm in (('RANK', 'SLURM_PROCID'), ('WORLD_SIZE', 'SLURM_NTASKS'), ('LOCAL_RANK', 'SLURM_LOCALID')):
     os.environ.setdefault(name, os.environ[slurm])  # plain srun: what torchrun would set
+t0 = time.time()
 import torch
 import torch.distributed as dist
+t1 = time.time()
 dist.init_process_group('gloo')
 t = torch.ones(1024)
 dist.all_reduce(t)
 assert t[0].item() == dist.get_world_size()
-with open(os.path.join(out, 'rank-' + os.environ['RANK']), 'w') as f:
-    f.write(f"{time.time()} {os.getpid()}")
+t2 = time.time()
+name = os.path.join(out, 'rank-' + os.environ['RANK'])
+with open(name + '.tmp', 'w') as f:  # when, who, then how long importing torch and joining took
+    f.write(f"{t2} {os.getpid()} {t1 - t0} {t2 - t1}")
+os.replace(name + '.tmp', name)
 time.sleep(3600)
 """
 #: The plain job's batch script for --gloo: what a hand-written one sets before srun.
@@ -78,13 +86,23 @@ def wait_ranks(out: Path, n: int, timeout: float = 300) -> tuple[float, list[int
     """When the last of ``n`` ranks started, and their pids."""
     deadline = time.monotonic() + timeout
     while True:
-        files = list(out.glob("rank-*"))
+        files = [p for p in out.glob("rank-*") if not p.name.endswith(".tmp")]
         values = [p.read_text().split() for p in files]
-        if len(files) >= n and all(len(v) == 2 for v in values):
+        if len(files) >= n and all(len(v) in (2, 4) for v in values):
             return max(float(v[0]) for v in values), [int(v[1]) for v in values]
         if time.monotonic() > deadline:
-            raise TimeoutError(f"only {len(files)} of {n} ranks started in {timeout:.0f} s (see {out})")
+            raise TimeoutError(f"only {len(files)} of {n} ranks started in {timeout:.0f} s (see {out}, and the job's "
+                               f"log beside it)")
         time.sleep(0.05)
+
+
+def phases(out: Path) -> dict[str, float]:
+    """--gloo: the median rank's seconds importing torch, and joining the group + the first all-reduce."""
+    values = [p.read_text().split() for p in out.glob("rank-*") if not p.name.endswith(".tmp")]
+    if not values or len(values[0]) < 4:
+        return {}
+    return {"importing torch (median rank)": statistics.median(float(v[2]) for v in values),
+            "joining + first all-reduce (median rank)": statistics.median(float(v[3]) for v in values)}
 
 
 def wait_gone(pids: list[int], timeout: float = 120) -> float:
@@ -111,16 +129,6 @@ def floors(nodes: int) -> dict[str, float]:
         name, t0, t1 = line.rsplit("|", 2)
         took.setdefault(name, []).append(float(t1) - float(t0))
     return {name: statistics.median(v) for name, v in took.items()}
-
-
-def wait_job_gone(job: str, timeout: float = 300) -> None:
-    """Until SLURM holds no trace of the job (its nodes out of COMPLETING): the next job measured
-    must not wait for this one's nodes."""
-    deadline = time.monotonic() + timeout
-    while subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True).stdout.strip():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"job {job} still in the queue {timeout:.0f} s after its ranks ended")
-        time.sleep(0.2)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -170,8 +178,14 @@ def ours(shared: Path, nodes: int, i: int, script: Path, window_s: float = AGENT
     run_id, run_dir = line.split()[1].rstrip(":"), Path(line.rsplit("run folder ", 1)[1])
     agent_cpu = cpu_over(agent_pid(run_dir), window_s)
     c0 = time.time()
-    subprocess.run([PY, "-m", "orchestrator", "cancel", run_id], check=True, capture_output=True, cwd=shared)
+    # The command returns once the scheduler no longer lists the job (COMPLETING included): the
+    # ranks' end is watched beside it, as the plain side's is after scancel returns.
+    cancel = subprocess.Popen([PY, "-m", "orchestrator", "cancel", run_id], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, cwd=shared)
     gone = wait_gone(pids)
+    if cancel.wait(timeout=300):
+        raise RuntimeError(f"orchestrator cancel {run_id} failed (exit {cancel.returncode})")
+    returned = time.time()
     deadline = time.monotonic() + 60  # the attempt's moments are recorded as it ends
     while True:
         attempt = json.loads((run_dir / "recovery.json").read_text())["attempts"][0]
@@ -179,11 +193,12 @@ def ours(shared: Path, nodes: int, i: int, script: Path, window_s: float = AGENT
             break
         time.sleep(0.2)
     times = attempt.get("times", {})
-    wait_job_gone(line.split("job(s) ", 1)[1].split(";", 1)[0].split(",")[0])
+    wait_job_gone(submitted_job(said), timeout=300)
     return {"submit -> all ranks": last - t0, "the command": command, "to the agent's first attempt": attempt["started"] - t0,
             "health gate": float(times.get("gate_s", 0.0)),
             "gate's decision -> last rank": last - float(times.get("ranks_at", last)),
-            "cancel -> all ranks gone": gone - c0, "agent CPU": agent_cpu}
+            "cancel -> all ranks gone": gone - c0, "the cancel command, job out of the queue": returned - c0,
+            "agent CPU": agent_cpu, **phases(out)}
 
 
 def plain(shared: Path, nodes: int, i: int, script: Path, prefix: str = "") -> dict[str, float]:
@@ -191,7 +206,7 @@ def plain(shared: Path, nodes: int, i: int, script: Path, prefix: str = "") -> d
     out = shared / f"plain-{i}"
     out.mkdir()
     t0 = time.time()
-    job = subprocess.run(["sbatch", "--parsable", f"-N{nodes}", "--ntasks-per-node=1", "-o", "/dev/null",
+    job = subprocess.run(["sbatch", "--parsable", f"-N{nodes}", "--ntasks-per-node=1", "-o", str(shared / f"plain-{i}.log"),
                           "--wrap", f"{prefix}srun {PY} {script} --out {out}"],
                          check=True, capture_output=True,
                          text=True).stdout.strip().split(";")[0]
@@ -199,8 +214,8 @@ def plain(shared: Path, nodes: int, i: int, script: Path, prefix: str = "") -> d
     c0 = time.time()
     subprocess.run(["scancel", job], check=True)
     gone = wait_gone(pids)
-    wait_job_gone(job)
-    return {"submit -> all ranks": last - t0, "cancel -> all ranks gone": gone - c0}
+    wait_job_gone(job, timeout=300)
+    return {"submit -> all ranks": last - t0, "cancel -> all ranks gone": gone - c0, **phases(out)}
 
 
 def main() -> None:
@@ -235,8 +250,13 @@ def main() -> None:
         for key in ("submit -> all ranks", "cancel -> all ranks gone"):
             o, p = statistics.median(r[key] for r in mine), statistics.median(r[key] for r in theirs)
             print(f"  {key:28} orchestrator {o:6.2f}   sbatch+srun / scancel {p:6.2f}   +{o - p:.2f} s ({o / p:.2f}x)")
-        for key in ("the command", "to the agent's first attempt", "health gate", "gate's decision -> last rank"):
-            print(f"    of ours: {key:30} {statistics.median(r[key] for r in mine):6.2f}")
+        for key in ("the command", "to the agent's first attempt", "health gate", "gate's decision -> last rank",
+                    "the cancel command, job out of the queue"):
+            print(f"    of ours: {key:40} {statistics.median(r[key] for r in mine):6.2f}")
+        for key in ("importing torch (median rank)", "joining + first all-reduce (median rank)"):
+            if key in mine[0] and key in theirs[0]:
+                o, p = statistics.median(r[key] for r in mine), statistics.median(r[key] for r in theirs)
+                print(f"  {key:42} orchestrator {o:6.2f}   sbatch+srun {p:6.2f}")
         agent, bare = statistics.median(r["agent CPU"] for r in mine), bare_loop_cpu(a.agent_window)
         print(f"  the job's agent, steady state (stall watchdog on), over {a.agent_window:g} s: {agent * 100:.3f} % of a "
               f"core; a bare loop waking as often: {bare * 100:.3f} %")

@@ -57,7 +57,7 @@ def wait_job_gone(job: str, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True).stdout.strip():
         if time.monotonic() > deadline:
-            raise TimeoutError(f"job {job} still in the queue {timeout:.0f} s after its ranks started")
+            raise TimeoutError(f"job {job} still in the queue after {timeout:.0f} s")
         time.sleep(0.1)
 
 

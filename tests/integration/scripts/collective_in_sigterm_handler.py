@@ -3,10 +3,10 @@ does (its handler broadcasts a flag from rank 0): the pattern that cannot end on
 reaches the ranks while they are at different places.
 
 A Python signal handler runs between bytecodes of the main thread only. Rank 0 loads its batches
-slowly, in Python (a straggler's data pipeline), so when SIGTERM comes it runs the handler at
-once and broadcasts; the other ranks wait for it inside DDP's gradient all-reduce, in C++, and
-would run their handlers only once that returns. Rank 0's broadcast is then matched against
-their all-reduce: neither completes until the collective timeout.
+slowly, in Python (1 s a step, so that even on a busy machine its peers are nearly always inside
+the all-reduce), so when SIGTERM comes it runs the handler at once and broadcasts; the others wait
+inside DDP's gradient all-reduce, in C++, and would run their handlers only once that returns.
+Rank 0's broadcast is matched against their all-reduce: neither completes until the timeout.
 
 It names no orchestrator module. In argv[1] it notes ``training-<rank>`` once it has trained a
 few steps, ``sigterm-<rank>`` when its handler starts, and ``finally-<rank>`` from its finally
@@ -40,7 +40,7 @@ class Batches(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         if rank == 0:
-            time.sleep(0.05)
+            time.sleep(0.25)
         return torch.randn(8), torch.randn(1)
 
 
@@ -63,7 +63,7 @@ try:
         optimizer.zero_grad()
         loss.backward()  # DDP's all-reduce of the gradients
         optimizer.step()
-        if step == 10:
+        if step == 3:
             note("training")
         if stop:
             break

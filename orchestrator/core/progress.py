@@ -26,11 +26,13 @@ import contextlib
 import hashlib
 import json
 import os
-import tempfile
+import stat
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional
+
+from orchestrator.core import node_local
 
 NODE_FILE = "node-{}.json"
 #: A node's file is published every PUBLISH_EVERY report intervals (2 s at the 1 s default): with
@@ -86,26 +88,28 @@ class NodePlace:
 
 
 def staging_dir(run_dir: str | Path, attempt: int, node: int) -> Path:
-    """The node's staging folder for one run's attempt: on the node's own memory where it has
-    one, named by the run folder (two runs, or two emulated nodes, on one machine never meet)."""
-    return _staging_base() / f"{_staging_prefix(run_dir)}-a{int(attempt)}-n{int(node)}"
+    """The node's staging folder for one run's attempt: in this user's private folder on the
+    node's own memory (``orchestrator.core.node_local``: checked as ours, never another user's),
+    named by the run folder (two runs, or two emulated nodes, on one machine never meet). Raises
+    OSError where no private folder can be had (the rank then writes its own file)."""
+    return node_local.private_root() / f"{_staging_prefix(run_dir)}-a{int(attempt)}-n{int(node)}"
 
 
 def staging_dirs(run_dir: str | Path) -> list[Path]:
     """Every staging folder of this run on this machine, whatever the attempt and node (what a
     rank killed before it left its node leaves behind)."""
-    return sorted(_staging_base().glob(f"{_staging_prefix(run_dir)}-a*-n*"))
+    try:
+        root = node_local.private_root()
+    except OSError:
+        return []
+    return sorted(root.glob(f"{_staging_prefix(run_dir)}-a*-n*"))
 
 
 def node_local_file(run_dir: str | Path, name: str) -> Path:
-    """A file of this run in the staging folders' place on the node's own memory (what the health
-    gate inside the ranks' step tells a node's other tasks: ``orchestrator.node.gate_step``)."""
-    return _staging_base() / f"{_staging_prefix(run_dir)}-{name}"
-
-
-def _staging_base() -> Path:
-    shm = Path("/dev/shm")
-    return shm if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK) else Path(tempfile.gettempdir())
+    """A file of this run in the staging folders' place (this user's private folder on the node's
+    own memory: what the health gate inside the ranks' step tells a node's other tasks,
+    ``orchestrator.node.gate_step``). Raises OSError where no private folder can be had."""
+    return node_local.private_root() / f"{_staging_prefix(run_dir)}-{name}"
 
 
 def _staging_prefix(run_dir: str | Path) -> str:
@@ -155,9 +159,8 @@ class ProgressWriter:
         assert self.place is not None
         try:
             if self._staging is None:
-                self._staging = staging_dir(self.run_dir, self.attempt, self.place.node)
-                self._staging.mkdir(mode=0o700, exist_ok=True)
-            _write_atomic(self._staging / RANK_FILE.format(self.rank), asdict(report))
+                self._staging = node_local.ensure_private(staging_dir(self.run_dir, self.attempt, self.place.node))
+            node_local.write_private(self._staging / RANK_FILE.format(self.rank), json.dumps(asdict(report)).encode())
         except OSError:
             self.place = None  # no node-local memory to stage in: this rank's own file from now on
             return False
@@ -177,7 +180,7 @@ class ProgressWriter:
         if staging is None or place is None:
             return
         try:
-            (staging / f"left-{self.rank}").touch()
+            node_local.touch_private(staging / f"left-{self.rank}")
             names = os.listdir(staging)
         except OSError:
             return
@@ -210,7 +213,10 @@ def clear_staging(run_dir: str | Path, attempt: int, nodes: set[int]) -> None:
     import shutil
 
     for node in nodes:
-        shutil.rmtree(staging_dir(run_dir, attempt, node), ignore_errors=True)
+        try:
+            shutil.rmtree(staging_dir(run_dir, attempt, node), ignore_errors=True)
+        except OSError:
+            return  # no private folder: nothing was staged
 
 
 def publish(run_dir: str | Path, staging: Path, node: int, now: Optional[float] = None, expect: int = 0) -> None:
@@ -235,7 +241,7 @@ def _publishing(staging: Path) -> Iterator[None]:
     try:
         import fcntl
 
-        fd = os.open(staging / ".lock", os.O_CREAT | os.O_RDWR | getattr(os, "O_CLOEXEC", 0), 0o600)
+        fd = node_local.open_private(staging / ".lock")
     except (ImportError, OSError):
         yield
         return
@@ -262,13 +268,13 @@ def _publish_locked(run_dir: str | Path, staging: Path, node: int, now: float, e
     ranks: dict[str, Any] = {k: v for k, v in held.items() if isinstance(v, dict)} if isinstance(held, dict) else {}
     for name in staged:
         try:
-            data = json.loads((staging / name).read_text(encoding="utf-8"))
+            data = json.loads(node_local.read_private(staging / name))
         except (OSError, ValueError):
             continue
         if isinstance(data, dict) and "rank" in data and _newer(data, ranks.get(str(data["rank"]))):
             ranks[str(data["rank"])] = data
     try:
-        (staging / ".published").write_text(repr(now), encoding="utf-8")
+        node_local.write_private(staging / ".published", repr(now).encode())
         _write_atomic(target, {"node": int(node), "time": now, "ranks": ranks})
     except OSError:
         pass  # the next report tries again; the watchdog sees an old heartbeat, never a wrong one
@@ -283,7 +289,7 @@ def _newer(report: dict[str, Any], than: Any) -> bool:
 
 def _published_at(staging: Path) -> float:
     try:
-        return float((staging / ".published").read_text(encoding="utf-8"))
+        return float(node_local.read_private(staging / ".published"))
     except (OSError, ValueError):
         return 0.0
 
@@ -389,9 +395,13 @@ def _entries(folder: Path, names: list[str]) -> list[Any]:
 
 
 def _read_small(path: str | Path) -> bytes:
-    """A small file's bytes in an open, a read or two and a close (no stat, no text layer)."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    """A small regular file's bytes in an open, an fstat, a read or two and a close (no text
+    layer). Never a link, a FIFO or a device a rank (or anyone) put in the run folder: those are
+    refused without blocking (a FIFO at progress/node-9.json once hung ``orchestrator run``)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{path} is not a regular file")
         chunks = []
         while True:
             chunk = os.read(fd, 1 << 16)

@@ -111,8 +111,8 @@ def check_this_node(payload: Payload, attempt: int, node: str, environ: Mapping[
     forget_node_signals(payload.run_dir, node)
     cleared = health.clear_staging_left(payload.run_dir)
     if cleared:
-        print(f"health: {node}: removed {cleared} heartbeat staging folder(s) of this run that ranks killed in an "
-              "earlier attempt left in node-local memory", file=sys.stderr)
+        print(f"health: {node}: removed {cleared} heartbeat staging folder(s) that killed ranks left in "
+              "node-local memory", file=sys.stderr)
     result = health.check_node(node, payload.run_dir, payload.checkpoint.dir, attempt,
                                interface=payload.interface, gpus=gate_gpus(payload),
                                node_check=list(payload.recovery.node_check or ()) or None, environ=environ)
@@ -147,13 +147,18 @@ def check_part(payload: Payload, attempt: int, local_id: int, environ: Mapping[s
     return None if written else "the health gate's verdict for this node could not be written"
 
 
-def node_signal(run_dir: str, attempt: int, node: str, environ: Mapping[str, str]) -> Path:
-    """The folder where a node's first task leaves the decision for the node's other tasks (on the
-    node's own memory), named by the SLURM step too: another submission's never passes for this one's."""
+def node_signal(run_dir: str, attempt: int, node: str, environ: Mapping[str, str]) -> Path | None:
+    """The folder where a node's first task leaves the decision for the node's other tasks (in this
+    user's private folder on the node's own memory: ``orchestrator.core.node_local``), named by the
+    SLURM step too: another submission's never passes for this one's. None where the user has no
+    private folder on the node (the tasks then read the shared decision)."""
     from orchestrator.core.progress import node_local_file
 
     step = f"{environ.get('SLURM_JOB_ID', '0')}.{environ.get('SLURM_STEP_ID', '0')}".replace("/", "_")
-    return node_local_file(run_dir, f"gate-a{int(attempt)}-{step}-{health.node_file_name(node)}")
+    try:
+        return node_local_file(run_dir, f"gate-a{int(attempt)}-{step}-{health.node_file_name(node)}")
+    except OSError:
+        return None
 
 
 def forget_node_signals(run_dir: str, node: str) -> None:
@@ -163,7 +168,10 @@ def forget_node_signals(run_dir: str, node: str) -> None:
 
     from orchestrator.core.progress import node_local_file
 
-    here = node_local_file(run_dir, "gate-")
+    try:
+        here = node_local_file(run_dir, "gate-")
+    except OSError:
+        return
     for path in here.parent.glob(f"{here.name}a*-*-{health.node_file_name(node)}"):
         shutil.rmtree(path, ignore_errors=True)
 
@@ -173,16 +181,31 @@ def _read_decision(path: Path) -> dict[str, Any] | None:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+    return _valid_decision(data)
+
+
+def _valid_decision(data: Any) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and isinstance(data.get("go"), bool) else None
+
+
+def _read_copy(path: Path) -> dict[str, Any] | None:
+    """The node-local copy, trusted only as a regular file of this user's (what the node's first
+    task wrote: ``node_local.read_private``); a link, a FIFO or a stranger's file is never read."""
+    from orchestrator.core import node_local
+
+    try:
+        return _valid_decision(json.loads(node_local.read_private(path)))
+    except (OSError, ValueError):
+        return None
 
 
 def _leave_copy(folder: Path, decision: dict[str, Any]) -> None:
     """The node's first task: the decision for the node's other tasks."""
-    from orchestrator.core.atomic_files import write_json_atomic
+    from orchestrator.core import node_local
 
     try:
-        folder.mkdir(mode=0o700, exist_ok=True)
-        write_json_atomic(folder / "decision.json", decision)
+        node_local.ensure_private(folder)
+        node_local.write_private(folder / "decision.json", json.dumps(decision).encode())
     except OSError:
         pass  # the node's other tasks read the shared one
 
@@ -190,11 +213,13 @@ def _leave_copy(folder: Path, decision: dict[str, Any]) -> None:
 def _take_copy(folder: Path, local_id: int, readers: int) -> dict[str, Any] | None:
     """A node's other task: the copy, if there; the last of the ``readers`` to read it removes it
     (so a job's end leaves nothing in the node's memory, however its ranks end)."""
-    decision = _read_decision(folder / "decision.json")
+    from orchestrator.core import node_local
+
+    decision = _read_copy(folder / "decision.json")
     if decision is None:
         return None
     try:
-        (folder / f"read-{local_id}").touch()
+        node_local.touch_private(folder / f"read-{local_id}")
         done = sum(name.startswith("read-") for name in os.listdir(folder)) >= readers
     except OSError:
         done = False
@@ -205,13 +230,14 @@ def _take_copy(folder: Path, local_id: int, readers: int) -> dict[str, Any] | No
     return decision
 
 
-def _wait_on_node(run_dir: str, attempt: int, local: Path, local_id: int = 1, readers: int = 1,
+def _wait_on_node(run_dir: str, attempt: int, local: Path | None, local_id: int = 1, readers: int = 1,
                   wait_s: float = TASK_WAIT_S) -> dict[str, Any] | None:
-    """A node's other task: the first task's copy on the node, else (once a second) the shared one."""
+    """A node's other task: the first task's copy on the node (a folder of ours: never one another
+    user made), else (once a second) the shared one."""
     deadline = time.monotonic() + wait_s
     shared_at = time.monotonic() + 1.0
     while time.monotonic() < deadline:
-        decision = _take_copy(local, local_id, readers) if os.path.isdir(local) else None
+        decision = _take_copy(local, local_id, readers) if local is not None and _ours(local) else None
         if decision is None and time.monotonic() >= shared_at:
             shared_at = time.monotonic() + 1.0
             decision = wait_for_decision(run_dir, attempt, wait_s=0.0)
@@ -221,13 +247,23 @@ def _wait_on_node(run_dir: str, attempt: int, local: Path, local_id: int = 1, re
     return None
 
 
+def _ours(folder: Path) -> bool:
+    from orchestrator.core import node_local
+
+    try:
+        node_local.check_private(folder)
+    except OSError:
+        return False
+    return True
+
+
 def decision_part(payload: Payload, attempt: int, local_id: int, environ: Mapping[str, str]) -> str | None:
     """Every task's last part: the agent's decision. None to start the entrypoint, else why not."""
     node = health.this_node(environ)
     local = node_signal(payload.run_dir, attempt, node, environ)
     if local_id == 0:
         decision = wait_for_decision(payload.run_dir, attempt, nodes=payload.nodes)
-        if decision is not None and payload.ranks_per_node > 1:
+        if decision is not None and payload.ranks_per_node > 1 and local is not None:
             _leave_copy(local, decision)
     else:
         decision = _wait_on_node(payload.run_dir, attempt, local, local_id, payload.ranks_per_node - 1)

@@ -393,15 +393,18 @@ def _parser() -> argparse.ArgumentParser:
 def clear_staging_left(run_dir: str) -> int:
     """Remove what ranks killed in this run's earlier attempts left on this node (their heartbeat
     staging folders in /dev/shm: a rank that leaves removes its own); before any rank of this
-    attempt starts, every such folder of the run is a leftover. Returns how many were removed."""
+    attempt starts, every such folder of the run is a leftover; so is any folder of this user's
+    there that nothing touched for ``node_local.STALE_S``, whatever run left it). Returns how many
+    were removed."""
+    from orchestrator.core import node_local
     from orchestrator.core.progress import staging_dirs
 
     folders = staging_dirs(run_dir)
+    removed = node_local.sweep_stale()
     if not folders:
-        return 0
+        return removed
     import shutil
 
-    removed = 0
     for folder in folders:
         shutil.rmtree(folder, ignore_errors=True)
         removed += not folder.exists()
@@ -422,8 +425,8 @@ def main(argv: list[str] | None = None) -> int:
     node = this_node()
     cleared = clear_staging_left(args.run_dir)
     if cleared:
-        print(f"health: {node}: removed {cleared} heartbeat staging folder(s) of this run that ranks killed in "
-              "an earlier attempt left in node-local memory", file=sys.stderr)
+        print(f"health: {node}: removed {cleared} heartbeat staging folder(s) that killed ranks "
+              "left in node-local memory", file=sys.stderr)
     health = check_node(node, args.run_dir, args.checkpoint_dir, args.attempt, interface=args.interface,
                         gpus=args.gpus, node_check=node_check, disk_floor_mb=args.disk_floor_mb,
                         token_wait_s=args.token_wait_s)

@@ -123,6 +123,7 @@ class EndReason(_StrEnum):
     NO_PORT = "no_port"  # no free port for the ranks' rendezvous
     CANCELLED = "cancelled"
     NOT_REQUEUED = "not_requeued"
+    PREEMPTED = "preempted"  # preempted where the site's PreemptMode ends the job: SLURM's end, no requeue
     NO_PROGRESS = "no_progress"  # recovery stopped: failures without progress
     NOT_ENOUGH_NODES = "not_enough_nodes"  # recovery stopped: too few nodes left
     CRASH = FailureKind.CRASH.value

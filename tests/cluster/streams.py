@@ -82,6 +82,7 @@ WAITING: dict[str, set[str]] = {
         "test_user_scripts.py::test_snapshotting_script_outlives_its_time_limit_with_requeue_always",  # 86 s, 3
         "test_rank_api_slurm.py::test_a_checkpoint_folder_the_nodes_do_not_share_fails_the_job_naming_the_ranks",  # 69 s, 13
         "test_remote_slurm.py",  # 67 s, 15
+        "test_as_user.py",  # the login user's orchestrator too (the same install)
         "test_benchmarks_smoke.py::test_bench_remote_runs_one_round_through_the_login_node",  # 51 s, 18
         "test_stacks_slurm.py",  # 121 s, 47
         "test_old_layout_slurm.py",  # a requeue's hold and a cancel: mostly waits

@@ -2,8 +2,9 @@
 the nodes of a running rank-API job of 'debug' (PreemptMode=REQUEUE, GraceTime). SLURM sends the
 ranks SIGTERM, as it does at sites; they checkpoint together, the job is requeued (it asked for
 --requeue: the site has JobRequeue=0), and the next attempt resumes from that checkpoint and
-completes. With PreemptMode=CANCEL (SLURM would end the job), the job's agent tells the
-preemption's SIGTERM from a scancel and requeues the job itself (slurm.requeue: auto)."""
+completes. With PreemptMode=CANCEL the site's policy wins: the ranks checkpoint on the
+preemption's SIGTERM, the agent does not requeue the job, and SLURM ends it PREEMPTED, which
+status says."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def preempt_mode(request: pytest.FixtureRequest):
         subprocess.run(["scontrol", "update", "PartitionName=debug", "PreemptMode=REQUEUE"], check=True)
 
 
-@pytest.mark.parametrize("preempt_mode", ["REQUEUE", "CANCEL"], indirect=True)
+@pytest.mark.parametrize("preempt_mode", ["REQUEUE"], indirect=True)
 def test_a_real_preemption_requeues_a_rank_api_job_which_resumes_and_completes(cluster: dict[str, str],
                                                                                preempt_mode: str) -> None:
     launch = slurm_plan(cluster, name=f"preempted-{preempt_mode.lower()}", entrypoint=EXAMPLE,
@@ -66,15 +67,46 @@ def test_a_real_preemption_requeues_a_rank_api_job_which_resumes_and_completes(c
     states = subprocess.run(["sacct", "-D", "-X", "-n", "-P", "-j", job, "-o", "State"], capture_output=True,
                             text=True).stdout.split()
     assert "PREEMPTED" in states or "REQUEUED" in states, states  # the first attempt, as accounting saw it
-    if preempt_mode == "CANCEL":  # SLURM alone would have ended it: the agent requeued it
-        agent_log = "\n".join(p.read_text(errors="replace") for p in (Path(launch.run_dir) / "slurm").rglob("*")
-                              if p.is_file())
-        assert "requeueing" in agent_log, agent_log[-3000:]
+    subprocess.run(["scancel", high.stdout.strip().split(";")[0]], capture_output=True)
+    assert no_job_processes()
+
+
+@pytest.mark.parametrize("preempt_mode", ["CANCEL"], indirect=True)
+def test_under_preempt_mode_cancel_the_site_ends_the_job_and_nothing_requeues_it(cluster: dict[str, str],
+                                                                                 preempt_mode: str) -> None:
+    launch = slurm_plan(cluster, name="preempted-cancel", entrypoint=EXAMPLE, args={**ARGS, "step-delay": 0.5},
+                        checkpoint={"interval_steps": 10},
+                        slurm={"time": "00:10:00", "partition": "debug", "requeue": "auto", "max_requeues": 3})
+    ex = SlurmExecutor()
+    record = ex.submit(launch)
+    job = record.job_ids[0]
+    deadline = time.monotonic() + 180
+    while _step(launch.run_dir) < 5:
+        assert time.monotonic() < deadline, "the job never reached step 5"
+        time.sleep(0.5)
+    high = subprocess.run(["sbatch", "--parsable", "-p", "high", "-N2", f"--ntasks-per-node={CPUS}", "-t", "2",
+                           "-o", "/dev/null", "--wrap", "srun true"], capture_output=True, text=True, check=True)
+    try:
+        from orchestrator.core.records import RunRecord
+        from orchestrator.core.states import TERMINAL
+
+        until = time.monotonic() + 300  # PreemptMode=CANCEL's GraceTime, then SLURM's end
+        while (final := ex.refresh([RunRecord.load(record.run_dir)])[0]).state not in TERMINAL:
+            assert time.monotonic() < until, final
+            assert "Reason=BeginTime" not in subprocess.run(["scontrol", "show", "job", job], capture_output=True,
+                                                            text=True).stdout, "the job was requeued"
+            time.sleep(0.5)
+        assert final.state == "PREEMPTED", (final.state, final.error)
+        restarts = subprocess.run(["sacct", "-D", "-X", "-n", "-P", "-j", job, "-o", "State,Restarts"],
+                                  capture_output=True, text=True).stdout.split()
+        assert restarts and all(r.endswith("|0") for r in restarts), restarts  # never requeued
         from orchestrator.core.recovery import History
 
-        first = History.load(launch.run_dir).attempts[0]  # what status and --wait show for it
-        assert "PreemptMode=CANCEL" in first.why and "the agent requeued it itself" in first.why, first
-    subprocess.run(["scancel", high.stdout.strip().split(";")[0]], capture_output=True)
+        attempts = History.load(launch.run_dir).attempts
+        assert len(attempts) == 1 and attempts[0].outcome == "preempted", attempts
+        assert "PreemptMode=CANCEL" in attempts[0].why and "not requeued" in attempts[0].why, attempts[0]
+    finally:
+        subprocess.run(["scancel", high.stdout.strip().split(";")[0]], capture_output=True)
     assert no_job_processes()
 
 

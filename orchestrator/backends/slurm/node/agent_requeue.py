@@ -17,6 +17,10 @@ from orchestrator.backends.slurm.node.agent_state import AgentContext, Phase
 from orchestrator.core.run_folder import RunFolder, stop_flag_note
 from orchestrator.core.states import Action, EndReason
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable
+
 #: scontrol requeue (and the agent's scancel) may take this long, retries included.
 SCONTROL_RETRY_S = 30.0
 
@@ -117,9 +121,13 @@ class Requeuer:
             return
         if s.preempted is None:  # SLURM 22.05 signals only the ranks' step on preemption: ask once
             self.term_is_preemption()
-        if s.preempted and s.preempt_mode.startswith("CANCEL"):
-            why = (f"preempted, under PreemptMode={s.preempt_mode}, with which SLURM would have ended the job: "
-                   f"the agent requeued it itself ({why})")
+        if s.preempted and site_ends_preempted(s.preempt_mode):
+            s.not_requeued = (f"preempted under the partition's PreemptMode={s.preempt_mode}: the site's policy "
+                              "ends the job (SLURM records it PREEMPTED), so it is not requeued; submit the spec "
+                              "again to resume from the checkpoint")
+            c.say(f"{why}; {s.not_requeued}")
+            s.enter(Phase.NOT_REQUEUED)
+            return
         c.say(f"{why}: requeueing {c.job_id} (requeue {used + 1} of {limit})")
         self.scontrol_requeue()
         if s.phase is Phase.REQUEUED:
@@ -169,13 +177,39 @@ class Requeuer:
 
     def unfinished(self) -> int:
         """A stop that no requeue follows is not a completed job: end non-zero (SLURM records
-        FAILED, not COMPLETED) with the reason in end.json, which status shows."""
+        FAILED, not COMPLETED) with the reason in end.json, which status shows. A job preempted
+        where the site's PreemptMode cancels it ends as SLURM decides: end.json says preempted,
+        and the agent leaves the end to SLURM (``wait_for_site_end``)."""
         from orchestrator.node import forensics
 
         c = self.ctx
+        if self.state.preempted and site_ends_preempted(self.state.preempt_mode):
+            forensics.write_end(c.run_dir, reason=EndReason.PREEMPTED, error=self.state.not_requeued)
+            return UNFINISHED_EXIT
         why = self.state.not_requeued or f"slurm.requeue: {c.policy}"
         message = (f"the ranks stopped before their work was done (a stop signal, then a checkpoint) and the job "
                    f"was not requeued: {why}; submit the spec again to resume from the checkpoint")
         c.say(message)
         forensics.write_end(c.run_dir, reason=EndReason.NOT_REQUEUED, error=message)
         return UNFINISHED_EXIT
+
+
+#: How long the agent of a job preempted under PreemptMode=CANCEL waits for SLURM to end it after
+#: its ranks have ended (the partition's GraceTime has run from the preemption's SIGTERM already):
+#: an agent that exited first would have SLURM record FAILED instead of PREEMPTED.
+SITE_END_WAIT_S = 300.0
+
+
+def site_ends_preempted(preempt_mode: str) -> bool:
+    """Whether the partition's PreemptMode ends a preempted job (CANCEL, also in CANCEL,GANG):
+    then the site's policy wins and the agent never requeues it."""
+    return "CANCEL" in preempt_mode.upper().split(",")
+
+
+def wait_for_site_end(say: Callable[[str], None], wait_s: float = SITE_END_WAIT_S) -> None:
+    """Wait (bounded) for SLURM to end this preempted job, so that it records PREEMPTED."""
+    say(f"waiting up to {wait_s:g}s for SLURM to end the preempted job (PreemptMode=CANCEL)")
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        time.sleep(1.0)
+

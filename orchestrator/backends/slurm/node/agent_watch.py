@@ -105,7 +105,7 @@ class AgentWatch:
         from orchestrator.backends.slurm.node.stacks_probe import request_slurm
 
         c.say(f"{reason}: saving every rank's stacks in {RunFolder.of(c.run_dir).stacks}")
-        dumps, problem = request_slurm(c.run_dir, c.job_id, c.payload.nodes, c.payload.python, hosts=c.rank_hosts)
+        dumps, problem = request_slurm(c.run_dir, c.slurm.raw_job_id, c.payload.nodes, c.payload.python, hosts=c.rank_hosts)
         if problem:
             c.say(f"stacks: {problem.splitlines()[-1] if problem.splitlines() else problem}")
         if any(dumps.values()):
@@ -150,7 +150,7 @@ class AgentWatch:
         from orchestrator.backends.slurm.node.stacks_probe import request_slurm
 
         asked = time.monotonic()
-        dumps, _ = request_slurm(c.run_dir, c.job_id, c.payload.nodes, c.payload.python, hosts=c.rank_hosts)
+        dumps, _ = request_slurm(c.run_dir, c.slurm.raw_job_id, c.payload.nodes, c.payload.python, hosts=c.rank_hosts)
         stuck = self.stop_judge.look(asked, dumps)
         if stuck is None:
             return False

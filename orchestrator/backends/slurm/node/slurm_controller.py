@@ -219,6 +219,37 @@ def scancel(*args: str, timeout_s: float = QUERY_TIMEOUT_S) -> Answer:
     return run(["scancel", *args], timeout_s)
 
 
+def numeric_job_id(job_id: str, timeout_s: float = AGENT_TIMEOUT_S) -> str:
+    """The allocation's own number for ``job_id``: an array task's '<array>_<task>' as scontrol
+    names it (JobId=). ``srun --jobid`` on SLURM 22.05 refuses the array form ("Invalid numeric
+    value"). A plain number is returned as it is, without asking; so is an id the controller
+    does not resolve (the srun that follows then says why)."""
+    if job_id.isdigit() or "_" not in job_id:
+        return job_id
+    found = show_job(job_id, timeout_s).get("JobId", "")
+    return found if found.isdigit() else job_id
+
+
+def running_steps(job_id: str, timeout_s: float = AGENT_TIMEOUT_S) -> list[str] | None:
+    """The job's numbered steps that SLURM lists now ('123.0', '123.4'): the ranks', a health
+    gate's, a stack probe's; never the batch step (the agent) or the extern step. None when
+    squeue does not answer. ``job_id``: the numeric one (``numeric_job_id``)."""
+    answer = run(["squeue", "-h", "-s", "-j", job_id, "-o", "%i"], timeout_s)
+    if not answer.ok:
+        return None
+    return steps_of(job_id, answer.stdout)
+
+
+def steps_of(job_id: str, listing: str) -> list[str]:
+    """The numbered steps of ``job_id`` in squeue's ``-s -o %i`` lines."""
+    out = []
+    for line in listing.split():
+        job, _, step = line.strip().partition(".")
+        if job == job_id and step.isdigit():
+            out.append(f"{job}.{step}")
+    return out
+
+
 #: What ``scontrol requeue`` answers for a job that pends already: requeued (by an earlier try of
 #: ours whose answer was lost, or by SLURM itself), so it will run again, which is what was asked.
 ALREADY_PENDING = "pending execution"

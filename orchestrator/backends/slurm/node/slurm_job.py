@@ -65,7 +65,7 @@ from orchestrator.backends.slurm.node.agent_decisions import NODE_FAILURE as _NO
 from orchestrator.backends.slurm.node.agent_decisions import SRUN_TASK_ENDED as _SRUN_TASK_ENDED
 from orchestrator.backends.slurm.node.agent_gate import StepGate
 from orchestrator.backends.slurm.node.agent_recovery import AgentRecovery
-from orchestrator.backends.slurm.node.agent_requeue import SCONTROL_RETRY_S, Requeuer
+from orchestrator.backends.slurm.node.agent_requeue import SCONTROL_RETRY_S, Requeuer, site_ends_preempted, wait_for_site_end
 from orchestrator.backends.slurm.node.agent_state import MOVES, AgentContext, AgentState, Phase, say  # noqa: F401  (re-exported)
 from orchestrator.backends.slurm.node.agent_watch import AgentWatch
 from orchestrator.core.payload import Payload
@@ -349,8 +349,13 @@ class JobAgent:
             return
         except subprocess.TimeoutExpired:
             pass
-        say(f"the ranks did not end within {END_GRACE_S:g}s of SIGTERM: SIGKILL")
-        slurm_controller.scancel("--signal=KILL", self.ctx.job_id, timeout_s=SCONTROL_RETRY_S)
+        # The ranks' step only (every numbered step of the job: ours), never the job: a bare
+        # SIGKILL through scancel cancels the job, this agent included, and nothing restarts.
+        steps = slurm_controller.running_steps(self.ctx.slurm.raw_job_id, SCONTROL_RETRY_S) or []
+        say(f"the ranks did not end within {END_GRACE_S:g}s of SIGTERM: SIGKILL to step(s) "
+            f"{', '.join(steps) or '(none listed)'} of job {self.ctx.job_id}")
+        if steps:
+            slurm_controller.scancel("--signal=KILL", *steps, timeout_s=SCONTROL_RETRY_S)
         try:
             self.srun.wait(timeout=END_GRACE_S)
         except subprocess.TimeoutExpired:
@@ -448,6 +453,8 @@ def main(argv: list[str] | None = None) -> int:
         agent = JobAgent(payload, environ, before, allocated)
         code = agent.run(srun)
         if agent.state.phase is not Phase.RESTARTING:
+            if agent.state.preempted and site_ends_preempted(agent.state.preempt_mode):
+                wait_for_site_end(say)  # SLURM records PREEMPTED, as the site's policy says
             return code
         environ, before, allocated = agent.allocation_environ(), agent.state, agent.allocated
 

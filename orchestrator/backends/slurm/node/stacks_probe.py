@@ -38,12 +38,14 @@ def probe_argv(run_dir: str | Path, job_id: str, nodes: int, python: str, ranks:
 
 def request_slurm(run_dir: str | Path, job_id: str, nodes: int, python: str, ranks: list[int] | None = None,
                   timeout_s: float = SRUN_TIMEOUT_S, hosts: Sequence[str] = ()) -> tuple[dict[int, str], str]:
-    """Each rank's fresh dump ('' for a rank that did not answer), and srun's complaint if any."""
+    """Each rank's fresh dump ('' for a rank that did not answer), and srun's complaint if any.
+    ``job_id``: the job's or a sweep point's (resolved to the allocation's number)."""
     known = stack_requests.rank_procs(run_dir)
     chosen = sorted(known if ranks is None else [r for r in ranks if r in known])
     if not chosen:
         return {}, "no rank has recorded itself yet (the job may still be starting)"
     before = stack_requests.sizes(run_dir, chosen)
+    job_id = slurm_controller.numeric_job_id(job_id)  # a sweep point's '<array>_<task>': srun takes numbers
     env = {k: v for k, v in os.environ.items() if not (k.startswith("SLURM_") and k != "SLURM_CONF")
            and not k.startswith("SBATCH_") and not k.startswith("SRUN_")}
     # The probe needs this PATH and Python on the node, also where sites default to --export=NONE.

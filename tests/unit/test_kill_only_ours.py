@@ -1,0 +1,117 @@
+"""The job's agent touches only what is its own, and the site's policy wins:
+
+- the last resort against ranks that ignore SIGTERM signals the job's steps, never the job (a
+  bare ``scancel --signal=KILL JOB`` is a cancel of the job, agent included: CANCELLED, no restart);
+- every ``srun --jobid`` of a sweep point uses the allocation's number (22.05 refuses 'A_T');
+- under a partition's PreemptMode=CANCEL the agent never requeues a preempted job.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from orchestrator.backends.slurm.node import agent_requeue, slurm_controller, slurm_job
+from orchestrator.backends.slurm.node.agent_state import AgentState, Phase
+from orchestrator.backends.slurm.node.slurm_controller import Answer
+
+
+def _answers(monkeypatch: pytest.MonkeyPatch, replies: dict[str, Answer]) -> list[list[str]]:
+    """Every SLURM command the code runs, answered by its tool's reply."""
+    asked: list[list[str]] = []
+
+    def fake(argv: list[str], timeout_s: float, *a: Any, **k: Any) -> Answer:
+        asked.append(list(argv))
+        return replies.get(argv[0], Answer(tuple(argv), 0, "", ""))
+
+    monkeypatch.setattr(slurm_controller, "_once", lambda argv, timeout_s, *a, **k: fake(argv, timeout_s))
+    return asked
+
+
+def test_steps_are_the_numbered_steps_of_this_job_only() -> None:
+    listing = "77.batch\n77.extern\n77.0\n77.3\n770.1\n78.0\n"
+    assert slurm_controller.steps_of("77", listing) == ["77.0", "77.3"]
+    assert slurm_controller.steps_of("77", "") == []
+
+
+def test_an_array_task_is_resolved_to_its_number_and_a_number_is_not_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked = _answers(monkeypatch, {"scontrol": Answer(("scontrol",), 0, "JobId=125 ArrayJobId=123 ArrayTaskId=2", "")})
+    assert slurm_controller.numeric_job_id("125") == "125" and asked == []
+    assert slurm_controller.numeric_job_id("123_2") == "125"
+    assert asked == [["scontrol", "show", "job", "-o", "123_2"]]
+
+
+def test_a_sweep_points_stack_probe_names_the_allocation_number(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    from orchestrator.backends.slurm.node import stacks_probe
+
+    monkeypatch.setattr(stacks_probe.stack_requests, "rank_procs", lambda run_dir: {0: object()})
+    monkeypatch.setattr(stacks_probe.stack_requests, "sizes", lambda run_dir, ranks: {0: 0})
+    monkeypatch.setattr(stacks_probe.stack_requests, "wait_written", lambda *a, **k: {0: 0})
+    monkeypatch.setattr(stacks_probe.stack_requests, "read_from", lambda *a: "")
+    asked = _answers(monkeypatch, {"scontrol": Answer(("scontrol",), 0, "JobId=125 ArrayJobId=123", "")})
+    stacks_probe.request_slurm(str(tmp_path), "123_2", 1, "python3")
+    srun = next(a for a in asked if a[0] == "srun")
+    assert "--jobid=125" in srun, srun
+
+
+class _Srun:
+    """srun that ignores SIGTERM until SIGKILL reaches its step (a node's slurmd gone)."""
+
+    def __init__(self) -> None:
+        self.signals: list[int] = []
+        self.killed = False
+
+    def send_signal(self, sig: int) -> None:
+        self.signals.append(sig)
+
+    def wait(self, timeout: float) -> int:
+        raise subprocess.TimeoutExpired("srun", timeout)
+
+    def kill(self) -> None:
+        self.killed = True
+
+
+def test_the_last_resort_kills_the_ranks_steps_never_the_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(slurm_job, "END_GRACE_S", 0.01)
+    asked = _answers(monkeypatch, {"squeue": Answer(("squeue",), 0, "125.batch\n125.extern\n125.2\n", "")})
+    agent = SimpleNamespace(srun=_Srun(), ctx=SimpleNamespace(job_id="123_2", slurm=SimpleNamespace(raw_job_id="125")))
+    with pytest.raises(subprocess.TimeoutExpired):  # srun never ends here: the agent's own wait gives up
+        slurm_job.JobAgent._end_ranks(agent)  # type: ignore[arg-type]
+    cancels = [a for a in asked if a[0] == "scancel"]
+    assert cancels == [["scancel", "--signal=KILL", "125.2"]], asked
+    assert agent.srun.signals == [signal.SIGTERM]
+
+
+def test_no_step_listed_means_no_scancel_at_all(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(slurm_job, "END_GRACE_S", 0.01)
+    asked = _answers(monkeypatch, {"squeue": Answer(("squeue",), 0, "125.batch\n", "")})
+    agent = SimpleNamespace(srun=_Srun(), ctx=SimpleNamespace(job_id="125", slurm=SimpleNamespace(raw_job_id="125")))
+    with pytest.raises(subprocess.TimeoutExpired):
+        slurm_job.JobAgent._end_ranks(agent)  # type: ignore[arg-type]
+    assert not [a for a in asked if a[0] == "scancel"]
+
+
+@pytest.mark.parametrize("mode, ends", [("CANCEL", True), ("CANCEL,GANG", True), ("REQUEUE", False),
+                                        ("SUSPEND,GANG", False), ("", False), ("OFF", False)])
+def test_the_sites_preempt_mode_decides_whether_a_preempted_job_ends(mode: str, ends: bool) -> None:
+    assert agent_requeue.site_ends_preempted(mode) is ends
+
+
+def test_a_job_preempted_under_cancel_is_never_requeued_by_the_agent(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked = _answers(monkeypatch, {})
+    said: list[str] = []
+    state = AgentState()
+    state.preempted, state.preempt_mode = True, "CANCEL"
+    ctx = SimpleNamespace(state=state, say=said.append, job_id="125",
+                          payload=SimpleNamespace(max_requeues=3), history=SimpleNamespace(requeues=lambda: 0,
+                                                                                          restarts_by_requeue=lambda: 0),
+                          slurm=SimpleNamespace(restart=0))
+    rq = agent_requeue.Requeuer(ctx)  # type: ignore[arg-type]
+    rq.requeue("the preemption's SIGTERM")
+    assert state.phase is Phase.NOT_REQUEUED
+    assert not [a for a in asked if a[:2] == ["scontrol", "requeue"]]
+    assert "PreemptMode=CANCEL" in state.not_requeued and "not requeued" in said[-1]

@@ -37,7 +37,7 @@ even for type checking: no import cycle). ``plan_lines`` is what ``plan`` shows.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 if TYPE_CHECKING:  # types only: this module imports nothing of the orchestrator when it runs
     from orchestrator.core.payload import Payload
@@ -107,12 +107,14 @@ def problems(spec: SpecView) -> list[str]:
     if name in DEVICE_KEYS:
         for field, value in _settings(spec, DEVICE_KEYS[name], DEVICE_ENV[name]):
             count = _device_count(value, gpu, rpn)
-            if count is not None and count != rpn:
+            if count is None and _shown(value) != repr(value):
+                found.append(_mismatch(field, _shown(value), rpn, "per node", where, name))
+            elif count is not None and count != rpn:
                 counted = "" if _as_int(value) == count else f" ({count} device(s) {'per node' if gpu else 'on CPU'})"
                 found.append(_mismatch(field, f"{value!r}{counted}", rpn, "per node", where, name))
         for field, value in _settings(spec, NODE_KEYS[name], NODE_ENV[name]):
             if _as_int(value) != nodes:
-                found.append(_mismatch(field, repr(value), nodes, "nodes", where, name))
+                found.append(_mismatch(field, _shown(value), nodes, "nodes", where, name))
     elif name == "accelerate":
         found += _accelerate_problems(spec, nodes, rpn, where)
     elif name == "transformers":
@@ -140,14 +142,34 @@ def _gpu_run(spec: SpecView) -> bool:
 
 
 def _settings(spec: SpecView, keys: tuple[str, ...], env_name: str | None = None) -> list[tuple[str, Any]]:
-    """(field, value) for each of ``keys`` set in args or sweep (every sweep value), and the
-    framework's own variable in env."""
+    """(field, value) for each of ``keys`` set in args or sweep (every sweep value), written in
+    extra_args ('--num_nodes=2', or '--num_nodes' then '2': the script's parser reads them as it
+    reads args), and the framework's own variable in env."""
     wanted = set(keys)
     out = [(f"args.{k}", v) for k, v in spec.args.items() if _norm(k) in wanted]
     out += [(f"sweep.{k}", v) for k, values in spec.sweep.items() if _norm(k) in wanted for v in values]
+    out += [(field, v) for field, k, v in _extra_settings(getattr(spec, "extra_args", ())) if _norm(k) in wanted]
     if env_name and env_name in spec.env:
         out.append((f"env.{env_name}", spec.env[env_name]))
     return out
+
+
+def _extra_settings(extra: Sequence[str]) -> list[tuple[str, str, str]]:
+    """(field, key, value) for each long option with a value in extra_args: '--key=value' in one
+    item, or '--key' followed by an item that is not an option. A '--' ends the options (what
+    follows is positional), as argparse and jsonargparse read it."""
+    found: list[tuple[str, str, str]] = []
+    for i, item in enumerate(extra):
+        if item == "--":
+            break
+        if not item.startswith("--") or len(item) == 2:
+            continue
+        key, eq, value = item[2:].partition("=")
+        if eq:
+            found.append((f"extra_args[{i}] --{key}", key, value))
+        elif i + 1 < len(extra) and not extra[i + 1].startswith("--"):
+            found.append((f"extra_args[{i}] --{key}", key, extra[i + 1]))
+    return found
 
 
 def _norm(key: str) -> str:
@@ -155,12 +177,25 @@ def _norm(key: str) -> str:
 
 
 def _as_int(value: Any) -> int | None:
+    """A whole number as Python's int() and the frameworks' parsers read it: an int, or text of ASCII
+    digits with an optional '-' (None otherwise). ``str.isdigit`` alone is not enough: it accepts
+    '²', which int() refuses with a traceback instead of a message naming the field."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
         return value
     text = str(value).strip()
-    return int(text) if text.lstrip("-").isdigit() else None
+    digits = text[1:] if text.startswith("-") else text
+    return int(text) if digits.isascii() and digits.isdigit() else None
+
+
+def _shown(value: Any) -> str:
+    """A setting's value for a message: its repr, and for text that holds a digit int() does not
+    read ('²', '٣'), what to write instead."""
+    text = repr(value)
+    if isinstance(value, str) and any(ch.isdigit() and not ch.isascii() for ch in value):
+        text += " (not ASCII digits: write the count as 0-9)"
+    return text
 
 
 def _device_count(value: Any, gpu: bool, rpn: int) -> int | None:
@@ -194,10 +229,10 @@ def _accelerate_problems(spec: SpecView, nodes: int, rpn: int, where: str) -> li
     fix = "accelerate reads the world from each rank's RANK, WORLD_SIZE and LOCAL_RANK; remove it or make it match"
     for field, value in _settings(spec, ("num_processes",)):
         if _as_int(value) != nodes * rpn:
-            found.append(f"{field}: {value!r}, but {where}: not {nodes * rpn} processes; {fix}")
+            found.append(f"{field}: {_shown(value)}, but {where}: not {nodes * rpn} processes; {fix}")
     for field, value in _settings(spec, ("num_machines",)):
         if _as_int(value) != nodes:
-            found.append(f"{field}: {value!r}, but {where}: not {nodes} machine(s); {fix}")
+            found.append(f"{field}: {_shown(value)}, but {where}: not {nodes} machine(s); {fix}")
     for field, _ in _settings(spec, ("machine_rank",)):
         found.append(f"{field}: each node has its own machine rank (NODE_RANK on every rank); remove it from the spec")
     return found
@@ -207,7 +242,7 @@ def _transformers_problems(spec: SpecView) -> list[str]:
     """TrainingArguments' ddp_backend must be the process group the ranks are set up for."""
     backend = spec.resolved_backend if spec.executor == "slurm" else spec.local_backend()
     return [f"{field}: {value!r}, but the ranks' backend is {backend} (distributed.backend, on this executor); "
-            f"remove args.ddp_backend (the Trainer then picks {backend}) or set distributed.backend: {value}"
+            f"remove it (the Trainer then picks {backend}) or set distributed.backend: {value}"
             for field, value in _settings(spec, ("ddp_backend",)) if str(value).lower() != backend]
 
 

@@ -25,6 +25,7 @@ from orchestrator.plan.plan_model import (BackendPlanner, Launcher, LaunchPlan, 
 from orchestrator.core.run_folder import RunFolder
 from orchestrator.code.snapshot import Snapshot
 from orchestrator.spec.models import ExecutorName, JobSpec, render_value
+from orchestrator.spec.validators import printable
 
 #: Re-exported: what the executors, display and tests import from here.
 __all__ = ["LaunchPlan", "RankRow", "SweepPoint", "paused_gc", "plan", "render_argv", "run_id_for", "usable_cpus"]
@@ -119,10 +120,11 @@ NCCL_TRACE_BUFFER = "2000"  # entries kept per rank; a ring buffer of recent col
 
 
 def cpus_line(backend: BackendPlanner, spec: JobSpec, ranks: int, threads: str | None, default: int | str) -> str:
-    """Where each rank's CPU count comes from, in one line for ``plan``."""
+    """Where each rank's CPU count comes from, in one line for ``plan``. ``threads`` may come from
+    the user's environment, so its control characters are escaped (it must not write to the terminal)."""
     line = backend.cpus_line(spec, ranks, default)
     if threads is not None and threads != str(default):
-        line += f"; OMP_NUM_THREADS={threads} as you set it"
+        line += f"; OMP_NUM_THREADS={printable(threads)} as you set it"
     return "CPUs: " + line
 
 

@@ -666,8 +666,34 @@ class ContainerSpec(_Model):
     @field_validator("image")
     @classmethod
     def _image(cls, value: str) -> str:
+        """Never a word starting with '-': apptainer (``apptainer exec [options] IMAGE ...``) would
+        read it as an option of its own, and no image is named so."""
         if not value.strip():
             raise ValueError("is empty: give the image (a .sif path, a registry name or an OCI bundle folder)")
+        if value.startswith("-"):
+            raise ValueError(f"{v.shown(value)} starts with '-', so apptainer would read it as an option of its own, "
+                             "not as the image; give the image's absolute path, e.g. '/images/torch.sif'")
+        return value
+
+    @field_validator("python")
+    @classmethod
+    def _python(cls, value: str) -> str:
+        """One argv word, never read by a shell: 'python3 -u' would make the runtime look for a program
+        of that whole name, and '-x' would be read as an option; so an absolute path or a command name."""
+        if not value.strip():
+            raise ValueError("is empty: give the image's interpreter, e.g. 'python3' or '/opt/conda/bin/python'")
+        if any(ch.isspace() for ch in value):
+            raise ValueError(f"{v.shown(value)} holds whitespace, but it is one executable (the rank's argv[0], never "
+                             "read by a shell), so the runtime would look for a program of that whole name; give the "
+                             "interpreter alone ('python3' or '/opt/conda/bin/python': the orchestrator adds its own "
+                             "arguments), and put variables in env")
+        if value.startswith("-"):
+            raise ValueError(f"{v.shown(value)} starts with '-', so it would be read as an option, not as the "
+                             "interpreter; give its absolute path or its name, e.g. 'python3'")
+        if value.startswith("~"):
+            raise ValueError(f"{v.shown(value)}: '~' is not expanded inside the image; write the absolute path")
+        if not value.startswith("/") and not re.fullmatch(r"[A-Za-z0-9_.+][A-Za-z0-9_.+\-]{0,127}", value):
+            raise ValueError(f"{v.shown(value)} is neither an absolute path nor a command name such as 'python3'")
         return value
 
     @field_validator("mounts")
@@ -994,16 +1020,19 @@ def _slurm_resource_problems(spec: JobSpec) -> list[str]:
 
 
 def _hostlist_problems(spec: JobSpec) -> list[str]:
-    """What sbatch would refuse without naming the field: a node list longer than ``nodes`` (SLURM
-    allocates every node of it) and a host both wanted and excluded."""
+    """What sbatch would refuse without naming the field: a node list longer than the allocation
+    (SLURM allocates every node of it; the allocation is ``nodes`` and the ``recovery.spares`` held
+    beside them, so a list of exactly nodes + spares hosts fits) and a host both wanted and excluded."""
     s = spec.slurm
     if not s.nodelist:
         return []
-    wanted = v.hostlist_hosts(s.nodelist)
-    if wanted is None or len(wanted) > spec.nodes:
+    wanted, allocation = v.hostlist_hosts(s.nodelist), allocated_nodes(spec)
+    if wanted is None or len(wanted) > allocation:
         n = "more than 65536" if wanted is None else str(len(wanted))
-        return [f"slurm.nodelist: names {n} nodes but the job asks for nodes: {spec.nodes}; SLURM allocates every "
-                "node of the list, so raise nodes or shorten the list"]
+        asks = (f"nodes: {spec.nodes} and recovery.spares: {spec.recovery.spares}, {allocation} in all"
+                if spec.recovery.spares else f"nodes: {spec.nodes}")
+        return [f"slurm.nodelist: names {n} nodes but the job asks for {asks}; SLURM allocates every node of the "
+                "list, so raise nodes (or recovery.spares) or shorten the list"]
     both = wanted & (v.hostlist_hosts(s.exclude) or set()) if s.exclude else set()
     if both:
         return [f"slurm.nodelist and slurm.exclude both name {', '.join(sorted(both)[:5])}; remove it from one of them"]

@@ -100,6 +100,17 @@ def text(value: str, what: str) -> str:
     return value
 
 
+def printable(value: str) -> str:
+    """``value`` with every character ``text`` refuses (ESC and the other controls, the invisible and
+    bidirectional format characters, the line separators) as its Python escape (``\\x1b``): for text
+    from the environment, not a spec (SBATCH_* values...), which ``plan`` and errors print. Such a
+    value cannot be refused where it is read, but must not move the cursor or rewrite the terminal."""
+    if value.isprintable():
+        return value
+    return "".join(ch.encode("unicode_escape").decode("ascii") if unicodedata.category(ch) in _FORBIDDEN_CATEGORIES
+                   else ch for ch in value)
+
+
 def _char_name(ch: str) -> str:
     if ch in _CHAR_NAMES:
         return _CHAR_NAMES[ch]
@@ -296,9 +307,14 @@ REFUSED_SBATCH = {
                 "call about it would need -M too (the orchestrator makes none with -M), so status would say "
                 "UNKNOWN for ever and cancel would not reach it; submit from that cluster (its login node, or "
                 "SLURM_CONF naming its slurm.conf) instead",
+    "quiet": "silences sbatch's 'Submitted batch job N' line, the job id the orchestrator reads back, so the job "
+             "would be queued but recorded FAILED and never followed; leave it out",
+    "container": "runs the whole batch script inside the image, and with it the job's agent, which needs the "
+                 "host's srun and scontrol; set container: in the spec instead (runtime: oci with image: the "
+                 "bundle, or apptainer / pyxis), which runs only the ranks inside it",
 }
 #: Short options that are the same as a refused long one.
-_REFUSED_SHORT = {"M": "clusters"}
+_REFUSED_SHORT = {"M": "clusters", "Q": "quiet"}
 
 
 #: Reserved options the orchestrator renders only from their spec field (never on its own).
@@ -312,6 +328,10 @@ def sbatch_option(key: str, reserved: frozenset[str]) -> str:
     if refused in REFUSED_SBATCH:
         shown_key = f"-{key} (--{refused})" if key in _REFUSED_SHORT else f"--{refused}"
         raise ValueError(f"sbatch option {shown_key} is refused: it {REFUSED_SBATCH[refused]}")
+    meant = sorted(r for r in REFUSED_SBATCH if r.startswith(refused)) if len(refused) > 1 else []
+    if meant:  # getopt_long reads a unique prefix as the option: 'qu' is --quiet, 'cluster' --clusters
+        raise ValueError(f"{shown(key)} abbreviates --{meant[0]} (sbatch reads a unique prefix as the option), which "
+                         f"is refused: it {REFUSED_SBATCH[meant[0]]}")
     if not _SBATCH_OPTION.fullmatch(key):
         raise ValueError(
             f"{shown(key)} is not an sbatch long option name; write it without dashes, e.g. 'mail-type'"

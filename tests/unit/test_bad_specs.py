@@ -122,6 +122,30 @@ CATALOGUE: list[tuple[str, dict, str]] = [
     ("entry-script-too-long", {"entrypoint": "./" + "s" * 300 + ".py"}, "a file or folder name holds at most 255"),
     ("checkpoint-dir-too-long", {"checkpoint": {"dir": "/c/" + "d" * 256}}, "checkpoint.dir: "),
     ("args-yaml-boolean-key", {"args": {False: True}}, "the key 'false' became the boolean False"),
+    # The hostile-input review: sbatch options that hide the job id or put the job's agent in an image.
+    ("extra-sbatch-quiet", {"slurm": {"extra_sbatch": {"quiet": True}}},
+     "slurm.extra_sbatch: sbatch option --quiet is refused: it silences sbatch's 'Submitted batch job N' line"),
+    ("extra-sbatch-quiet-short", {"slurm": {"extra_sbatch": {"Q": True}}}, "slurm.extra_sbatch: sbatch option -Q (--quiet)"),
+    ("extra-sbatch-quiet-prefix", {"slurm": {"extra_sbatch": {"qui": True}}}, "slurm.extra_sbatch: 'qui' abbreviates --quiet"),
+    ("extra-sbatch-container", {"slurm": {"extra_sbatch": {"container": "/bundles/torch"}}},
+     "slurm.extra_sbatch: sbatch option --container is refused: it runs the whole batch script inside the image, "
+     "and with it the job's agent"),
+    ("extra-sbatch-container-prefix", {"slurm": {"extra_sbatch": {"contain": "/b"}}}, "set container: in the spec instead"),
+    ("extra-sbatch-cluster-prefix", {"slurm": {"extra_sbatch": {"cluster": "other"}}}, "'cluster' abbreviates --clusters"),
+    ("container-image-option", {"container": {"runtime": "apptainer", "image": "--fakeroot"}},
+     "container.image: '--fakeroot' starts with '-', so apptainer would read it as an option"),
+    ("container-python-words", {"container": {"runtime": "apptainer", "image": "/i.sif", "python": "python3 -u"}},
+     "container.python: 'python3 -u' holds whitespace"),
+    ("container-python-option", {"container": {"runtime": "pyxis", "image": "img", "python": "-c"}},
+     "container.python: '-c' starts with '-'"),
+    ("framework-extra-args-nodes", {"framework": "lightning", "extra_args": ["fit", "--trainer.num_nodes=4"]},
+     "extra_args[1] --trainer.num_nodes: '4', but a local run of this spec is 1 node(s)"),
+    ("framework-extra-args-processes", {"framework": "accelerate", "extra_args": ["--num_processes", "8"]},
+     "extra_args[0] --num_processes: '8', but a local run of this spec is 1 node(s) x 1 rank(s): not 1 processes"),
+    ("framework-superscript-nodes", {"framework": "lightning", "args": {"trainer.num_nodes": "\u00b2"}},
+     "args.trainer.num_nodes: '²' (not ASCII digits: write the count as 0-9)"),
+    ("framework-superscript-devices", {"framework": "fabric", "env": {"LT_DEVICES": "\u00b2"}},
+     "env.LT_DEVICES: '²' (not ASCII digits"),
 ]
 
 

@@ -107,6 +107,33 @@ def test_world_settings_that_match_the_shape_of_each_executor_pass() -> None:
     _spec(nodes=2, cpu_ranks_per_node=2, framework="accelerate", args={"devices": 8})
 
 
+def test_world_settings_in_extra_args_are_read_as_the_scripts_parser_reads_them() -> None:
+    """extra_args reach the script's parser like args: '--key=value' or '--key' then its value,
+    options up to a '--'. A contradicting one is refused naming its item; a matching one passes."""
+    shape = {"nodes": 2, "cpu_ranks_per_node": 2}
+    with pytest.raises(SpecError, match=r"extra_args\[2\] --trainer\.devices: '4', but a local run"):
+        _spec(**shape, framework="lightning", extra_args=["fit", "-v", "--trainer.devices", "4"])
+    with pytest.raises(SpecError, match=r"extra_args\[0\] --machine-rank: each node has its own machine rank"):
+        _spec(**shape, framework="accelerate", extra_args=["--machine-rank=1"])
+    with pytest.raises(SpecError, match=r"extra_args\[0\] --ddp_backend: 'nccl', but the ranks' backend is gloo"):
+        _spec(**shape, framework="transformers", extra_args=["--ddp_backend", "nccl"])
+    _spec(**shape, framework="accelerate", extra_args=["--num_processes", "4", "--num_machines=2"])
+    _spec(**shape, framework="lightning", extra_args=["--trainer.num_nodes", "2", "--", "--trainer.devices=8"])
+    _spec(**shape, framework="lightning", extra_args=["--trainer.devices", "--fast"])  # no value: nothing to read
+
+
+def test_a_count_in_digits_int_does_not_read_is_refused_naming_the_field() -> None:
+    """'²' is a digit to str.isdigit but not to int(): once a traceback-like 'invalid literal', now
+    the field and what to write."""
+    for fields, field in (({"args": {"trainer.num_nodes": "\u00b2"}}, "args.trainer.num_nodes"),
+                          ({"sweep": {"devices": ["2", "\u00b2"]}}, "sweep.devices"),
+                          ({"args": {"num_nodes": "--2"}}, "args.num_nodes")):
+        with pytest.raises(SpecError) as err:
+            _spec(nodes=2, cpu_ranks_per_node=2, framework="lightning", **fields)
+        assert f"{field}: " in str(err.value) and "invalid literal" not in str(err.value), str(err.value)
+    assert frameworks._as_int("\u00b2") is None and frameworks._as_int("-3") == -3 and frameworks._as_int(" 7 ") == 7
+
+
 def test_plan_says_what_each_rank_gets_and_the_launcher_command_it_stands_for() -> None:
     cpu = frameworks.plan_lines(_plan(nodes=2, cpu_ranks_per_node=2, framework="fabric"))
     assert cpu == ["framework: fabric: each rank gets LT_CLI_USED=1 LT_DEVICES=2 LT_NUM_NODES=2 LT_ACCELERATOR=cpu "

@@ -94,6 +94,29 @@ def test_the_plan_says_the_spares_and_the_payload_carries_them(tmp_path: Path) -
     assert "#SBATCH --nodes=3" in launch.sbatch_script
 
 
+def test_the_plans_restart_sentence_follows_in_allocation(tmp_path: Path) -> None:
+    """plan says what a restart is: inside the allocation (the default), a requeue only when too few
+    healthy nodes are left; with in_allocation: false, a requeue every time. Never "requeues the job"
+    for both."""
+    from orchestrator.backends.slurm.slurm_plan import recovery_how
+    from orchestrator.plan import plan
+
+    fields = {"name": "r", "entrypoint": "jobs.train:main", "executor": "slurm", "nodes": 2, "cpu_ranks_per_node": 1,
+              "runs_dir": str(tmp_path)}
+
+    def how(**recovery: object) -> str:
+        spec = spec_from_dict({**fields, "recovery": {"max_restarts": 2, **recovery}})
+        return recovery_how(plan(spec, "slurm").payload.recovery)
+
+    inside = how(spares=1)
+    assert inside.startswith("restarts the ranks inside the allocation (no requeue), a lost or blamed node swapped for "
+                             "one of its 1 spare(s); requeues the job without the nodes blamed only when too few"), inside
+    assert how().startswith("restarts the ranks inside the allocation (no requeue); requeues the job without")
+    assert "a lost node swapped" in how(spares=1, exclude_failed_nodes=False)
+    assert how(in_allocation=False) == "requeues the job without the nodes blamed (recovery.in_allocation: false)"
+    assert how(in_allocation=False, exclude_failed_nodes=False) == "requeues the job (recovery.in_allocation: false)"
+
+
 def test_a_payload_written_before_spares_existed_restarts_inside_the_job(tmp_path: Path) -> None:
     from orchestrator.core.payload import Payload
     from orchestrator.plan import plan

@@ -55,6 +55,16 @@ def test_node_lists() -> None:
     assert "#SBATCH --nodelist='n[1-2]'" in script and "#SBATCH --exclude=n7" in script
 
 
+def test_a_node_list_may_name_the_spares_too() -> None:
+    """sbatch asks for nodes + recovery.spares (the spares are held in the allocation), so a node list
+    of exactly that many hosts is the allocation's own size; one host more is still refused."""
+    spares = {"max_restarts": 1, "spares": 1}
+    script = plan(spec_from_dict({**BASE, "slurm": {"nodelist": "n[1-3]"}, "recovery": spares})).sbatch_script or ""
+    assert "#SBATCH --nodes=3" in script and "#SBATCH --nodelist='n[1-3]'" in script
+    _refused("slurm.nodelist: names 4 nodes but the job asks for nodes: 2 and recovery.spares: 1, 3 in all",
+             slurm={"nodelist": "n[1-4]"}, recovery=spares)
+
+
 def test_workdir_and_watchdog_reach_the_payload(tmp_path) -> None:
     launch = plan(spec_from_dict({**BASE, "workdir": str(tmp_path), "watchdog": {"stall_s": 20}}))
     assert launch.payload.workdir == str(tmp_path)

@@ -28,10 +28,11 @@ from typing import Any, Mapping, Sequence
 from orchestrator.core import ownership
 from orchestrator.backends.slurm import submitit_adapter
 from orchestrator.spec.after import dependency_options, resolve, slurm_dependencies
+from orchestrator.spec.validators import printable
 from orchestrator.core.errors import SubmissionError
 from orchestrator.executors.base import (CANCEL_SLACK_S, first_error, prepare_attempt, raised, stop_grace_s,
                                          while_cancelled)
-from orchestrator.backends.slurm.slurm_env import clean_submission_env, script_options
+from orchestrator.backends.slurm.slurm_env import check_submission_env, clean_submission_env, script_options
 from orchestrator.plan import LaunchPlan
 from orchestrator.core.records import RunRecord, point_dir
 from orchestrator.core.recovery import HISTORY_FILE
@@ -195,6 +196,7 @@ class SlurmExecutor:
             raise SubmissionError("this plan was not made for the slurm executor; plan it with --executor slurm")
         submitit_adapter.check_version()  # before a run folder is made
         check_slurm_conf()
+        check_submission_env()  # SLURM_CLUSTERS, SBATCH_CONTAINER: refused before anything is written
         extra = self.dependency(launch, after)
         record, lock, previous = prepare_attempt(launch, self.refresh)  # a job that ended unasked: asked again
         with lock:  # until the scheduler has the job: then the job is the live attempt
@@ -389,12 +391,12 @@ def account_hint(sbatch_error: str, account: str | None, partition: str | None,
     user = user or _user_name()
     if account:
         named = f"the account '{account}' (slurm.account)"
-    elif env.get("SBATCH_ACCOUNT"):
-        named = f"the account '{env['SBATCH_ACCOUNT']}' (SBATCH_ACCOUNT in this environment)"
+    elif env.get("SBATCH_ACCOUNT"):  # from the environment: its control characters escaped for the terminal
+        named = f"the account '{printable(env['SBATCH_ACCOUNT'])}' (SBATCH_ACCOUNT in this environment)"
     else:
         named = f"{user}'s default account (the spec names none)"
     where = partition or env.get("SBATCH_PARTITION")
-    on = f" on partition '{where}'" if where else ""
+    on = f" on partition '{printable(where)}'" if where else ""
     fix = ("set slurm.account to one of them" if account else
            "set slurm.account (or SBATCH_ACCOUNT) to one of them")
     return (f": {named} is not one user {user} may charge{on}; list those with 'sacctmgr show assoc "

@@ -33,8 +33,9 @@ from orchestrator.core.errors import SpecError
 from orchestrator.core.hostlist import MAX_HOSTS  # noqa: F401  (re-exported)
 from orchestrator.core.hostlist import expand as expand_hostlist
 from orchestrator.backends.slurm.node.slurm_controller import scontrol_text
+from orchestrator.backends.slurm.slurm_env import env_problems
 from orchestrator.spec.models import JobSpec, allocated_nodes
-from orchestrator.spec.validators import slurm_time_minutes
+from orchestrator.spec.validators import printable, slurm_time_minutes
 
 
 def _scontrol(*args: str) -> str:
@@ -304,7 +305,7 @@ def partition_verdict(names: list[str], origin: str, partitions: dict[str, Parti
         return [f"slurm.partition: this cluster has no default partition; set slurm.partition to one of {here}"], [], []
     unique = list(dict.fromkeys(names))
     where = " (from SBATCH_PARTITION in your environment)" if origin == "SBATCH_PARTITION" else ""
-    listed = (f" (sbatch refuses the whole list '{','.join(names)}' for it: 'invalid partition specified')"
+    listed = (f" (sbatch refuses the whole list '{printable(','.join(names))}' for it: 'invalid partition specified')"
               if len(unique) > 1 else "")
     missing = [f"slurm.partition: {n!r}{where} does not exist{listed}; partitions here: {here}"
                for n in unique if n not in partitions]
@@ -441,12 +442,14 @@ def check_against_cluster(spec: JobSpec, environ: Mapping[str, str] | None = Non
     Returns the warnings, also printed on stderr as 'warning: ...' (validate's only output
     besides its verdict): what does not stop the job but that the user would change, such as a
     partition of a list that cannot run it, or GPU ranks with one CPU each. ``environ``: the
-    environment sbatch will read (SBATCH_PARTITION, SBATCH_CPUS_PER_GPU, SBATCH_EXCLUSIVE);
-    default os.environ."""
+    environment sbatch will read (SBATCH_PARTITION, SBATCH_CPUS_PER_GPU, SBATCH_EXCLUSIVE; and
+    the variables submit refuses, ``slurm_env.env_problems``, are problems here too); default
+    os.environ."""
+    env = os.environ if environ is None else environ
     config = parse_config(_scontrol("show", "config"))
     problems, warnings = cluster_findings(spec, parse_partitions(_scontrol("show", "partition", "-o")),
-                                          parse_nodes(_scontrol("show", "node", "-o")), config,
-                                          os.environ if environ is None else environ)
+                                          parse_nodes(_scontrol("show", "node", "-o")), config, env)
+    problems = env_problems(env) + problems  # SLURM_CLUSTERS, SBATCH_CONTAINER: submit would stop on them
     if spec.sweep:
         limit, n = config.max_array_size, len(spec.sweep_points())
         if n > limit - 1:

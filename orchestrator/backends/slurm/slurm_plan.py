@@ -18,7 +18,7 @@ from typing import Any, Mapping
 from orchestrator.node.container import container_settings, srun_tail
 from orchestrator.core.interpreter import module_argv
 from orchestrator.core.netif import InterfaceChoice
-from orchestrator.core.payload import ContainerSettings, Payload
+from orchestrator.core.payload import ContainerSettings, Payload, RecoverySettings
 from orchestrator.plan.plan_model import Launcher, Layout, RankRow, paused_gc
 from orchestrator.node.rank_env import RankEnv, cpu_share_rule, installed_torch_version, planned_interfaces, rank_environment
 from orchestrator.core.rendezvous import init_url, rendezvous_file
@@ -206,6 +206,21 @@ def submitit_parameters(spec: JobSpec, n_points: int = 0) -> dict[str, Any]:
             params["additional_parameters"] = {**params.get("additional_parameters", {}), option: value}
     return params
 
+
+
+def recovery_how(recovery: RecoverySettings) -> str:
+    """What a restart is on SLURM, as ``plan``'s recovery line says it: with
+    ``recovery.in_allocation`` (the default) the job's agent restarts the ranks' step inside the
+    job, on the nodes it holds (a blamed node swapped for a spare), and requeues only when too few
+    healthy nodes are left; without it every restart is a requeue. (The agent decides this in
+    ``agent_recovery``; this sentence must follow it, not say "requeue" for both.)"""
+    blamed = " without the nodes blamed" if recovery.exclude_failed_nodes else ""
+    if not recovery.in_allocation:
+        return f"requeues the job{blamed} (recovery.in_allocation: false)"
+    which = "lost or blamed" if recovery.exclude_failed_nodes else "lost"
+    spares = f", a {which} node swapped for one of its {recovery.spares} spare(s)" if recovery.spares else ""
+    return (f"restarts the ranks inside the allocation (no requeue){spares}; requeues the job{blamed} only when "
+            "too few healthy nodes are left in it (recovery.in_allocation)")
 
 
 def srun_cpus_per_task(spec: JobSpec) -> int | str:

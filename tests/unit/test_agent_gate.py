@@ -9,6 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from orchestrator.backends.slurm.node.agent_state import AgentState
 from orchestrator.backends.slurm.node.agent_gate import StepGate
 from orchestrator.node import gate_step, health
 from orchestrator.node.health import NodeHealth
@@ -19,7 +20,7 @@ def _ctx(tmp: Path, said: list[str]) -> Any:
     run.mkdir(exist_ok=True)
     attempt = SimpleNamespace(number=3, health={}, times={})
     payload = SimpleNamespace(run_dir=str(run), checkpoint=SimpleNamespace(dir=str(run / "ckpt")))
-    return SimpleNamespace(attempt=attempt, run_dir=str(run), payload=payload, say=said.append)
+    return SimpleNamespace(attempt=attempt, run_dir=str(run), payload=payload, say=said.append, state=AgentState())
 
 
 def _report(ctx: Any, node: str, ok: bool = True) -> None:

@@ -115,3 +115,77 @@ def test_a_job_preempted_under_cancel_is_never_requeued_by_the_agent(monkeypatch
     assert state.phase is Phase.NOT_REQUEUED
     assert not [a for a in asked if a[:2] == ["scontrol", "requeue"]]
     assert "PreemptMode=CANCEL" in state.not_requeued and "not requeued" in said[-1]
+
+
+def test_a_drained_node_still_runs_the_job_and_is_not_lost(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DRAIN stops new jobs, not the running one's steps: a draining node is not lost at a crash."""
+    listing = "node1 drng\nnode2 down*\nnode3 alloc\nnode4 drain\nnode5 mix*\nnode6 fail\n"
+    _answers(monkeypatch, {"sinfo": Answer(("sinfo",), 0, listing, "")})
+    assert slurm_controller.nodes_gone(["node1", "node2", "node3", "node4", "node5", "node6"]) == \
+        {"node2", "node5", "node6"}
+
+
+def test_the_batch_host_is_read_from_slurm_not_assumed_first() -> None:
+    from orchestrator.backends.slurm.node.agent_recovery import batch_host
+
+    hosts = ("node1", "node2", "node3")
+    assert batch_host(hosts, {"SLURMD_NODENAME": "node2"}) == "node2"
+    assert batch_host(hosts, {}) == "node1"
+    assert batch_host(hosts, {"SLURMD_NODENAME": "login"}) == "node1"  # not one of the job's: SLURM did not say
+
+
+def test_a_job_accounting_still_calls_pending_is_asked_of_squeue(monkeypatch: pytest.MonkeyPatch) -> None:
+    """slurmdbd hears of a start after squeue: a job sacct calls PENDING while it runs is RUNNING
+    (``chaos`` right after ``submit`` was refused as "PENDING" while the ranks trained)."""
+    from orchestrator.backends.slurm import slurm_status
+
+    asked: list[list[str]] = []
+
+    def fake(argv: list[str], *a: Any, **k: Any) -> Answer:
+        asked.append(list(argv))
+        if argv[0] == "sacct":
+            return Answer(tuple(argv), 0, "77|PENDING\n78|COMPLETED\n", "")
+        return Answer(tuple(argv), 0, "77|RUNNING\n", "")
+
+    monkeypatch.setattr(slurm_status, "run_slurm", fake)
+    monkeypatch.setattr(slurm_status, "check_slurm_conf", lambda: None)
+    monkeypatch.setattr(slurm_status, "accounting_off", lambda: None)
+    states = slurm_status.sacct_states(["77", "78"])
+    assert (states["77"], states["78"]) == ("RUNNING", "COMPLETED")
+    assert [a[0] for a in asked] == ["sacct", "squeue"] and "77" in asked[1][-1] and "78" not in asked[1][-1]
+
+
+def test_a_step_whose_creation_waits_does_not_run_the_gates_clock(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """srun says the controller delays the ranks' step (busy nodes): the gate's bound does not run
+    meanwhile, so a step created 200 s late is not every node failing the gate."""
+    import time as time_module
+
+    from orchestrator.backends.slurm.node import agent_gate
+    from orchestrator.backends.slurm.node.slurm_job import note_step_creation
+    from orchestrator.node import gate_step
+
+    state = AgentState()
+    note_step_creation("srun: Job step creation temporarily disabled, retrying (Requested nodes are busy)\n", state)
+    assert state.step_waiting_since is not None
+    clock = [1000.0]
+    monkeypatch.setattr(time_module, "monotonic", lambda: clock[0])
+    gate = agent_gate.StepGate.__new__(agent_gate.StepGate)
+    decided: list[bool] = []
+    gate.ctx = SimpleNamespace(state=state)  # type: ignore[assignment]
+    gate.folder, gate.names, gate.decided = tmp_path, {"node1.json"}, False
+    gate.started = gate._last_look = gate._next = 1000.0
+    gate._pause, gate._arrived = 0.01, 0
+    monkeypatch.setattr(agent_gate.StepGate, "_decide", lambda self: decided.append(True))
+    state.step_waiting_since = 1000.0
+    for _ in range(40):  # 200 s of a delayed step, looked at every 5 s
+        clock[0] += 5
+        gate.look()
+    assert not decided, "the gate decided while the step did not exist yet"
+    note_step_creation("srun: Step created for StepId=125.0\n", state)
+    assert state.step_waiting_since is None
+    clock[0] += gate_step.DECIDE_WITHIN_S - 10
+    gate.look()
+    assert not decided
+    clock[0] += 11
+    gate.look()
+    assert decided  # silence after the step existed for the whole bound is a verdict

@@ -236,8 +236,10 @@ def sacct_states(job_ids: list[str]) -> dict[str, State]:
     states = {task: map_state(raw) for jid, raw in rows for task in expand_array_id(jid)}
     missing = [b for b in bases if b not in states and not any(k.startswith(b + "_") for k in states)]
     # A job SLURM requeues after a node failure (it asked --requeue) reads NODE_FAIL in sacct for a
-    # moment before its next record exists: squeue, which lists only jobs still queued or running, tells.
-    failed = sorted({k.split("_")[0] for k, st in states.items() if st == State.NODE_FAIL})
+    # moment before its next record exists, and a job that just started still reads PENDING there
+    # (slurmdbd hears of the start later: `chaos` right after `submit` was refused as "PENDING" while
+    # the ranks ran): squeue, which lists only jobs still queued or running, tells.
+    failed = sorted({k.split("_")[0] for k, st in states.items() if st in (State.NODE_FAIL, State.PENDING)})
     if failed:
         states.update(squeue_states(failed, every_state=False))
     if missing:

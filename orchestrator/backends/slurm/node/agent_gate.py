@@ -47,6 +47,7 @@ class StepGate:
         self._next = self.started + _POLL_FIRST_S
         self._pause = _POLL_FIRST_S
         self._arrived = 0  # the verdicts seen at the last look
+        self._last_look = self.started
 
     def argv(self) -> list[str]:
         return [GATE_OPTION, str(self.number)]
@@ -72,6 +73,10 @@ class StepGate:
             self.decided = True
             self.ctx.say("health gate: the ranks' step ended before any node reported")
             return True
+        waiting = self.ctx.state.step_waiting_since
+        if waiting is not None:  # srun still waits for its step: no task can have reported; the clock stops
+            self.started += now - max(waiting, self._last_look)
+        self._last_look = now
         if self.names <= seen or step_ended or now - self.started >= gate_step.DECIDE_WITHIN_S:
             self._decide()
             return True

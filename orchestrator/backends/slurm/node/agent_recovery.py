@@ -171,10 +171,11 @@ class AgentRecovery:
         return True
 
     def release(self, nodes: Iterable[str]) -> None:
-        """Give ``nodes`` back to SLURM (the job's first node, where this agent runs, stays): the job
-        pays for no node it will not use. A refusal is said and changes nothing else."""
+        """Give ``nodes`` back to SLURM (the batch host, where this agent runs, stays): the job pays
+        for no node it will not use. A refusal (a site may disable shrinking: ``disable_job_shrink``,
+        a job_submit hook) is said and changes nothing else: the job goes on holding the node."""
         c = self.ctx
-        first = c.slurm.hosts[0] if c.slurm.hosts else ""
+        first = batch_host(c.slurm.hosts)
         drop = {n for n in nodes if n != first and n in c.slurm.hosts}
         if not drop:
             return
@@ -300,3 +301,15 @@ class AgentRecovery:
             forensics.write_end(c.run_dir, reason=failure.kind, error=f"{failure.why}; the restart failed: {s.not_requeued}")
             return failed_code
         return 0
+
+
+def batch_host(hosts: tuple[str, ...], environ: dict[str, str] | None = None) -> str:
+    """The node this agent (the batch step) runs on, as SLURM names it (``SLURMD_NODENAME``), not
+    assumed to be the first of the sorted host list (SLURM picks the batch host; a job given
+    ``--nodelist`` in another order, or a resized one, may have it elsewhere). The first host only
+    where SLURM did not say."""
+    import os
+
+    here = (os.environ if environ is None else environ).get("SLURMD_NODENAME", "")
+    return here if here in hosts else (hosts[0] if hosts else "")
+

@@ -61,6 +61,7 @@ class AgentState:
     suspended_now: bool = False
     suspend_checked: float | None = None  # the controller was last asked about a suspension
     stopped_seen: bool = False  # the agent's loop saw a gap: it was stopped (a suspension), not yet asked
+    step_waiting_since: float | None = None  # srun said the step's creation waits (busy nodes), not yet created
 
     def enter(self, phase: Phase) -> None:
         """Move to ``phase``; any move ``MOVES`` does not name is a bug, refused."""

@@ -46,7 +46,10 @@ NO_DBD = ("Problem talking to the database", "slurmdbd")
 NO_CONTROLLER = ("Unable to contact slurm controller", "connect failure", "Connection refused",
                  "Socket timed out", "Zero Bytes were transmitted")
 #: Node states (sinfo %t) that say a node is gone: down, drained or failing, not responding (*).
-NODE_GONE = re.compile(r"^(down|drain|drng|fail|failg|maint|boot|powered|pow_dn|npc)|\*$")
+#: sinfo's short states of a node that no longer runs our ranks. Not a drain: DRAIN/DRNG stops new
+#: jobs, never a running one's steps, so a node an administrator drains for later maintenance
+#: keeps serving the job (counted lost, a crash's restart gave up a good node).
+NODE_GONE = re.compile(r"^(down|fail|failg|boot|powered|pow_dn|npc)|\*$")
 
 
 def check_slurm_conf() -> None:

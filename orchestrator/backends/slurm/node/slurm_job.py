@@ -405,12 +405,30 @@ def relay_srun_messages(stream: IO[bytes] | None, state: AgentState) -> None:
         except (OSError, ValueError):
             pass  # the batch log is gone: keep draining, or srun would block
         text = line.decode(errors="replace")
+        note_step_creation(text, state)
         lost = _NODE_FAILURE.search(text)
         if lost:
             state.lost_nodes.add(lost.group(1))
         if state.first_end is None and _SRUN_TASK_ENDED.search(text):
             state.first_end = text
             state.killed = srun_signal_death(text)
+
+
+#: srun's words while the controller delays the step ("Job step creation temporarily disabled,
+#: retrying (Requested nodes are busy)"), and once it made it ("Step created for StepId=...").
+_STEP_DELAYED = "step creation temporarily disabled"
+_STEP_CREATED = "step created for"
+
+
+def note_step_creation(text: str, state: AgentState) -> None:
+    """Whether srun still waits for the controller to create the ranks' step: the health gate's
+    clock (``agent_gate.StepGate``) does not run while it does (no task can report before its step
+    exists: a step delayed past the gate's bound blamed every node)."""
+    lowered = text.lower()
+    if _STEP_DELAYED in lowered and state.step_waiting_since is None:
+        state.step_waiting_since = time.monotonic()
+    elif _STEP_CREATED in lowered:
+        state.step_waiting_since = None
 
 
 def name_killed_rank(ctx: AgentContext) -> None:

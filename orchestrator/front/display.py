@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.core.errors import OrchestratorError
+from orchestrator.spec.validators import printable
 from orchestrator.front.startup import start_line
 from orchestrator.plan import LaunchPlan, RankRow, paused_gc
 
@@ -135,8 +136,9 @@ def recovery_line(launch: LaunchPlan) -> str:
                                                                if r.node_check else "")) if r.health_check else "no health gate"
     if not r.max_restarts:
         return f"recovery: {gate}; no restarts after a failure (recovery.max_restarts: 0)"
-    how = ("restarts the ranks in place" if launch.executor != "slurm" else
-           "requeues the job" + (" without the nodes blamed" if r.exclude_failed_nodes else ""))
+    from orchestrator.backends.slurm.slurm_plan import recovery_how
+
+    how = "restarts the ranks in place" if launch.executor != "slurm" else recovery_how(r)
     hang = "" if "hang" not in r.on or launch.payload.watchdog.stall_s else \
         " (hang: only a missed init deadline, as watchdog.stall_s is off)"
     return (f"recovery: {gate}; up to {r.max_restarts} restart(s) on {', '.join(r.on)}{hang}: {how}; stops after "
@@ -155,7 +157,7 @@ def print_ranks(launch: LaunchPlan, console: Console, node: int | None = None, r
             raise PlanQueryError(f"--rank {rank}: the job has ranks 0-{len(rows) - 1}")
         console.print(f"\n[bold]environment of rank {rank}[/bold] (host {rows[rank].host})")
         for key, value in sorted(rows[rank].env.items()):
-            console.print(Text(f"  {key}={value}"))
+            console.print(Text(f"  {key}={printable(value)}"))
         return
     rule = _NodeRule(rows[:rpn], rpn)
     with paused_gc():  # one dict built and compared (in C) per row, no cycles
@@ -169,7 +171,7 @@ def print_ranks(launch: LaunchPlan, console: Console, node: int | None = None, r
     varying += sorted(differing - set(varying))
     console.print(f"\n[bold]environment of every rank[/bold] ({launch.world_size} ranks)")
     for key, value in shared.items():
-        console.print(Text(f"  {key}={value}"))
+        console.print(Text(f"  {key}={printable(value)}"))
     if node is not None:
         if not 0 <= node < launch.nodes:
             raise PlanQueryError(f"--node {node}: the job has nodes 0-{launch.nodes - 1}")
@@ -226,5 +228,5 @@ def _rank_table(title: str, rows: list[RankRow], varying: list[str]) -> Table:
     for col in ("host", *varying):
         table.add_column(col, overflow="fold")
     for row in rows:
-        table.add_row(Text(row.host), *(Text(row.env.get(k, "")) for k in varying))
+        table.add_row(Text(row.host), *(Text(printable(row.env.get(k, ""))) for k in varying))
     return table

@@ -189,3 +189,26 @@ def test_a_step_whose_creation_waits_does_not_run_the_gates_clock(monkeypatch: p
     clock[0] += 11
     gate.look()
     assert decided  # silence after the step existed for the whole bound is a verdict
+
+
+def test_the_plans_rank_environment_escapes_control_characters(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An inherited value (OMP_NUM_THREADS from the submitter's shell) with ESC reaches every rank's
+    row in plan's output escaped, never raw: it must not rewrite the terminal."""
+    import io
+
+    from rich.console import Console
+
+    from orchestrator.front.display import print_ranks, recovery_line
+    from orchestrator.plan import plan
+    from orchestrator.spec.loading import spec_from_dict
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "4\x1b[2J")
+    launch = plan(spec_from_dict({"name": "esc", "entrypoint": "jobs.train:main", "nodes": 2,
+                                  "cpu_ranks_per_node": 2}), "local")
+    out = io.StringIO()
+    print_ranks(launch, Console(file=out, width=200))
+    print_ranks(launch, Console(file=out, width=200), rank=1)
+    assert "\x1b[2J" not in out.getvalue()
+    slurm = plan(spec_from_dict({"name": "esc", "entrypoint": "jobs.train:main", "executor": "slurm",
+                                 "runs_dir": "/srv/runs", "recovery": {"max_restarts": 2}}), "slurm")
+    assert "inside the allocation" in recovery_line(slurm)

@@ -118,11 +118,12 @@ def test_a_job_preempted_under_cancel_is_never_requeued_by_the_agent(monkeypatch
 
 
 def test_a_drained_node_still_runs_the_job_and_is_not_lost(monkeypatch: pytest.MonkeyPatch) -> None:
-    """DRAIN stops new jobs, not the running one's steps: a draining node is not lost at a crash."""
+    """A drain stops new jobs, not the running one's steps: a draining node (drng, still holding our
+    job) is not lost at a crash; a drained one (drain: no job on it) is not ours any more."""
     listing = "node1 drng\nnode2 down*\nnode3 alloc\nnode4 drain\nnode5 mix*\nnode6 fail\n"
     _answers(monkeypatch, {"sinfo": Answer(("sinfo",), 0, listing, "")})
     assert slurm_controller.nodes_gone(["node1", "node2", "node3", "node4", "node5", "node6"]) == \
-        {"node2", "node5", "node6"}
+        {"node2", "node4", "node5", "node6"}
 
 
 def test_the_batch_host_is_read_from_slurm_not_assumed_first() -> None:

@@ -46,10 +46,11 @@ NO_DBD = ("Problem talking to the database", "slurmdbd")
 NO_CONTROLLER = ("Unable to contact slurm controller", "connect failure", "Connection refused",
                  "Socket timed out", "Zero Bytes were transmitted")
 #: Node states (sinfo %t) that say a node is gone: down, drained or failing, not responding (*).
-#: sinfo's short states of a node that no longer runs our ranks. Not a drain: DRAIN/DRNG stops new
-#: jobs, never a running one's steps, so a node an administrator drains for later maintenance
-#: keeps serving the job (counted lost, a crash's restart gave up a good node).
-NODE_GONE = re.compile(r"^(down|fail|failg|boot|powered|pow_dn|npc)|\*$")
+#: sinfo's short states of a node that no longer runs our ranks. Not a draining node (drng): a drain
+#: stops new jobs, never a running one's steps, so a node an administrator drains for later
+#: maintenance while our job holds it keeps serving the job (counted lost, a crash's restart gave
+#: up a good node). A drained one (drain: it holds no job) is not ours any more.
+NODE_GONE = re.compile(r"^(down|drain|fail|failg|boot|powered|pow_dn|npc)|\*$")
 
 
 def check_slurm_conf() -> None:

@@ -3,35 +3,46 @@ asks for before a real failure does: end a rank (``--kill-rank N``, SIGKILL: a c
 traceback), freeze one (``--stop-rank N``, SIGSTOP: a hang the watchdog must find), or take a node
 away (``--node-down NAME``, SLURM, where the caller may: ``scontrol update State=DOWN``). Each
 injection is recorded in ``<run>/chaos.jsonl`` (when, what, which attempt), and the recovery that
-follows is measured like any other (``orchestrator.core.attempt_times``: ``status`` shows it).
+follows is measured like any other (``orchestrator.core.attempt_times``: ``status`` shows it). A
+sweep's point is a run of its own: ``RUN/points/N`` (``orchestrator.front.chaos_target``).
 
-It refuses what would prove nothing or hurt someone else: a run that is not running, one that is
-not the caller's (another user's folder, another host's processes), one whose spec has no restart
-to recover with (``recovery.max_restarts: 0``), a freeze the watchdog would never see
-(no ``watchdog.stall_s``), a rank or node that is not the run's.
+It refuses what would prove nothing or hurt someone else, before anything is broken: a run that is
+not running, one that is not the caller's (another user's folder, another host's processes), one
+whose recovery would not restart after the failure the injection causes (``recovery.max_restarts:
+0``, restarts used up, the kind not in ``recovery.on``, the no-progress rule: ``refusal``), a
+freeze the watchdog would never see (no ``watchdog.stall_s``), a rank or node that is not the
+run's, a node that runs anyone else's job too (DOWN would kill it: ``node_down_refusal``), and a
+``chaos.jsonl`` that is a link or not a regular file (``open_log``). Once the failure is injected
+it succeeds, whatever happens after: the injection happened.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
-from orchestrator.core import ownership
 from orchestrator.backends.slurm.node import slurm_controller
+from orchestrator.backends.slurm.node.chaos_node import SENT
+from orchestrator.core import fs_checks, ownership
 from orchestrator.core.errors import UsageError
-from orchestrator.core.payload import Payload
-from orchestrator.core.records import RunRecord, resolve_run
-from orchestrator.core.run_folder import RunFolder
-from orchestrator.core.states import State
+from orchestrator.core.payload import Payload, RecoverySettings
+from orchestrator.core.recovery import Failure, History, decide
+from orchestrator.core.states import EndReason, FailureKind, State
+from orchestrator.front.chaos_target import (Refresh, Target, find_target, numeric_job_id, read_history,
+                                             read_payload)
 
 CHAOS_FILE = "chaos.jsonl"
 #: srun --overlap has to create a step in the allocation; a busy controller takes its time.
 SRUN_TIMEOUT_S = 30.0
+#: The failure each injection causes, as recovery names it (what ``recovery.decide`` will decide on).
+CAUSES = {"kill-rank": FailureKind.CRASH, "stop-rank": FailureKind.HANG, "node-down": FailureKind.NODE_FAILURE}
 
 
 @dataclass(frozen=True)
@@ -42,101 +53,237 @@ class Injection:
     rank: Optional[int] = None
     node: Optional[str] = None
 
+    @property
+    def kind(self) -> FailureKind:
+        return CAUSES[self.action]
 
-def refusal(record: RunRecord, payload: Payload, injection: Injection, uid: int) -> Optional[str]:
-    """Why this injection must not happen (None: it may). Pure but for the folder's owner."""
-    if record.state != State.RUNNING:
-        return f"{record.run_id} is {record.state}, not RUNNING: chaos breaks a running job"
+    @property
+    def flag(self) -> str:
+        """The injection as the command line gives it (for the examples in a refusal)."""
+        return f"--{self.action} {self.node if self.action == 'node-down' else self.rank}"
+
+
+# ---- the refusals, pure but for the folder's owner and the checkpoint folder -------------------
+def budget_refusal(name: str, settings: RecoverySettings, history: History, injection: Injection,
+                   progressed: bool) -> Optional[str]:
+    """Why the recovery would not restart after this injection's failure (None: it would), asked
+    of ``recovery.decide`` itself, so chaos never predicts otherwise than the supervisor or the
+    agent then decides: a run that ends FAILED proves nothing about its recovery."""
+    kind = injection.kind
+    if settings.max_restarts == 0:
+        return (f"{name} has recovery.max_restarts: 0, so nothing would recover from the failure; set "
+                "recovery.max_restarts (e.g. 2) and run it again")
+    decision = decide(settings, history, Failure(kind, "orchestrator chaos"), progressed)
+    if decision.restart:
+        return None
+    if kind not in settings.on:
+        return (f"{name}'s recovery.on ({', '.join(settings.on)}) does not list {kind}, the failure {injection.flag} "
+                f"causes, so the run would end FAILED; add {kind} to recovery.on and run it again")
+    if decision.reason == EndReason.NO_PROGRESS:
+        return (f"{name} has written no new checkpoint in this attempt, after "
+                f"{history.failures_without_progress()} failed attempt(s) without one, so "
+                f"recovery.stop_without_progress ({settings.stop_without_progress}) would end it FAILED; wait for its "
+                "next checkpoint and try again")
+    used = history.restarts()
+    return (f"{name} has used {used} of its {settings.max_restarts} restart(s) (recovery.max_restarts), so the run "
+            f"would end FAILED instead of recovering; to allow it, raise recovery.max_restarts (e.g. --set "
+            f"recovery.max_restarts={used + 2}) and run it again")
+
+
+def progressed_now(history: History, checkpoint_dir: str) -> bool:
+    """Whether the attempt running now wrote a new checkpoint (what the no-progress rule will
+    ask once the rank fails). True where the checkpoint folder cannot be seen from here (a
+    node-local folder): chaos does not refuse on a guess."""
+    current = next((a for a in reversed(history.attempts) if a.outcome is None), None)
+    if current is None or not os.path.isdir(checkpoint_dir):
+        return True
+    return history.progressed(current, checkpoint_dir)
+
+
+def refusal(target: Target, payload: Payload, history: History, injection: Injection, uid: int) -> Optional[str]:
+    """Why this injection must not happen (None: it may)."""
+    record, name = target.record, target.name
+    if target.state != State.RUNNING:
+        return f"{name} is {target.state}, not RUNNING: chaos breaks a running job"
     try:
         owner = os.stat(record.run_dir).st_uid
     except OSError as exc:
         return f"cannot read {record.run_dir} ({exc.strerror})"
     if uid != 0 and owner != uid:
         return f"{record.run_id} belongs to another user (uid {owner}): chaos breaks only your own jobs"
-    if payload.recovery.max_restarts == 0:
-        return (f"{record.run_id} has recovery.max_restarts: 0, so nothing would recover from the failure; set "
-                "recovery.max_restarts (e.g. 2) and run it again")
     if injection.action == "stop-rank" and payload.watchdog.stall_s is None:
         return ("a stopped rank is a hang, and this spec has no watchdog.stall_s to find it: its peers would wait "
                 "forever; set watchdog.stall_s (e.g. 60)")
-    if injection.rank is not None and not 0 <= injection.rank < max(1, record.world_size):
-        return f"rank {injection.rank} is not in {record.run_id} (ranks 0-{max(1, record.world_size) - 1})"
-    if injection.action == "node-down" and record.executor != "slurm":
+    world = max(1, payload.world_size)
+    if injection.rank is not None and not 0 <= injection.rank < world:
+        return f"rank {injection.rank} is not in {name} (ranks 0-{world - 1})"
+    if injection.action == "node-down" and not target.slurm:
         return "--node-down takes a SLURM node away; a local run has none: use --kill-rank or --stop-rank"
-    if record.executor != "slurm":
+    budget = budget_refusal(name, payload.recovery, history, injection,
+                            progressed_now(history, payload.checkpoint.dir))
+    if budget is not None:
+        return budget
+    if not target.slurm:
         return ownership.foreign_reason(record.host, record.folder_id, record.run_dir)
     return None
 
 
-def inject(ref: str, injection: Injection) -> str:
-    """Inject the failure into the run and record it; the line to print. UsageError when refused."""
-    from orchestrator.api import refresh_records
+def node_down_refusal(node: str, ours: str, squeue_stdout: str) -> Optional[str]:
+    """Whether ``node`` may be set DOWN, from ``squeue -h -w NODE -o %A`` (a job id a line): only
+    while the run's own job (``ours``, numeric) runs there and nothing else does. DOWN ends every
+    job on the node and keeps it down until an administrator resumes it, so another job there
+    (another user's, or another point of the same sweep) refuses it, counted but never named."""
+    jobs = {line.strip() for line in squeue_stdout.splitlines() if line.strip()}
+    if ours not in jobs:
+        return (f"squeue lists no job of the run on {node} now (its job {ours} left it): taking it down would prove "
+                "nothing; check 'orchestrator status'")
+    others = len(jobs - {ours})
+    if others:
+        return (f"{node} also runs {others} other job(s): DOWN would end them too and keep the node down until an "
+                f"administrator resumes it; use --kill-rank N for a crash on {node} instead")
+    return None
 
-    # the scheduler asked (SLURM): the record says what the job is now
-    record = refresh_records([RunRecord.load(resolve_run(ref))])[0]
-    folder = RunFolder.of(record.run_dir)
-    payload = Payload.load(folder.payload)
-    why = refusal(record, payload, injection, os.geteuid())
+
+# ---- the log ------------------------------------------------------------------------------------
+def open_log(folder: Path) -> int:
+    """An append-only fd on ``<folder>/chaos.jsonl``, opened before anything is broken so that a
+    refusal comes first. Never through a link (O_NOFOLLOW: a link there could send our lines into
+    any file this user may write); a FIFO, a device or a folder is refused too (O_NONBLOCK: never
+    waits on one)."""
+    path = folder / CHAOS_FILE
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    fix = f"remove it (rm {fs_checks.shown(path)}) and try again; nothing was broken"
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP or os.path.islink(path):
+            raise UsageError(f"chaos refused: {fs_checks.shown(path)} is a symbolic link, and chaos never writes "
+                             f"through one: {fix}") from None
+        if exc.errno in (errno.ENXIO, errno.EISDIR):
+            raise UsageError(f"chaos refused: {fs_checks.shown(path)} is not a regular file: {fix}") from None
+        if fs_checks.is_denied(exc):
+            raise UsageError(f"chaos refused: no permission to write {fs_checks.shown(path)} "
+                             f"({fs_checks.no_permission(path, 'written', exc)[1]}); nothing was broken") from None
+        raise UsageError(f"chaos refused: {fs_checks.shown(path)} cannot be opened ({fs_checks.errno_text(exc)}); "
+                         "nothing was broken") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        os.close(fd)
+        what = fs_checks.kind(st.st_mode) if not stat.S_ISREG(st.st_mode) else f"a file with {st.st_nlink} hard links"
+        raise UsageError(f"chaos refused: {fs_checks.shown(path)} is {what}, not a regular file of its own: {fix}")
+    return fd
+
+
+def record_entry(fd: int, path: Path, entry: dict) -> None:
+    """Append one line; a failure is said on stderr, never raised: the injection has happened."""
+    line = (json.dumps(entry) + "\n").encode("utf-8")
+    try:
+        while line:
+            line = line[os.write(fd, line):]
+    except OSError as exc:
+        print(f"[orchestrator] the injection happened, but {fs_checks.shown(path)} could not record it "
+              f"({fs_checks.errno_text(exc)})", file=sys.stderr)
+
+
+# ---- the injection ------------------------------------------------------------------------------
+def inject(ref: str, injection: Injection, refresh: Refresh | None = None) -> str:
+    """Inject the failure into the run (or sweep point) and record it; the line to print.
+    UsageError when refused, before anything is broken; once broken, it returns."""
+    if refresh is None:
+        from orchestrator.api import refresh_records  # the scheduler asked (SLURM)
+
+        refresh = refresh_records
+    target = find_target(ref, refresh, injection.flag)
+    if target.state != State.RUNNING:  # before its files are read: a point not started has none
+        raise UsageError(f"chaos refused: {target.name} is {target.state}, not RUNNING: chaos breaks a running job")
+    payload, history = read_payload(target), read_history(target)
+    why = refusal(target, payload, history, injection, os.geteuid())
     if why is not None:
         raise UsageError(f"chaos refused: {why}")
     if injection.action == "node-down":
-        target = _node_down(record, injection.node or "")
+        act = _node_down(target, history, injection.node or "")
     else:
-        target = _signal_rank(record, injection.rank or 0, "KILL" if injection.action == "kill-rank" else "STOP")
-    from orchestrator.core.recovery import History
+        act = _signal_rank(target, payload, injection.rank or 0, "KILL" if injection.action == "kill-rank" else "STOP")
+    fd = open_log(target.folder)
+    try:
+        what, after = act()
+        current = [a.number for a in history.attempts if a.outcome is None]
+        attempt = current[-1] if current else max(target.record.attempts, len(history.attempts))
+        record_entry(fd, target.folder / CHAOS_FILE, {"time": time.time(), "action": injection.action,
+                                                      "target": what, "attempt": attempt})
+    finally:
+        os.close(fd)
+    return (f"{target.name}: {injection.action} {what} (attempt {attempt}){after}; follow the recovery with "
+            f"'orchestrator status {target.record.run_id}'")
 
-    attempt = max(record.attempts, len(History.load(record.run_dir).attempts))  # SLURM: the history counts
-    entry = {"time": time.time(), "action": injection.action, "target": target, "attempt": attempt}
-    with open(Path(record.run_dir) / CHAOS_FILE, "a", encoding="utf-8") as fh:
-        fh.write(json.dumps(entry) + "\n")
-    return (f"{record.run_id}: {injection.action} {target} (attempt {attempt}); follow the recovery with "
-            f"'orchestrator status {record.run_id}'")
+
+Act = Callable[[], "tuple[str, str]"]
 
 
-def _signal_rank(record: RunRecord, rank: int, name: str) -> str:
+def _signal_rank(target: Target, payload: Payload, rank: int, name: str) -> Act:
+    """What signals the rank, once every check passed (the rank recorded, its SLURM job's id)."""
     from orchestrator.backends.slurm.node.chaos_node import signal_rank
     from orchestrator.node.stack_requests import rank_procs
 
-    rp = rank_procs(record.run_dir).get(rank)
+    rp = rank_procs(target.folder).get(rank)
     if rp is None:
         raise UsageError(f"chaos refused: rank {rank} has not recorded itself yet (the job is starting): try again")
-    where = f"rank {rank} on {rp.host}"
-    if record.executor != "slurm":
-        why = signal_rank(record.run_dir, rank, name)
-    else:
-        why = _on_node(record, rp.host, rank, name)
-    if why:
-        raise UsageError(f"chaos: {where} was not signalled: {why}")
-    return where
+    where, job = f"rank {rank} on {rp.host}", ""
+    if target.slurm:
+        if not target.job:
+            raise UsageError(f"chaos refused: {target.name} has no SLURM job yet")
+        job = numeric_job_id(target.job)
+
+    def act() -> tuple[str, str]:
+        why = _on_node(target, job, payload.python, rp.host, rank, name) if target.slurm else \
+            signal_rank(target.folder, rank, name)
+        if why:
+            raise UsageError(f"chaos: {where} was not signalled: {why}")
+        return where, ""
+    return act
 
 
-def _on_node(record: RunRecord, host: str, rank: int, name: str) -> Optional[str]:
-    """``orchestrator.backends.slurm.node.chaos_node`` on the rank's node, through ``srun --overlap`` in the run's job."""
+def _on_node(target: Target, job: str, python: str, host: str, rank: int, name: str) -> Optional[str]:
+    """``chaos_node`` on the rank's node, through ``srun --overlap`` in the job (its numeric id).
+    None once the node said it sent the signal (``SENT``), whatever srun's exit says afterwards:
+    the job's agent may end every step of the job as it restarts the ranks, ours included."""
     from orchestrator.core.interpreter import module_argv
 
-    if not record.job_ids:
-        return "the run has no SLURM job yet"
-    payload = Payload.load(RunFolder.of(record.run_dir).payload)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_")) or k == "SLURM_CONF"}
     env["SLURM_EXPORT_ENV"] = "ALL"
-    argv = ["srun", "--overlap", f"--jobid={record.job_ids[-1]}", f"--nodelist={host}", "--nodes=1", "--ntasks=1",
-            "--quiet", *module_argv(payload.python, "orchestrator.backends.slurm.node.chaos_node", record.run_dir, str(rank), name,
-                                    unbuffered=False)]
-    answer = slurm_controller.run(argv, SRUN_TIMEOUT_S, env=env, quiet_stdin=True)
-    return None if answer.ok else answer.complaint
+    argv = ["srun", "--overlap", f"--jobid={job}", f"--nodelist={host}", "--nodes=1", "--ntasks=1", "--quiet",
+            *module_argv(python, "orchestrator.backends.slurm.node.chaos_node", str(target.folder), str(rank), name,
+                         unbuffered=False)]
+    answer = slurm_controller.run(argv, SRUN_TIMEOUT_S, env=env, quiet_stdin=True,
+                                  done=lambda a: SENT in a.stdout)  # sent: never ask again
+    if SENT in answer.stdout:
+        return None
+    return answer.complaint or "srun ended without a word from the node"
 
 
-def _node_down(record: RunRecord, node: str) -> str:
-    from orchestrator.core.recovery import History
-
-    nodes = History.load(record.run_dir).attempts[-1].nodes if History.load(record.run_dir).attempts else []
+def _node_down(target: Target, history: History, node: str) -> Act:
+    """What sets the node DOWN, once it is the run's, its job's alone (``node_down_refusal``)."""
+    nodes = history.attempts[-1].nodes if history.attempts else []
     if node not in nodes:
         raise UsageError(f"chaos refused: {node} is not one of the run's nodes now ({', '.join(nodes) or 'none yet'})")
-    answer = slurm_controller.run(["scontrol", "update", f"NodeName={node}", "State=DOWN",
-                                   f"Reason=orchestrator chaos on {record.run_id}"], SRUN_TIMEOUT_S)
+    if not target.job:
+        raise UsageError(f"chaos refused: {target.name} has no SLURM job yet")
+    ours = numeric_job_id(target.job)
+    answer = slurm_controller.run(["squeue", "-h", "-w", node, "-o", "%A"], SRUN_TIMEOUT_S)
     if not answer.ok:
-        raise UsageError(f"chaos: could not take {node} down ({answer.complaint}); setting a node DOWN needs the "
-                         "SLURM administrator's rights: use --kill-rank or --stop-rank instead")
-    print(f"[orchestrator] {node} is DOWN; bring it back with: scontrol update NodeName={node} State=RESUME",
-          file=sys.stderr)
-    return f"node {node}"
+        raise UsageError(f"chaos refused: could not list the jobs on {node} "
+                         f"({slurm_controller.one_line(answer.complaint)}), and it is set DOWN only when no one "
+                         "else's job runs there; try again")
+    why = node_down_refusal(node, ours, answer.stdout)
+    if why is not None:
+        raise UsageError(f"chaos refused: {why}")
+
+    def act() -> tuple[str, str]:
+        down = slurm_controller.run(["scontrol", "update", f"NodeName={node}", "State=DOWN",
+                                     f"Reason=orchestrator chaos on {target.record.run_id}"], SRUN_TIMEOUT_S)
+        if not down.ok:
+            raise UsageError(f"chaos: could not take {node} down ({slurm_controller.one_line(down.complaint)}); "
+                             "setting a node DOWN needs the SLURM administrator's rights: use --kill-rank or "
+                             "--stop-rank instead")
+        return f"node {node}", f"; {node} stays DOWN until resumed: scontrol update nodename={node} state=resume"
+    return act

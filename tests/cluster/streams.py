@@ -55,6 +55,7 @@ LAST_MODULE = "test_no_accounting.py"
 SERIAL_TESTS = {
     "test_slurm.py::test_lost_node_ends_the_job",  # kills node2's slurmd, re-runs cluster.sh up
     "test_recovery_slurm.py::test_a_node_taken_down_mid_run_is_left_behind",  # scontrol update state=down
+    "test_chaos_slurm.py::test_node_down_refuses_a_node_that_runs_another_job",  # if it broke, node1 DOWN for all
     "test_login_node.py::test_totp_second_factor_then_batch_mode_through_the_master",  # re-runs cluster.sh up
     # a 'high' job over every CPU, as in the module's other tests (its own job's suspend is shareable)
     "test_preemption.py::test_a_real_preemption_requeues_a_rank_api_job_which_resumes_and_completes",

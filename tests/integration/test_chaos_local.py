@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.front.chaos import Injection, refusal
+from orchestrator.front.chaos_target import Target
 from orchestrator.core.payload import Payload
 from orchestrator.core.records import RunRecord
 from orchestrator.core.recovery import History
@@ -78,7 +79,8 @@ def test_chaos_refuses_what_would_prove_nothing(tmp_path: Path, recovery: dict, 
     Path(launch.run_dir).mkdir(parents=True)
     record = RunRecord(run_id="r", run_dir=launch.run_dir, executor="local", state=State.RUNNING, world_size=2)
     payload = Payload.from_dict(launch.payload.to_dict(), where="test")
-    assert said in (refusal(record, payload, injection, os.geteuid()) or "")
+    history = History(Path(launch.run_dir) / "recovery.json")
+    assert said in (refusal(Target(record, Path(launch.run_dir)), payload, history, injection, os.geteuid()) or "")
 
 
 def test_chaos_refuses_another_users_run(tmp_path: Path) -> None:
@@ -86,5 +88,37 @@ def test_chaos_refuses_another_users_run(tmp_path: Path) -> None:
     Path(launch.run_dir).mkdir(parents=True)
     record = RunRecord(run_id="r", run_dir=launch.run_dir, executor="local", state=State.RUNNING, world_size=2)
     owner = os.stat(launch.run_dir).st_uid
-    assert "belongs to another user" in (refusal(record, launch.payload, Injection("kill-rank", rank=0), owner + 1)
-                                         or "")
+    history = History(Path(launch.run_dir) / "recovery.json")
+    assert "belongs to another user" in (refusal(Target(record, Path(launch.run_dir)), launch.payload, history,
+                                                 Injection("kill-rank", rank=0), owner + 1) or "")
+
+
+def test_a_sweeps_point_is_broken_on_its_own_until_its_restarts_are_used_up(tmp_path: Path) -> None:
+    """A sweep is refused as a whole (the point to name is said); its running point is killed and
+    restarts; once that point's one restart is used, a second kill is refused and kills nothing,
+    and the sweep completes."""
+    ckpts = [tmp_path / "c0", tmp_path / "c1"]
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(f"name: chaos-sweep\nentrypoint: {SCRIPTS / 'flaky_snapshot.py'}\nnodes: 1\ncpu_ranks_per_node: 2\n"
+                    f"args: {{mode: none, steps: 60, sleep: 0.2}}\nsweep: {{ckpt: [{ckpts[0]}, {ckpts[1]}]}}\n"
+                    "recovery: {max_restarts: 1}\ndistributed: {backend: gloo}\n")
+    started = _cli("run", str(spec), "--detach", cwd=tmp_path)
+    assert started.returncode == 0, started.stderr
+    run_id = started.stdout.split()[1]
+    point = tmp_path / "runs" / run_id / "points" / "0000"
+    _wait_for(lambda: (ckpts[0] / "state.json").exists(), 90, "point 0 never wrote its first snapshot")
+    whole = _cli("chaos", run_id, "--kill-rank", "1", cwd=tmp_path)
+    assert whole.returncode != 0 and "is a sweep of 2 points" in whole.stderr, whole.stderr
+    assert f"'orchestrator chaos {run_id}/points/0000 --kill-rank 1'" in whole.stderr, whole.stderr
+    killed = _cli("chaos", f"{run_id}/points/0000", "--kill-rank", "1", cwd=tmp_path)
+    assert killed.returncode == 0, killed.stderr
+    assert f"{run_id} point 0: kill-rank rank 1 on" in killed.stdout, killed.stdout
+    _wait_for(lambda: len(History.load(point).attempts) == 2 and (point / "ranks" / "rank-1.json").exists(), 60,
+              "point 0 never restarted")
+    again = _cli("chaos", f"{run_id}/points/0000", "--kill-rank", "1", cwd=tmp_path)
+    assert again.returncode != 0 and "has used 1 of its 1 restart(s)" in again.stderr, again.stderr
+    _wait_for(lambda: RunRecord.load(tmp_path / "runs" / run_id).state.terminal, 180, "the sweep never ended")
+    assert RunRecord.load(tmp_path / "runs" / run_id).state == State.COMPLETED
+    first, second = History.load(point).attempts
+    assert (first.outcome, first.action, second.outcome) == ("crash", "restart", "completed"), (first, second)
+    assert len((point / "chaos.jsonl").read_text().splitlines()) == 1

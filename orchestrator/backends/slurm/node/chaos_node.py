@@ -1,7 +1,10 @@
 """One rank of a run ended or frozen on purpose, on its own node: ``python -m orchestrator.backends.slurm.node.chaos_node
 RUN_DIR RANK SIGNAL``, the node's side of ``orchestrator chaos`` (run there by ``srun --overlap``,
 or called in-process for a local run). The rank is found by its own record (``<run>/ranks/rank-N.json``)
-and signalled only while its PID still names it (``procs.signal_if_same``). Standard library only.
+and signalled only while its PID still names it (``procs.signal_if_same``). Once sent, it says so on
+stdout (``SENT``) before anything else can happen: ``orchestrator chaos`` takes that line as the
+proof, since srun's own exit may report the step torn down as the job restarts its ranks.
+Standard library only.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from orchestrator.node.stack_requests import rank_procs
 #: The signals chaos sends: SIGKILL (a crash with no traceback, as the OOM killer's) and SIGSTOP (a
 #: hang: the rank stops, its peers wait for it in their next collective).
 SIGNALS = {"KILL": signal.SIGKILL, "STOP": signal.SIGSTOP}
+#: The start of the line this module prints once the signal is sent (``orchestrator.front.chaos`` looks for it).
+SENT = "chaos-node: sent"
 
 
 def signal_rank(run_dir: str | Path, rank: int, name: str) -> str | None:
@@ -42,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     if why is not None:
         print(why, file=sys.stderr)
         return 1
+    print(f"{SENT} SIG{args[2]} to rank {args[1]}", flush=True)
     return 0
 
 

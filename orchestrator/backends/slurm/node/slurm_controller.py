@@ -223,15 +223,49 @@ def scancel(*args: str, timeout_s: float = QUERY_TIMEOUT_S) -> Answer:
     return run(["scancel", *args], timeout_s)
 
 
+#: An array task as SLURM names it: the array's job id, '_', the task's index.
+ARRAY_TASK = re.compile(r"^(?P<array>\d+)_(?P<task>\d+)$")
+
+
+def job_id_from_show(job: str, fields: Mapping[str, str]) -> str | None:
+    """The numeric JobId in ``scontrol show job -o A_T``'s fields, when they are that task's."""
+    task = ARRAY_TASK.match(job)
+    if task is None:
+        return None
+    if fields.get("ArrayJobId", task["array"]) != task["array"] or \
+            fields.get("ArrayTaskId", task["task"]) != task["task"]:
+        return None  # a record of the array's pending tasks ('3-5'), not of this running task
+    found = fields.get("JobId", "")
+    return found if found.isdigit() else None
+
+
+def job_id_from_squeue(stdout: str) -> str | None:
+    """The one numeric job id ``squeue -h -o %A -j A_T`` printed, else None."""
+    ids = {line.strip() for line in stdout.splitlines() if line.strip()}
+    return ids.pop() if len(ids) == 1 and next(iter(ids)).isdigit() else None
+
+
+def resolve_job_id(job_id: str, timeout_s: float = AGENT_TIMEOUT_S) -> tuple[str | None, str]:
+    """The allocation's own number for ``job_id`` and, when there is none, why: a plain number is
+    itself (nothing asked); an array task 'A_T' (a sweep's point) is asked of the controller
+    (``scontrol show job``'s JobId, else ``squeue -o %A``). ``srun --jobid`` on SLURM 22.05 refuses
+    the array form ("Invalid numeric value"), and no file of a run holds the task's SLURM_JOB_ID."""
+    if job_id.isdigit():
+        return job_id, ""
+    if ARRAY_TASK.match(job_id) is None:
+        return None, f"{job_id!r} is no SLURM job id"
+    found = job_id_from_show(job_id, show_job(job_id, timeout_s))
+    if found:
+        return found, ""
+    answer = run(["squeue", "-h", "-o", "%A", "-j", job_id], timeout_s)
+    found = job_id_from_squeue(answer.stdout) if answer.ok else None
+    return (found, "") if found else (None, one_line(answer.complaint) if not answer.ok else "")
+
+
 def numeric_job_id(job_id: str, timeout_s: float = AGENT_TIMEOUT_S) -> str:
-    """The allocation's own number for ``job_id``: an array task's '<array>_<task>' as scontrol
-    names it (JobId=). ``srun --jobid`` on SLURM 22.05 refuses the array form ("Invalid numeric
-    value"). A plain number is returned as it is, without asking; so is an id the controller
-    does not resolve (the srun that follows then says why)."""
-    if job_id.isdigit() or "_" not in job_id:
-        return job_id
-    found = show_job(job_id, timeout_s).get("JobId", "")
-    return found if found.isdigit() else job_id
+    """``resolve_job_id``, or ``job_id`` itself where the controller names none (the srun that
+    follows then says why)."""
+    return resolve_job_id(job_id, timeout_s)[0] or job_id
 
 
 def running_steps(job_id: str, timeout_s: float = AGENT_TIMEOUT_S) -> list[str] | None:

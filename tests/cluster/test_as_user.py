@@ -8,7 +8,6 @@ through them, nothing of the stranger's is used or removed, and the refused fold
 from __future__ import annotations
 
 import json
-import os
 import pwd
 import shutil
 import subprocess

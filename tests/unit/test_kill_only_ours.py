@@ -213,3 +213,11 @@ def test_the_plans_rank_environment_escapes_control_characters(monkeypatch: pyte
     slurm = plan(spec_from_dict({"name": "esc", "entrypoint": "jobs.train:main", "executor": "slurm",
                                  "runs_dir": "/srv/runs", "recovery": {"max_restarts": 2}}), "slurm")
     assert "inside the allocation" in recovery_line(slurm)
+
+
+def test_the_agent_of_a_job_the_site_preempts_leaves_once_slurm_ended_it() -> None:
+    states = iter(["RUNNING", "RUNNING", "PREEMPTED", "should not be asked"])
+    said: list[str] = []
+    assert agent_requeue.wait_for_site_end(said.append, lambda: next(states), wait_s=5, pause_s=0.01) == "PREEMPTED"
+    assert "SLURM ended the job: PREEMPTED" in said[-1]
+    assert agent_requeue.wait_for_site_end(said.append, lambda: "RUNNING", wait_s=0.05, pause_s=0.01) == "RUNNING"

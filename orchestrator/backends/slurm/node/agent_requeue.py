@@ -206,10 +206,17 @@ def site_ends_preempted(preempt_mode: str) -> bool:
     return "CANCEL" in preempt_mode.upper().split(",")
 
 
-def wait_for_site_end(say: Callable[[str], None], wait_s: float = SITE_END_WAIT_S) -> None:
-    """Wait (bounded) for SLURM to end this preempted job, so that it records PREEMPTED."""
+def wait_for_site_end(say: Callable[[str], None], job_state: Callable[[], str], wait_s: float = SITE_END_WAIT_S,
+                      pause_s: float = 2.0) -> str:
+    """Wait (bounded) until SLURM has ended this preempted job (its state no longer RUNNING: it
+    then records PREEMPTED whatever the agent's exit); returns the last state seen ('' if none)."""
     say(f"waiting up to {wait_s:g}s for SLURM to end the preempted job (PreemptMode=CANCEL)")
     deadline = time.monotonic() + wait_s
+    state = ""
     while time.monotonic() < deadline:
-        time.sleep(1.0)
-
+        state = job_state()
+        if state and state not in ("RUNNING", "SUSPENDED"):
+            say(f"SLURM ended the job: {state}")
+            return state
+        time.sleep(pause_s)
+    return state

@@ -472,7 +472,8 @@ def main(argv: list[str] | None = None) -> int:
         code = agent.run(srun)
         if agent.state.phase is not Phase.RESTARTING:
             if agent.state.preempted and site_ends_preempted(agent.state.preempt_mode):
-                wait_for_site_end(say)  # SLURM records PREEMPTED, as the site's policy says
+                job = agent.ctx.job_id  # SLURM records PREEMPTED, as the site's policy says
+                wait_for_site_end(say, lambda: slurm_controller.show_job(job).get("JobState", ""))
             return code
         environ, before, allocated = agent.allocation_environ(), agent.state, agent.allocated
 

@@ -288,9 +288,18 @@ def cmd_diff(args: argparse.Namespace) -> int:
     from orchestrator.api import Run
     from orchestrator.code.snapshot import changes_since, read_code_record, unified_diff
 
+    from orchestrator.core.safe_read import Damaged, NoPermission, read_regular
+
     run = Run.get(args.run)
     path = RunFolder.of(run.run_dir).code
-    if not path.is_file():
+    try:  # never a FIFO, a link or a huge file; a file this user may not read is said so, never "damaged"
+        present = read_regular(path) is not None
+    except NoPermission as exc:
+        raise OrchestratorError(exc.line()) from None
+    except Damaged as exc:
+        raise OrchestratorError(exc.line(f"the run's code record {path}") + "; the run itself is unaffected, but its "
+                                "snapshot cannot be compared") from None
+    if not present:
         raise OrchestratorError(f"run {run.id} has no code snapshot (it ran the live files: code.snapshot was false, "
                                 "the entrypoint is an installed package, or an older version ran it)")
     code = read_code_record(path)

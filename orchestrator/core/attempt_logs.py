@@ -13,27 +13,54 @@ A rank's log holds every attempt of its run (or of its SLURM job), each starting
 What comes before a log's first marker belongs to the first attempt the log holds; a log with no
 marker at all is attempt 1's. An attempt stopped by the health gate started no rank, so no log
 holds it. Standard library only (with ``orchestrator.core.recovery``).
+
+The user's script writes to the same log, and may print a line that reads exactly like a marker
+(its own banner, an old log echoed, a nested run's output). Such a line must not move where an
+attempt starts, so a marker is trusted only when it agrees with what the script cannot change
+(``MarkerReader``, with the run's ``MarkerRules``):
+
+- order: markers only go forward (the supervisor and the agent append one per attempt, counting
+  up), so a line claiming the attempt the log is in, or an earlier one, is the script's;
+- identity (SLURM): every marker of a task's log names the job and the rank of its first marker
+  (the launcher's line, written before any of the script's);
+- time (local): the supervisor's marker carries the time it was written, which falls between the
+  attempt's start and its ranks' start as ``recovery.json`` records them (``Attempt.started``,
+  ``times["ranks_at"]``); read modulo a quarter hour, which no time zone or summer time changes.
+
+What is left: a script that prints a marker of the next attempt, with the time to the second, in
+the second or two before that attempt starts (the markers hold no secret the script cannot
+know: that takes a marker written with a per-run nonce, by the supervisor and the launcher).
+A log, or a history, written before these rules is read as before: without a history, order alone.
 """
 
 from __future__ import annotations
 
+import calendar
+import math
 import os
 import re
 import stat
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Mapping, Optional
+from typing import Iterator, Mapping, Optional, Union
 
 from orchestrator.core.errors import RunNotFoundError
-from orchestrator.core.recovery import HISTORY_FILE, Attempt, History
+from orchestrator.core.recovery import HISTORY_FILE, HISTORY_MAX_BYTES, Attempt, History
 
 LOCAL_MARK = re.compile(r"=== attempt (\d+) started .*===")
-SLURM_MARK = re.compile(r"\[launcher\] rank \d+/\d+ \(local \d+\) on \S+, job (\S+) attempt (\d+), master ")
+SLURM_MARK = re.compile(r"\[launcher\] rank (\d+/\d+) \(local \d+\) on \S+, job (\S+) attempt (\d+), master ")
+#: The time in a local marker (``time.ctime()``: English names whatever the locale).
+_CTIME = re.compile(r"=== attempt \d+ started \w{3} (\w{3}) +(\d{1,2}) (\d\d):(\d\d):(\d\d) (\d{4}) ===")
+_MONTHS = {name: i for i, name in enumerate(("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct",
+                                              "Nov", "Dec"), start=1)}
+#: Every time zone's offset from UTC (summer time included) is a whole number of quarter hours.
+ZONE_STEP_S = 900
+#: A marker's time is cut to the second, and written a moment after the attempt's start is taken.
+MARK_SLACK_S = 2.0
 #: The beginnings a marker line can have: a partial line that could still become one is held back
 #: until its end (``AttemptStream``).
 _MARK_STARTS = ("=== attempt ", "[launcher] rank ")
-#: ``recovery.json`` is a few kilobytes; anything much larger is not one (and is not read).
-HISTORY_MAX_BYTES = 8 << 20
 #: What ``Run.wait`` prints its lines with.
 PREFIX = "[orchestrator] "
 
@@ -54,16 +81,102 @@ def held(present: list[int]) -> str:
 
 
 # ---- the markers ------------------------------------------------------------------------------------
-def marker(line: str, first: Optional[Mapping[str, int]] = None) -> Optional[int]:
-    """The attempt a marker line starts (``line`` without its newline), or None for any other line."""
+@dataclass(frozen=True)
+class MarkerRules:
+    """What the run's history says a marker must agree with: each SLURM job's first attempt
+    (``first_attempts``), and for each local attempt the moments its marker was written between
+    (its start and its ranks' start, from recovery.json)."""
+
+    first: Mapping[str, int] = field(default_factory=dict)
+    windows: Mapping[int, tuple[float, float]] = field(default_factory=dict)
+
+
+#: What the splitting functions take: the rules, or (as before) each SLURM job's first attempt alone.
+Rules = Union[MarkerRules, Mapping[str, int], None]
+
+
+def marker_rules(history: Optional[History]) -> MarkerRules:
+    """The rules a log of the run (or sweep point) whose history is ``history`` is read with."""
+    windows: dict[int, tuple[float, float]] = {}
+    for a in history.attempts if history is not None else []:
+        times = a.times if isinstance(a.times, dict) else {}
+        ranks_at = times.get("ranks_at")
+        if isinstance(a.started, (int, float)) and isinstance(ranks_at, (int, float)) and ranks_at >= a.started:
+            windows[a.number] = (float(a.started), float(ranks_at))
+    return MarkerRules(first_attempts(history), windows)
+
+
+def _rules(rules: Rules) -> MarkerRules:
+    return rules if isinstance(rules, MarkerRules) else MarkerRules(dict(rules or {}))
+
+
+def _claim(line: str, first: Mapping[str, int]) -> Optional[tuple[int, Optional[str]]]:
+    """(attempt, identity) a marker-like line claims; the identity of a SLURM marker is its job and
+    rank (the same in every marker of one task's log), None for a local one."""
     if line.startswith("=== attempt "):
         m = LOCAL_MARK.fullmatch(line)
-        return int(m.group(1)) if m else None
+        return (int(m.group(1)), None) if m else None
     if line.startswith("[launcher] rank "):
         m = SLURM_MARK.match(line)
         if m:
-            return (first or {}).get(m.group(1), 1) + int(m.group(2))
+            return first.get(m.group(2), 1) + int(m.group(3)), f"job {m.group(2)} rank {m.group(1)}"
     return None
+
+
+def _written_at(line: str) -> Optional[int]:
+    """A local marker's time as its writer's wall clock read it, in seconds as if that zone were
+    UTC (``calendar.timegm``: no zone of this machine's is involved); None when it holds none."""
+    m = _CTIME.fullmatch(line)
+    if m is None or m.group(1) not in _MONTHS:
+        return None
+    try:
+        return calendar.timegm((int(m.group(6)), _MONTHS[m.group(1)], int(m.group(2)), int(m.group(3)),
+                                int(m.group(4)), int(m.group(5)), 0, 0, 0))
+    except (ValueError, OverflowError):
+        return None
+
+
+def on_time(line: str, window: Optional[tuple[float, float]]) -> bool:
+    """Whether a local marker's time fits the moments its attempt's marker was written between
+    (``window``: its start, its ranks' start), whatever the writer's zone: the difference is
+    read modulo ``ZONE_STEP_S``. True when there is nothing to compare with (no window: an older
+    history, or an attempt the history does not hold yet) or the window is too wide to tell."""
+    if window is None:
+        return True
+    start, end = window
+    span = end - start
+    if span + 2 * MARK_SLACK_S >= ZONE_STEP_S / 2:
+        return True  # a health gate of minutes: every quarter hour would fit
+    written = _written_at(line)
+    if written is None:
+        return False  # the supervisor's marker always holds its time
+    offset = (written - math.floor(start)) % ZONE_STEP_S
+    return offset <= span + MARK_SLACK_S or offset >= ZONE_STEP_S - MARK_SLACK_S
+
+
+class MarkerReader:
+    """The markers of one log, in order, that its writer made (the module's doc: order, identity,
+    time); any other marker-like line is the script's output, and plain text."""
+
+    def __init__(self, rules: Rules = None) -> None:
+        self.rules = _rules(rules)
+        self.current: Optional[int] = None  # the attempt of the last trusted marker
+        self.identity: Optional[str] = None  # a SLURM log's job and rank, from its first marker (None: local)
+
+    def read(self, line: str) -> Optional[int]:
+        """The attempt ``line`` (without its newline) starts, or None: not a marker, or not trusted."""
+        claim = _claim(line, self.rules.first)
+        if claim is None:
+            return None
+        number, identity = claim
+        if self.current is not None and number <= self.current:
+            return None  # markers only go forward
+        if self.current is not None and identity != self.identity:
+            return None  # another job's or rank's line echoed, or the other backend's kind of marker
+        if identity is None and not on_time(line, self.rules.windows.get(number)):
+            return None  # not written when that attempt started
+        self.current, self.identity = number, identity
+        return number
 
 
 def _lines(text: str) -> Iterator[str]:
@@ -83,14 +196,16 @@ def _strip(line: str) -> str:
     return line[:-1] if line.endswith("\n") else line
 
 
-def split_attempts(text: str, first: Optional[Mapping[str, int]] = None) -> list[tuple[int, str]]:
-    """The log cut at its markers: (attempt, its text) in the log's order, the marker line
+def split_attempts(text: str, first: Rules = None) -> list[tuple[int, str]]:
+    """The log cut at its trusted markers (``MarkerReader``; ``first``: the run's ``MarkerRules``,
+    or each SLURM job's first attempt): (attempt, its text) in the log's order, the marker line
     included. What precedes the first marker goes with the first attempt; no marker: attempt 1."""
     segments: list[tuple[int, str]] = []
     current: Optional[int] = None
     buf: list[str] = []
+    markers = MarkerReader(first)
     for line in _lines(text):
-        number = marker(_strip(line), first)
+        number = markers.read(_strip(line))
         if number is None:
             buf.append(line)
             continue
@@ -103,12 +218,12 @@ def split_attempts(text: str, first: Optional[Mapping[str, int]] = None) -> list
     return segments
 
 
-def attempts_in(text: str, first: Optional[Mapping[str, int]] = None) -> list[int]:
+def attempts_in(text: str, first: Rules = None) -> list[int]:
     """The attempts a log holds, in order."""
     return sorted({n for n, _ in split_attempts(text, first)})
 
 
-def attempt_text(text: str, attempt: int, first: Optional[Mapping[str, int]] = None) -> str:
+def attempt_text(text: str, attempt: int, first: Rules = None) -> str:
     """Attempt ``attempt``'s part of a log (from its marker to the next attempt's). Raises
     AttemptNotFoundError, naming the attempts the log holds, when it holds no such attempt."""
     segments = split_attempts(text, first)
@@ -124,8 +239,8 @@ class AttemptStream:
     attempt's marker came (attempt K's part has ended). A partial last line is passed on at once
     unless it may still become a marker."""
 
-    def __init__(self, attempt: int, first: Optional[Mapping[str, int]] = None) -> None:
-        self.attempt, self.first = attempt, first
+    def __init__(self, attempt: int, first: Rules = None) -> None:
+        self.attempt, self.markers = attempt, MarkerReader(first)
         self.current: Optional[int] = None  # the attempt the log is in; None before its first marker
         self.found = False  # attempt K's text (or, for attempt 1, the log's start) was seen
         self.done = False
@@ -175,7 +290,7 @@ class AttemptStream:
             out.append(text)
 
     def _line(self, line: str, out: list[str]) -> None:
-        number = marker(_strip(line), self.first)
+        number = self.markers.read(_strip(line))
         if number is None:
             self._plain(line, out)
             return
@@ -196,9 +311,10 @@ class AttemptStream:
 # ---- recovery.json ----------------------------------------------------------------------------------
 def history_signature(folder: str | Path) -> Optional[tuple[int, int, int]]:
     """What changes when ``<folder>/recovery.json`` is rewritten (it is replaced whole); None when
-    it is missing, not a regular file (a FIFO would block the read) or too large to be one."""
+    it is missing, not a regular file of its own (a FIFO would block the read; a link is another
+    file's) or too large to be one."""
     try:
-        st = os.stat(Path(folder) / HISTORY_FILE)
+        st = os.lstat(Path(folder) / HISTORY_FILE)
     except (OSError, ValueError):
         return None
     if not stat.S_ISREG(st.st_mode) or st.st_size > HISTORY_MAX_BYTES:

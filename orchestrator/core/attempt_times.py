@@ -21,6 +21,7 @@ An attempt's moments (wall-clock seconds, each only when known):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Optional, Protocol, Sequence
@@ -85,6 +86,8 @@ def recovery_phases(before: Attempt, after: Attempt) -> Optional[dict[str, float
               "launch": max(0.0, ranks_at - after.started - gate), "start": max(0.0, joined - ranks_at),
               "first step": max(0.0, a["first_step_at"] - joined) if "first_step_at" in a else 0.0}
     phases["total"] = back - failed
+    if not all(math.isfinite(v) for v in phases.values()):
+        return None  # times so far apart that their difference overflows: no measure ("recovered in infs")
     return phases
 
 
@@ -149,6 +152,8 @@ def goodput(history: Sequence[Attempt], submitted: float, now: float) -> Optiona
     first = attempts[0]
     startup = max(0.0, (back_at(first) or first.started) - first.started)
     wall = max(0.0, end - min(submitted, first.started))  # the skew allowed: never less than its attempts
+    if not all(math.isfinite(v) for v in (wall, productive, lost, recovery, startup)):
+        return None  # a history whose times overflow measures nothing ("goodput nan%")
     return Goodput(wall_s=wall, productive_s=max(0.0, productive - lost), queue_s=max(0.0, first.started - submitted),
                    recovery_s=recovery, lost_s=lost, startup_s=startup)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import stat
 import time
@@ -254,6 +255,12 @@ def _record_problem(data: Any) -> str | None:
             State.parse(value)
     except ValueError:
         return "has a malformed 'point_states'"
+    for key in ("created", "ended"):
+        if isinstance(data.get(key), float) and not math.isfinite(data[key]):
+            return f"has {data[key]} for {key!r}, not a time"  # status and goodput would print "nan"
+    waits = data.get("waits", {})
+    if not all(isinstance(k, str) and k.isdecimal() and isinstance(v, str) for k, v in waits.items()):
+        return "has a malformed 'waits' (rank -> where it waited)"
     lists = [("job_ids", str), ("rank_pids", int), ("rank_starts", int)]
     for key, item_type in lists:
         if any(not isinstance(x, item_type) or isinstance(x, bool) for x in data.get(key, [])):

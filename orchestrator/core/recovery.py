@@ -30,9 +30,10 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from orchestrator.core.payload import RecoverySettings
+from orchestrator.core.safe_read import Damaged, Unreadable, number, read_json
 from orchestrator.core.states import Action, EndReason, FailureKind, Outcome
 
 KINDS = tuple(FailureKind)
@@ -43,6 +44,8 @@ HARDWARE_SIGNALS = frozenset({"SIGBUS", "SIGILL", "Bus error", "Illegal instruct
 #: millions of files from stalling the agent (past it, progress is judged on the first files).
 FINGERPRINT_MAX_FILES = 20_000
 HISTORY_FILE = "recovery.json"
+#: ``recovery.json`` is a few kilobytes; anything much larger is not one (and is not read).
+HISTORY_MAX_BYTES = 8 << 20
 
 
 def checkpoint_fingerprint(directory: str | Path) -> str:
@@ -94,8 +97,80 @@ class Attempt:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Attempt:
+        """An attempt as recovery.json holds it; ValueError names the first field of the wrong type
+        (every reader formats these fields, so a string where a number belongs must stop here)."""
+        for key, (check, expected) in _ATTEMPT_FIELDS.items():
+            if key in data and not check(data[key]):
+                raise ValueError(f"its {key!r} is {_what(data[key])}, not {expected}")
+        missing = [key for key in ("number", "started") if key not in data]
+        if missing:
+            raise ValueError(f"it has no {missing[0]!r}")
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def _what(value: Any) -> str:
+    """A wrong value, briefly: its JSON type, and the value when it is short."""
+    name = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), "a number")
+    text = json.dumps(value, default=str)
+    return f"{name} {text}" if len(text) <= 40 else name
+
+
+def _is_str(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_bool(value: Any) -> bool:
+    return isinstance(value, bool)
+
+
+def _strings(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _optional(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda value: value is None or check(value)
+
+
+#: What recovery.json may hold for each field of an attempt (as ``History.save`` writes it), and
+#: how a message names it. Times are finite: a NaN would print as "recovered in nans".
+_ATTEMPT_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "number": (_is_int, "a whole number"), "started": (number, "a time in seconds"),
+    "nodes": (_strings, "a list of node names"), "job": (_is_str, "a job id"),
+    "checkpoint_at_start": (_is_str, "a fingerprint"), "ended": (_optional(number), "a time in seconds or null"),
+    "outcome": (_optional(_is_str), "an outcome or null"), "why": (_is_str, "text"),
+    "blamed": (_strings, "a list of node names"), "progress": (_optional(_is_bool), "true, false or null"),
+    "action": (_is_str, "an action"), "inside_job": (_is_bool, "true or false"),
+    "health": (lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values()),
+               "an object of node -> problem"),
+    "times": (lambda v: isinstance(v, dict) and all(number(x) for x in v.values()),
+              "an object of moment -> finite seconds"),
+}
+
+
+def _parse_history(data: Any) -> tuple[list[Attempt], list[str]]:
+    """recovery.json's attempts and excluded nodes, checked; ValueError says what is wrong."""
+    if not isinstance(data, dict):
+        raise ValueError(f"it holds {_what(data)}, not an object with 'attempts'")
+    raw, excluded = data.get("attempts", []), data.get("excluded", [])
+    if not isinstance(raw, list):
+        raise ValueError(f"its 'attempts' is {_what(raw)}, not a list")
+    if not _strings(excluded):
+        raise ValueError(f"its 'excluded' is {_what(excluded)}, not a list of node names")
+    attempts = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict):
+            raise ValueError(f"attempt entry {i + 1} is {_what(item)}, not an object")
+        try:
+            attempts.append(Attempt.from_dict(item))
+        except ValueError as exc:
+            raise ValueError(f"attempt entry {i + 1}: {exc}") from None
+    return attempts, list(excluded)
 
 
 @dataclass
@@ -107,15 +182,43 @@ class History:
     excluded: list[str] = field(default_factory=list)
 
     @classmethod
-    def load(cls, run_dir: str | Path) -> History:
+    def read(cls, run_dir: str | Path) -> History:
+        """The history, checked (what ``status``, ``list`` and ``report`` show): empty when there is
+        no recovery.json yet. A FIFO, a device or a link there is never opened blocking, nor read
+        past ``HISTORY_MAX_BYTES``; it, bad JSON, NaN or a field of the wrong type raise
+        ``safe_read.Damaged``, and a file this user may not read ``safe_read.NoPermission``: one
+        line each (``Unreadable.line``), so the caller shows the rest of the run."""
         path = Path(run_dir) / HISTORY_FILE
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-            attempts = [Attempt.from_dict(a) for a in data.get("attempts", []) if isinstance(a, dict)]
-            excluded = [str(n) for n in data.get("excluded", [])]
-        except (OSError, ValueError, TypeError, AttributeError):
+        data = read_json(path, HISTORY_MAX_BYTES)
+        if data is None:
             return cls(path)
+        try:
+            attempts, excluded = _parse_history(data)
+        except ValueError as exc:
+            raise Damaged(path, str(exc)) from None
         return cls(path, attempts, excluded)
+
+    @classmethod
+    def load(cls, run_dir: str | Path) -> History:
+        """``read``, with an unreadable history taken as none: the attempt's owner then starts a
+        new one (and rewrites the file), and a reader that only counts attempts counts none."""
+        try:
+            return cls.read(run_dir)
+        except Unreadable:
+            return cls(Path(run_dir) / HISTORY_FILE)
+
+    @classmethod
+    def shown(cls, run_dir: str | Path) -> tuple[History, Optional[str]]:
+        """What ``status`` and ``report`` show: the history, and, when it cannot be read, an empty
+        one with the one line that says why (damaged, or no permission to read it) and what to do."""
+        try:
+            return cls.read(run_dir), None
+        except Damaged as exc:
+            return cls(Path(run_dir) / HISTORY_FILE), (
+                exc.line(f"{HISTORY_FILE} in {Path(run_dir)}") + "; its attempts are not shown: move it aside to keep "
+                "it (the run's next attempt writes a new one)")
+        except Unreadable as exc:
+            return cls(Path(run_dir) / HISTORY_FILE), exc.line()
 
     def save(self) -> None:
         from orchestrator.core.atomic_files import write_json_atomic

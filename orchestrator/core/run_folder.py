@@ -242,30 +242,63 @@ class RunFolder(RunFiles, ControlFiles, RankFiles, OutputFiles):
     def attempt_files(self) -> list[Path]:
         return [self.ranks, self.root / "joined", self.stacks / "live", self.end]
 
-    def keep_failures(self) -> Path | None:
-        """Move the previous attempt's failure record (errors/, end.json) to attempts/K/, K being
-        the attempt its ranks recorded, counted from 1 as status and recovery.json count: what status shows is this attempt's alone, and every
-        attempt's failures stay readable. None when there was nothing to keep."""
-        import json
+    def attempts_problem(self) -> str | None:
+        """Why the previous attempt's failures cannot be kept under ``attempts/``: it is a symbolic
+        link (moving into it would put this run's tracebacks, and a later restore's removals, in
+        whatever folder it names) or not a folder. None when it is a folder of its own, or not
+        there yet. lstat only: a link is never followed."""
         import os
+        import stat
+
+        from orchestrator.core.fs_checks import kind, shown
+
+        try:
+            st = os.lstat(self.attempts)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            return (f"{shown(self.attempts)} cannot be looked at ({exc.strerror or exc}); check the permissions of "
+                    f"{shown(self.root)}")
+        if stat.S_ISLNK(st.st_mode):
+            try:
+                target = f" to {shown(os.readlink(self.attempts))}"
+            except OSError:
+                target = ""
+            return (f"{shown(self.attempts)} is a symbolic link{target}, and an attempt's failures are kept only in a "
+                    f"folder of the run's own: move the link out of {shown(self.root)} and run again")
+        if not stat.S_ISDIR(st.st_mode):
+            return (f"{shown(self.attempts)} is {kind(st.st_mode)}, not a folder: move it out of {shown(self.root)} "
+                    "and run again")
+        return None
+
+    def keep_failures(self) -> Path | None:
+        """Move the previous attempt's failure record (errors/, end.json) to attempts/K, K being
+        the attempt its ranks recorded, counted from 1 as status and recovery.json count: what status shows is this attempt's alone, and every
+        attempt's failures stay readable. None when there was nothing to keep, or when attempts/
+        is no folder of the run's own (``attempts_problem``): nothing is moved through a link."""
+        import os
+
+        from orchestrator.core.safe_read import Unreadable, read_json
 
         errors = sorted(self.errors.glob("rank-*.json")) if self.errors.is_dir() else []
         if not errors and not self.end.is_file():
             return None
+        if self.attempts_problem():
+            return None
         label = "earlier"
         for path in errors:
-            try:
-                attempt = json.loads(path.read_text(encoding="utf-8")).get("attempt")
-            except (OSError, ValueError, AttributeError):
+            try:  # a FIFO or a link here is never opened: it would block the new attempt's start
+                attempt = (read_json(path, 1 << 20) or {}).get("attempt")
+            except (Unreadable, AttributeError):
                 continue
             if isinstance(attempt, int) and not isinstance(attempt, bool):
                 label = str(attempt + 1)  # the ranks count from 0 (ORCH_ATTEMPT); status from 1
                 break
         target, n = self.attempts / label, 1
-        while target.exists():
+        while os.path.lexists(target):
             target, n = self.attempts / f"{label}.{n}", n + 1
-        target.mkdir(parents=True, exist_ok=True)
         try:
+            target.mkdir(parents=True)
             if errors:
                 os.replace(self.errors, target / "errors")
             if self.end.is_file():
@@ -278,7 +311,12 @@ class RunFolder(RunFiles, ControlFiles, RankFiles, OutputFiles):
         """Keep the previous attempt's failures (``keep_failures``), then remove its ranks, joins,
         live dumps and verdict (before a new one)."""
         import shutil
+        import sys
 
+        refused = self.attempts_problem()
+        if refused and (self.errors.is_dir() or self.end.is_file()):
+            print(f"[orchestrator] the previous attempt's failures are not kept: {refused}", file=sys.stderr,
+                  flush=True)
         self.keep_failures()
         for path in self.attempt_files():
             if path.is_dir():

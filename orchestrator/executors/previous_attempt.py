@@ -13,6 +13,11 @@ Everything put aside waits in ``<run>/.previous-attempt/`` (same file system: re
 the run's own small files, copied so that a reader meanwhile still finds the run). A
 start that was killed between the two leaves that folder behind; the next start removes it (the
 run's record is then the killed start's, as it would have been without this module).
+
+Nothing is moved, made or removed through a link: a run folder whose ``attempts/``, ``points/`` or
+sweep point folder is a symbolic link (a teammate's folder, a hostile one) is refused with one line
+before anything changes (``refused``), so that a rerun never moves its tracebacks into, nor
+removes folders from, wherever the link points.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from orchestrator.core.errors import SubmissionError
+from orchestrator.core.fs_checks import shown
 from orchestrator.core.run_folder import RunFolder
 
 ASIDE = ".previous-attempt"
@@ -32,6 +39,19 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
     else:
         path.unlink(missing_ok=True)
+
+
+def refused(run_dir: Path, folder: RunFolder) -> str | None:
+    """Why the previous attempt cannot be put aside from ``folder`` (the run's or a sweep point's):
+    a level from the run folder down to it (``points/``, ``points/NNNN``) is a symbolic link, or
+    its ``attempts/`` is no folder of its own (``RunFolder.attempts_problem``). lstat each level."""
+    level = run_dir
+    for part in folder.root.relative_to(run_dir).parts:
+        level = level / part
+        if os.path.islink(level):
+            return (f"{shown(level)} is a symbolic link, and a rerun moves and removes an attempt's files only in the "
+                    f"run's own folders: move the link out of {shown(run_dir)} and run again")
+    return folder.attempts_problem()
 
 
 def _attempt_paths(folder: RunFolder) -> list[Path]:
@@ -66,6 +86,10 @@ class PreviousAttempt:
         points', as they are now). Its failures go where a new attempt keeps them (``keep_failures``),
         the rest under ``.previous-attempt/``."""
         run = RunFolder(run_dir)
+        for folder in folders:  # before anything is moved: a refused start leaves the run as it was
+            why = refused(run_dir, folder)
+            if why:
+                raise SubmissionError(why)
         previous = cls(run_dir)
         _remove(previous.aside)  # a start killed before it knew whether the scheduler took it
         previous.points = {f.root for f in folders if f.root != run_dir}
@@ -118,7 +142,7 @@ class PreviousAttempt:
             _remove(folder)
             folder.mkdir(parents=True, exist_ok=True)
         points = RunFolder(self.run_dir).points
-        if points.is_dir():
+        if points.is_dir() and not points.is_symlink():  # never removing folders where a link points
             for point in points.iterdir():
                 if point not in self.points:
                     _remove(point)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from orchestrator import api
 from orchestrator.api import Run
-from orchestrator.core.attempt_logs import AttemptStream, attempts_in, first_attempts, held
+from orchestrator.core.attempt_logs import AttemptStream, attempts_in, held, marker_rules
 from orchestrator.core.errors import OrchestratorError, RunNotFoundError, UsageError
 from orchestrator.core.fs_checks import errno_text, kind, read_file, shown
 from orchestrator.core.records import RunRecord, no_permission, registered_runs
@@ -95,7 +95,9 @@ def status(refs: list[str], as_json: bool = False) -> int:
                 print(f"    {line}")
         if rec.warning:
             print(f"    warning: {rec.warning}")
-        history = History.load(rec.run_dir)
+        history, unreadable = History.shown(rec.run_dir)  # never blocks, never a traceback: one line
+        if unreadable:
+            print(f"    warning: {_one_line(unreadable)}")
         for line in describe(history):
             print(f"    {line}")
         if len(history.attempts) > 1:  # where recoveries spent time: the run's goodput
@@ -182,17 +184,17 @@ def _attempt_stream(run: Run, path: Path, rank: int, point: int | None, attempt:
     """``logs -f --attempt K``: only the latest attempt is still written to, so only it can be
     followed (the run's latest by recovery.json, else the latest the log holds, else 1)."""
     history = log_history(run.record, path, point)
-    first = first_attempts(history)
+    rules = marker_rules(history)  # which marker-like lines the supervisor or the launcher wrote
     if history is not None:
         latest = history.attempts[-1].number
     else:
         data = _read_log(path, rank)
-        latest = attempts_in(data.decode(errors="replace"), first)[-1] if data is not None else 1
+        latest = attempts_in(data.decode(errors="replace"), rules)[-1] if data is not None else 1
     if attempt != latest:
         raise UsageError(f"--attempt {attempt} cannot be followed: only the latest attempt ({latest}) is still being "
                          f"written; print attempt {attempt} without -f/--follow, or follow attempt {latest} "
                          f"(orchestrator logs -f {run.id} --rank {rank} --attempt {latest})")
-    return AttemptStream(attempt, first)
+    return AttemptStream(attempt, rules)
 
 
 def _read_log(path: Path, rank: int, offset: int = 0) -> bytes | None:

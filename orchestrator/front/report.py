@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import stat
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -15,6 +14,11 @@ from orchestrator.core.errors import OrchestratorError
 from orchestrator.core.records import RunRecord, resolve_run
 from orchestrator.core.recovery import Attempt, History
 from orchestrator.core.run_folder import RunFolder
+from orchestrator.core.safe_read import Damaged, NoPermission, read_regular
+
+#: A rank's metrics file is a few records a step; past this it is not read (a link to a device
+#: or a runaway writer must not exhaust the memory of the machine making the report).
+METRICS_MAX_BYTES = 1 << 30
 
 
 #: What each kind of record must hold to be plotted (jobs.MetricsWriter writes them so).
@@ -63,11 +67,9 @@ def resumes(run_dir: Path) -> list[tuple[int, int]]:
     return []
 
 
-def _why_restarted(run_dir: Path, attempt: int) -> str:
+def _why_restarted(history: History, attempt: int) -> str:
     """What ended the attempt before ``attempt`` (counted from 1), from recovery.json."""
-    from orchestrator.core.recovery import History
-
-    earlier = {a.number: a for a in History.load(run_dir).attempts}.get(attempt - 1)
+    earlier = {a.number: a for a in history.attempts}.get(attempt - 1)
     if earlier is None or not earlier.outcome:
         return ""
     return {"restart": f"restart after {earlier.outcome}", "requeue": "requeue"}.get(earlier.action, earlier.outcome)
@@ -96,20 +98,20 @@ def _read_files(run_dir: Path) -> list[list[Any]]:
     """The records of each metrics file, as parsed (lines that are not JSON skipped)."""
     out = []
     for path in RunFolder(run_dir).metrics_files():
+        try:  # never a FIFO (it would block for ever), never unbounded (a link to /dev/zero)
+            data = read_regular(path, METRICS_MAX_BYTES, follow=True)
+        except NoPermission as exc:
+            raise OrchestratorError(exc.line()) from None
+        except Damaged as exc:
+            what = "is a directory, not a metrics file" if path.is_dir() else f"is not a metrics file ({exc.why})"
+            raise OrchestratorError(f"{path} {what}; move it out of {path.parent} and run the report again") from None
+        if data is None:
+            continue  # removed since it was listed
         try:
-            mode = path.stat().st_mode
-            if not stat.S_ISREG(mode):  # a FIFO would block the read below forever
-                what = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
-                raise OrchestratorError(f"{path} is {what}, not a metrics file; move it out of {path.parent} and "
-                                        "run the report again")
-            text = path.read_text(encoding="utf-8")
+            text = data.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise OrchestratorError(f"{path} is not a metrics file (not UTF-8 text: byte 0x{exc.object[exc.start]:02x} "
                                     f"at offset {exc.start}); move it out of {path.parent} and run the report "
-                                    "again") from None
-        except OSError as exc:
-            what = "is a directory, not a metrics file" if path.is_dir() else f"cannot be read ({exc.strerror})"
-            raise OrchestratorError(f"{path} {what}; fix or move it out of {path.parent} and run the report "
                                     "again") from None
         records = []
         for line in text.splitlines():
@@ -191,14 +193,14 @@ def write_report(ref: str) -> str:
     except OSError as exc:
         raise OrchestratorError(f"cannot create {out_dir} ({exc.strerror}): the report is written there; "
                                 "make the run folder writable, or move what is in the way") from None
-    history = History.load(run_dir)
+    history, unreadable = History.shown(run_dir)  # damaged: one line in the summary, the plots still made
     timed = [a for a in history.attempts if a.started and isinstance(a.times, dict)]
     fig, axes = plt.subplots(1, 4 if timed else 3, figsize=(20 if timed else 15, 4))
     axes[0].plot([m["step"] for m in train], [m["loss"] for m in train], label="train (rank 0)")
     axes[0].plot([m["step"] for m in evals], [m["loss"] for m in evals], "o-", label="test")
     marks = resumes(run_dir)
     for i, (step, attempt) in enumerate(marks):  # every restart or requeue, where training resumed
-        why = _why_restarted(run_dir, attempt + 1)
+        why = _why_restarted(history, attempt + 1)
         axes[0].axvline(step, color="grey", linestyle="--", linewidth=1,
                         label="resumed (restart or requeue)" if i == 0 else None)
         axes[0].annotate(f"attempt {attempt + 1}" + (f"\n{why}" if why else ""), (step, 0.02), xycoords=("data", "axes fraction"),
@@ -227,7 +229,7 @@ def write_report(ref: str) -> str:
     if train:
         lines.append(f"steps {train[-1]['step']}, final train loss {train[-1]['loss']:.4f}")
     for step, attempt in marks:
-        why = _why_restarted(run_dir, attempt + 1)
+        why = _why_restarted(history, attempt + 1)
         lines.append(f"attempt {attempt + 1} resumed at step {step}" + (f" ({why})" if why else ""))
     if evals:
         best = max(evals, key=lambda m: m["accuracy"])
@@ -236,6 +238,8 @@ def write_report(ref: str) -> str:
         total = sum(r["samples"] for r in rows)
         secs = sum(r["seconds"] for r in rows)
         lines.append(f"rank {rank}: {total / secs if secs else 0:.0f} samples/s over {len(rows)} epoch(s)")
+    if unreadable:
+        lines.append(f"warning: {unreadable}")
     lines += recovery_lines(history, RunRecord.load(run_dir).created if folder.record.exists() else None)
     lines.append(f"plots: {folder.report_plot}")
     summary = "\n".join(lines)

@@ -48,12 +48,12 @@ def read_result(folder: Path) -> Any:
 def attempt_part(rec: RunRecord, text: str, attempt: int, rank: int, point: int | None, path: Path) -> str:
     """Attempt ``attempt``'s part of ``text``, rank ``rank``'s log at ``path``
     (``orchestrator.core.attempt_logs``); AttemptNotFoundError names the attempts it holds."""
-    from orchestrator.core.attempt_logs import AttemptNotFoundError, attempt_text, first_attempts, held
+    from orchestrator.core.attempt_logs import AttemptNotFoundError, attempt_text, held, marker_rules
     from orchestrator.core.fs_checks import shown
 
     history = log_history(rec, path, point)
-    try:
-        return attempt_text(text, attempt, first_attempts(history))
+    try:  # the markers the script printed itself are not trusted (marker_rules, from the history)
+        return attempt_text(text, attempt, marker_rules(history))
     except AttemptNotFoundError as exc:
         known = {a.number: a for a in history.attempts} if history is not None else {}
         why = ""

@@ -17,10 +17,14 @@ The rule (``removable``, pure) keeps a snapshot's tree while:
   written its run's record yet).
 
 Nothing is removed when a run of the folder cannot be read (which snapshot it uses is unknown)
-or the scheduler cannot be asked. What goes: the tree, the manifest when no kept tree has its id,
-and the blobs that neither a kept manifest nor a kept run's diff names. A submission through the
-login node's receiver holds the store's lock shared (``store_lock``) while it stores its snapshot
-and records its run; pruning takes it exclusively, or skips this time.
+or the scheduler cannot be asked, nor from a store that is, or whose ``trees/``, ``blobs/`` or
+``manifests/`` is, a symbolic link: removing through it would delete files outside the store (a
+thesis in the folder it points to, or the tree of a run still running in another runs folder,
+whose runs this folder's records do not name). Each level is looked at with lstat before anything
+is removed, and again for every file removed (``linked``). What goes: the tree, the manifest when
+no kept tree has its id, and the blobs that neither a kept manifest nor a kept run's diff names. A
+submission through the login node's receiver holds the store's lock shared (``store_lock``) while
+it stores its snapshot and records its run; pruning takes it exclusively, or skips this time.
 """
 
 from __future__ import annotations
@@ -28,13 +32,16 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
-from orchestrator.code.snapshot_model import STORE_NAME, human_size, load_manifest, read_code_record
+from orchestrator.code.snapshot_model import STORE_NAME, human_size, load_manifest
 from orchestrator.code.snapshot_store import _remove_tree
+from orchestrator.core.fs_checks import kind, shown
+from orchestrator.core.safe_read import Unreadable, read_json
 
 #: How many of the most recently used snapshots are kept, whatever their runs' states.
 KEEP = 5
@@ -42,6 +49,8 @@ KEEP = 5
 GRACE_S = 3600.0
 #: The lock a submission holds shared, and pruning exclusively, in the store.
 LOCK_NAME = ".prune.lock"
+#: The store's folders that pruning removes from: none of them may be a link (``linked``).
+FOLDERS = ("trees", "blobs", "manifests")
 #: A store is looked at most once in this long (seconds): deciding asks the scheduler about every
 #: run of the folder, which a submission should not pay each time. The stamp's time says when.
 EVERY_S = 3600.0
@@ -126,9 +135,35 @@ def stores(runs_dirs: Sequence[str | Path] = ()) -> list[Path]:
     seen: dict[str, Path] = {}
     for folder in folders:
         store = folder / STORE_NAME
-        if store.is_dir():
+        if os.path.islink(store):  # listed under its own name, so that ``prune`` refuses it by name
+            seen.setdefault(os.path.abspath(store), store)
+        elif store.is_dir():
             seen.setdefault(os.path.realpath(store), store)
     return list(seen.values())
+
+
+def linked(store: Path) -> Optional[str]:
+    """Why nothing may be removed from ``store``: it, or one of its ``FOLDERS``, is a symbolic link
+    (or not a folder), so that removing there would remove files outside the store; None when each
+    level is a folder of its own (lstat: a link is never followed)."""
+    for path in (store, *(store / name for name in FOLDERS)):
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue  # a store without blobs yet, or without manifests: nothing to remove there
+        except OSError as exc:
+            return f"{shown(path)} cannot be looked at ({exc.strerror or exc}); nothing was removed"
+        if stat.S_ISLNK(st.st_mode):
+            try:
+                target = f" to {shown(os.readlink(path))}"
+            except OSError:
+                target = ""
+            return (f"{shown(path)} is a symbolic link{target}, and gc never removes anything through a link "
+                    "(nothing was removed): replace the link with a folder of its own, or run gc on the runs "
+                    "folder whose store it points to")
+        if not stat.S_ISDIR(st.st_mode):
+            return f"{shown(path)} is {kind(st.st_mode)}, not a folder; nothing was removed: move it out of the store"
+    return None
 
 
 def prune(store: Path, *, keep: int = KEEP, grace_s: float = GRACE_S, every_s: float = EVERY_S,
@@ -141,6 +176,9 @@ def prune(store: Path, *, keep: int = KEEP, grace_s: float = GRACE_S, every_s: f
     lists; default squeue) are the scheduler's answers. ``dry_run``: what would be removed, and
     its size, with nothing removed (``orchestrator gc --dry-run``)."""
     now = time.time() if now is None else now
+    refused = linked(store)  # before anything is listed through a link, or the lock made beyond one
+    if refused:
+        return Pruned(store=store, dry_run=dry_run, skipped=refused)
     views = _views(store)
     if len(views) <= keep or now - _stamped(store) < every_s:
         return None
@@ -148,6 +186,9 @@ def prune(store: Path, *, keep: int = KEEP, grace_s: float = GRACE_S, every_s: f
     with store_lock(store, exclusive=True) as held:
         if not held:
             report.skipped = "a submission is storing its snapshot there now"
+            return report
+        report.skipped = linked(store)  # again, now that no submission changes it
+        if report.skipped:
             return report
         if not dry_run:
             _stamp(store)
@@ -160,7 +201,7 @@ def prune(store: Path, *, keep: int = KEEP, grace_s: float = GRACE_S, every_s: f
         kept = set(views) - set(doomed)
         report.kept, report.live = len(kept), len({u.view for u in uses if u.live and u.view in kept})
         for name in doomed:
-            report.freed_bytes += _size(store / "trees" / name) if dry_run else _remove_view(store / "trees" / name)
+            report.freed_bytes += _size(store / "trees" / name) if dry_run else _remove_view(store, name)
             report.removed.append(name)
         if doomed:
             report.freed_bytes += _remove_unreferenced(store, kept, store.parent, now, grace_s, dry_run)
@@ -222,12 +263,12 @@ def _uses(store: Path, refresh: Callable[[list], list], queued: Callable[[Sequen
     trees = os.path.join(os.path.realpath(store), "trees")
     found: list[tuple[str, float, Optional[RunRecord]]] = []
     for folder in _run_folders(store.parent):
+        code = _code_record(folder)
         try:
-            code = read_code_record(folder / "code.json")
-            used = os.stat(folder / "code.json").st_mtime
-        except (OrchestratorError, OSError) as exc:
-            raise _Unreadable(f"the run {folder.name}'s code record cannot be read ({exc}), so which snapshot it "
-                              "uses is unknown") from None
+            used = os.lstat(folder / "code.json").st_mtime
+        except OSError as exc:
+            raise _Unreadable(f"the run {folder.name}'s code record cannot be looked at ({exc.strerror}), so which "
+                              "snapshot it uses is unknown") from None
         tree = os.path.realpath(code.get("tree") or "")
         if not tree.startswith(trees + os.sep):
             continue  # another store's snapshot (the run was submitted with another runs_dir)
@@ -253,6 +294,21 @@ def _uses(store: Path, refresh: Callable[[list], list], queued: Callable[[Sequen
         live = rec is None or not rec.state.terminal or any(job.split("_")[0] in listed for job in rec.job_ids)
         out.append(Use(view=view, used=used, live=live))
     return out
+
+
+def _code_record(folder: Path) -> dict:
+    """A run's ``code.json``, read as hostile input (never a FIFO, a link or a huge file:
+    ``safe_read``); _Unreadable, so that nothing is removed, when it is not a code record."""
+    path = folder / "code.json"
+    try:
+        code = read_json(path)
+    except Unreadable as exc:
+        raise _Unreadable(exc.line(f"the run {folder.name}'s code record {shown(path)}") + ", so which snapshot "
+                          "it uses is unknown") from None
+    if not isinstance(code, dict) or not all(isinstance(code.get(k), str) for k in ("id", "root", "manifest")):
+        raise _Unreadable(f"the run {folder.name}'s code record {shown(path)} is damaged (its id, root or manifest is "
+                          "missing), so which snapshot it uses is unknown")
+    return code
 
 
 def _refresh(records: list) -> list:
@@ -283,10 +339,26 @@ def _size(path: Path) -> int:
     return total
 
 
-def _remove_view(view: Path) -> int:
-    """Set the tree aside at once (a rename: no rank can find half of it), then remove it; its size."""
+def _own_folders(store: Path, path: Path) -> bool:
+    """Every folder from the store down to ``path``'s own is a folder of its own (lstat each
+    level), so removing ``path`` removes a file of the store and nothing outside it."""
+    levels = [store]
+    for part in path.parent.relative_to(store).parts:
+        levels.append(levels[-1] / part)
+    try:
+        return all(stat.S_ISDIR(os.lstat(level).st_mode) for level in levels)
+    except OSError:
+        return False
+
+
+def _remove_view(store: Path, name: str) -> int:
+    """Set the tree aside at once (a rename: no rank can find half of it), then remove it; its size.
+    Never through a link: the tree, and each folder above it up to the store, is looked at first."""
+    view = store / "trees" / name
     trash = view.with_name(f".trash-{view.name}-{os.getpid()}")
     try:
+        if not _own_folders(store, view) or not stat.S_ISDIR(os.lstat(view).st_mode):
+            return 0
         os.rename(view, trash)
     except OSError:
         return 0
@@ -305,22 +377,25 @@ def _remove_unreferenced(store: Path, kept: set[str], runs: Path, now: float, gr
     freed = 0
     for path in _files(store / "manifests"):
         if path.name.endswith(".json") and path.name[:-len(".json")] not in ids:
-            freed += _unlink_old(path, now, grace_s, dry_run)
+            freed += _unlink_old(store, path, now, grace_s, dry_run)
     wanted: set[str] = set()
     try:
         for snapshot in ids:
             manifest = store / "manifests" / f"{snapshot}.json"
-            if manifest.exists():  # a tree whose manifest is gone needs no blob to stay as it is
-                wanted |= {e.sha for e in load_manifest(manifest).values()}
+            if not os.path.lexists(manifest):
+                continue  # a tree whose manifest is gone needs no blob to stay as it is
+            if not stat.S_ISREG(os.lstat(manifest).st_mode):  # a FIFO would block the read for ever
+                return freed
+            wanted |= {e.sha for e in load_manifest(manifest).values()}
         for folder in _run_folders(runs):
-            code = read_code_record(folder / "code.json")
+            code = _code_record(folder)
             if isinstance(code.get("diff"), str):
                 wanted.add(code["diff"])
     except (OrchestratorError, _Unreadable, OSError):
         return freed  # which blobs a kept snapshot needs is unknown: none is removed
     for path in _files(store / "blobs", depth=2):
         if path.name not in wanted:
-            freed += _unlink_old(path, now, grace_s, dry_run)
+            freed += _unlink_old(store, path, now, grace_s, dry_run)
     return freed
 
 
@@ -339,10 +414,11 @@ def _files(folder: Path, depth: int = 1) -> Iterator[Path]:
             yield Path(entry.path)
 
 
-def _unlink_old(path: Path, now: float, grace_s: float, dry_run: bool = False) -> int:
+def _unlink_old(store: Path, path: Path, now: float, grace_s: float, dry_run: bool = False) -> int:
+    """Remove ``path``, a file of the store older than the grace (never through a link); its size."""
     try:
         st = os.lstat(path)
-        if now - st.st_mtime < grace_s:
+        if now - st.st_mtime < grace_s or not _own_folders(store, path):
             return 0
         if not dry_run:
             path.unlink()

@@ -134,8 +134,12 @@ def write_end(run_dir: str | Path, **verdict: Any) -> None:
 
 
 def read_end(run_dir: str | Path) -> Optional[dict[str, Any]]:
+    """end.json, read as hostile input (``orchestrator.core.safe_read``: a FIFO there once hung a
+    SLURM status refresh); None when missing, unreadable or no record of ours."""
+    from orchestrator.core import safe_read
+
     try:
-        data = json.loads(RunFolder.of(run_dir).end.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = safe_read.read_json(RunFolder.of(run_dir).end)
+    except (safe_read.Unreadable, OSError):
         return None
     return data if isinstance(data, dict) else None

@@ -5,11 +5,12 @@ Reads only; hashing is ``snapshot_scan``'s."""
 
 from __future__ import annotations
 
-import fnmatch
+import dataclasses
 import functools
 import json
 import os
 import re
+import stat
 import subprocess
 from pathlib import Path
 from typing import Iterable, Optional
@@ -28,7 +29,7 @@ def project_root(entrypoint: str, cwd: str) -> tuple[Optional[str], str]:
     interpreter finds it, an editable install's project included), then the git work tree
     holding that, else that folder."""
     script = entrypoint.endswith(".py") or ":" not in entrypoint
-    shipped = _shipped_root(os.path.dirname(os.path.abspath(os.path.join(cwd, entrypoint))) if script else cwd)
+    shipped = _shipped_root(_shipped_start(entrypoint, cwd))
     if shipped is not None:  # a project that `--remote submit` shipped here: exactly the files it sent
         return shipped, "shipped"
     if script:
@@ -76,18 +77,74 @@ def _git(root: str, *args: str) -> Optional[bytes]:
 
 
 SHIPPED_NAME = ".orchestrator-shipped.json"
+#: Where ``remote_receive`` makes its checkouts, below ``$ORCHESTRATOR_HOME`` (``remote_home()/projects``):
+#: the only folders whose SHIPPED_NAME counts.
+CHECKOUTS = ("remote", "projects")
 
 
 def _shipped_root(start: str) -> Optional[str]:
     """The checkout a remote submission made (``remote_receive``) holding ``start``, if any."""
+    return _find_shipped(start)[0]
+
+
+def _shipped_start(entrypoint: str, cwd: str) -> str:
+    """The folder the search for a shipped checkout starts from: the script's, or the CLI's."""
+    script = entrypoint.endswith(".py") or ":" not in entrypoint
+    return os.path.dirname(os.path.abspath(os.path.join(cwd, entrypoint))) if script else cwd
+
+
+def stray_shipped_records(entrypoint: str, cwd: str) -> list[str]:
+    """The SHIPPED_NAME files in the folders above the entrypoint that do not count (see
+    ``_find_shipped``): each is worth a warning, never a refusal."""
+    return _find_shipped(_shipped_start(entrypoint, cwd))[1]
+
+
+def _find_shipped(start: str) -> tuple[Optional[str], list[str]]:
+    """(the checkout holding ``start`` that ``remote_receive`` made, or None; the SHIPPED_NAME
+    files met below it, or all the way up, that do not count).
+
+    A SHIPPED_NAME file counts only where the tool writes it: at the root of a checkout, a folder
+    of ``$ORCHESTRATOR_HOME/remote/projects``, a plain file of this user's (``_written_here``).
+    One anywhere else (a copy in a parent folder, a file a job wrote, one another user left) is
+    not a checkout's record: honouring it would make every project below it "exactly the shipped
+    files" (those it lists), and so refuse every run there."""
+    projects = _checkouts_folder()
     folder = os.path.realpath(start)
+    strays: list[str] = []
     while True:
-        if os.path.isfile(os.path.join(folder, SHIPPED_NAME)):
-            return folder
+        marker = os.path.join(folder, SHIPPED_NAME)
+        if os.path.lexists(marker):
+            if _written_here(folder, projects):
+                return folder, strays
+            strays.append(marker)
         parent = os.path.dirname(folder)
         if parent == folder:
-            return None
+            return None, strays
         folder = parent
+
+
+def _checkouts_folder() -> Optional[str]:
+    """``$ORCHESTRATOR_HOME/remote/projects``, resolved (None: no home can be named here)."""
+    from orchestrator.core.errors import OrchestratorError
+    from orchestrator.core.records import home
+
+    try:
+        return os.path.realpath(os.path.join(home(), *CHECKOUTS))
+    except OrchestratorError:
+        return None
+
+
+def _written_here(folder: str, projects: Optional[str]) -> bool:
+    """``folder`` (resolved) is a checkout ``remote_receive`` made and its record is as the tool
+    writes it: a plain file (never a link), owned by this user. Its content is checked when read
+    (``_read_shipped`` refuses a damaged record of a real checkout: submit again)."""
+    if projects is None or os.path.dirname(folder) != projects:
+        return False
+    try:
+        st = os.lstat(os.path.join(folder, SHIPPED_NAME))
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid()
 
 
 def _read_shipped(root: str) -> dict:
@@ -222,67 +279,166 @@ def _walk(root: str, excluded: Iterable[str] = (), *, prune: bool = True,
 
 
 def _ignore_patterns(path: Path) -> list[str]:
+    """The ignore file's patterns, one a line: blank lines and ``#`` comments dropped, and each
+    line's trailing blanks, as git drops them (``\\ `` keeps an escaped one). Leading blanks are
+    dropped too: an indented line means what it would unindented (git would read them as part of
+    the name, which no project means)."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (FileNotFoundError, NotADirectoryError):
         return []
     except (OSError, UnicodeDecodeError) as exc:
         raise SnapshotError(f"cannot read the ignore file {path}: {exc}") from None
-    return [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    out = []
+    for line in lines:
+        body = line.strip()
+        if body.endswith("\\") and line.rstrip("\r\n").endswith(" ") and not body.endswith("\\\\"):
+            body += " "  # 'name\\ ': the escaped blank is part of the name
+        if body and not body.startswith("#"):
+            out.append(body)
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class _Rule:
+    """One gitignore line, parsed: whether it takes a path back (``!``), whether it names folders
+    only (a trailing '/'), whether it is matched against the whole path (a '/' before its end)
+    rather than against the last name, and its glob as a regular expression."""
+
+    negated: bool
+    folders_only: bool
+    anchored: bool
+    regex: re.Pattern[str]
 
 
 def _ignored(rel: str, patterns: list[str]) -> bool:
-    """gitignore's common forms: ``name`` or ``*.ext`` matches at any depth, ``dir/`` a folder at
-    any depth, a pattern with a '/' inside (or leading) is anchored at the root, ``!pattern``
-    takes a path back in; the last pattern that matches decides."""
-    ignored = False
-    for pattern in patterns:
-        negated = pattern.startswith("!")
-        if (negated if ignored else not negated) and _matches(rel, pattern[1:] if negated else pattern):
-            ignored = not negated
-    return ignored
-
-
-def _matches(rel: str, pattern: str) -> bool:
-    parts = rel.split("/")
-    folder = pattern.endswith("/")
-    pat = pattern.rstrip("/")
-    if not pat:
+    """Whether ``rel`` (a file's posix path under the root) is ignored by ``patterns``, read as git
+    reads a .gitignore at the root: for the file and for each folder above it, the *last* pattern
+    that matches decides (``!pattern`` takes a path back in); and a file under an ignored folder is
+    ignored whatever a later ``!`` says (git never looks inside an ignored folder, so it cannot take
+    back a file there: ``build/`` then ``!build/keep.py`` leaves keep.py out, as ``build/*`` then
+    ``!build/keep.py`` would not). The same reading as git's, so a line means what it means in
+    .gitignore (tests/unit/test_ignore_rules.py compares with ``git check-ignore``)."""
+    rules = [rule for rule in map(_rule, patterns) if rule is not None]
+    if not rules:
         return False
-    if "/" in pat:  # anchored
-        pat = pat.lstrip("/")
-        depth = pat.count("/") + 1
-        if folder and len(parts) <= depth:
-            return False
-        candidates = ["/".join(parts[:depth])] if folder or len(parts) > depth else [rel]
-        return any(_glob(pat).fullmatch(c) for c in candidates) or bool(_glob(pat).fullmatch(rel))
-    names = parts[:-1] if folder else parts
-    return any(_glob(pat).fullmatch(name) for name in names)
+    parts = rel.split("/")
+    for depth in range(1, len(parts)):  # each folder above the file, from the root down
+        if _last_verdict("/".join(parts[:depth]), parts[depth - 1], True, rules):
+            return True
+    return _last_verdict(rel, parts[-1], False, rules)
 
 
-@functools.lru_cache(maxsize=256)
-def _glob(pattern: str) -> re.Pattern[str]:
-    """A gitignore glob: ``*`` and ``?`` never cross a '/', ``**`` does, ``[...]`` as in fnmatch."""
-    out, i = [], 0
-    while i < len(pattern):
+def _last_verdict(path: str, name: str, folder: bool, rules: list[_Rule]) -> bool:
+    """The verdict of the last rule matching ``path`` itself (a folder when ``folder``): ignored
+    unless that rule is a ``!``; not ignored when none matches."""
+    for rule in reversed(rules):
+        if rule.folders_only and not folder:
+            continue
+        if rule.regex.fullmatch(path if rule.anchored else name):
+            return not rule.negated
+    return False
+
+
+@functools.lru_cache(maxsize=1024)
+def _rule(pattern: str) -> Optional[_Rule]:
+    """Parse one gitignore pattern (None: it matches nothing, e.g. '!' or '/' alone)."""
+    negated = pattern.startswith("!")
+    body = pattern[1:] if negated else pattern
+    folders_only = body.endswith("/")
+    body = body.rstrip("/")
+    if not body:
+        return None
+    anchored = "/" in body  # a '/' at the start or in the middle: the whole path, from the root
+    if not anchored:
+        return _Rule(negated, folders_only, False, _glob(body))
+    body = body[1:] if body.startswith("/") else body
+    # git compares an anchored pattern's literal start first and globs the rest on its own, so a
+    # '**' right after that start counts as the glob's beginning ('a**/b' matches 'a/x/b')
+    literal = next((i for i, c in enumerate(body) if c in "*?[\\"), len(body))
+    return _Rule(negated, folders_only, True, _glob(body, literal))
+
+
+#: A regular expression that matches nothing: what git's wildmatch makes of a malformed glob
+#: (an unclosed '[', a trailing '\\').
+_NOTHING = re.compile(r"(?!)")
+
+
+@functools.lru_cache(maxsize=1024)
+def _glob(pattern: str, begins: int = 0) -> re.Pattern[str]:
+    """A gitignore glob as git's wildmatch reads it (with paths): ``*`` and ``?`` never cross a
+    '/'; ``**`` between slashes (or at an end) crosses folders (``**/x`` and ``a/**/x`` also match
+    ``x`` and ``a/x``; ``a/**`` everything inside ``a``), anywhere else it is a ``*``; ``[...]`` a
+    character class (``!`` or ``^`` negates it, never a '/'; POSIX names such as ``[:digit:]`` are
+    not read); ``\\c`` the character c. ``begins``: where the glob begins for ``**`` (``_rule``)."""
+    out, i, n = [], 0, len(pattern)
+    while i < n:
+        c = pattern[i]
         if pattern.startswith("**", i):
-            out.append(".*")
-            i += 2
-        elif pattern[i] == "*":
+            j = i
+            while j < n and pattern[j] == "*":
+                j += 1
+            at_start, at_end = i in (0, begins) or pattern[i - 1] == "/", j == n or pattern[j] == "/"
+            if at_start and at_end:
+                if j < n:  # '**/': zero or more folders
+                    out.append("(?:.*/)?")
+                    j += 1
+                else:
+                    out.append(".*")
+            else:
+                out.append("[^/]*")
+            i = j
+        elif c == "*":
             out.append("[^/]*")
             i += 1
-        elif pattern[i] == "?":
+        elif c == "?":
             out.append("[^/]")
             i += 1
-        elif pattern[i] == "[":
-            end = pattern.find("]", i + 1)
-            if end == -1:
-                out.append(re.escape("["))
-                i += 1
-            else:
-                out.append(fnmatch.translate(pattern[i:end + 1])[4:-3])
-                i = end + 1
+        elif c == "[":
+            parsed = _char_class(pattern, i)
+            if parsed is None:
+                return _NOTHING
+            regex, i = parsed
+            out.append(regex)
+        elif c == "\\":
+            if i + 1 == n:
+                return _NOTHING
+            out.append(re.escape(pattern[i + 1]))
+            i += 2
         else:
-            out.append(re.escape(pattern[i]))
+            out.append(re.escape(c))
             i += 1
     return re.compile("".join(out), re.S)
+
+
+def _char_class(pattern: str, start: int) -> Optional[tuple[str, int]]:
+    """The class opening at ``pattern[start]`` ('['), as a regular expression that never matches
+    '/', and the index after its ']'; None when it is never closed (git then matches nothing)."""
+    i, n = start + 1, len(pattern)
+    negate = i < n and pattern[i] in "!^"
+    i += 1 if negate else 0
+    items: list[str] = []
+    first = True
+    while i < n and (pattern[i] != "]" or first):
+        first = False
+        c = pattern[i]
+        if c == "\\" and i + 1 < n:
+            c = pattern[i + 1]
+            i += 1
+        if i + 2 < n and pattern[i + 1] == "-" and pattern[i + 2] != "]":
+            high = pattern[i + 2]
+            if high == "\\" and i + 3 < n:
+                high = pattern[i + 3]
+                i += 1
+            # git tries a range's first character alone first: a reversed range matches that one
+            items.append(f"{re.escape(c)}-{re.escape(high)}" if c <= high else re.escape(c))
+            i += 3
+        else:
+            items.append(re.escape(c))
+            i += 1
+    if i >= n:
+        return None
+    body = "".join(items)
+    if negate:
+        return f"[^/{body}]", i + 1
+    return (f"(?!/)[{body}]" if body else "(?!)"), i + 1

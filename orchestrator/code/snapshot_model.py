@@ -84,6 +84,7 @@ class Snapshot:
     staged: Mapping[str, tuple[int, int, int]] = field(default_factory=dict)  # blobs this scan wrote: sha -> their stat
     include: tuple[str, ...] = ()  # code.include
     exclude_patterns: tuple[str, ...] = ()  # code.exclude
+    notes: tuple[str, ...] = ()  # warnings about the project itself (a stray record of a shipment above it)
 
     @property
     def id(self) -> str:
@@ -128,9 +129,10 @@ class Snapshot:
 
     @property
     def warnings(self) -> list[str]:
-        """One line per file that kept changing while it was read (left out, found live)."""
-        return [f"{rel} changed while it was read and is not frozen: the ranks read it live"
-                for rel in self.left_out.get(LEFT_CHANGING, ())]
+        """One line per file that kept changing while it was read (left out, found live), and the
+        scan's notes about the project."""
+        return [*self.notes, *(f"{rel} changed while it was read and is not frozen: the ranks read it live"
+                               for rel in self.left_out.get(LEFT_CHANGING, ()))]
 
     def in_tree(self, live_path: str) -> Optional[str]:
         """Where a live path inside the project lies in the snapshot's tree (None: outside it)."""

@@ -5,6 +5,7 @@ and with ``stage`` each new file is copied into the store while it is hashed."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -16,7 +17,8 @@ from typing import Iterable, Mapping, Optional
 
 from orchestrator.core.errors import OrchestratorError
 from orchestrator.code.snapshot_files import (_git_files, _git_state, _ignore_patterns, _ignored, _in_run_folder, _kept_link,
-                                         _link_why, _read_shipped, _walk, project_root)
+                                         _link_why, _read_shipped, _walk, project_root,
+                                         stray_shipped_records)
 from orchestrator.code.snapshot_model import (_CHUNK, LEFT_CHANGING, LEFT_IGNORED, LEFT_OUTPUT, LEFT_RUN, STORE_NAME, Entry,
                                          Snapshot, SnapshotError, _output_part, _relative, human_size, is_code)
 
@@ -35,9 +37,52 @@ def scan_project(entrypoint: str, cwd: str, runs_dir: str, *, ignore_file: str =
     runs = os.path.abspath(os.path.join(cwd, os.path.expanduser(runs_dir)))
     script = entrypoint.endswith(".py") or ":" not in entrypoint
     required = [os.path.abspath(os.path.join(cwd, entrypoint))] if script else []
-    return scan(root, how, os.path.join(runs, STORE_NAME), ignore_file=ignore_file, max_mb=max_mb,
+    problem = runs_dir_problem(runs_dir, runs, root, required)
+    if problem is not None:
+        raise SnapshotError(problem)
+    snap = scan(root, how, os.path.join(runs, STORE_NAME), ignore_file=ignore_file, max_mb=max_mb,
                 exclude=[runs, *exclude], required=required, include_patterns=include_patterns,
                 exclude_patterns=exclude_patterns, stage=stage)
+    notes = stray_notes(entrypoint, cwd)
+    return dataclasses.replace(snap, notes=tuple(notes)) if notes else snap
+
+
+def stray_notes(entrypoint: str, cwd: str) -> list[str]:
+    """A warning for each record of a shipment above the entrypoint that does not count
+    (``snapshot_files._find_shipped``): named, so it can be removed; never a refusal."""
+    return [f"{path} is not the record of a checkout that --remote submit made (those lie in "
+            f"$ORCHESTRATOR_HOME/remote/projects/<project>/), so it is ignored; remove it"
+            for path in stray_shipped_records(entrypoint, cwd)]
+
+
+def runs_dir_problem(runs_dir: str, runs: str, root: str, required: Iterable[str] = ()) -> Optional[str]:
+    """Why ``runs_dir`` (resolved: ``runs``) leaves the project's code out of its own snapshot
+    (None: it does not). The runs folder is never frozen (it grows with every run), so a runs_dir
+    that *is* the project's root, or a folder of it holding the entrypoint, would freeze nothing
+    the ranks run; said here, naming the field, before the scan refuses the entrypoint for a
+    reason it cannot see ("git ignores it, or the ignore file lists it"). A runs folder above the
+    project excludes nothing of it: fine."""
+    runs_real = os.path.realpath(runs)
+    shown = f"runs_dir: {runs_dir!r} (resolved to {runs})"
+    fix = (f"give runs_dir a folder the code is not in: a subfolder of the project such as "
+           f"runs_dir: {_runs_subfolder(runs_dir)!r} (left out of the snapshot by itself), or an absolute path "
+           "outside the project; or set code.snapshot: false")
+    if os.path.realpath(root) == runs_real:  # a runs folder *above* the project excludes nothing of it
+        return (f"{shown} is the project's root ({root}); the runs folder is never frozen, so the code snapshot "
+                f"would hold nothing of the project; {fix}")
+    if _relative(runs_real, os.path.realpath(root)) is None:
+        return None
+    for path in required:
+        if _relative(os.path.realpath(path), runs_real) is not None:
+            return (f"{shown} holds the entrypoint {path}; the runs folder is never frozen, so the ranks could not "
+                    f"run it from the code snapshot; {fix}")
+    return None
+
+
+def _runs_subfolder(runs_dir: str) -> str:
+    """The runs_dir to suggest instead: a ``runs`` folder inside the one given."""
+    base = runs_dir.rstrip("/")
+    return "runs" if base in ("", ".") else f"{base}/runs"
 
 
 def _home_dir() -> Optional[str]:

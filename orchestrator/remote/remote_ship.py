@@ -93,6 +93,10 @@ def shipment(spec: Any, settings: Optional[RemoteSettings] = None) -> tuple[dict
                          "it (the login node then runs what you shipped), or submit on the login node itself")
     if root is None:  # a module of an installed package: nothing of the user's to ship
         return header, sources
+    from orchestrator.code.snapshot_scan import stray_notes
+
+    for note in stray_notes(spec.entrypoint, cwd):  # a stray record above the project: named, never obeyed
+        print(f"[orchestrator] warning: {note}", file=sys.stderr)
     # The folder as the system names it, as os.getcwd() does: a project reached through a link
     # (macOS's /tmp and /var lead to /private/...) is still the folder the user is in.
     root = os.path.realpath(root)

@@ -15,6 +15,20 @@ steps would win the next resume),
 part of the identity either: fixing a bug and submitting again resumes). Changing an operational
 field and submitting again resumes the same run: after a TIMEOUT, raise ``slurm.time`` and submit.
 
+And *which project* it runs (``project_key``): the script's resolved path on this host, or the
+folder its top-level module is found in. Two projects that share a job name, args and runs_dir
+are two runs, never one continuing the other's checkpoints. The same project resubmitted is the
+same key: from the same folder on this host, and with ``--remote`` from the login node's checkout
+of it, which keeps its place between submissions (``remote_checkout.checkout_name``: named by the
+laptop's client id and the project's path). The orchestrator's own jobs (``jobs.train:main``) and
+installed packages are no project: their runs are named by the fields alone, as before.
+
+Runs named before the project was part of the identity keep their folders: while a folder of the
+old name (the hash without the project) exists in the runs folder and was submitted from this
+project (its payload's source folder says so, or says nothing), ``run_id`` returns that name, so
+a resubmission after an upgrade continues its run, and a queued job (its payload carries its run
+folder) is never orphaned; a run of another project found there is left alone.
+
 Every field of the spec is classified here; a unit test fails when a new one is not.
 """
 
@@ -50,9 +64,10 @@ LATER_TRAINING_DEFAULTS: dict[str, Any] = {"framework": None, "bool_args": "flag
 _RUN_NAME = re.compile(r"^(?P<name>.+)-(?P<hash>[0-9a-f]{8})$")
 
 
-def identity_fields(spec: JobSpec) -> dict[str, Any]:
+def identity_fields(spec: JobSpec, cwd: Optional[str] = None) -> dict[str, Any]:
     """The values that name the run (defaults included, so a default that changes in a release
-    is visible: the fields are few and fixed, not the whole spec)."""
+    is visible: the fields are few and fixed, not the whole spec), and the project it runs, as
+    seen from ``cwd`` (default: this process's folder, where relative paths of the spec start)."""
     data = spec.model_dump(mode="json")
     out: dict[str, Any] = {}
     for dotted in TRAINING:
@@ -66,7 +81,56 @@ def identity_fields(spec: JobSpec) -> dict[str, Any]:
         out[dotted] = value
     if spec.executor == "local":  # the world the local executor will actually run
         out["local_shape"] = list(spec.local_shape())
+    project = project_key(spec.entrypoint, cwd)
+    if project is not None:
+        out["project"] = project
     return out
+
+
+def project_key(entrypoint: str, cwd: Optional[str] = None) -> Optional[str]:
+    """Which project ``entrypoint`` runs when submitted from ``cwd`` (default: this process's
+    folder), on this host: a script's resolved path, or the resolved folder holding a module's
+    top-level package (the folder submitted from first, as the ranks search it first). None: no
+    project of the user's (an installed package, the orchestrator's own jobs, or a module not
+    found here), so the run is named by its fields alone.
+
+    Computed from paths only (no git, no scan): the run id is needed where nothing is scanned
+    (``plan`` with ``code.snapshot: false``, ``after:``, a pipeline's stages), and must not depend
+    on whether the snapshot is on, an operational field."""
+    here = os.path.abspath(cwd or os.getcwd())
+    if entrypoint.endswith(".py") or ":" not in entrypoint:
+        return os.path.realpath(os.path.join(here, entrypoint))
+    folder = _module_folder(entrypoint.split(":")[0].split(".")[0], here)
+    return None if folder is None or folder == _own_root() else folder
+
+
+def _module_folder(top: str, cwd: str) -> Optional[str]:
+    """The resolved folder holding top-level module ``top`` (None: not found, or installed),
+    found as ``orchestrator.code.snapshot_files`` finds a module's project (which this side may
+    not import)."""
+    if os.path.isdir(os.path.join(cwd, top)) or os.path.isfile(os.path.join(cwd, top + ".py")):
+        return os.path.realpath(cwd)
+    import importlib.util
+
+    from orchestrator.node.module_origin import is_installed
+
+    try:
+        found = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return None
+    if found is None:
+        return None
+    where = found.origin if found.has_location and found.origin else next(iter(found.submodule_search_locations or []), None)
+    if where is None or is_installed(where):
+        return None
+    folder = os.path.dirname(where)
+    return os.path.realpath(os.path.dirname(folder) if os.path.basename(where) == "__init__.py" else folder)
+
+
+def _own_root() -> str:
+    """The folder holding the orchestrator's own packages (``orchestrator``, ``jobs``): its jobs
+    are the tool's, the same for every project, in a checkout of it as installed."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
 
 
 def _has_bool(args: dict[str, Any], sweep: dict[str, list[Any]]) -> bool:
@@ -74,9 +138,47 @@ def _has_bool(args: dict[str, Any], sweep: dict[str, list[Any]]) -> bool:
     return any(isinstance(x, bool) or (isinstance(x, list) and any(isinstance(y, bool) for y in x)) for x in values)
 
 
-def run_id(spec: JobSpec) -> str:
-    blob = json.dumps(identity_fields(spec), sort_keys=True, separators=(",", ":"))
-    return f"{spec.name}-{hashlib.sha256(blob.encode()).hexdigest()[:8]}"
+def run_id(spec: JobSpec, cwd: Optional[str] = None) -> str:
+    """``<name>-<hash>`` of the identity fields, the project included (see the module's doc):
+    the name a run of this project had before the project was part of it while that folder
+    exists and was submitted from this project, else the hash with the project."""
+    fields = identity_fields(spec, cwd)
+    named = _hashed(spec.name, fields)
+    if "project" not in fields:
+        return named
+    older = _hashed(spec.name, {key: value for key, value in fields.items() if key != "project"})
+    runs = os.path.join(os.path.abspath(cwd or os.getcwd()), os.path.expanduser(spec.runs_dir))
+    if os.path.isdir(os.path.join(runs, named)) or not os.path.isdir(os.path.join(runs, older)):
+        return named
+    theirs = submitted_from(os.path.join(runs, older))
+    return older if theirs is None or project_key(spec.entrypoint, theirs) == fields["project"] else named
+
+
+def _hashed(name: str, fields: dict[str, Any]) -> str:
+    blob = json.dumps(fields, sort_keys=True, separators=(",", ":"))
+    return f"{name}-{hashlib.sha256(blob.encode()).hexdigest()[:8]}"
+
+
+def submitted_from(run_dir: str | Path) -> Optional[str]:
+    """The folder a run was submitted from, as its ``payload.json`` records it (``source_dir``,
+    moved back out of the code snapshot's tree to the live project); None when the payload cannot
+    tell (missing, damaged, another format). Read as plain JSON: any payload version will do."""
+    try:
+        data = json.loads((Path(run_dir) / "payload.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    source = data.get("source_dir") if isinstance(data, dict) else None
+    if not isinstance(source, str) or not os.path.isabs(source):
+        return None
+    code = data.get("code")
+    tree, live = (code.get("tree"), code.get("live_root")) if isinstance(code, dict) else (None, None)
+    if isinstance(tree, str) and isinstance(live, str) and os.path.isabs(live):
+        rel = os.path.relpath(source, tree)
+        if rel == os.curdir:
+            return live
+        if rel != os.pardir and not rel.startswith(os.pardir + os.sep):
+            return os.path.join(live, rel)
+    return source
 
 
 def differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
@@ -136,6 +238,7 @@ def sibling_warnings(spec: JobSpec, run_dir: str, limit: int = 3) -> list[str]:
 
     parent, own = Path(run_dir).parent, Path(run_dir).name
     mine = identity_fields(spec)
+    mine.pop("project", None)
     out = []
     try:
         siblings = sorted(parent.iterdir(), key=lambda p: p.stat().st_mtime, reverse=True)
@@ -151,9 +254,11 @@ def sibling_warnings(spec: JobSpec, run_dir: str, limit: int = 3) -> list[str]:
             continue
         ckpt = theirs_spec.checkpoint.dir or str(folder / "checkpoints")
         found = latest_checkpoint(ckpt if os.path.isabs(ckpt) else folder / "checkpoints")
-        if found is None:
+        if found is None or not _same_project(theirs_spec, folder):
             continue
-        changed = differences(identity_fields(theirs_spec), mine)
+        theirs = identity_fields(theirs_spec)
+        theirs.pop("project", None)
+        changed = differences(theirs, mine)
         step = f"step {found[1]}" if found[1] is not None else found[0]
         out.append(f"run {folder.name} holds checkpoints ({step}) of this job name; this spec differs in "
                    f"{', '.join(changed) or 'fields an older version named the run by'}, so it starts a new run. "
@@ -161,6 +266,14 @@ def sibling_warnings(spec: JobSpec, run_dir: str, limit: int = 3) -> list[str]:
         if len(out) >= limit:
             break
     return out
+
+
+def _same_project(theirs: JobSpec, folder: Path) -> bool:
+    """The run in ``folder`` (its spec ``theirs``) belongs to the project submitted from here: its
+    spec, submitted from here, would run the same project it ran (so a changed entrypoint still
+    counts as this project's); or its payload cannot tell. Another project's runs are no concern."""
+    source = submitted_from(folder)
+    return source is None or project_key(theirs.entrypoint, source) == project_key(theirs.entrypoint)
 
 
 def plan_lines(launch: Any) -> list[str]:

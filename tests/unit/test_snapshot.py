@@ -205,8 +205,9 @@ def test_an_anchored_glob_does_not_cross_folders(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("lines, kept, ignored", [
     ("*.yaml\n!keep.yaml", ["keep.yaml", "conf/keep.yaml"], ["a.yaml", "conf/b.yaml"]),   # taken back
-    # out of an ignored folder (git itself could not take conf/b.yaml back out of conf/)
-    ("conf/\n!conf/b.yaml", ["a.yaml", "keep.yaml", "conf/b.yaml"], ["conf/keep.yaml"]),
+    # never out of an ignored folder, as git (which never looks inside it) cannot take it back
+    ("conf/\n!conf/b.yaml", ["a.yaml", "keep.yaml"], ["conf/b.yaml", "conf/keep.yaml"]),
+    ("conf/*\n!conf/b.yaml", ["a.yaml", "keep.yaml", "conf/b.yaml"], ["conf/keep.yaml"]),  # its files only: it can
     ("!a.yaml\n*.yaml", [], ["a.yaml", "keep.yaml", "conf/b.yaml", "conf/keep.yaml"]),   # the last match wins
     ("*.yaml\n!*.yaml\n*.yaml\n!a.yaml", ["a.yaml"], ["keep.yaml", "conf/b.yaml", "conf/keep.yaml"]),
     ("!keep.yaml", ["a.yaml", "keep.yaml", "conf/b.yaml", "conf/keep.yaml"], []),        # nothing to take back

@@ -116,14 +116,21 @@ def _offline(root: Path, stamp: str, run_id: str) -> Path:
     return folder
 
 
-def test_sync_lists_every_attempts_folder_with_the_sweep_points(tmp_path: Path,
-                                                                capsys: pytest.CaptureFixture[str]) -> None:
+def _attempts(tmp_path: Path) -> tuple[Path, list[Path]]:
+    """A run's offline W&B folders: two attempts (the second synced already) and a sweep point's."""
     run = tmp_path / "job-0123abcd"
     first, second = _offline(run, "20260101_000000", "job-0123abcd"), _offline(run, "20260101_000100", "job-0123abcd")
     point = _offline(run / "points" / "0001", "20260101_000000", "job-0123abcd-point-0001")
     (second / "run-job-0123abcd.wandb.synced").write_text("")
     (run / "wandb" / "wandb" / "run-20260101_000200-online1").mkdir()  # an online run: not for sync
     (run / "tensorboard").mkdir()
+    return run, [first, second, point]
+
+
+def test_sync_lists_every_attempts_folder_with_the_sweep_points(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("wandb")  # the tracking extra: the command printed is wandb's own (README's main install lacks it)
+    run, (first, second, point) = _attempts(tmp_path)
     runs = sync.offline_runs(run)
     assert [r.path for r in runs] == [first, second, point]
     assert [r.run_id for r in runs] == ["job-0123abcd", "job-0123abcd", "job-0123abcd-point-0001"]
@@ -132,6 +139,21 @@ def test_sync_lists_every_attempts_folder_with_the_sweep_points(tmp_path: Path,
     out = capsys.readouterr().out
     assert "would run: " in out and f"sync {first} {second} {point}" in out and "synced already" in out
     assert f"tensorboard --logdir {run}" in out and "mlflow" not in out  # no mlruns folder: nothing to say
+
+
+def test_sync_without_wandb_lists_the_folders_and_says_how_to_install_it(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """Where wandb is not installed (no tracking extra), sync still lists what it would push, and
+    names the install; a real push is refused, naming it too."""
+    monkeypatch.setattr(sync, "wandb_command", lambda: None)
+    run, folders = _attempts(tmp_path)
+    assert sync.sync(run, "job-0123abcd", dry_run=True) == 0
+    out = capsys.readouterr().out
+    assert all(str(folder) in out for folder in folders) and "would run" not in out
+    assert "wandb is not installed here: pip install wandb (or ddp-orchestrator[tracking])" in out
+    with pytest.raises(OrchestratorError, match="wandb is not installed here, so nothing was pushed"):
+        sync.sync(run, "job-0123abcd")
 
 
 def test_sync_says_when_a_run_has_nothing_offline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

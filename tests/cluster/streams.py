@@ -59,6 +59,7 @@ SERIAL_TESTS = {
     "test_login_node.py::test_totp_second_factor_then_batch_mode_through_the_master",  # re-runs cluster.sh up
     # a 'high' job over every CPU, as in the module's other tests (its own job's suspend is shareable)
     "test_preemption.py::test_a_real_preemption_requeues_a_rank_api_job_which_resumes_and_completes",
+    "test_as_user.py::test_under_preempt_mode_cancel_the_site_ends_the_users_job_and_nothing_requeues_it",
 }
 #: Tests of the serial modules that touch only their own job, and run in a stream.
 SHAREABLE_TESTS = {"test_preemption.py::test_a_suspended_job_is_not_called_stalled_and_completes"}

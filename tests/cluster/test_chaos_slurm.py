@@ -2,11 +2,11 @@
 point (an array task, whose 'A_T' id SLURM 22.05's ``srun --jobid`` refuses) is reached through
 its numeric job id and recovers on its own; the sweep as a whole is refused naming the point to
 give; a second kill once the point's restarts are used up is refused and kills nothing; and
-``--node-down`` refuses a node that runs another job, leaving it up.
+``--node-down`` refuses a node that runs another job, leaving it up. `orchestrator stacks` on the
+sweep reaches the running point's ranks the same way.
 
-Not in tests/cluster/streams.py's SERIAL_TESTS: when chaos is right, no node goes DOWN. If the
-node-down refusal ever broke, that test would take node1 down for every stream: add it there
-before relying on it in a shared session."""
+The node-down test is in tests/cluster/streams.py's SERIAL_TESTS: when chaos is right no node goes
+DOWN, but if the refusal ever broke it would take node1 down for every stream."""
 
 from __future__ import annotations
 
@@ -51,6 +51,14 @@ def test_chaos_breaks_a_sweep_point_through_its_array_tasks_numeric_job_id(clust
     record = ex.submit(launch)
     point = Path(launch.run_dir) / "points" / "0001"
     _wait_for(lambda: (ckpts[1] / "state.json").exists(), 240, _logs(launch.run_dir)[-3000:])
+    # `orchestrator stacks` on the sweep reaches the running point's ranks (its srun --overlap names
+    # the array task's own job id: 22.05 refuses 'A_T', and the stacks came back empty).
+    env = {**os.environ, "SLURM_CONF": cluster["SLURM_CONF"], "ORCHESTRATOR_HOME": cluster["runs_dir"]}
+    shown = subprocess.run([sys.executable, "-m", "orchestrator", "stacks", launch.run_dir], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=60)
+    headers = [line for line in shown.stdout.splitlines() if line.startswith("=== rank ")]
+    assert shown.returncode == 0 and len(headers) == 2, shown.stdout + shown.stderr
+    assert all("flaky_snapshot.py" in h for h in headers), shown.stdout
     whole = _chaos(cluster, launch.run_dir, "--kill-rank", "1")
     assert whole.returncode != 0 and "is a sweep of 2 points" in whole.stderr, whole.stderr
     killed = _chaos(cluster, f"{launch.run_dir}/points/1", "--kill-rank", "1")
@@ -76,7 +84,8 @@ def test_node_down_refuses_a_node_that_runs_another_job(cluster: dict[str, str])
                                                              "nodelist": "node1"})
     ex = SlurmExecutor()
     ex.submit(launch)
-    other = subprocess.run(["sbatch", "--parsable", "-w", "node1", "-n", "1", "-t", "5", "--wrap", "sleep 300"],
+    other = subprocess.run(["sbatch", "--parsable", "-w", "node1", "-n", "1", "-t", "5", "-o", "/dev/null",
+                            "--wrap", "sleep 300"],
                            capture_output=True, text=True, check=True).stdout.strip().split(";")[0]
     try:
         _wait_for(lambda: (ckpt / "state.json").exists(), 240, _logs(launch.run_dir)[-3000:])

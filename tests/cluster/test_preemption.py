@@ -2,9 +2,8 @@
 the nodes of a running rank-API job of 'debug' (PreemptMode=REQUEUE, GraceTime). SLURM sends the
 ranks SIGTERM, as it does at sites; they checkpoint together, the job is requeued (it asked for
 --requeue: the site has JobRequeue=0), and the next attempt resumes from that checkpoint and
-completes. With PreemptMode=CANCEL the site's policy wins: the ranks checkpoint on the
-preemption's SIGTERM, the agent does not requeue the job, and SLURM ends it PREEMPTED, which
-status says."""
+completes. (PreemptMode=CANCEL, where the site's policy ends the job and nothing requeues it, is
+tests/cluster/test_as_user.py's, as the login user.)"""
 
 from __future__ import annotations
 
@@ -75,41 +74,6 @@ def test_a_real_preemption_requeues_a_rank_api_job_which_resumes_and_completes(c
     assert "PREEMPTED" in states or "REQUEUED" in states, states  # the first attempt, as accounting saw it
     subprocess.run(["scancel", high.stdout.strip().split(";")[0]], capture_output=True)
     assert no_job_processes()
-
-
-@pytest.mark.parametrize("preempt_mode", ["CANCEL"], indirect=True)
-def test_under_preempt_mode_cancel_the_site_ends_the_job_and_nothing_requeues_it(cluster: dict[str, str],
-                                                                                 preempt_mode: str) -> None:
-    launch, ex, record, high = _preempted_mid_run(cluster, "preempted-cancel")
-    job = record.job_ids[0]
-    try:
-        from orchestrator.core.records import RunRecord
-        from orchestrator.core.states import TERMINAL
-
-        until = time.monotonic() + 300  # PreemptMode=CANCEL's GraceTime, then SLURM's end
-        while (final := ex.refresh([RunRecord.load(record.run_dir)])[0]).state not in TERMINAL:
-            assert time.monotonic() < until, final
-            assert "Reason=BeginTime" not in subprocess.run(["scontrol", "show", "job", job], capture_output=True,
-                                                            text=True).stdout, "the job was requeued"
-            time.sleep(0.5)
-        assert final.state == "PREEMPTED", (final.state, final.error)
-        # Never requeued: the controller counts no restart, and accounting (-D: every requeue's record
-        # too) holds the one record, PREEMPTED (slurmdbd may hear of the end a moment after squeue).
-        assert "Restarts=0 " in subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True,
-                                               text=True).stdout
-        until = time.monotonic() + 60
-        while (records := subprocess.run(["sacct", "-D", "-X", "-n", "-P", "-j", job, "-o", "State"],
-                                         capture_output=True, text=True).stdout.split()) != ["PREEMPTED"]:
-            assert time.monotonic() < until, records
-            time.sleep(1)
-        from orchestrator.core.recovery import History
-
-        attempts = History.load(launch.run_dir).attempts
-        assert len(attempts) == 1 and attempts[0].outcome == "preempted", attempts
-        assert "PreemptMode=CANCEL" in attempts[0].why and "not requeued" in attempts[0].why, attempts[0]
-    finally:
-        subprocess.run(["scancel", high.stdout.strip().split(";")[0]], capture_output=True)
-    assert no_job_processes(within_s=30)  # the agent sees SLURM's end within seconds and leaves
 
 
 def test_a_suspended_job_is_not_called_stalled_and_completes(cluster: dict[str, str]) -> None:

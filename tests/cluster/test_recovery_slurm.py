@@ -6,9 +6,7 @@ script that snapshots itself (tests/integration/scripts/flaky_snapshot.py)."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 import subprocess
 import time
 import uuid
@@ -206,54 +204,3 @@ def test_chaos_kills_a_rank_on_its_node_and_the_job_restarts_inside_itself(clust
     assert "recovered in " in shown, shown
     assert no_job_processes()
 
-
-def _step_daemons(job: str) -> list[int]:
-    """The slurmstepd processes of the job's numbered steps that SLURM lists now (the ranks')."""
-    listed = subprocess.run(["squeue", "-h", "-s", "-j", job, "-o", "%i"], capture_output=True, text=True).stdout
-    steps = [s for s in listed.split() if s.partition(".")[2].isdigit()]
-    pids = []
-    for step in steps:
-        found = subprocess.run(["pgrep", "-f", f"slurmstepd: \\[{step}\\]"], capture_output=True, text=True).stdout
-        pids += [int(p) for p in found.split()]
-    return pids
-
-
-def test_ranks_whose_step_cannot_end_are_killed_as_a_step_and_the_job_restarts(cluster: dict[str, str]) -> None:
-    """Rank 1 hangs and its node's step daemon stops answering (SIGSTOP: as a node whose slurmd is
-    gone): srun cannot end the step within 5 s of SIGTERM. The agent's last resort signals the
-    job's steps (``scancel --signal=KILL JOB.STEP``), never the job: the job is not CANCELLED, the
-    hang restarts inside the allocation on the spare, and the job completes."""
-    launch, ckpt = _flaky(cluster, "rec-stuck-step", "hang_once", {"max_restarts": 1, "on": ["hang"], "spares": 1},
-                          nodes=1, ranks=2, spec={"watchdog": {"stall_s": 8}}, steps=15)
-    ex = SlurmExecutor()
-    record = ex.submit(launch)
-    job = record.job_ids[0]
-    deadline = time.monotonic() + 180
-    while not (ckpt / "failed-once-hang_once").exists():
-        assert time.monotonic() < deadline, _logs(launch.run_dir)[-3000:]
-        time.sleep(0.3)
-    frozen = _step_daemons(job)
-    assert frozen, "no step daemon of the ranks' step found"
-    for pid in frozen:
-        os.kill(pid, signal.SIGSTOP)
-    try:
-        deadline = time.monotonic() + 180
-        while len(History.load(launch.run_dir).attempts) < 2:  # the restart began: the old step may go
-            record = ex.refresh([RunRecord.load(launch.run_dir)])[0]
-            assert record.state not in ("CANCELLED", "FAILED", "COMPLETED"), (record, _logs(launch.run_dir)[-4000:])
-            assert time.monotonic() < deadline, _logs(launch.run_dir)[-4000:]
-            time.sleep(0.5)
-    finally:
-        for pid in frozen:
-            try:
-                os.kill(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
-    record = _run_through_restarts(launch, record=record)
-    log = _logs(launch.run_dir)
-    assert record.state == "COMPLETED", f"{record.error}\n{log[-4000:]}"
-    assert re.search(rf"SIGKILL to step\(s\) {job}\.\d+", log), log[-3000:]
-    first, second = History.load(launch.run_dir).attempts
-    assert (first.outcome, first.action, first.inside_job) == ("hang", "restart", True), first
-    assert second.nodes != first.nodes, (first, second)
-    assert no_job_processes()

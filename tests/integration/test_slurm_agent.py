@@ -74,6 +74,9 @@ def _agent(tmp: Path, policy: str, checkpoint: bool, restart: int = 0, max_reque
     (bin_dir / "scontrol").chmod(0o755)
     (bin_dir / "scancel").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp / 'scancel-calls'}\n")
     (bin_dir / "scancel").chmod(0o755)
+    # squeue -s: the job's steps as SLURM lists them (the batch step, the extern step, the ranks').
+    (bin_dir / "squeue").write_text("#!/bin/sh\nprintf '77.batch\\n77.extern\\n77.0\\n'\n")
+    (bin_dir / "squeue").chmod(0o755)
     # The health gate's srun (the ranks' srun is the payload's stand-in): run its command here, once.
     (bin_dir / "srun").write_text('#!/bin/sh\nwhile [ "${1#--}" != "$1" ]; do shift; done\nexec "$@"\n')
     (bin_dir / "srun").chmod(0o755)
@@ -326,21 +329,25 @@ def test_a_preemptions_sigterm_requeues_and_a_scancels_does_not(tmp_path: Path, 
     assert ("is being preempted" in err) == preempting, err
 
 
-def test_a_requeue_after_a_cancel_preemption_says_the_agent_did_it(tmp_path: Path) -> None:
-    """Under PreemptMode=CANCEL SLURM would end a preempted job; the agent requeues it (auto, the
-    ranks checkpointed) and says so where status reads it: the attempt's record."""
+def test_a_cancel_preemption_is_not_requeued_and_the_site_ends_the_job(tmp_path: Path) -> None:
+    """Under PreemptMode=CANCEL the site's policy wins: the ranks checkpointed (auto), yet the agent
+    does not requeue the job, says why where status reads it (the attempt's record: preempted),
+    and leaves as soon as the controller says SLURM ended the job."""
     from orchestrator.core.attempt_logs import ended_line
     from orchestrator.core.recovery import History
 
-    # The stand-in scontrol answers every 'show' alike: the job's and its partition's fields in one line.
-    info = "JobId=77 JobState=RUNNING PreemptTime=2026-11-24T18:00:00 Partition=debug PreemptMode=CANCEL"
+    # The stand-in scontrol answers every 'show' alike: the job's and its partition's fields in one
+    # line; the job as SLURM has it once its GraceTime ran out.
+    info = "JobId=77 JobState=PREEMPTED PreemptTime=2026-11-24T18:00:00 Partition=debug PreemptMode=CANCEL"
     proc = _agent(tmp_path, "auto", True, child_env={"NOTICE": "SIGTERM"}, job_info=info)
     os.killpg(proc.pid, signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
-    assert _calls(tmp_path) == ["requeue 77"], err
+    assert _calls(tmp_path) == [], err  # no scontrol requeue
     (attempt,) = History.load(tmp_path / "run").attempts
+    assert attempt.outcome == "preempted", (attempt, err)
     line = ended_line(attempt)
-    assert "PreemptMode=CANCEL" in line and "the agent requeued it itself" in line, line
+    assert "PreemptMode=CANCEL" in line and "not requeued" in line, line
+    assert "SLURM ended the job: PREEMPTED" in err, err
 
 
 def test_always_requeues_ranks_that_ended_because_the_job_is_preempted(tmp_path: Path) -> None:
@@ -370,8 +377,9 @@ def test_ranks_that_end_on_the_cancels_sigterm_before_the_agent_looks_end_cancel
 
 def test_a_stalled_rank_that_ignores_sigterm_is_killed_within_the_hard_tier(tmp_path: Path) -> None:
     """After a watchdog verdict the ranks get SIGTERM through srun; one that ignores it gets
-    SIGKILL (scancel --signal=KILL reaches the steps, not the agent) END_GRACE_S later, and srun
-    goes after that: every rank is gone within ~10 s of the decision."""
+    SIGKILL END_GRACE_S later through its step (scancel --signal=KILL 77.0: never the job, which
+    a bare SIGKILL would cancel, agent included), and srun goes after that: every rank is gone
+    within ~10 s of the decision."""
     from orchestrator.core.recovery import History
     from orchestrator.backends.slurm.node.slurm_job import END_GRACE_S
 
@@ -379,7 +387,7 @@ def test_a_stalled_rank_that_ignores_sigterm_is_killed_within_the_hard_tier(tmp_
     t0 = time.monotonic()
     _, err = proc.communicate(timeout=60)
     took = time.monotonic() - t0
-    assert "--signal=KILL 77" in _scancels(tmp_path), err
+    assert _scancels(tmp_path) == ["--signal=KILL 77.0"], err
     assert took < 2 + 2 * END_GRACE_S + 15, (took, err)  # stall_s, both tiers, and slack for a loaded machine
     child = int((tmp_path / "child-started").read_text())
     assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split(")")[1][:3]

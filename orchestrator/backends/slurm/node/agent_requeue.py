@@ -15,7 +15,7 @@ from orchestrator.backends.slurm.node.agent_decisions import (ALWAYS, AUTO, UNFI
                                           requeue_why, requeues_used)
 from orchestrator.backends.slurm.node.agent_state import AgentContext, Phase
 from orchestrator.core.run_folder import RunFolder, stop_flag_note
-from orchestrator.core.states import Action, EndReason
+from orchestrator.core.states import Action, EndReason, State
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -215,7 +215,7 @@ def wait_for_site_end(say: Callable[[str], None], job_state: Callable[[], str], 
     state = ""
     while time.monotonic() < deadline:
         state = job_state()
-        if state and state not in ("RUNNING", "SUSPENDED"):
+        if state and state not in (State.RUNNING, "SUSPENDED"):  # SLURM ends it: PREEMPTED, COMPLETING...
             say(f"SLURM ended the job: {state}")
             return state
         time.sleep(pause_s)

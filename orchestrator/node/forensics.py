@@ -14,7 +14,6 @@ Run folder, per attempt (cleared when an attempt starts)::
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path

@@ -163,9 +163,11 @@ def submitted_from(run_dir: str | Path) -> Optional[str]:
     """The folder a run was submitted from, as its ``payload.json`` records it (``source_dir``,
     moved back out of the code snapshot's tree to the live project); None when the payload cannot
     tell (missing, damaged, another format). Read as plain JSON: any payload version will do."""
-    try:
-        data = json.loads((Path(run_dir) / "payload.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
+    from orchestrator.core import safe_read
+
+    try:  # never a FIFO, a link or a huge file: the runs folder is input like any other
+        data = safe_read.read_json(Path(run_dir) / "payload.json")
+    except (safe_read.Unreadable, OSError, RecursionError):
         return None
     source = data.get("source_dir") if isinstance(data, dict) else None
     if not isinstance(source, str) or not os.path.isabs(source):

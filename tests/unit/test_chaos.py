@@ -40,8 +40,7 @@ from orchestrator.core.states import State
 from orchestrator.front import chaos
 from orchestrator.front.chaos import Injection, budget_refusal, inject, node_down_refusal
 from orchestrator.backends.slurm.node.slurm_controller import job_id_from_show, job_id_from_squeue
-from orchestrator.front.chaos_target import (Target, read_payload,
-                                             split_point)
+from orchestrator.front.chaos_target import (Target, split_point)
 from orchestrator.plan import plan
 from orchestrator.spec.loading import spec_from_dict
 

@@ -212,3 +212,18 @@ def test_this_projects_run_of_another_entrypoint_still_raises_the_sibling_warnin
     mine = make_spec("train2.py", runs_dir=str(runs), at=a)
     warnings = sibling_warnings(mine, str(runs / run_id(mine)))
     assert len(warnings) == 1 and "differs in entrypoint" in warnings[0], warnings
+
+
+def test_a_fifo_payload_in_an_old_run_folder_never_hangs_naming_the_run(tmp_path) -> None:
+    import os
+    import threading
+
+    from orchestrator.spec.identity import submitted_from
+
+    (tmp_path / "run").mkdir()
+    os.mkfifo(tmp_path / "run" / "payload.json")
+    got: list[object] = []
+    thread = threading.Thread(target=lambda: got.append(submitted_from(tmp_path / "run")), daemon=True)
+    thread.start()
+    thread.join(5)
+    assert got == [None], "a FIFO payload.json hung run_id"

@@ -698,6 +698,13 @@ remove_login_user() {
 
 up() {
   [ "$(id -u)" = 0 ] || { echo "deploy/cluster.sh needs root" >&2; exit 1; }
+  if [ -f "$DIR/slurm.conf" ] && [ -d "$DIR/state" ] && ! alive "$(pid_of "$DIR/slurmctld.pid")"; then
+    # What a cluster that no longer runs left (a machine restarted, a run killed before 'down'):
+    # slurmctld would recover its jobs from DIR/state and start with its nodes still allocated to
+    # them (sinfo: mix, never idle). Start from nothing instead.
+    log "$DIR holds a cluster that is not running: clearing it first"
+    down
+  fi
   local was; was=$(cat "$DIR/profile" 2>/dev/null || echo kind)
   if [ "$was" != "$PROFILE" ] && alive "$(pid_of "$DIR/slurmctld.pid")"; then
     echo "the cluster at $DIR is up with --profile $was; run 'deploy/cluster.sh down --dir $DIR' first" >&2; exit 2
@@ -728,7 +735,7 @@ up() {
     done
     sleep 0.2
   done
-  sinfo -h -N -o '%N %T' | grep -q idle || { log "nodes did not come up; see $DIR/log"; sinfo -N; exit 1; }
+  sinfo -h -N -o '%N %T' | grep -q idle || { log "nodes did not come up; see $DIR/log"; sinfo -N; squeue; exit 1; }
   # Warm-up: the first batch job after slurmctld starts waits ~3 s; pay it here, not in a test.
   # Watched with squeue every 0.1 s (at most 15 s): sbatch --wait looks at 2 s, 3 s... (10 s here).
   local warm

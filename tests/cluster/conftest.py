@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -49,6 +50,28 @@ def _cluster_sh(*args: str) -> subprocess.CompletedProcess[str]:
 
 def _down() -> None:
     subprocess.run(["bash", str(ROOT / "deploy" / "cluster.sh"), "down", "--dir", str(CLUSTER_DIR)], timeout=300)
+
+
+def _machine_went_away() -> None:
+    """What a restart of this machine does to the cluster: every daemon and every process in the
+    node and login namespaces killed (SIGKILL, no clean-up of their own), the namespaces and the
+    bridge gone; DIR (state, pid files, the login user) left as it was."""
+    for pid_file in [*CLUSTER_DIR.glob("*.pid"), LOGIN_DIR / "sshd.pid"]:
+        try:
+            os.kill(int(pid_file.read_text().strip()), signal.SIGKILL)
+        except (OSError, ValueError):
+            pass
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30).stdout
+    for ns in [line.split()[0] for line in listed.splitlines() if line.startswith("orch-")]:
+        pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True, timeout=30).stdout
+        for pid in pids.split():
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except (OSError, ValueError):
+                pass
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+    time.sleep(1)  # the veth pairs go with their namespaces
+    subprocess.run(["ip", "link", "del", "orchbr0"], capture_output=True, timeout=30)
 
 
 def bring_up() -> None:
@@ -133,13 +156,31 @@ def cluster() -> Iterator[dict[str, str]]:
 def cluster_without_accounting(cluster: dict[str, str]) -> Iterator[dict[str, str]]:
     """The session's cluster, rebuilt with the same options but ``--no-accounting`` (no slurmdbd,
     no MariaDB: AccountingStorageType=accounting_storage/none), as small sites run. The cheapest
-    honest way to a real cluster without accounting: a `down` and an `up` (SLURM takes its
+    honest way to a real cluster without accounting: the old one gone and an `up` (SLURM takes its
     AccountingStorageType only when slurmctld starts), about 15 s. Not undone: this module runs
-    last, and the session's teardown takes the cluster down. Job ids start again at 1."""
+    last, and the session's teardown takes the cluster down. Job ids start again at 1.
+
+    The old one goes as a machine that restarts takes it, not by ``down``: every daemon and job
+    process killed, the namespaces gone, DIR left as it was with a job still RUNNING in its state.
+    ``up`` then starts from nothing (once, on a CI machine resumed from a snapshot, slurmctld
+    recovered such a job and the nodes never came up idle)."""
     started = time.monotonic()
-    _down()
+    held = subprocess.run(["sbatch", "--parsable", "-N", "2", "-J", "left-by-a-restart", "-o", "/dev/null",
+                           "--wrap", "sleep 600"],
+                          capture_output=True, text=True, timeout=60)
+    assert held.returncode == 0, held.stderr
+    for _ in range(150):
+        state = subprocess.run(["squeue", "-h", "-j", held.stdout.strip(), "-o", "%T"], capture_output=True,
+                               text=True, timeout=60).stdout.strip()
+        if state == "RUNNING":
+            break
+        time.sleep(0.1)
+    _machine_went_away()
     up = _cluster_sh(*UP_ARGS, "--no-accounting")
     if up.returncode != 0:
         pytest.fail(f"deploy/cluster.sh up --no-accounting failed:\n{up.stdout}\n{up.stderr}")
+    assert "holds a cluster that is not running" in up.stderr + up.stdout
+    left = subprocess.run(["squeue", "-h", "-o", "%i %j %T"], capture_output=True, text=True, timeout=60)
+    assert "left-by-a-restart" not in left.stdout, f"the old cluster's job came back: {left.stdout}"
     print(f"[cluster] rebuilt without accounting in {time.monotonic() - started:.1f}s")
     yield {**cluster, "accounting": "none"}

@@ -88,3 +88,47 @@ def test_a_rank_api_script_restarts_from_its_checkpoint(tmp_path: Path) -> None:
     assert logs.count("resumed at step 5") == 2 and logs.count("finished at step 10") == 2, logs[-2000:]
     first, second = History.load(launch.run_dir).attempts
     assert (first.outcome, first.action, first.progress) == ("crash", "restart", True)
+
+
+def _warm(tmp_path: Path, **args: int):
+    out = tmp_path / "seen"
+    launch = make_plan(tmp_path, entrypoint=str(SCRIPTS / "warm_parent.py"), nodes=1, cpu_ranks_per_node=2,
+                       args={"out": str(out), **{k.replace("_", "-"): v for k, v in args.items()}},
+                       recovery={"max_restarts": 3, "stop_without_progress": 5})
+    return launch, out
+
+
+def _seen(out: Path) -> dict[tuple[int, int], dict[str, Any]]:
+    found = {}
+    for path in out.glob("attempt-*-rank-*.json"):
+        _, attempt, _, rank = path.stem.split("-")
+        found[(int(attempt), int(rank))] = json.loads(path.read_text())
+    return found
+
+
+def test_every_attempt_forks_from_the_same_warm_zygote(tmp_path: Path) -> None:
+    """Issue 50: a restart forks its ranks from the run's warm zygote (torch already imported),
+    not from a new interpreter; the zygote is gone once the run is."""
+    import psutil
+
+    launch, out = _warm(tmp_path, fail_attempts=2)
+    record = run_local(launch)
+    assert record.state == "COMPLETED", record.error
+    assert record.attempts == 3
+    seen = _seen(out)
+    assert set(seen) == {(a, r) for a in (0, 1, 2) for r in (0, 1)}  # ORCH_ATTEMPT counts from 0
+    parents = {v["ppid"] for v in seen.values()}
+    assert len(parents) == 1, seen  # one zygote forked every attempt's ranks
+    assert all(v["torch_loaded"] for v in seen.values())  # forked after its import of torch
+    assert not psutil.pid_exists(parents.pop())
+
+
+def test_a_zygote_lost_mid_attempt_is_replaced_by_a_new_one(tmp_path: Path) -> None:
+    launch, out = _warm(tmp_path, fail_attempts=0, kill_parent_on=0)
+    record = run_local(launch)
+    assert record.state == "COMPLETED", record.error
+    assert record.attempts == 2
+    first = History.load(launch.run_dir).attempts[0]
+    assert "local launcher process" in first.why and first.action == "restart"
+    seen = _seen(out)
+    assert seen[(0, 0)]["ppid"] != seen[(1, 0)]["ppid"] == seen[(1, 1)]["ppid"]

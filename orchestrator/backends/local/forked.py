@@ -63,22 +63,30 @@ def builds_ddp(entrypoint: str, framework: str | None) -> bool:
 
 
 class ZygoteGroup:
+    """One zygote and the set of ranks it runs now. The same zygote forks every attempt's ranks
+    (``start`` again after ``end_set``) for as long as it stays healthy: each set's end is
+    reported and its leftovers stopped before the next set starts."""
+
     def __init__(self, proc: subprocess.Popen) -> None:
         self.proc = proc
         self.pids: dict[int, int] = {}
         self.codes: dict[int, int] = {}
-        self.leftovers: list[int] | None = None  # what the zygote had to stop after the ranks ended
+        self.leftovers: list[int] | None = None  # what the zygote had to stop after the set's ranks ended
         self.lost: str | None = None  # why the zygote ended before reporting every rank's end
+        self.sets = 0  # the sets of ranks it has started
         self._closing = False
         self._buffer = b""
 
     def start(self, ranks: list[dict[str, Any]], timeout_s: float = 300) -> list[ForkedRank]:
+        """Fork this set of ranks; the zygote stays for another set (``end_set``, then ``start``)."""
         assert self.proc.stdin is not None
+        self.pids, self.codes, self.leftovers = {}, {}, None
+        self.sets += 1
         try:
             for msg in ranks:
                 self.proc.stdin.write((json.dumps(msg) + "\n").encode())
-            self.proc.stdin.write(b'{"done": true}\n')
-            self.proc.stdin.close()
+            self.proc.stdin.write(b'{"go": true}\n')
+            self.proc.stdin.flush()
         except BrokenPipeError as exc:
             raise SubmissionError("the local launcher process died before starting the ranks") from exc
         deadline = time.monotonic() + timeout_s
@@ -131,10 +139,31 @@ class ZygoteGroup:
             if rank not in self.codes and not alive(pid):
                 self.codes[rank] = -9  # stopped with the zygote (SIGKILL, its parent-death signal)
 
+    def end_set(self, timeout_s: float = 15.0) -> bool:
+        """Wait for the zygote to report the end of the current set (every rank's exit, then what
+        it stopped that they left running). True when it did and can fork another set; otherwise it
+        is closed (``close``) and a new zygote must serve the next one."""
+        deadline = time.monotonic() + timeout_s
+        while self.leftovers is None and self.lost is None and self.proc.poll() is None and \
+                time.monotonic() < deadline:
+            self.pump(block_s=0.1)
+        while self.leftovers is None and self.pump():
+            pass
+        if self.leftovers is not None and self.lost is None and self.proc.poll() is None:
+            return True
+        self.close()
+        return False
+
     def close(self, timeout_s: float = 15.0) -> None:
-        """Wait for the zygote to stop the ranks' leftovers and exit; ask it (SIGTERM: it still
-        cleans up), and only then force it."""
+        """No more sets: wait for the zygote to stop the ranks' leftovers and exit; ask it (SIGTERM:
+        it still cleans up), and only then force it."""
         self._closing = True
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            try:
+                self.proc.stdin.write(b'{"done": true}\n')
+                self.proc.stdin.close()
+            except OSError:  # it is gone already
+                pass
         deadline = time.monotonic() + timeout_s
         while self.proc.poll() is None and time.monotonic() < deadline:
             self.pump(block_s=0.1)

@@ -131,6 +131,8 @@ class Supervisor:
                 print(f"[orchestrator] {error}", file=sys.stderr, flush=True)
             finally:
                 self._kill_all(grace=GRACE_S)
+                if self.group is not None:  # the warm zygote kept for another attempt: no more
+                    self.group.close()
                 if self._zygote is not None:  # never used (e.g. a point failed to start)
                     self._zygote.kill()
                     self._zygote.wait()
@@ -242,8 +244,10 @@ class Supervisor:
                 offsets.append(log.tell())  # echo from here: this attempt's output only
             forks.append({"rank": rank, "env": {**os.environ, **env}, "payload": str(payload_path), "log": str(log_path),
                           "fresh": fresh, "ddp": ddp})
-        group = self.group = ZygoteGroup(self._zygote or start_zygote(self.preload))
-        self._zygote = None  # a zygote serves one set of ranks
+        if self.group is None:  # the first attempt, or the last zygote was lost: a new one
+            self.group = ZygoteGroup(self._zygote or start_zygote(self.preload))
+            self._zygote = None
+        group = self.group
         try:
             self.procs = group.start(forks)
             self.watch = Watch(len(self.procs), time.time(), self.stall_s, payload.init_timeout_s)
@@ -260,7 +264,8 @@ class Supervisor:
             return state
         finally:
             self._kill_all(grace=GRACE_S)
-            group.close()
+            if not group.end_set():  # closed: the next attempt, if any, starts a new zygote
+                self.group = None
             remove_earlier_files(payload.rendezvous_dir, self.launch.run_id)
             # the heartbeats' node-local staging, should a rank have been killed before it left
             progress.clear_staging(payload.run_dir, attempt, {p.node for p in map(NodePlace.from_env, envs) if p})

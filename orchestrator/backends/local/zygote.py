@@ -26,10 +26,18 @@ gone (``launcher.watch_parent_pipe``). What a rank moves out of its process grou
 daemon) escapes there. Where forking after ``import torch`` is not safe (macOS;
 ``platform_caps.fork_after_torch_safe``) the zygote imports nothing and execs every rank.
 
-Protocol, one JSON object per line. stdin: ``{"rank", "env", "payload", "log", "fresh"}`` per rank, then
-``{"done": true}``. stdout: ``{"rank", "pid"}`` per fork, then ``{"rank", "exit"}`` as each
-rank ends (a negative exit is the signal that killed it, as in ``subprocess``), and finally
-``{"leftovers": [pid, ...]}``: the processes it had to stop after the ranks ended.
+One zygote serves every attempt of a run, and every point of a sweep (issue 50): a recovery
+forks the next attempt's ranks from the same warm process, so no attempt after the first imports
+torch again (locally that import was most of a restart: 2.5 of a 4.8 s recovery). Between
+attempts it holds nothing of theirs: it stopped what they left, and it never runs a rank's code.
+
+Protocol, one JSON object per line. stdin, per set of ranks (an attempt): ``{"rank", "env",
+"payload", "log", "fresh"}`` per rank, then ``{"go": true}`` (another set may follow) or
+``{"done": true}`` (the last; end of input is the same). stdout, per set: ``{"rank", "pid"}`` per
+fork, then ``{"rank", "exit"}`` as each rank ends (a negative exit is the signal that killed it,
+as in ``subprocess``), and finally ``{"leftovers": [pid, ...]}``: the processes it had to stop
+after the set's ranks ended. After a ``go`` set it then waits for the next set; after ``done``
+(or the end of input) it exits.
 """
 
 from __future__ import annotations
@@ -260,35 +268,53 @@ def main(argv: list[str]) -> int:
     except ImportError:
         pass
     watch = None if _KERNEL_GUARD else Watch()
-    children: dict[int, int] = {}
-    for line in sys.stdin:
-        msg = json.loads(line)
-        if msg.get("done"):
+    last = False
+    while not last:
+        children: dict[int, int] = {}
+        while True:
+            line = sys.stdin.readline()
+            msg = json.loads(line) if line.strip() else {"done": True}  # end of input: the last set
+            if msg.get("done") or msg.get("go"):
+                last = bool(msg.get("done"))
+                break
+            children.update(_fork(msg, fresh, watch))
+        if not children and last:
             break
-        sys.stdout.flush()
-        sys.stderr.flush()
-        msg["zygote"] = os.getpid()
-        if not (fresh or msg.get("fresh")):
-            if msg.get("ddp"):
-                _import_quietly(DDP_IMPORTS)
-            # What is loaded now is the ranks' shared, read-only base: out of the collector's
-            # generations, a rank's collections never walk it (nor copy its pages by touching
-            # their headers), as CPython's gc.freeze documents for a server that forks workers.
-            gc.freeze()
-        pid = os.fork()
-        if pid == 0:
-            child(msg, fresh or bool(msg.get("fresh")), watch)
-        children[pid] = _RUNNING[pid] = msg["rank"]
-        emit({"rank": msg["rank"], "pid": pid})
-    _wait_ranks(children)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        _wait_ranks(children)
+        if last:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        _end_of_set()
+    return 0
+
+
+def _fork(msg: dict[str, Any], fresh: bool, watch: Watch | None) -> dict[int, int]:
+    """Fork one rank (``child``); returns {pid: rank}."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    msg["zygote"] = os.getpid()
+    if not (fresh or msg.get("fresh")):
+        if msg.get("ddp"):
+            _import_quietly(DDP_IMPORTS)
+        # What is loaded now is the ranks' shared, read-only base: out of the collector's
+        # generations, a rank's collections never walk it (nor copy its pages by touching
+        # their headers), as CPython's gc.freeze documents for a server that forks workers.
+        gc.freeze()
+    pid = os.fork()
+    if pid == 0:
+        child(msg, fresh or bool(msg.get("fresh")), watch)
+    _RUNNING[pid] = msg["rank"]
+    emit({"rank": msg["rank"], "pid": pid})
+    return {pid: msg["rank"]}
+
+
+def _end_of_set() -> None:
+    """Every rank of the set has ended: stop what they left running, and report it."""
     groups_left = list(_GROUPS)  # without a subreaper: the ended ranks' groups that still have members
     left = stop_everything(2.0)
     if groups_left and not left:  # stopped, but this platform cannot list them: say so all the same
         print(f"[orchestrator] stopped what {len(groups_left)} rank(s) left running in their process groups "
               "(this system cannot list those processes)", file=sys.stderr, flush=True)
     emit({"leftovers": left})
-    return 0
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from jobs.checkpoint import Checkpointer, Resumed
     from jobs.distributed import DistContext
     from jobs.distributed import distributed as process_group
+    from jobs.heal import Healer
     from jobs.progress import heartbeat
     from jobs.metrics import MetricsWriter
     from jobs.parallel import wrap_model
@@ -49,6 +50,7 @@ _WHERE = {
     "Checkpointer": "jobs.checkpoint", "Resumed": "jobs.checkpoint",
     "MetricsWriter": "jobs.metrics",
     "heartbeat": "jobs.progress",
+    "Healer": "jobs.heal",
     "ResumableDistributedSampler": "jobs.sampling",
     "seed_everything": "jobs.rng", "SeededDataset": "jobs.rng",
 }
@@ -58,7 +60,7 @@ _WHERE = {
 _ALIASES = {"process_group": "distributed"}
 
 __all__ = [
-    "Checkpointer", "DistContext", "MetricsWriter", "Resumed", "ResumableDistributedSampler", "RuntimeConfig",
+    "Checkpointer", "DistContext", "Healer", "MetricsWriter", "Resumed", "ResumableDistributedSampler", "RuntimeConfig",
     "SeededDataset", "StopFlag", "heartbeat", "mark_checkpointed_for_requeue", "process_group", "seed_everything",
     "wrap_model",
 ]

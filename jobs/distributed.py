@@ -17,7 +17,7 @@ import datetime as dt
 import os
 import sys
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Mapping
 from urllib.parse import urlparse
 
 import torch
@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from jobs.runtime import RuntimeConfig
 from orchestrator.core.rendezvous import rendezvous_path
+from orchestrator.core.run_folder import RunFolder
 
 
 @dataclass(frozen=True)
@@ -72,8 +73,25 @@ def resolve_backend(requested: str, device: torch.device) -> str:
     return requested
 
 
-def _make_store(cfg: RuntimeConfig, rank: int, world: int) -> dist.Store:
+def replacement_generation(environ: Mapping[str, str] | None = None) -> int | None:
+    """On a rank forked to replace a lost one (``recovery.survivors: keep``): the generation of the
+    group it joins, through that generation's store (``jobs.heal``), not the attempt's rendezvous."""
+    e = os.environ if environ is None else environ
+    if e.get("ORCH_SURVIVORS") != "keep":
+        return None
+    try:
+        generation = int(e.get("ORCH_HEAL_GENERATION", "0") or 0)
+    except ValueError:
+        return None
+    return generation if generation > 0 else None
+
+
+def _make_store(cfg: RuntimeConfig, rank: int, world: int, generation: int | None = None) -> dist.Store:
     timeout = dt.timedelta(seconds=cfg.init_timeout_s)
+    if generation is not None:  # a FileStore in the run folder: it outlives any one rank
+        store = dist.FileStore(str(RunFolder.of(cfg.run_dir).heal_store(generation)), world)
+        store.set_timeout(timeout)
+        return store
     url = urlparse(cfg.init_method)
     path = rendezvous_path(cfg.init_method)
     if path is not None:  # the same file the launcher removes
@@ -87,10 +105,12 @@ def _make_store(cfg: RuntimeConfig, rank: int, world: int) -> dist.Store:
     return dist.TCPStore(host, port, world, is_master=rank == 0, timeout=timeout, wait_for_workers=True)
 
 
-def init_process_group(cfg: RuntimeConfig, device: torch.device) -> str:
+def init_process_group(cfg: RuntimeConfig, device: torch.device, generation: int | None = None) -> str:
+    """Join the job's group: through the attempt's rendezvous, or ``generation``'s store (a group
+    rebuilt around survivors, ``jobs.heal``)."""
     backend = resolve_backend(cfg.backend, device)
     try:
-        store = _make_store(cfg, cfg.rank, cfg.world_size)
+        store = _make_store(cfg, cfg.rank, cfg.world_size, generation)
         dist.init_process_group(
             backend=backend, store=store, rank=cfg.rank, world_size=cfg.world_size,
             timeout=dt.timedelta(seconds=cfg.collective_timeout_s),
@@ -99,7 +119,8 @@ def init_process_group(cfg: RuntimeConfig, device: torch.device) -> str:
     except Exception as exc:  # torch raises several types (DistStoreError, RuntimeError...)
         raise RuntimeError(
             f"rank {cfg.rank}/{cfg.world_size} could not join the process group through "
-            f"{cfg.init_method} within {cfg.init_timeout_s:.0f}s ({type(exc).__name__}: "
+            f"{cfg.init_method if generation is None else f'the survivors group of generation {generation}'} "
+            f"within {cfg.init_timeout_s:.0f}s ({type(exc).__name__}: "
             f"{str(exc).splitlines()[0] if str(exc) else ''}). Check that all {cfg.world_size} "
             "ranks started with the same WORLD_SIZE, that MASTER_ADDR/MASTER_PORT are reachable "
             "from every node, and that the socket interface exists"
@@ -113,7 +134,7 @@ def distributed(config: RuntimeConfig | None = None) -> Iterator[DistContext]:
     device = choose_device(cfg.local_rank, cfg.strategy)
     backend: str | None = None
     if cfg.world_size > 1 or "MASTER_ADDR" in os.environ:
-        backend = init_process_group(cfg, device)
+        backend = init_process_group(cfg, device, replacement_generation())
     clean = False
     try:
         yield DistContext(cfg.rank, cfg.local_rank, cfg.world_size, device, backend, cfg)

@@ -10,6 +10,7 @@ step boundaries, evaluate, checkpoint, clean up.
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import time
 from typing import Any, Sequence
@@ -97,8 +98,13 @@ def train(ctx: DistContext, args: argparse.Namespace, stop: StopFlag) -> dict[st
     drawn = data.drawn_generators(args.dataset)  # most datasets draw nothing
     if drawn and args.workers > 0:
         train_set = jobs.SeededDataset(train_set, args.seed, generators=drawn)
-    model = jobs.wrap_model(model, ctx, first_device_batch=args.first_gpu_batch)
+    model = model.to(ctx.device)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
+    # recovery.survivors: keep: a rank forked to replace a lost one gets a survivor's state here,
+    # and a survivor rejoins in the loop below (jobs.heal); otherwise both are no-ops.
+    healer = jobs.Healer(ctx)
+    received = healer.receive(model, opt)
+    module, model = model, jobs.wrap_model(model, ctx, first_device_batch=args.first_gpu_batch)
     sampler = jobs.ResumableDistributedSampler(train_set, num_replicas=ctx.world_size, rank=ctx.rank,
                                                shuffle=True, seed=args.seed, drop_last=True)
     loader_rng = torch.Generator()  # reseeded every epoch: workers' seeds never draw from the global RNG
@@ -107,9 +113,11 @@ def train(ctx: DistContext, args: argparse.Namespace, stop: StopFlag) -> dict[st
     steps_per_epoch = sampler.num_samples // args.batch_size
     total_steps = steps_per_epoch * args.epochs
     ckpt = jobs.Checkpointer(ctx)
-    resumed = ckpt.load_latest(model, opt)
+    resumed = None if received is not None else ckpt.load_latest(model, opt)
     epoch, step_in_epoch, step = (resumed.extra["epoch"], resumed.extra["step_in_epoch"], resumed.step) \
         if resumed else (0, 0, 0)
+    if received is not None:
+        epoch, step_in_epoch, step = received["epoch"], received["step_in_epoch"], received["step"]
     if resumed and ctx.is_main:
         print(f"[train] resumed from {resumed.path} (epoch {epoch}, step {step})", flush=True)
 
@@ -121,45 +129,58 @@ def train(ctx: DistContext, args: argparse.Namespace, stop: StopFlag) -> dict[st
     # The records of steps after the checkpoint that an earlier attempt wrote were rolled back.
     with jobs.MetricsWriter(ctx.config.run_dir, ctx.rank, start_step=step, start_epoch=epoch) as metrics:
         while epoch < args.epochs and stopped is None:
-            sampler.set_epoch(epoch)  # a new shuffle every epoch, the same on every rank
-            if isinstance(train_set, jobs.SeededDataset):
-                train_set.set_epoch(epoch)  # new augmentations every epoch
-            sampler.set_start(step_in_epoch * args.batch_size)
-            loader_rng.manual_seed(args.seed + epoch)
-            t0, seen = time.perf_counter(), 0
-            for x, y in loader:
-                x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
-                opt.zero_grad(set_to_none=True)
-                loss = nn.functional.cross_entropy(model(x), y)
-                loss.backward()
-                opt.step()
-                step_in_epoch, step, seen = step_in_epoch + 1, step + 1, seen + len(y)
-                jobs.heartbeat(step, total_steps, samples=len(y))
-                if args.step_delay:
-                    time.sleep(args.step_delay)
-                if ctx.is_main and (step % args.log_every == 0 or step_in_epoch == steps_per_epoch):
-                    loss_value = loss.item()
-                    metrics.train(step, loss_value, epoch=epoch, total_steps=total_steps, lr=opt.param_groups[0]["lr"])
-                    print(f"[train] epoch {epoch + 1}/{args.epochs} step {step}/{total_steps} loss {loss_value:.4f}",
-                          flush=True)
-                if stop.should_stop(ctx.device, step=step, every=args.stop_check_every):
-                    stopped = stop.signal_name or "peer"
-                    break
-                if args.max_steps and step >= args.max_steps:
-                    stopped = "max_steps"
-                    break
-                if ckpt.due(step):
-                    save()
-            elapsed = time.perf_counter() - t0
-            metrics.throughput(epoch, seen, elapsed)
-            if stopped is None:
-                epoch, step_in_epoch = epoch + 1, 0
-                accuracy, eval_loss = evaluate(ctx, model, test_set, args.batch_size)
-                metrics.evaluation(epoch, step, accuracy, eval_loss)
-                if ctx.is_main:
-                    print(f"[train] epoch {epoch}/{args.epochs} test accuracy {accuracy:.4f} "
-                          f"loss {eval_loss:.4f}", flush=True)
-            save()
+            try:
+                sampler.set_epoch(epoch)  # a new shuffle every epoch, the same on every rank
+                if isinstance(train_set, jobs.SeededDataset):
+                    train_set.set_epoch(epoch)  # new augmentations every epoch
+                sampler.set_start(step_in_epoch * args.batch_size)
+                loader_rng.manual_seed(args.seed + epoch)
+                t0, seen = time.perf_counter(), 0
+                for x, y in loader:
+                    x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
+                    opt.zero_grad(set_to_none=True)
+                    loss = nn.functional.cross_entropy(model(x), y)
+                    loss.backward()
+                    opt.step()
+                    step_in_epoch, step, seen = step_in_epoch + 1, step + 1, seen + len(y)
+                    jobs.heartbeat(step, total_steps, samples=len(y))
+                    if args.step_delay:
+                        time.sleep(args.step_delay)
+                    if ctx.is_main and (step % args.log_every == 0 or step_in_epoch == steps_per_epoch):
+                        loss_value = loss.item()
+                        metrics.train(step, loss_value, epoch=epoch, total_steps=total_steps, lr=opt.param_groups[0]["lr"])
+                        print(f"[train] epoch {epoch + 1}/{args.epochs} step {step}/{total_steps} loss {loss_value:.4f}",
+                              flush=True)
+                    if stop.should_stop(ctx.device, step=step, every=args.stop_check_every):
+                        stopped = stop.signal_name or "peer"
+                        break
+                    if args.max_steps and step >= args.max_steps:
+                        stopped = "max_steps"
+                        break
+                    if ckpt.due(step):
+                        save()
+                elapsed = time.perf_counter() - t0
+                metrics.throughput(epoch, seen, elapsed)
+                if stopped is None:
+                    epoch, step_in_epoch = epoch + 1, 0
+                    accuracy, eval_loss = evaluate(ctx, model, test_set, args.batch_size)
+                    metrics.evaluation(epoch, step, accuracy, eval_loss)
+                    if ctx.is_main:
+                        print(f"[train] epoch {epoch}/{args.epochs} test accuracy {accuracy:.4f} "
+                              f"loss {eval_loss:.4f}", flush=True)
+                save()
+            except Exception as exc:  # a peer lost mid-collective: rejoin when the launcher keeps survivors
+                if not healer.can_heal(exc):
+                    raise
+                position = {"epoch": epoch, "step_in_epoch": step_in_epoch, "step": step}
+            else:
+                continue
+            # DDP's reducer (and the last step's graph) hold the broken group: gone before a new one
+            model = loss = None  # type: ignore[assignment]
+            gc.collect()
+            position = healer.heal(module, opt, position)
+            epoch, step_in_epoch, step = position["epoch"], position["step_in_epoch"], position["step"]
+            model = jobs.wrap_model(module, ctx, first_device_batch=args.first_gpu_batch)
         if stopped is None and accuracy != accuracy:  # resumed after the last epoch: report its accuracy
             accuracy, _ = evaluate(ctx, model, test_set, args.batch_size)
     if stopped is not None and ctx.is_main:

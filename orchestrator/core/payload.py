@@ -64,6 +64,7 @@ class RecoverySettings:
     stop_without_progress: int
     spares: int = 0  # SLURM: nodes held in the allocation beyond ``nodes``, to replace a failed one
     in_allocation: bool = True  # SLURM: restart the ranks' step inside the job; requeue only when out of nodes
+    survivors: str = "restart"  # "keep": after a crash only the failed ranks are forked again (local)
 
 
 @dataclass(frozen=True)

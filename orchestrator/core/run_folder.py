@@ -91,6 +91,24 @@ class RunFiles:
         """Default folder of file:// rendezvous files."""
         return self.root / "rendezvous"
 
+    @property
+    def heal(self) -> Path:
+        """``recovery.survivors: keep``: the launcher's generations of the ranks' group and their
+        stores (``jobs.heal``); one attempt's, removed before a new one starts every rank."""
+        return self.root / "heal"
+
+    @property
+    def heal_generation(self) -> Path:
+        return self.heal / "generation.json"
+
+    def heal_store(self, generation: int) -> Path:
+        return self.heal / f"store-{generation}"
+
+    def heal_ready(self, rank: int) -> Path:
+        """Written by a rank that can rejoin (``jobs.Healer``): only then is a lost peer replaced
+        beside it; a script without it restarts whole, as it must (its state is not handed on)."""
+        return self.heal / "ready" / f"rank-{rank}"
+
 
 class ControlFiles:
     """Who holds the run and what steers its attempts (orchestrator.core.ownership, the SLURM
@@ -240,7 +258,7 @@ class RunFolder(RunFiles, ControlFiles, RankFiles, OutputFiles):
 
     #: What belongs to one attempt only (forgotten before the next one starts).
     def attempt_files(self) -> list[Path]:
-        return [self.ranks, self.root / "joined", self.stacks / "live", self.end]
+        return [self.ranks, self.root / "joined", self.stacks / "live", self.end, self.heal]
 
     def attempts_problem(self) -> str | None:
         """Why the previous attempt's failures cannot be kept under ``attempts/``: it is a symbolic

@@ -138,7 +138,11 @@ def recovery_line(launch: LaunchPlan) -> str:
         return f"recovery: {gate}; no restarts after a failure (recovery.max_restarts: 0)"
     from orchestrator.backends.slurm.slurm_plan import recovery_how
 
-    how = "restarts the ranks in place" if launch.executor != "slurm" else recovery_how(r)
+    how = "restarts the ranks in place, forked from the run's warm zygote" if launch.executor != "slurm" \
+        else recovery_how(r)
+    if r.survivors == "keep":
+        how = ("after a crash forks only the lost ranks again, beside the survivors, when every survivor can rejoin "
+               "(jobs.Healer; recovery.survivors: keep), else " + how)
     hang = "" if "hang" not in r.on or launch.payload.watchdog.stall_s else \
         " (hang: only a missed init deadline, as watchdog.stall_s is off)"
     return (f"recovery: {gate}; up to {r.max_restarts} restart(s) on {', '.join(r.on)}{hang}: {how}; stops after "

@@ -48,6 +48,8 @@ class OrchVar:
     STOP_SIGNAL = "ORCH_STOP_SIGNAL"
     RUN_ID = "ORCH_RUN_ID"
     TENSORBOARD_DIR = "ORCH_TENSORBOARD_DIR"
+    SURVIVORS = "ORCH_SURVIVORS"  # "keep": the rank API rejoins after a peer's loss (recovery.survivors)
+    HEAL_GENERATION = "ORCH_HEAL_GENERATION"  # on a rank forked to replace one: the group it joins
 
 
 @dataclass(frozen=True)
@@ -151,6 +153,8 @@ def rank_environment(rank: RankEnv, payload: Payload, attempt: Value, requeue_ma
     env = rank.to_environ()
     env.update(job_settings(payload))
     env[OrchVar.ATTEMPT] = str(attempt)
+    if payload.recovery.survivors == "keep":
+        env[OrchVar.SURVIVORS] = "keep"
     if requeue_marker is not None:
         env[OrchVar.REQUEUE_MARKER] = requeue_marker
     env.update(tracking.environment(payload))

@@ -192,7 +192,7 @@ def _payload(spec: JobSpec, run_id: str, run_dir: str, layout: Layout, env: dict
         recovery=RecoverySettings(max_restarts=r.max_restarts, on=tuple(r.on), exclude_failed_nodes=r.exclude_failed_nodes,
                                   health_check=r.health_check, node_check=tuple(r.node_check) if r.node_check else None,
                                   stop_without_progress=r.stop_without_progress, spares=r.spares,
-                                  in_allocation=r.in_allocation),
+                                  in_allocation=r.in_allocation, survivors=r.survivors),
         python=python,
         code=CodeSettings(id=code.id, live_root=code.root, tree=code.tree) if code is not None else None,
         run_id=run_id,

@@ -542,6 +542,15 @@ class RecoverySpec(_Model):
         description="A site command (argv list, never read by a shell) the health gate runs on every node; "
         "a non-zero exit marks the node unhealthy. It sees ORCH_HEALTH_NODE=<node>.",
     )
+    survivors: Literal["restart", "keep"] = Field(
+        "restart",
+        description="What a crash of some ranks does to the others. restart (the default): every rank starts "
+        "again and the script resumes from its checkpoint. keep: the survivors keep their process and their "
+        "state; only the failed ranks are forked again, and a script on the rank API (jobs.Healer; jobs.train "
+        "does it) rejoins a fresh process group with them and hands them its model, optimizer and step by "
+        "broadcast: no checkpoint read, at most the step in flight redone. Each one is an attempt in "
+        "recovery.json and counts against max_restarts. Local executor only for now.",
+    )
     stop_without_progress: int = Field(
         2, ge=1, le=1000,
         description="Stop with reason 'no progress' after this many attempts in a row ended by a failure "
@@ -974,6 +983,12 @@ def cross_field_problems(spec: JobSpec) -> list[str]:
     if spec.distributed.grad_compression != "none" and spec.strategy != "ddp":
         problems.append("distributed.grad_compression: compresses DDP's all-reduce; strategy dp has none, so "
                         "use strategy ddp or grad_compression: none")
+    if spec.recovery.survivors == "keep" and spec.executor != "local":
+        problems.append(f"recovery.survivors: keep runs on the local executor only for now; on {spec.executor} "
+                        "every rank restarts (set survivors: restart, the default, or executor: local)")
+    if spec.recovery.survivors == "keep" and spec.recovery.max_restarts == 0:
+        problems.append("recovery.survivors: keep acts on a restart, and recovery.max_restarts is 0; "
+                        "set max_restarts (each rejoin counts as one)")
     if spec.executor == "slurm":
         problems += _file_init_problems(spec)
         problems += _node_local_problems(spec)

@@ -96,6 +96,24 @@ class ZygoteGroup:
                                       "set local.preload_torch: false to start ranks as fresh interpreters")
         return [ForkedRank(self, msg["rank"]) for msg in ranks]
 
+    def add(self, msg: dict[str, Any], timeout_s: float = 60) -> ForkedRank:
+        """Fork one more rank into the running set: a replacement for one that ended, beside the
+        survivors (``recovery.survivors: keep``). Its earlier exit is forgotten."""
+        assert self.proc.stdin is not None
+        rank = msg["rank"]
+        self.codes.pop(rank, None)
+        self.pids.pop(rank, None)
+        try:
+            self.proc.stdin.write((json.dumps(msg) + "\n").encode())
+            self.proc.stdin.flush()
+        except BrokenPipeError as exc:
+            raise SubmissionError("the local launcher process died before starting the replacement rank") from exc
+        deadline = time.monotonic() + timeout_s
+        while rank not in self.pids:
+            if time.monotonic() > deadline or (not self.pump(block_s=0.5) and self.proc.poll() is not None):
+                raise SubmissionError(f"the local launcher process did not start the replacement for rank {rank}")
+        return ForkedRank(self, rank)
+
     def pump(self, block_s: float = 0.0) -> bool:
         """Read whatever the zygote reported; True if anything arrived."""
         assert self.proc.stdout is not None
@@ -140,9 +158,15 @@ class ZygoteGroup:
                 self.codes[rank] = -9  # stopped with the zygote (SIGKILL, its parent-death signal)
 
     def end_set(self, timeout_s: float = 15.0) -> bool:
-        """Wait for the zygote to report the end of the current set (every rank's exit, then what
-        it stopped that they left running). True when it did and can fork another set; otherwise it
+        """End the current set (its ranks have ended) and wait for the zygote to report what it
+        stopped that they left running. True when it did and can fork another set; otherwise it
         is closed (``close``) and a new zygote must serve the next one."""
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(b'{"end": true}\n')
+            self.proc.stdin.flush()
+        except OSError:  # it is gone: closed below
+            pass
         deadline = time.monotonic() + timeout_s
         while self.leftovers is None and self.lost is None and self.proc.poll() is None and \
                 time.monotonic() < deadline:

@@ -35,7 +35,7 @@ from orchestrator.backends.local.forked import ForkedRank, ZygoteGroup, builds_d
 from orchestrator.core.failures import hidden_gpu_hint
 from orchestrator.core.payload import Payload
 from orchestrator.plan import LaunchPlan
-from orchestrator.node.rank_env import installed_torch_version, local_rank_env, rank_environment
+from orchestrator.node.rank_env import OrchVar, installed_torch_version, local_rank_env, rank_environment
 from orchestrator.core.rendezvous import derive_port, pick_port, port_is_free, remove_earlier_files, rendezvous_file
 from orchestrator.core.records import RunRecord, disk_trouble
 from orchestrator.core.recovery import Failure, History, decide
@@ -97,6 +97,14 @@ class Supervisor:
         self.watch = Watch(0, time.time())
         self.failure: Failure | None = None  # what ended the attempt, for recovery.decide
         self.times: dict[str, float] = {}  # the attempt's moments (orchestrator.core.attempt_times)
+        #: recovery.survivors: keep: the ranks that failed while the others ran on, the callback that
+        #: decides whether replacements rejoin them (a new attempt in recovery.json), and the
+        #: generation of the ranks' group (jobs.heal) and when the last one began.
+        self.lost_ranks: list[int] = []
+        self.rejoin: Callable[[Failure | None], bool] | None = None
+        self.generation = 0
+        self.generation_at: float | None = None
+        self.rejoin_trained = False
 
     # -- lifecycle --------------------------------------------------------------------------
     def run(self) -> RunRecord:
@@ -197,8 +205,35 @@ class Supervisor:
             self.failure = None
             attempt = history.begin(self.record.attempts, [socket.gethostname()], payload.checkpoint.dir)
             self.times = attempt.times
+
+            def rejoin(failure: Failure | None) -> bool:
+                """A rank failed while the others ran on (recovery.survivors: keep): when recovery
+                allows a restart, the attempt ends here and the next one is its replacements
+                rejoining the survivors."""
+                nonlocal attempt
+                if failure is None:
+                    return False
+                mark_rejoin(self.times, payload.run_dir, len(self.procs))
+                progressed = history.progressed(attempt, payload.checkpoint.dir) or "first_step_at" in self.times
+                decision = decide(payload.recovery, history, failure, progressed)
+                if not decision.restart:
+                    return False
+                history.finish(attempt, failure.kind, failure.why, progress=progressed, blamed=failure.blamed,
+                               action=Action.RESTART)
+                print(f"[orchestrator] {decision.message}; rank(s) {', '.join(map(str, self.lost_ranks))} "
+                      "replaced beside the survivors", file=sys.stderr, flush=True)
+                self.record.update(attempts=self.record.attempts + 1, failed_rank=None, error=None, waits={})
+                attempt = history.begin(self.record.attempts, [socket.gethostname()], payload.checkpoint.dir)
+                self.times = attempt.times
+                self.failure = None
+                return True
+
+            self.rejoin = rejoin
             state = self._run_point(index)
-            mark_attempt(self.times, self.watch, payload.run_dir)
+            if self.generation_at is not None:  # it began as replacements rejoining survivors
+                mark_rejoin(self.times, payload.run_dir, self.watch.world_size)
+            else:
+                mark_attempt(self.times, self.watch, payload.run_dir)
             failure = self.failure
             if state != State.FAILED or failure is None or self._cancelled:
                 history.finish(attempt, Outcome(state.lower()), self.record.error or "")
@@ -234,6 +269,7 @@ class Supervisor:
             self.record.update(failed_rank=None, error=unhealthy.why)
             self.failure = unhealthy
             return State.FAILED
+        self.lost_ranks, self.generation, self.generation_at = [], 0, None
         offsets, forks = [], []
         fresh = not self.preload
         ddp = not fresh and builds_ddp(payload.entrypoint, payload.framework)
@@ -257,6 +293,15 @@ class Supervisor:
             if self.echo_factory and self.echo is None:
                 self.echo = self.echo_factory()
             state = self._watch(run_dir, offsets)
+            while self.lost_ranks and self.rejoin is not None and self.rejoin(self.failure):
+                try:
+                    self._fork_replacements(payload, forks, self.lost_ranks)
+                except SubmissionError as exc:  # the zygote is gone: this attempt fails, every rank restarts
+                    self.times.setdefault("failed_at", time.time())
+                    self.record.update(failed_rank=None, error=str(exc))
+                    self.failure, self.lost_ranks = Failure(FailureKind.CRASH, str(exc)), []
+                    break
+                state = self._watch(run_dir, offsets)
             if state != State.COMPLETED:  # when _watch saw it; now, for an end it did not mark
                 self.times.setdefault("failed_at", time.time())
             if state == State.COMPLETED:
@@ -298,13 +343,27 @@ class Supervisor:
                 self.record.update(failed_rank=None, error=self.group.lost)
                 self.failure = Failure(FailureKind.CRASH, self.group.lost)
                 return State.CANCELLED if self._cancelled else State.FAILED
+            if not failed and self._rejoin_stranded(codes):
+                self.times.setdefault("failed_at", time.time())
+                left = [r for r, c in enumerate(codes) if c == 0]
+                message = (f"rank(s) {', '.join(map(str, left))} ended before the replaced rank(s) rejoined them "
+                           "(generation {}): every rank restarts".format(self.generation))
+                print(f"[orchestrator] {message}", file=sys.stderr, flush=True)
+                self.record.update(failed_rank=None, error=message)
+                self.failure = Failure(FailureKind.CRASH, message)
+                self._kill_all(grace=GRACE_S)
+                return State.FAILED
             if failed:
                 self.times.setdefault("failed_at", time.time())  # teardown counts from here
-                if not self._cancelled:
+                rejoin = self._may_rejoin(failed, codes)
+                if not (self._cancelled or rejoin):  # survivors kept: their stacks would only slow the rejoin
                     self._capture(run_dir, f"rank {failed[0]} ended with exit code {codes[failed[0]]}")
                 rank, message = first_failure(failed, codes, run_dir, self.launch.payload.devices)
                 self.record.update(failed_rank=rank, error=while_cancelled(message) if self._cancelled else message)
                 self.failure = Failure(FailureKind.CRASH, (self.record.error or f"rank {rank} failed").splitlines()[0])
+                if rejoin:
+                    self.lost_ranks = failed  # the survivors run on: _run_point decides
+                    return State.FAILED
                 self._kill_all(grace=GRACE_S)
                 if tails:
                     tails.pump()
@@ -338,6 +397,78 @@ class Supervisor:
                         tails.pump()
                     return verdict
             time.sleep(POLL_S)
+
+    # -- recovery.survivors: keep ------------------------------------------------------------------
+    def _may_rejoin(self, failed: list[int], codes: list[int | None]) -> bool:
+        """Whether the ranks that failed may be replaced beside the survivors (``recovery.survivors:
+        keep``): not while stopping, some rank still running, the zygote alive, and not when the
+        last rejoin never trained (its survivors or replacements failed before a step: the script
+        cannot rejoin, so every rank restarts)."""
+        payload = self.launch.payload
+        if payload.recovery.survivors != "keep" or self._cancelled or self.group is None or self.group.lost:
+            return False
+        if not any(c is None for c in codes) or len(failed) == len(codes):
+            return False
+        folder = RunFolder(Path(payload.run_dir))
+        unready = [r for r, c in enumerate(codes) if c is None and not folder.heal_ready(r).is_file()]
+        if unready:  # not on the rank API's Healer: handing on its state is the script's, it cannot rejoin
+            print(f"[orchestrator] recovery.survivors: keep, but rank(s) {', '.join(map(str, unready[:8]))} cannot "
+                  "rejoin (the script does not use jobs.Healer): every rank restarts", file=sys.stderr, flush=True)
+            return False
+        if self.generation_at is not None and not self._rejoin_has_trained(len(codes)):
+            print("[orchestrator] the last rejoin never trained: every rank restarts", file=sys.stderr, flush=True)
+            return False
+        return True
+
+    def _rejoin_has_trained(self, world_size: int) -> bool:
+        """Whether every rank has stepped since the last rejoin (their heartbeats; once seen, kept)."""
+        if not self.rejoin_trained and self.generation_at is not None:
+            from orchestrator.core import attempt_times
+
+            marks = attempt_times.progress_marks(self.launch.payload.run_dir, world_size, self.generation_at)
+            self.rejoin_trained = "first_step_at" in marks
+        return self.rejoin_trained
+
+    def _rejoin_stranded(self, codes: list[int | None]) -> bool:
+        """After a rejoin that has not trained yet: a rank ended (exit 0) while another still runs,
+        so the world the replacements wait for can never be whole (the survivors had finished
+        their work when a rank died in its exit)."""
+        if self.generation_at is None or self.rejoin_trained or not any(c == 0 for c in codes):
+            return False
+        if all(c is not None for c in codes):
+            return False
+        return not self._rejoin_has_trained(len(codes))
+
+    def _fork_replacements(self, payload: Payload, forks: list[dict[str, Any]], lost: list[int]) -> None:
+        """Announce the next generation (who was replaced, whose state every rank takes: the lowest
+        survivor) and fork each lost rank again from the warm zygote, to join it (``jobs.heal``)."""
+        from orchestrator.core.atomic_files import write_json_atomic
+
+        assert self.group is not None
+        self.generation += 1
+        survivors = [r for r in range(len(self.procs)) if r not in lost]
+        folder = RunFolder(Path(payload.run_dir))
+        folder.heal.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(folder.heal_generation, {"generation": self.generation, "replaced": lost,
+                                                   "source": min(survivors)})
+        try:  # the lost ranks' tracebacks go with the attempt that ended, as before a restart
+            folder.keep_failures()
+        except OSError as exc:
+            print(f"[orchestrator] the failed attempt's tracebacks were not kept: {exc}", file=sys.stderr, flush=True)
+        self.times["ranks_at"] = self.generation_at = time.time()
+        self.rejoin_trained = False
+        for rank, fork in enumerate(forks):  # every rank's log marks the new attempt (logs --attempt)
+            how = "replaced" if rank in lost else "kept its process"
+            with open(fork["log"], "ab") as log:
+                log.write(f"=== attempt {self.record.attempts} started {time.ctime()} ===\n"
+                          f"[orchestrator] rank {rank} {how}: rank(s) {', '.join(map(str, lost))} rejoin the "
+                          f"survivors (generation {self.generation}, state from rank {min(survivors)})\n".encode())
+        for rank in lost:
+            msg = {**forks[rank], "env": {**forks[rank]["env"], OrchVar.HEAL_GENERATION: str(self.generation)}}
+            self.procs[rank] = self.group.add(msg)
+        self.lost_ranks = []
+        self.record.update(rank_pids=[p.pid for p in self.procs],
+                           rank_starts=[procs.start_time(p.pid) or 0 for p in self.procs])
 
     def _look_at_requests(self) -> None:
         """Renew the lease other hosts judge liveness by, and take a cancel request from anyone."""
@@ -429,6 +560,19 @@ class Supervisor:
             print(f"[orchestrator] the stacks were not saved: {exc}", file=sys.stderr, flush=True)
         self.record.update(error=message, waits=stuck.waits)
         return True
+
+
+def mark_rejoin(times: dict[str, float], run_dir: str, world_size: int) -> None:
+    """The moments of an attempt that ends while its survivors run on: its first and last steps
+    (no joins: the watchdog's are the ranks' first group's)."""
+    from orchestrator.core import attempt_times
+
+    if "ranks_at" not in times:
+        return
+    try:
+        times.update(attempt_times.progress_marks(run_dir, world_size, times["ranks_at"]))
+    except OSError:
+        pass
 
 
 def mark_attempt(times: dict[str, float], watch: Watch, run_dir: str) -> None:

@@ -32,20 +32,23 @@ torch again (locally that import was most of a restart: 2.5 of a 4.8 s recovery)
 attempts it holds nothing of theirs: it stopped what they left, and it never runs a rank's code.
 
 Protocol, one JSON object per line. stdin, per set of ranks (an attempt): ``{"rank", "env",
-"payload", "log", "fresh"}`` per rank, then ``{"go": true}`` (another set may follow) or
-``{"done": true}`` (the last; end of input is the same). stdout, per set: ``{"rank", "pid"}`` per
-fork, then ``{"rank", "exit"}`` as each rank ends (a negative exit is the signal that killed it,
-as in ``subprocess``), and finally ``{"leftovers": [pid, ...]}``: the processes it had to stop
-after the set's ranks ended. After a ``go`` set it then waits for the next set; after ``done``
-(or the end of input) it exits.
+"payload", "log", "fresh"}`` per rank, then ``{"go": true}``; while the set runs, more rank
+messages (a rank forked again beside the others, ``recovery.survivors: keep``); then
+``{"end": true}`` once the supervisor has seen every rank end (another set may follow) or
+``{"done": true}`` (the last; the end of input is the same). stdout, per set: ``{"rank", "pid"}``
+per fork, ``{"rank", "exit"}`` as each rank ends (a negative exit is the signal that killed it, as
+in ``subprocess``), and after the set's end ``{"leftovers": [pid, ...]}``: the processes it had to
+stop that the ranks left running. After ``end`` it waits for the next set; after ``done`` it exits.
 """
 
 from __future__ import annotations
 
+import collections
 import gc
 import importlib
 import json
 import os
+import select
 import signal
 import sys
 import time
@@ -204,30 +207,71 @@ def _prune_groups() -> None:
     _GROUPS[:] = [g for g in _GROUPS if procs.group_alive(g)]
 
 
-def _wait_ranks(children: dict[int, int]) -> None:
-    """Report each rank's end as it comes: block in ``wait`` where the kernel guards the run
-    (prctl: the supervisor's death reaches the zygote as SIGTERM); elsewhere poll, watching the
-    supervisor (``--parent``) and the ended ranks' groups."""
-    while children:
-        if _KERNEL_GUARD:
-            try:
-                pid, status = os.wait()
-            except ChildProcessError:
-                break
-            _RUNNING.pop(pid, None)
-            ended = [(pid, status)]
-        else:
+class Lines:
+    """The supervisor's messages, one JSON object a line, read from stdin with ``os.read`` (a
+    buffered ``readline`` would hide read-ahead lines from ``select``). The end of input reads as
+    ``{"done": true}``."""
+
+    def __init__(self, fd: int = 0) -> None:
+        self.fd, self.buffer, self.ended = fd, b"", False
+        self.queue: collections.deque[dict[str, Any]] = collections.deque()
+
+    def _read(self) -> None:
+        chunk = os.read(self.fd, 65536)
+        self.ended = not chunk
+        *lines, self.buffer = (self.buffer + chunk).split(b"\n")
+        self.queue.extend(json.loads(line) for line in lines if line.strip())
+
+    def ready(self, timeout_s: float) -> bool:
+        """Whether ``take`` has something, waiting at most ``timeout_s``."""
+        return bool(self.queue) or self.ended or bool(select.select([self.fd], [], [], timeout_s)[0])
+
+    def take(self) -> list[dict[str, Any]]:
+        """What has arrived (at most one read: call after ``ready``)."""
+        if not self.queue and not self.ended:
+            self._read()
+        taken = [*self.queue, *([{"done": True}] if self.ended else [])]
+        self.queue.clear()
+        return taken
+
+    def next(self) -> dict[str, Any]:
+        """The next message, waiting for it."""
+        while not self.queue and not self.ended:
+            self._read()
+        return self.queue.popleft() if self.queue else {"done": True}
+
+
+def _wait_ranks(children: dict[int, int], lines: Lines, fresh: bool, watch: Watch | None) -> bool:
+    """Run one set of ranks until every rank has ended and the supervisor ended the set (``end``;
+    ``done`` or the end of input also end the run): report each rank's end as it comes, and fork a
+    rank the supervisor adds meanwhile (a replacement beside the survivors). Only the supervisor
+    ends a set, so a rank it adds can never arrive after the set is over. Polls every POLL_S;
+    where the kernel does not guard the run, also watches the supervisor (``--parent``) and the
+    ended ranks' groups. Returns whether the run ends with this set (``done``)."""
+    ended_by, last = False, False
+    while children or not ended_by:
+        if not _KERNEL_GUARD:
             if _PARENT is not None and os.getppid() != _PARENT:  # the supervisor is gone
                 _stop_and_exit(signal.SIGTERM, None)
-            ended = _reap()
             _prune_groups()
-            if not ended:
-                time.sleep(POLL_S)
-                continue
-        for pid, status in ended:
+        reaped = _reap()
+        for pid, status in reaped:
             rank = children.pop(pid, None)  # adopted orphans are reaped here too, and ignored
             if rank is not None:
                 emit({"rank": rank, "exit": os.waitstatus_to_exitcode(status)})
+        if reaped:
+            continue
+        if ended_by or lines.ended:  # nothing more can come: only the ranks' ends
+            if lines.ended:
+                ended_by = last = True
+            time.sleep(POLL_S)
+        elif lines.ready(POLL_S):
+            for msg in lines.take():
+                if msg.get("done") or msg.get("end"):
+                    ended_by, last = True, last or bool(msg.get("done"))
+                elif "rank" in msg:
+                    children.update(_fork(msg, fresh, watch))
+    return last
 
 
 #: Whether the kernel guards this run (prctl: subreaper and parent-death signal), and the
@@ -268,19 +312,19 @@ def main(argv: list[str]) -> int:
     except ImportError:
         pass
     watch = None if _KERNEL_GUARD else Watch()
+    lines = Lines()
     last = False
     while not last:
         children: dict[int, int] = {}
         while True:
-            line = sys.stdin.readline()
-            msg = json.loads(line) if line.strip() else {"done": True}  # end of input: the last set
+            msg = lines.next()  # the end of input is {"done": true}: the last set
             if msg.get("done") or msg.get("go"):
                 last = bool(msg.get("done"))
                 break
             children.update(_fork(msg, fresh, watch))
         if not children and last:
             break
-        _wait_ranks(children)
+        last = _wait_ranks(children, lines, fresh, watch) or last
         if last:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
         _end_of_set()

@@ -1,0 +1,92 @@
+"""Survivors keep their state (issue 50, item 3) against a restart of every rank, locally, side by
+side in one session: ``jobs.train`` (digits, smallcnn, 4 ranks on 2 simulated nodes, SGD with
+momentum, a checkpoint every ``--interval`` steps), one rank SIGKILLed mid-training; alternated,
+``--rounds`` of each.
+
+    .venv/bin/python tests/benchmarks/bench_survivors.py --rounds 3
+
+- ``restart``: ``recovery: {max_restarts: 1}`` (survivors: restart, the default): every rank is
+  forked again from the run's warm zygote and resumes from the last checkpoint;
+- ``keep``: ``recovery: {max_restarts: 1, survivors: keep}``: the killed rank alone is forked
+  again, the survivors rejoin it and hand it their state by broadcast (jobs.heal).
+
+Reported per run, from recovery.json: the failure seen to the first new step of every rank
+(``recovered``: the supervisor's failed_at to the next attempt's first_step_at), the steps trained
+again (the steps of attempt 2 at or below the last step before the failure: what was lost), and
+whether rank 0 kept its PID. Nothing is asserted: the figures are for docs/PERFORMANCE.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from orchestrator import api
+from orchestrator.core.recovery import History
+from orchestrator.core.records import RunRecord
+
+ARGS = {"dataset": "digits", "model": "smallcnn", "batch-size": 16, "lr": 0.05, "momentum": 0.9, "epochs": 2,
+        "log-every": 1, "step-delay": 0.05}
+
+
+def _steps(run_dir: str) -> list[dict[str, Any]]:
+    path = Path(run_dir) / "metrics" / "rank-0.jsonl"
+    if not path.exists():
+        return []
+    return [r for r in map(json.loads, path.read_text().splitlines()) if r.get("kind") == "train"]
+
+
+def once(a: argparse.Namespace, survivors: str, n: int) -> dict[str, Any]:
+    spec = {"name": f"bench-survivors-{survivors}-{n}", "entrypoint": "jobs.train:main", "nodes": 2,
+            "cpu_ranks_per_node": 2, "args": ARGS, "runs_dir": a.runs_dir,
+            "checkpoint": {"interval_steps": a.interval},
+            "recovery": {"max_restarts": 1, "survivors": survivors}}
+    run = api.run(spec, wait=False, executor="local", fresh=True)
+    record = run.record
+    deadline = time.monotonic() + 120
+    while len(_steps(record.run_dir)) < a.kill_at:
+        if time.monotonic() > deadline:
+            raise SystemExit("training never reached the step to kill at")
+        time.sleep(0.02)
+    pids = RunRecord.load(record.run_dir).rank_pids
+    before = max(r["step"] for r in _steps(record.run_dir))
+    os.kill(pids[3], signal.SIGKILL)
+    run.wait(timeout=300, attempts=False)
+    record = run.record
+    first, second = History.load(record.run_dir).attempts[:2]
+    again = [r["step"] for r in _steps(record.run_dir) if r.get("time", 0) >= second.started and r["step"] <= before]
+    failed, back = first.times.get("failed_at"), second.times.get("first_step_at")
+    return {"survivors": survivors, "state": str(record.state), "recovered_s": round(back - failed, 3)
+            if failed and back else None, "steps_again": len(again), "rank0_kept": record.rank_pids[0] == pids[0]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--runs-dir", default="runs/bench-survivors")
+    ap.add_argument("--interval", type=int, default=10, help="checkpoint every this many steps")
+    ap.add_argument("--kill-at", type=int, default=25, help="kill a rank once rank 0 logged this many steps")
+    a = ap.parse_args()
+    results: list[dict[str, Any]] = []
+    for n in range(a.rounds):
+        for survivors in ("restart", "keep"):
+            r = once(a, survivors, n)
+            print(json.dumps(r), flush=True)
+            results.append(r)
+    for survivors in ("restart", "keep"):
+        mine = [r for r in results if r["survivors"] == survivors and r["recovered_s"] is not None]
+        if mine:
+            times = [r["recovered_s"] for r in mine]
+            print(f"{survivors:8} failure to first new step: median {statistics.median(times):.2f}s "
+                  f"(min {min(times):.2f}, max {max(times):.2f}); steps trained again: "
+                  f"{[r['steps_again'] for r in mine]}; rank 0 kept its process: {[r['rank0_kept'] for r in mine]}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""recovery.survivors: keep on the local executor (issue 50, item 3): a rank killed mid-training is
+forked again from the warm zygote beside the survivors, which keep their processes; the group is
+rebuilt (jobs.heal) and the replacement gets the model, optimizer and step from a survivor by
+broadcast, no checkpoint read. The run's weights equal an uninterrupted run's, bit for bit."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import torch
+
+from orchestrator.core.recovery import History
+from orchestrator.core.records import RunRecord
+from tests.integration.helpers import final_weights, leftover_ranks, make_plan, start_detached, wait_ended
+
+ARGS = {"dataset": "digits", "model": "smallcnn", "batch-size": 16, "lr": 0.05, "momentum": 0.9,
+        "epochs": 1, "max-steps": 0, "log-every": 1}
+STEPS = 1437 // 4 // 16  # one epoch of digits, 4 ranks of 16
+
+
+def _train_steps(run_dir: str) -> list[int]:
+    path = Path(run_dir) / "metrics" / "rank-0.jsonl"
+    if not path.exists():
+        return []
+    return [r["step"] for r in map(json.loads, path.read_text().splitlines()) if r.get("kind") == "train"]
+
+
+def test_a_killed_rank_rejoins_the_survivors_and_training_stays_bit_exact(tmp_path: Path) -> None:
+    # 4 ranks: with 2, a reduction is a single addition and would hide summation-order effects.
+    whole = make_plan(tmp_path / "a", nodes=2, cpu_ranks_per_node=2, args=ARGS)
+    start_detached(whole)  # the uninterrupted reference trains beside the run that loses a rank
+    launch = make_plan(tmp_path / "b", nodes=2, cpu_ranks_per_node=2, args={**ARGS, "step-delay": 0.05},
+                       checkpoint={"interval_steps": 1000},  # no checkpoint before the end: nothing to resume from
+                       recovery={"max_restarts": 2, "survivors": "keep"})
+    start_detached(launch)
+    deadline = time.monotonic() + 120
+    while len(_train_steps(launch.run_dir)) < 5:
+        assert time.monotonic() < deadline, "training never started"
+        time.sleep(0.05)
+    before = RunRecord.load(launch.run_dir).rank_pids
+    os.kill(before[3], signal.SIGKILL)
+    record = wait_ended(launch)
+    assert record.state == "COMPLETED", record.error
+    assert record.attempts == 2
+    after = record.rank_pids
+    assert after[:3] == before[:3] and after[3] != before[3]  # the survivors kept their processes
+    first, second = History.load(launch.run_dir).attempts
+    assert (first.outcome, first.action) == ("crash", "restart") and second.outcome == "completed"
+    assert "first_step_at" in second.times  # the rejoined world trained
+    logs = {r: (Path(launch.run_dir) / "logs" / f"rank-{r}.log").read_text() for r in range(4)}
+    assert "rejoined in generation 1" in logs[0] and "state from rank 0" in logs[0]
+    assert "resumed from" not in "".join(logs.values())  # no checkpoint was read
+    steps = _train_steps(launch.run_dir)
+    assert steps[-1] == STEPS and len(set(steps)) == STEPS  # every step trained, at most the one in flight again
+    assert len(steps) - STEPS <= 1, steps
+    supervisor = psutil.Process(record.supervisor_pid) if psutil.pid_exists(record.supervisor_pid) else None
+    if supervisor is not None:  # it recorded the end: it exits now
+        supervisor.wait(timeout=30)
+    assert not leftover_ranks(launch.run_dir)
+    assert wait_ended(whole).state == "COMPLETED"
+    a, b = final_weights(whole), final_weights(launch)
+    for name in a:
+        assert torch.equal(a[name], b[name]), f"{name} differs after the rejoin"
+
+
+def test_without_the_rank_api_every_rank_restarts(tmp_path: Path) -> None:
+    """A script that cannot rejoin (no jobs.Healer, so it never said it can): no replacement is
+    forked beside its survivors (one would join their stale group, and a survivor would train on
+    with a peer resumed from an older snapshot); every rank restarts, as survivors: restart does."""
+    from tests.integration.helpers import SCRIPTS, run_local
+
+    launch = make_plan(tmp_path, entrypoint=str(SCRIPTS / "flaky_snapshot.py"), nodes=1, cpu_ranks_per_node=2,
+                       args={"ckpt": str(tmp_path / "ckpt"), "mode": "crash_once"},
+                       checkpoint={"dir": str(tmp_path / "ckpt")},
+                       recovery={"max_restarts": 3, "survivors": "keep"})
+    record = run_local(launch)
+    assert record.state == "COMPLETED", record.error
+    assert json.loads((tmp_path / "ckpt" / "done.json").read_text()) == {"steps": 12, "start": 6}
+    assert [a.outcome for a in History.load(launch.run_dir).attempts] == ["crash", "completed"]
+    logs = "".join((Path(launch.run_dir) / "logs" / f"rank-{r}.log").read_text() for r in range(2))
+    assert "replaced" not in logs and "kept its process" not in logs

@@ -163,13 +163,22 @@ class Healer:
             payload = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
         dist.broadcast(payload, src=source)
         if self.ctx.rank == source:
+            self._rejoined()
             return dict(extra or {})
         state = torch.load(io.BytesIO(payload.cpu().numpy().tobytes()), map_location="cpu", weights_only=False)
         model.load_state_dict(state["model"])
         if optimizer is not None and state["optimizer"] is not None:
             optimizer.load_state_dict(state["optimizer"])
         set_rng_state(state["rng"])
+        self._rejoined()
         return dict(state["extra"])
+
+    def _rejoined(self) -> None:
+        """Tell the launcher this rank holds the generation's state (a rejoin every rank completed
+        may be followed by another; one that never completed restarts every rank)."""
+        done = RunFolder.of(self.ctx.config.run_dir).heal_rejoined(self.generation, self.ctx.rank)
+        done.parent.mkdir(parents=True, exist_ok=True)
+        done.touch()
 
 
 def join(ctx: DistContext, generation: int) -> None:

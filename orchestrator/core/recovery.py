@@ -320,7 +320,8 @@ def decide(settings: RecoverySettings, history: History, failure: Failure, progr
         streak = history.failures_without_progress() + (0 if progressed else 1)
         if streak >= settings.stop_without_progress:
             return Decision(False, EndReason.NO_PROGRESS,
-                            f"no progress: {streak} attempt(s) in a row failed before writing a new checkpoint "
+                            f"no progress: {streak} attempt(s) in a row failed before writing a new checkpoint"
+                            f"{' or training past the last step' if settings.survivors == 'keep' else ''} "
                             f"(recovery.stop_without_progress: {settings.stop_without_progress}); the failure "
                             "repeats, so fix it and submit again")
     exclude = tuple(sorted(set(failure.blamed) - set(history.excluded))) if settings.exclude_failed_nodes else ()
@@ -362,7 +363,10 @@ def describe(history: History) -> list[str]:
         if a.action == Action.RESTART and a.inside_job:
             then = ", restarted inside the job"
         blamed = f"; blamed: {', '.join(a.blamed)}" if a.blamed else ""
-        progress = "" if a.progress is None else ("; new checkpoint" if a.progress else "; no new checkpoint")
+        progress = "" if a.progress is None else ("; no new checkpoint" if not a.progress else
+                                                  "; trained on (survivors kept its steps)"
+                                                  if isinstance(a.times, dict) and a.times.get("stepped") else
+                                                  "; new checkpoint")
         why = f": {a.why}" if a.why and a.outcome != Outcome.COMPLETED else ""
         lines += [f"  attempt {a.number}{where}: {a.outcome}{then}{why}{blamed}{progress}", *recovered]
         for node, problem in sorted(a.health.items()):

@@ -104,6 +104,11 @@ class RunFiles:
     def heal_store(self, generation: int) -> Path:
         return self.heal / f"store-{generation}"
 
+    def heal_rejoined(self, generation: int, rank: int) -> Path:
+        """Written by a rank once it holds generation ``generation``'s state (``jobs.Healer``):
+        the rejoin is complete when every rank wrote it."""
+        return self.heal / "rejoined" / f"g{generation}-rank-{rank}"
+
     def heal_ready(self, rank: int) -> Path:
         """Written by a rank that can rejoin (``jobs.Healer``): only then is a lost peer replaced
         beside it; a script without it restarts whole, as it must (its state is not handed on)."""

@@ -49,6 +49,8 @@ def test_a_killed_rank_rejoins_the_survivors_and_training_stays_bit_exact(tmp_pa
     assert record.attempts == 2
     after = record.rank_pids
     assert after[:3] == before[:3] and after[3] != before[3]  # the survivors kept their processes
+    named = json.loads((Path(launch.run_dir) / "ranks" / "rank-3.json").read_text())
+    assert named["pid"] == after[3]  # ranks/ names the live process (stacks, chaos)
     first, second = History.load(launch.run_dir).attempts
     assert (first.outcome, first.action) == ("crash", "restart") and second.outcome == "completed"
     assert "first_step_at" in second.times  # the rejoined world trained
@@ -84,3 +86,46 @@ def test_without_the_rank_api_every_rank_restarts(tmp_path: Path) -> None:
     assert [a.outcome for a in History.load(launch.run_dir).attempts] == ["crash", "completed"]
     logs = "".join((Path(launch.run_dir) / "logs" / f"rank-{r}.log").read_text() for r in range(2))
     assert "replaced" not in logs and "kept its process" not in logs
+
+
+def test_a_rank_that_fails_at_the_same_step_again_stops_with_no_progress(tmp_path: Path) -> None:
+    """The replacement resumes at the survivors' step and fails there again: each rejoin completes
+    (generations 1 and 2), but the world never gets past the step, so the second failure in a row
+    without a new step stops the run ("no progress") instead of using every restart."""
+    from tests.integration.helpers import SCRIPTS, run_local
+
+    launch = make_plan(tmp_path, entrypoint=str(SCRIPTS / "heal_loop.py"), nodes=1, cpu_ranks_per_node=3,
+                       args={"crash": "1:10"},
+                       recovery={"max_restarts": 6, "survivors": "keep"})
+    record = run_local(launch)
+    assert record.state == "FAILED"
+    assert (record.error or "").startswith("no progress: 2 attempt(s) in a row"), record.error
+    attempts = History.load(launch.run_dir).attempts
+    assert [a.action for a in attempts] == ["restart", "restart", "stop"]
+    assert [a.progress for a in attempts] == [True, False, False]
+    log0 = (Path(launch.run_dir) / "logs" / "rank-0.log").read_text()
+    assert "rejoined in generation 1" in log0 and "rejoined in generation 2" in log0
+    assert "or training past the last step" in (record.error or "")
+
+
+def test_a_user_loop_on_the_healer_finishes_with_the_weights_of_a_run_without_failure(tmp_path: Path) -> None:
+    from tests.integration.helpers import SCRIPTS, run_local
+
+    def checksum(run_dir: str) -> str:
+        text = (Path(run_dir) / "logs" / "rank-0.log").read_text()
+        return text.rsplit("final step 40 checksum ", 1)[1].split()[0]
+
+    whole = make_plan(tmp_path / "a", entrypoint=str(SCRIPTS / "heal_loop.py"), nodes=1, cpu_ranks_per_node=3,
+                      args={"step-s": 0.0})
+    assert run_local(whole).state == "COMPLETED"
+    # rank 2 fails at step 12, then rank 0 (the state's source so far) at step 25: two rejoins,
+    # generations 1 and 2; each replacement resumes at the survivors' step and passes it
+    launch = make_plan(tmp_path / "b", entrypoint=str(SCRIPTS / "heal_loop.py"), nodes=1, cpu_ranks_per_node=3,
+                       args={"crash": ["2:12", "0:25"], "once": True},
+                       recovery={"max_restarts": 2, "survivors": "keep"})
+    record = run_local(launch)
+    assert record.state == "COMPLETED", record.error
+    assert [a.action for a in History.load(launch.run_dir).attempts] == ["restart", "restart", ""]
+    logs = [(Path(launch.run_dir) / "logs" / f"rank-{r}.log").read_text() for r in range(3)]
+    assert "rejoined in generation 2 with rank(s) 0" in logs[1] and "state from rank 1" in logs[1]
+    assert checksum(launch.run_dir) == checksum(whole.run_dir)

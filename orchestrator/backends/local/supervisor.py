@@ -104,7 +104,7 @@ class Supervisor:
         self.rejoin: Callable[[Failure | None], bool] | None = None
         self.generation = 0
         self.generation_at: float | None = None
-        self.rejoin_trained = False
+        self.rejoin_done = False
 
     # -- lifecycle --------------------------------------------------------------------------
     def run(self) -> RunRecord:
@@ -201,6 +201,7 @@ class Supervisor:
         payload = self.launch.payload_for_point(index)
         history = History.load(payload.run_dir)
         history.close_lost("the supervisor of this attempt was killed before it recorded the end")
+        last_step = -1.0  # the furthest step an attempt of this point reached (recovery.survivors: keep)
         while True:
             self.failure = None
             attempt = history.begin(self.record.attempts, [socket.gethostname()], payload.checkpoint.dir)
@@ -210,11 +211,21 @@ class Supervisor:
                 """A rank failed while the others ran on (recovery.survivors: keep): when recovery
                 allows a restart, the attempt ends here and the next one is its replacements
                 rejoining the survivors."""
-                nonlocal attempt
+                nonlocal attempt, last_step
                 if failure is None:
                     return False
-                mark_rejoin(self.times, payload.run_dir, len(self.procs))
-                progressed = history.progressed(attempt, payload.checkpoint.dir) or "first_step_at" in self.times
+                if self.generation_at is None:
+                    mark_attempt(self.times, self.watch, payload.run_dir)
+                else:
+                    mark_rejoin(self.times, payload.run_dir, len(self.procs))
+                # Progress: a new checkpoint, or (the survivors keep every step) steps past the last
+                # attempt's: a rank that fails at the same step again and again stops as "no progress".
+                progressed = history.progressed(attempt, payload.checkpoint.dir)
+                stepped = self.times.get("last_step", -1.0) > last_step
+                if stepped and not progressed:
+                    self.times["stepped"] = 1.0
+                progressed = progressed or stepped
+                last_step = max(last_step, self.times.get("last_step", -1.0))
                 decision = decide(payload.recovery, history, failure, progressed)
                 if not decision.restart:
                     return False
@@ -401,9 +412,9 @@ class Supervisor:
     # -- recovery.survivors: keep ------------------------------------------------------------------
     def _may_rejoin(self, failed: list[int], codes: list[int | None]) -> bool:
         """Whether the ranks that failed may be replaced beside the survivors (``recovery.survivors:
-        keep``): not while stopping, some rank still running, the zygote alive, and not when the
-        last rejoin never trained (its survivors or replacements failed before a step: the script
-        cannot rejoin, so every rank restarts)."""
+        keep``): not while stopping, some rank still running, every survivor able to rejoin, the
+        zygote alive, and not when the last rejoin never completed (a rank failed before it held
+        the generation's state: every rank restarts)."""
         payload = self.launch.payload
         if payload.recovery.survivors != "keep" or self._cancelled or self.group is None or self.group.lost:
             return False
@@ -415,29 +426,29 @@ class Supervisor:
             print(f"[orchestrator] recovery.survivors: keep, but rank(s) {', '.join(map(str, unready[:8]))} cannot "
                   "rejoin (the script does not use jobs.Healer): every rank restarts", file=sys.stderr, flush=True)
             return False
-        if self.generation_at is not None and not self._rejoin_has_trained(len(codes)):
-            print("[orchestrator] the last rejoin never trained: every rank restarts", file=sys.stderr, flush=True)
+        if self.generation_at is not None and not self._rejoin_complete(len(codes)):
+            print(f"[orchestrator] the rejoin of generation {self.generation} never completed: every rank restarts",
+                  file=sys.stderr, flush=True)
             return False
         return True
 
-    def _rejoin_has_trained(self, world_size: int) -> bool:
-        """Whether every rank has stepped since the last rejoin (their heartbeats; once seen, kept)."""
-        if not self.rejoin_trained and self.generation_at is not None:
-            from orchestrator.core import attempt_times
-
-            marks = attempt_times.progress_marks(self.launch.payload.run_dir, world_size, self.generation_at)
-            self.rejoin_trained = "first_step_at" in marks
-        return self.rejoin_trained
+    def _rejoin_complete(self, world_size: int) -> bool:
+        """Whether every rank holds the last generation's state (``jobs.Healer`` wrote
+        ``heal/rejoined/g<G>-rank-R``; once seen, kept)."""
+        if not self.rejoin_done and self.generation_at is not None:
+            folder = RunFolder(Path(self.launch.payload.run_dir))
+            self.rejoin_done = all(folder.heal_rejoined(self.generation, r).is_file() for r in range(world_size))
+        return self.rejoin_done
 
     def _rejoin_stranded(self, codes: list[int | None]) -> bool:
-        """After a rejoin that has not trained yet: a rank ended (exit 0) while another still runs,
+        """After a rejoin not yet complete: a rank ended (exit 0) while another still runs,
         so the world the replacements wait for can never be whole (the survivors had finished
         their work when a rank died in its exit)."""
-        if self.generation_at is None or self.rejoin_trained or not any(c == 0 for c in codes):
+        if self.generation_at is None or self.rejoin_done or not any(c == 0 for c in codes):
             return False
         if all(c is not None for c in codes):
             return False
-        return not self._rejoin_has_trained(len(codes))
+        return not self._rejoin_complete(len(codes))
 
     def _fork_replacements(self, payload: Payload, forks: list[dict[str, Any]], lost: list[int]) -> None:
         """Announce the next generation (who was replaced, whose state every rank takes: the lowest
@@ -456,7 +467,7 @@ class Supervisor:
         except OSError as exc:
             print(f"[orchestrator] the failed attempt's tracebacks were not kept: {exc}", file=sys.stderr, flush=True)
         self.times["ranks_at"] = self.generation_at = time.time()
-        self.rejoin_trained = False
+        self.rejoin_done = False
         for rank, fork in enumerate(forks):  # every rank's log marks the new attempt (logs --attempt)
             how = "replaced" if rank in lost else "kept its process"
             with open(fork["log"], "ab") as log:

@@ -129,3 +129,21 @@ def test_a_user_loop_on_the_healer_finishes_with_the_weights_of_a_run_without_fa
     logs = [(Path(launch.run_dir) / "logs" / f"rank-{r}.log").read_text() for r in range(3)]
     assert "rejoined in generation 2 with rank(s) 0" in logs[1] and "state from rank 1" in logs[1]
     assert checksum(launch.run_dir) == checksum(whole.run_dir)
+
+
+def test_a_hung_rank_alone_is_replaced_and_the_survivors_rejoin_it(tmp_path: Path) -> None:
+    """watchdog.stall_s names the straggler (rank 1, asleep outside any collective while its peers
+    wait in the next one); only it is killed, its peers' collective fails on the lost peer, and
+    they rejoin its replacement: chaos --stop-rank's case, recovered without a restart of all."""
+    from tests.integration.helpers import SCRIPTS, run_local
+
+    launch = make_plan(tmp_path, entrypoint=str(SCRIPTS / "heal_loop.py"), nodes=1, cpu_ranks_per_node=3,
+                       args={"hang": "1:15", "once": True}, watchdog={"stall_s": 3},
+                       recovery={"max_restarts": 1, "survivors": "keep"})
+    record = run_local(launch)
+    assert record.state == "COMPLETED", record.error
+    first, second = History.load(launch.run_dir).attempts
+    assert (first.outcome, first.action) == ("hang", "restart") and second.outcome == "completed"
+    logs = [(Path(launch.run_dir) / "logs" / f"rank-{r}.log").read_text() for r in range(3)]
+    assert "rejoined in generation 1 with rank(s) 1" in logs[0] and "final step 40" in logs[0]
+    assert "rank 0 kept its process" in logs[0] and "rank 1 replaced" in logs[1]

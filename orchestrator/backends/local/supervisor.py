@@ -403,6 +403,13 @@ class Supervisor:
                 if verdict:
                     self.times.setdefault("failed_at", time.time())  # teardown counts from here
                     self.failure = Failure(FailureKind.HANG, (self.record.error or verdict).splitlines()[0])
+                    straggler = self.record.failed_rank
+                    if straggler is not None and self._may_rejoin([straggler], codes):
+                        # Only the straggler goes: its peers' collective then fails on the lost
+                        # peer, and they rejoin its replacement (recovery.survivors: keep).
+                        self._kill_one(straggler)
+                        self.lost_ranks = [straggler]
+                        return verdict
                     self._kill_all(grace=GRACE_S)
                     if tails:
                         tails.pump()
@@ -431,6 +438,16 @@ class Supervisor:
                   file=sys.stderr, flush=True)
             return False
         return True
+
+    def _kill_one(self, rank: int) -> None:
+        """SIGKILL one rank's session (a straggler the survivors are waiting for) and wait for its end."""
+        proc = self.procs[rank]
+        if proc.poll() is None:
+            _signal_group(proc.pid, signal.SIGKILL)
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
 
     def _rejoin_complete(self, world_size: int) -> bool:
         """Whether every rank holds the last generation's state (``jobs.Healer`` wrote
@@ -468,6 +485,7 @@ class Supervisor:
             print(f"[orchestrator] the failed attempt's tracebacks were not kept: {exc}", file=sys.stderr, flush=True)
         self.times["ranks_at"] = self.generation_at = time.time()
         self.rejoin_done = False
+        self.watch.started = self.generation_at  # the stall clock starts again with the new group
         for rank, fork in enumerate(forks):  # every rank's log marks the new attempt (logs --attempt)
             how = "replaced" if rank in lost else "kept its process"
             with open(fork["log"], "ab") as log:

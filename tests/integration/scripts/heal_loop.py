@@ -1,7 +1,7 @@
 """A user's own training loop on the rank API with jobs.Healer (the README's example): DDP on a
 linear model, one step every ``--step-s``. ``--crash R:S ...``: rank R exits with code 3 on
 reaching step S, every time it does (a replacement that resumes at S fails there again; with
-``--once`` only the rank's first process does). Prints the final step and a checksum of the weights on rank 0."""
+``--once`` only the rank's first process does); ``--hang R:S ...``: rank R sleeps for ever there. Prints the final step and a checksum of the weights on rank 0."""
 
 from __future__ import annotations
 
@@ -18,9 +18,11 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=40)
 parser.add_argument("--step-s", type=float, default=0.05)
 parser.add_argument("--crash", nargs="*", default=[], help="R:S ... rank R exits with code 3 at step S")
+parser.add_argument("--hang", nargs="*", default=[], help="R:S ... rank R sleeps for ever at step S")
 parser.add_argument("--once", action="store_true", help="only a rank's first process fails, not its replacement")
 args = parser.parse_args()
 crashes = {tuple(map(int, c.split(":"))) for c in args.crash}
+hangs = {tuple(map(int, c.split(":"))) for c in args.hang}
 
 with jobs.process_group() as ctx:
     healer = jobs.Healer(ctx)
@@ -34,6 +36,8 @@ with jobs.process_group() as ctx:
         try:
             if (ctx.rank, step) in crashes and not (args.once and healer.replacement):
                 os._exit(3)
+            if (ctx.rank, step) in hangs and not (args.once and healer.replacement):
+                time.sleep(3600)  # outside any collective: its peers wait for it in the next one
             g = torch.Generator().manual_seed(step * 1000 + ctx.rank)
             x = torch.randn(16, 8, generator=g)
             opt.zero_grad(set_to_none=True)

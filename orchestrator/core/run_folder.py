@@ -91,6 +91,12 @@ class RunFiles:
         """Default folder of file:// rendezvous files."""
         return self.root / "rendezvous"
 
+class HealFiles:
+    """``recovery.survivors: keep``'s files (``jobs.heal``, ``backends.local.survivors``): the
+    launcher's generations of the ranks' group, their stores, and what each rank says of itself."""
+
+    root: Path
+
     @property
     def heal(self) -> Path:
         """``recovery.survivors: keep``: the launcher's generations of the ranks' group and their
@@ -251,7 +257,7 @@ class OutputFiles:
 
 
 @dataclass(frozen=True)
-class RunFolder(RunFiles, ControlFiles, RankFiles, OutputFiles):
+class RunFolder(RunFiles, ControlFiles, RankFiles, OutputFiles, HealFiles):
     """Every path of a run folder, by section (the classes above), and what a new attempt does to
     the previous one's files."""
 

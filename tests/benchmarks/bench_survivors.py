@@ -44,7 +44,7 @@ def _steps(run_dir: str) -> list[dict[str, Any]]:
 
 def once(a: argparse.Namespace, survivors: str, n: int) -> dict[str, Any]:
     spec = {"name": f"bench-survivors-{survivors}-{n}", "entrypoint": "jobs.train:main", "nodes": 2,
-            "cpu_ranks_per_node": 2, "args": ARGS, "runs_dir": a.runs_dir,
+            "cpu_ranks_per_node": 2, "args": {**ARGS, "epochs": a.epochs}, "runs_dir": a.runs_dir,
             "checkpoint": {"interval_steps": a.interval},
             "recovery": {"max_restarts": 1, "survivors": survivors}}
     run = api.run(spec, wait=False, executor="local", fresh=True)
@@ -71,6 +71,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--runs-dir", default="runs/bench-survivors")
     ap.add_argument("--interval", type=int, default=10, help="checkpoint every this many steps")
+    ap.add_argument("--epochs", type=int, default=2, help="of jobs.train (22 steps each)")
     ap.add_argument("--kill-at", type=int, default=25, help="kill a rank once rank 0 logged this many steps")
     a = ap.parse_args()
     results: list[dict[str, Any]] = []

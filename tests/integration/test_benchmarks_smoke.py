@@ -32,6 +32,8 @@ LOCAL: dict[str, tuple[list[str], str]] = {
     "bench_frameworks.py": (["--smoke", "--only", "accelerate"], r"accelerate\s+[\d.]+s\s+[\d.]+s"),
     "bench_heap_retention.py": (["--repeats", "1", "--gb", "0.2"], r"override\s+[\d.]+"),
     "bench_recovery.py": (["--executor", "local", "--rounds", "1", "--runs-dir", "{tmp}/runs"], r"ttr_s\s+median"),
+    "bench_survivors.py": (["--rounds", "1", "--epochs", "1", "--kill-at", "8", "--interval", "5",
+                            "--runs-dir", "{tmp}/runs"], r"keep\s+failure to first new step: median [\d.]+s"),
     "bench_resnet.py": (["--repeat", "1", "--steps", "2", "--warmup", "1", "--batch", "8"], r"runtime/hand [\d.]+x"),
     "bench_runtime.py": (["--smoke"], r"defaults [\d.]+s vs best hand-set"),
     "bench_status.py": (["--runs", "50", "--repeat", "1"], r"status, 50 runs all open \(first look\)\s+[\d.]+\s+1\s"),

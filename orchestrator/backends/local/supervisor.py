@@ -15,7 +15,6 @@ module only acts on it.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -29,14 +28,13 @@ from orchestrator.node import forensics, join_hook, stack_requests
 from orchestrator.core import ownership, procs, progress, stack_files
 from orchestrator.core.progress import NodePlace
 from orchestrator.core.errors import SubmissionError
-from orchestrator.executors.base import first_error, raised, while_cancelled
+from orchestrator.executors.base import while_cancelled
 from orchestrator.executors.console import LogTails
 from orchestrator.backends.local.forked import ForkedRank, ZygoteGroup, builds_ddp, start_zygote
-from orchestrator.core.failures import hidden_gpu_hint
-from orchestrator.core.payload import Payload
+from orchestrator.backends.local.attempt import first_failure, health_gate, mark, rank_environments
+from orchestrator.backends.local.survivors import Rejoins, kill_rank, say
 from orchestrator.plan import LaunchPlan
-from orchestrator.node.rank_env import OrchVar, installed_torch_version, local_rank_env, rank_environment
-from orchestrator.core.rendezvous import derive_port, pick_port, port_is_free, remove_earlier_files, rendezvous_file
+from orchestrator.core.rendezvous import remove_earlier_files
 from orchestrator.core.records import RunRecord, disk_trouble
 from orchestrator.core.recovery import Failure, History, decide
 from orchestrator.core.run_folder import RunFolder
@@ -50,24 +48,6 @@ from orchestrator.node.watchdog import Watch, did_nothing, judge
 GRACE_S = 3.0
 LOOK_S = 1.0  # how often the watchdog looks at the ranks' logs, heartbeats and joins
 POLL_S = 0.1  # the supervisor shares the CPUs with the ranks: poll gently
-
-
-def rank_environments(launch: LaunchPlan, payload: Payload, attempt: int) -> tuple[int, list[dict[str, str]]]:
-    """Every rank's environment for this attempt (``rank_env.rank_environment``, as ``plan`` shows
-    it): the planned port, or the next free one should it be taken, and a file:// rendezvous file
-    of this attempt. Returns the port and the environments."""
-    planned = int(payload.port) if payload.port != "auto" else derive_port(launch.run_id, 0)
-    if payload.port != "auto" and not port_is_free(planned):
-        raise SubmissionError(f"distributed.port {planned} is in use on this machine; pick another or use 'auto'")
-    port = pick_port(planned)
-    if port is None:
-        raise SubmissionError("no free port in the auto range; set distributed.port to a free port")
-    rfile = rendezvous_file(payload.rendezvous_dir, launch.run_id, attempt)
-    if payload.init_method == "file":
-        Path(payload.rendezvous_dir).mkdir(parents=True, exist_ok=True)
-    torch_version = installed_torch_version(payload.env)
-    return port, [rank_environment(local_rank_env(payload, rank, port, rfile), payload, attempt,
-                                   torch_version=torch_version) for rank in range(payload.world_size)]
 
 
 class Supervisor:
@@ -97,14 +77,9 @@ class Supervisor:
         self.watch = Watch(0, time.time())
         self.failure: Failure | None = None  # what ended the attempt, for recovery.decide
         self.times: dict[str, float] = {}  # the attempt's moments (orchestrator.core.attempt_times)
-        #: recovery.survivors: keep: the ranks that failed while the others ran on, the callback that
-        #: decides whether replacements rejoin them (a new attempt in recovery.json), and the
-        #: generation of the ranks' group (jobs.heal) and when the last one began.
-        self.lost_ranks: list[int] = []
+        #: recovery.survivors: keep: this set's rejoins, and the callback that decides one (a new attempt)
+        self.rejoins = Rejoins(launch.payload)
         self.rejoin: Callable[[Failure | None], bool] | None = None
-        self.generation = 0
-        self.generation_at: float | None = None
-        self.rejoin_done = False
 
     # -- lifecycle --------------------------------------------------------------------------
     def run(self) -> RunRecord:
@@ -201,7 +176,7 @@ class Supervisor:
         payload = self.launch.payload_for_point(index)
         history = History.load(payload.run_dir)
         history.close_lost("the supervisor of this attempt was killed before it recorded the end")
-        last_step = -1.0  # the furthest step an attempt of this point reached (recovery.survivors: keep)
+        rejoins = self.rejoins = Rejoins(payload)
         while True:
             self.failure = None
             attempt = history.begin(self.record.attempts, [socket.gethostname()], payload.checkpoint.dir)
@@ -211,45 +186,24 @@ class Supervisor:
                 """A rank failed while the others ran on (recovery.survivors: keep): when recovery
                 allows a restart, the attempt ends here and the next one is its replacements
                 rejoining the survivors."""
-                nonlocal attempt, last_step
-                if failure is None:
+                nonlocal attempt
+                mark(self.times, self.watch, rejoins, payload.run_dir)
+                if failure is None or not rejoins.end_attempt(history, attempt, failure, self.times).restart:
                     return False
-                if self.generation_at is None:
-                    mark_attempt(self.times, self.watch, payload.run_dir)
-                else:
-                    mark_rejoin(self.times, payload.run_dir, len(self.procs))
-                # Progress: a new checkpoint, or (the survivors keep every step) steps past the last
-                # attempt's: a rank that fails at the same step again and again stops as "no progress".
-                progressed = history.progressed(attempt, payload.checkpoint.dir)
-                stepped = self.times.get("last_step", -1.0) > last_step
-                if stepped and not progressed:
-                    self.times["stepped"] = 1.0
-                progressed = progressed or stepped
-                last_step = max(last_step, self.times.get("last_step", -1.0))
-                decision = decide(payload.recovery, history, failure, progressed)
-                if not decision.restart:
-                    return False
-                history.finish(attempt, failure.kind, failure.why, progress=progressed, blamed=failure.blamed,
-                               action=Action.RESTART)
-                print(f"[orchestrator] {decision.message}; rank(s) {', '.join(map(str, self.lost_ranks))} "
-                      "replaced beside the survivors", file=sys.stderr, flush=True)
                 self.record.update(attempts=self.record.attempts + 1, failed_rank=None, error=None, waits={})
                 attempt = history.begin(self.record.attempts, [socket.gethostname()], payload.checkpoint.dir)
-                self.times = attempt.times
-                self.failure = None
+                self.times, self.failure = attempt.times, None
                 return True
 
             self.rejoin = rejoin
             state = self._run_point(index)
-            if self.generation_at is not None:  # it began as replacements rejoining survivors
-                mark_rejoin(self.times, payload.run_dir, self.watch.world_size)
-            else:
-                mark_attempt(self.times, self.watch, payload.run_dir)
+            mark(self.times, self.watch, rejoins, payload.run_dir)
             failure = self.failure
             if state != State.FAILED or failure is None or self._cancelled:
                 history.finish(attempt, Outcome(state.lower()), self.record.error or "")
                 return state
-            progressed = history.progressed(attempt, payload.checkpoint.dir)
+            progressed = rejoins.progressed(history, attempt, self.times) if payload.recovery.survivors == "keep" \
+                else history.progressed(attempt, payload.checkpoint.dir)
             decision = decide(payload.recovery, history, failure, progressed)
             history.finish(attempt, failure.kind, failure.why, progress=progressed, blamed=failure.blamed,
                            action=Action.RESTART if decision.restart else Action.STOP)
@@ -280,7 +234,7 @@ class Supervisor:
             self.record.update(failed_rank=None, error=unhealthy.why)
             self.failure = unhealthy
             return State.FAILED
-        self.lost_ranks, self.generation, self.generation_at = [], 0, None
+        self.rejoins.reset()
         offsets, forks = [], []
         fresh = not self.preload
         ddp = not fresh and builds_ddp(payload.entrypoint, payload.framework)
@@ -304,14 +258,17 @@ class Supervisor:
             if self.echo_factory and self.echo is None:
                 self.echo = self.echo_factory()
             state = self._watch(run_dir, offsets)
-            while self.lost_ranks and self.rejoin is not None and self.rejoin(self.failure):
+            while self.rejoins.lost and self.rejoin is not None and self.rejoin(self.failure):
                 try:
-                    self._fork_replacements(payload, forks, self.lost_ranks)
+                    self.rejoins.replace(group, self.procs, forks, self.record.attempts)
                 except SubmissionError as exc:  # the zygote is gone: this attempt fails, every rank restarts
                     self.times.setdefault("failed_at", time.time())
                     self.record.update(failed_rank=None, error=str(exc))
-                    self.failure, self.lost_ranks = Failure(FailureKind.CRASH, str(exc)), []
+                    self.failure, self.rejoins.lost = Failure(FailureKind.CRASH, str(exc)), []
                     break
+                self.times["ranks_at"] = self.watch.started = self.rejoins.began_at or time.time()  # a new stall clock
+                self.record.update(rank_pids=[p.pid for p in self.procs],
+                                   rank_starts=[procs.start_time(p.pid) or 0 for p in self.procs])
                 state = self._watch(run_dir, offsets)
             if state != State.COMPLETED:  # when _watch saw it; now, for an end it did not mark
                 self.times.setdefault("failed_at", time.time())
@@ -354,26 +311,24 @@ class Supervisor:
                 self.record.update(failed_rank=None, error=self.group.lost)
                 self.failure = Failure(FailureKind.CRASH, self.group.lost)
                 return State.CANCELLED if self._cancelled else State.FAILED
-            if not failed and self._rejoin_stranded(codes):
+            stranded = None if failed else self.rejoins.stranded(codes)
+            if stranded:
                 self.times.setdefault("failed_at", time.time())
-                left = [r for r, c in enumerate(codes) if c == 0]
-                message = (f"rank(s) {', '.join(map(str, left))} ended before the replaced rank(s) rejoined them "
-                           "(generation {}): every rank restarts".format(self.generation))
-                print(f"[orchestrator] {message}", file=sys.stderr, flush=True)
-                self.record.update(failed_rank=None, error=message)
-                self.failure = Failure(FailureKind.CRASH, message)
+                say(stranded)
+                self.record.update(failed_rank=None, error=stranded)
+                self.failure = Failure(FailureKind.CRASH, stranded)
                 self._kill_all(grace=GRACE_S)
                 return State.FAILED
             if failed:
                 self.times.setdefault("failed_at", time.time())  # teardown counts from here
-                rejoin = self._may_rejoin(failed, codes)
+                rejoin = self.rejoins.may_rejoin(failed, codes, self._cancelled, self.group)
                 if not (self._cancelled or rejoin):  # survivors kept: their stacks would only slow the rejoin
                     self._capture(run_dir, f"rank {failed[0]} ended with exit code {codes[failed[0]]}")
                 rank, message = first_failure(failed, codes, run_dir, self.launch.payload.devices)
                 self.record.update(failed_rank=rank, error=while_cancelled(message) if self._cancelled else message)
                 self.failure = Failure(FailureKind.CRASH, (self.record.error or f"rank {rank} failed").splitlines()[0])
                 if rejoin:
-                    self.lost_ranks = failed  # the survivors run on: _run_point decides
+                    self.rejoins.lost = failed  # the survivors run on: _run_point decides
                     return State.FAILED
                 self._kill_all(grace=GRACE_S)
                 if tails:
@@ -404,100 +359,18 @@ class Supervisor:
                     self.times.setdefault("failed_at", time.time())  # teardown counts from here
                     self.failure = Failure(FailureKind.HANG, (self.record.error or verdict).splitlines()[0])
                     straggler = self.record.failed_rank
-                    if straggler is not None and self._may_rejoin([straggler], codes):
+                    if straggler is not None and self.rejoins.may_rejoin([straggler], codes, self._cancelled,
+                                                                          self.group):
                         # Only the straggler goes: its peers' collective then fails on the lost
                         # peer, and they rejoin its replacement (recovery.survivors: keep).
-                        self._kill_one(straggler)
-                        self.lost_ranks = [straggler]
+                        kill_rank(self.procs[straggler])
+                        self.rejoins.lost = [straggler]
                         return verdict
                     self._kill_all(grace=GRACE_S)
                     if tails:
                         tails.pump()
                     return verdict
             time.sleep(POLL_S)
-
-    # -- recovery.survivors: keep ------------------------------------------------------------------
-    def _may_rejoin(self, failed: list[int], codes: list[int | None]) -> bool:
-        """Whether the ranks that failed may be replaced beside the survivors (``recovery.survivors:
-        keep``): not while stopping, some rank still running, every survivor able to rejoin, the
-        zygote alive, and not when the last rejoin never completed (a rank failed before it held
-        the generation's state: every rank restarts)."""
-        payload = self.launch.payload
-        if payload.recovery.survivors != "keep" or self._cancelled or self.group is None or self.group.lost:
-            return False
-        if not any(c is None for c in codes) or len(failed) == len(codes):
-            return False
-        folder = RunFolder(Path(payload.run_dir))
-        unready = [r for r, c in enumerate(codes) if c is None and not folder.heal_ready(r).is_file()]
-        if unready:  # not on the rank API's Healer: handing on its state is the script's, it cannot rejoin
-            print(f"[orchestrator] recovery.survivors: keep, but rank(s) {', '.join(map(str, unready[:8]))} cannot "
-                  "rejoin (the script does not use jobs.Healer): every rank restarts", file=sys.stderr, flush=True)
-            return False
-        if self.generation_at is not None and not self._rejoin_complete(len(codes)):
-            print(f"[orchestrator] the rejoin of generation {self.generation} never completed: every rank restarts",
-                  file=sys.stderr, flush=True)
-            return False
-        return True
-
-    def _kill_one(self, rank: int) -> None:
-        """SIGKILL one rank's session (a straggler the survivors are waiting for) and wait for its end."""
-        proc = self.procs[rank]
-        if proc.poll() is None:
-            _signal_group(proc.pid, signal.SIGKILL)
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
-
-    def _rejoin_complete(self, world_size: int) -> bool:
-        """Whether every rank holds the last generation's state (``jobs.Healer`` wrote
-        ``heal/rejoined/g<G>-rank-R``; once seen, kept)."""
-        if not self.rejoin_done and self.generation_at is not None:
-            folder = RunFolder(Path(self.launch.payload.run_dir))
-            self.rejoin_done = all(folder.heal_rejoined(self.generation, r).is_file() for r in range(world_size))
-        return self.rejoin_done
-
-    def _rejoin_stranded(self, codes: list[int | None]) -> bool:
-        """After a rejoin not yet complete: a rank ended (exit 0) while another still runs,
-        so the world the replacements wait for can never be whole (the survivors had finished
-        their work when a rank died in its exit)."""
-        if self.generation_at is None or self.rejoin_done or not any(c == 0 for c in codes):
-            return False
-        if all(c is not None for c in codes):
-            return False
-        return not self._rejoin_complete(len(codes))
-
-    def _fork_replacements(self, payload: Payload, forks: list[dict[str, Any]], lost: list[int]) -> None:
-        """Announce the next generation (who was replaced, whose state every rank takes: the lowest
-        survivor) and fork each lost rank again from the warm zygote, to join it (``jobs.heal``)."""
-        from orchestrator.core.atomic_files import write_json_atomic
-
-        assert self.group is not None
-        self.generation += 1
-        survivors = [r for r in range(len(self.procs)) if r not in lost]
-        folder = RunFolder(Path(payload.run_dir))
-        folder.heal.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(folder.heal_generation, {"generation": self.generation, "replaced": lost,
-                                                   "source": min(survivors)})
-        try:  # the lost ranks' tracebacks go with the attempt that ended, as before a restart
-            folder.keep_failures()
-        except OSError as exc:
-            print(f"[orchestrator] the failed attempt's tracebacks were not kept: {exc}", file=sys.stderr, flush=True)
-        self.times["ranks_at"] = self.generation_at = time.time()
-        self.rejoin_done = False
-        self.watch.started = self.generation_at  # the stall clock starts again with the new group
-        for rank, fork in enumerate(forks):  # every rank's log marks the new attempt (logs --attempt)
-            how = "replaced" if rank in lost else "kept its process"
-            with open(fork["log"], "ab") as log:
-                log.write(f"=== attempt {self.record.attempts} started {time.ctime()} ===\n"
-                          f"[orchestrator] rank {rank} {how}: rank(s) {', '.join(map(str, lost))} rejoin the "
-                          f"survivors (generation {self.generation}, state from rank {min(survivors)})\n".encode())
-        for rank in lost:
-            msg = {**forks[rank], "env": {**forks[rank]["env"], OrchVar.HEAL_GENERATION: str(self.generation)}}
-            self.procs[rank] = self.group.add(msg)
-        self.lost_ranks = []
-        self.record.update(rank_pids=[p.pid for p in self.procs],
-                           rank_starts=[procs.start_time(p.pid) or 0 for p in self.procs])
 
     def _look_at_requests(self) -> None:
         """Renew the lease other hosts judge liveness by, and take a cancel request from anyone."""
@@ -589,80 +462,6 @@ class Supervisor:
             print(f"[orchestrator] the stacks were not saved: {exc}", file=sys.stderr, flush=True)
         self.record.update(error=message, waits=stuck.waits)
         return True
-
-
-def mark_rejoin(times: dict[str, float], run_dir: str, world_size: int) -> None:
-    """The moments of an attempt that ends while its survivors run on: its first and last steps
-    (no joins: the watchdog's are the ranks' first group's)."""
-    from orchestrator.core import attempt_times
-
-    if "ranks_at" not in times:
-        return
-    try:
-        times.update(attempt_times.progress_marks(run_dir, world_size, times["ranks_at"]))
-    except OSError:
-        pass
-
-
-def mark_attempt(times: dict[str, float], watch: Watch, run_dir: str) -> None:
-    """The attempt's moments (``orchestrator.core.attempt_times``) into ``times``: when every rank joined
-    (the watchdog saw it), the rank API's first and last steps. Nothing for an attempt that started no rank."""
-    from orchestrator.core import attempt_times
-
-    if "ranks_at" not in times:
-        return
-    times.update(attempt_times.joined_at(watch.joined, watch.world_size))
-    try:
-        times.update(attempt_times.progress_marks(run_dir, watch.world_size, times["ranks_at"]))
-    except OSError:
-        pass
-
-
-def health_gate(payload: Payload, attempt: int) -> Failure | None:
-    """The health gate (``orchestrator.node.health``) for this machine, before any rank starts: the
-    failure (unhealthy) when it fails, else None."""
-    if not payload.recovery.health_check:
-        return None
-    from orchestrator.node import health, shared_folders
-
-    node = socket.gethostname()
-    for line in shared_folders.write_agent_token(payload.run_dir, payload.checkpoint.dir, attempt, node):
-        print(f"[orchestrator] health gate: {line}", file=sys.stderr)
-    result = health.check_node(node, payload.run_dir, payload.checkpoint.dir, attempt,
-                               interface=None, gpus=len(payload.devices or ()),
-                               node_check=payload.recovery.node_check,
-                               environ={**os.environ, **({"CUDA_VISIBLE_DEVICES": ",".join(map(str, payload.devices))}
-                                                       if payload.devices else {})})
-    health.write_result(payload.run_dir, attempt, result)
-    shutil.rmtree(health.checkpoint_tokens(payload.checkpoint.dir, attempt).parent, ignore_errors=True)
-    if result.ok:
-        return None
-    why = f"the health gate failed on {node}: {'; '.join(result.problems)}"
-    print(f"[orchestrator] {why}", file=sys.stderr, flush=True)
-    return Failure(FailureKind.UNHEALTHY, why)
-
-
-def first_failure(failed: list[int], codes: list[int | None], run_dir: Path,
-                  devices: tuple[int, ...] | None) -> tuple[int, str]:
-    """Prefer a rank killed by a signal (peers then fail because it vanished), then the
-    earliest traceback. A rank that recorded a traceback before a signal ended it raised
-    first: the signal came at its exit (torch can abort there while a group is still up),
-    as on SLURM, where the traceback is the report too."""
-    folder = RunFolder(run_dir)
-    by_signal = [r for r in failed if (codes[r] or 0) < 0 and not folder.error(r).is_file()]
-    err = first_error(run_dir)
-    if by_signal:
-        rank = by_signal[0]
-        message = f"rank {rank} was killed by signal {procs.signal_name(-(codes[rank] or 0))}"
-    elif err is not None and err["rank"] in failed:
-        rank = err["rank"]
-        message = raised(err)
-        hint = hidden_gpu_hint(err["message"], devices)
-        message += f"\n{hint}" if hint else ""
-    else:
-        rank = failed[0]
-        message = f"rank {rank} exited with code {codes[rank]}"
-    return rank, message
 
 
 def _signal_group(pid: int, sig: int) -> None:

@@ -682,6 +682,12 @@ remove_login_user() {
   home=$(cat "$d/created-home" 2>/dev/null || true)
   base=$(cat "$d/created-home-base" 2>/dev/null || true)
   if [ -n "$user" ] && id -u "$user" >/dev/null 2>&1; then
+    # The user's private node-local folders (orchestrator.core.node_local: orch-u<uid>, theirs
+    # alone) go with the user: the nodes share this machine's /dev/shm and temp dir.
+    local uid f; uid=$(id -u "$user")
+    for f in "/dev/shm/orch-u$uid" "${TMPDIR:-/tmp}/orch-u$uid"; do
+      if [ -d "$f" ] && [ ! -L "$f" ] && [ "$(stat -c %u "$f")" = "$uid" ]; then rm -rf -- "$f"; fi
+    done
     # userdel refuses while a process of the user lives; the ones just killed may take a moment.
     for _ in $(seq 50); do userdel "$user" 2>/dev/null && break; sleep 0.1; done
     if id -u "$user" >/dev/null 2>&1; then

@@ -56,7 +56,7 @@ class Rejoins:
         and the last rejoin (if any) complete."""
         if self.payload.recovery.survivors != "keep" or stopping or group is None or group.lost:
             return False
-        if not any(c is None for c in codes) or len(failed) == len(codes):
+        if not failed or not any(c is None for c in codes) or len(failed) == len(codes):
             return False
         unready = [r for r, c in enumerate(codes) if c is None and not self.folder.heal_ready(r).is_file()]
         if unready:  # not on the rank API's Healer: handing on its state is the script's, it cannot rejoin

@@ -73,14 +73,18 @@ def resolve_backend(requested: str, device: torch.device) -> str:
     return requested
 
 
+SURVIVORS_ENV = "ORCH_SURVIVORS"  # rank_env.OrchVar.SURVIVORS: "keep" (recovery.survivors)
+GENERATION_ENV = "ORCH_HEAL_GENERATION"  # rank_env.OrchVar.HEAL_GENERATION
+
+
 def replacement_generation(environ: Mapping[str, str] | None = None) -> int | None:
     """On a rank forked to replace a lost one (``recovery.survivors: keep``): the generation of the
     group it joins, through that generation's store (``jobs.heal``), not the attempt's rendezvous."""
     e = os.environ if environ is None else environ
-    if e.get("ORCH_SURVIVORS") != "keep":
+    if e.get(SURVIVORS_ENV) != "keep":
         return None
     try:
-        generation = int(e.get("ORCH_HEAL_GENERATION", "0") or 0)
+        generation = int(e.get(GENERATION_ENV, "0") or 0)
     except ValueError:
         return None
     return generation if generation > 0 else None

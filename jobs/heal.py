@@ -40,7 +40,6 @@ exception goes on as before (every rank restarts from the checkpoint).
 from __future__ import annotations
 
 import io
-import json
 import os
 import sys
 import time
@@ -49,14 +48,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from jobs.distributed import DistContext, init_process_group
+from jobs.distributed import SURVIVORS_ENV, DistContext, init_process_group, replacement_generation
 from jobs.rng import rng_state, set_rng_state
 from orchestrator.core.run_folder import RunFolder
+from orchestrator.core.safe_read import Unreadable, read_json
 
 __all__ = ["Healer", "is_peer_loss"]
 
-SURVIVORS_ENV = "ORCH_SURVIVORS"  # rank_env.OrchVar.SURVIVORS
-GENERATION_ENV = "ORCH_HEAL_GENERATION"  # rank_env.OrchVar.HEAL_GENERATION
 #: What a collective says when a peer's process is gone: gloo's transport errors, NCCL's abort.
 PEER_LOSS_WORDS = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "Socket closed",
                    "NCCL communicator was aborted", "ncclRemoteError", "remote process exited")
@@ -73,11 +71,9 @@ def is_peer_loss(exc: BaseException) -> bool:
 
 def read_generation(run_dir: str) -> dict[str, Any] | None:
     """The launcher's latest generation (``{"generation", "replaced", "source"}``), or None."""
-    path = RunFolder.of(run_dir).heal_generation
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except (OSError, ValueError):
+    try:  # the run folder is shared: read as hostile input (no link, FIFO or oversized file)
+        data = read_json(RunFolder.of(run_dir).heal_generation)
+    except Unreadable:
         return None
     if not (isinstance(data, dict) and isinstance(data.get("generation"), int)
             and isinstance(data.get("source"), int) and isinstance(data.get("replaced"), list)):
@@ -91,10 +87,9 @@ class Healer:
     def __init__(self, ctx: DistContext) -> None:
         self.ctx = ctx
         self.enabled = os.environ.get(SURVIVORS_ENV) == "keep" and ctx.backend is not None
-        self.generation = int(os.environ.get(GENERATION_ENV, "0") or 0)
-        #: Forked to replace a rank: it joined generation ``self.generation`` (jobs.process_group).
-        self.replacement = self.enabled and self.generation > 0
-        self.heals = 0
+        joined = replacement_generation()  # a replacement joined this generation (jobs.process_group)
+        self.replacement = self.enabled and joined is not None
+        self.generation = joined or 0
         if self.enabled:  # the launcher replaces a lost peer beside this rank only once it says it can rejoin
             ready = RunFolder.of(ctx.config.run_dir).heal_ready(ctx.rank)
             ready.parent.mkdir(parents=True, exist_ok=True)
@@ -126,9 +121,8 @@ class Healer:
             pass
         generation = self._next_generation()
         self.generation = generation["generation"]
-        join(self.ctx, self.generation)
+        init_process_group(self.ctx.config, self.ctx.device, self.generation)  # its FileStore in the run folder
         got = self._exchange(generation["source"], model, optimizer, extra)
-        self.heals += 1
         print(f"[jobs] rank {self.ctx.rank}: rejoined in generation {self.generation} with rank(s) "
               f"{', '.join(map(str, generation['replaced']))} in {time.time() - began:.2f}s; state from rank "
               f"{generation['source']}", file=sys.stderr, flush=True)
@@ -179,8 +173,3 @@ class Healer:
         done = RunFolder.of(self.ctx.config.run_dir).heal_rejoined(self.generation, self.ctx.rank)
         done.parent.mkdir(parents=True, exist_ok=True)
         done.touch()
-
-
-def join(ctx: DistContext, generation: int) -> None:
-    """Join generation ``generation``'s group: its FileStore in the run folder, the job's world size."""
-    init_process_group(ctx.config, ctx.device, generation)

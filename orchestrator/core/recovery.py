@@ -364,7 +364,7 @@ def describe(history: History) -> list[str]:
             then = ", restarted inside the job"
         blamed = f"; blamed: {', '.join(a.blamed)}" if a.blamed else ""
         progress = "" if a.progress is None else ("; no new checkpoint" if not a.progress else
-                                                  "; trained on (survivors kept its steps)"
+                                                  "; trained past the last attempt's step"
                                                   if isinstance(a.times, dict) and a.times.get("stepped") else
                                                   "; new checkpoint")
         why = f": {a.why}" if a.why and a.outcome != Outcome.COMPLETED else ""

@@ -73,7 +73,6 @@ class ZygoteGroup:
         self.codes: dict[int, int] = {}
         self.leftovers: list[int] | None = None  # what the zygote had to stop after the set's ranks ended
         self.lost: str | None = None  # why the zygote ended before reporting every rank's end
-        self.sets = 0  # the sets of ranks it has started
         self._closing = False
         self._buffer = b""
 
@@ -81,7 +80,6 @@ class ZygoteGroup:
         """Fork this set of ranks; the zygote stays for another set (``end_set``, then ``start``)."""
         assert self.proc.stdin is not None
         self.pids, self.codes, self.leftovers = {}, {}, None
-        self.sets += 1
         try:
             for msg in ranks:
                 self.proc.stdin.write((json.dumps(msg) + "\n").encode())

@@ -202,8 +202,7 @@ class Supervisor:
             if state != State.FAILED or failure is None or self._cancelled:
                 history.finish(attempt, Outcome(state.lower()), self.record.error or "")
                 return state
-            progressed = rejoins.progressed(history, attempt, self.times) if payload.recovery.survivors == "keep" \
-                else history.progressed(attempt, payload.checkpoint.dir)
+            progressed = rejoins.progressed(history, attempt, self.times)
             decision = decide(payload.recovery, history, failure, progressed)
             history.finish(attempt, failure.kind, failure.why, progress=progressed, blamed=failure.blamed,
                            action=Action.RESTART if decision.restart else Action.STOP)

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.core import procs
 from orchestrator.core.atomic_files import write_json_atomic
 from orchestrator.core.recovery import Decision, Failure, History, decide
 from orchestrator.core.run_folder import RunFolder
@@ -85,13 +86,13 @@ class Rejoins:
         return f"rank(s) {ended} ended before the replaced rank(s) rejoined them (generation {self.generation}): " \
                "every rank restarts"
 
-    def replace(self, group: ZygoteGroup, procs: list[ForkedRank], forks: list[dict[str, Any]],
+    def replace(self, group: ZygoteGroup, ranks: list[ForkedRank], forks: list[dict[str, Any]],
                 attempt: int) -> None:
         """Announce the next generation and fork each lost rank again into the running set (in
-        ``procs``), every rank's log marking attempt ``attempt``."""
+        ``ranks``, the set's processes by rank), every rank's log marking attempt ``attempt``."""
         lost, self.lost = self.lost, []
         self.generation += 1
-        source = min(r for r in range(len(procs)) if r not in lost)
+        source = min(r for r in range(len(ranks)) if r not in lost)
         self.folder.heal.mkdir(parents=True, exist_ok=True)
         write_json_atomic(self.folder.heal_generation, {"generation": self.generation, "replaced": lost,
                                                         "source": source})
@@ -107,15 +108,18 @@ class Rejoins:
                           f"rank(s) {', '.join(map(str, lost))} rejoin the survivors (generation {self.generation}, "
                           f"state from rank {source})\n".encode())
         for rank in lost:
-            procs[rank] = group.add({**forks[rank], "env": {**forks[rank]["env"],
+            ranks[rank] = group.add({**forks[rank], "env": {**forks[rank]["env"],
                                                              OrchVar.HEAL_GENERATION: str(self.generation)}})
 
     def progressed(self, history: History, attempt: Attempt, times: dict[str, float]) -> bool:
-        """The attempt's progress: a new checkpoint, or a step past every earlier attempt's."""
+        """The attempt's progress: a new checkpoint, or (survivors kept, so no checkpoint need be
+        written to go on) a step past every earlier attempt's."""
         by_checkpoint = history.progressed(attempt, self.payload.checkpoint.dir)
+        if self.payload.recovery.survivors != "keep":
+            return by_checkpoint
         stepped = times.get("last_step", -1.0) > self.furthest_step
         if stepped and not by_checkpoint:
-            times["stepped"] = 1.0  # status: "trained on", not "new checkpoint"
+            times["stepped"] = 1.0  # status: "trained past the last attempt's step", not "new checkpoint"
         self.furthest_step = max(self.furthest_step, times.get("last_step", -1.0))
         return by_checkpoint or stepped
 
@@ -133,12 +137,7 @@ class Rejoins:
 def kill_rank(proc: ForkedRank) -> None:
     """SIGKILL one rank's session (a straggler its peers wait for) and wait for its end (≤ 5 s)."""
     if proc.poll() is None:
-        try:
-            import os
-
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        procs.signal_group(proc.pid, signal.SIGKILL)  # it leads its session (zygote.child)
         try:
             proc.wait(timeout=5)
         except subprocess.TimeoutExpired:

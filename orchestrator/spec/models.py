@@ -549,7 +549,8 @@ class RecoverySpec(_Model):
         "state; only the failed ranks are forked again, and a script on the rank API (jobs.Healer; jobs.train "
         "does it) rejoins a fresh process group with them and hands them its model, optimizer and step by "
         "broadcast: no checkpoint read, at most the step in flight redone. Each one is an attempt in "
-        "recovery.json and counts against max_restarts. Local executor only for now.",
+        "recovery.json and counts against max_restarts. On SLURM a replaced rank runs as a step of its own on "
+        "its node, inside the job (in_allocation); a lost node or a hang still restarts every rank there.",
     )
     stop_without_progress: int = Field(
         2, ge=1, le=1000,
@@ -983,9 +984,12 @@ def cross_field_problems(spec: JobSpec) -> list[str]:
     if spec.distributed.grad_compression != "none" and spec.strategy != "ddp":
         problems.append("distributed.grad_compression: compresses DDP's all-reduce; strategy dp has none, so "
                         "use strategy ddp or grad_compression: none")
-    if spec.recovery.survivors == "keep" and spec.executor != "local":
-        problems.append(f"recovery.survivors: keep runs on the local executor only for now; on {spec.executor} "
-                        "every rank restarts (set survivors: restart, the default, or executor: local)")
+    if spec.recovery.survivors == "keep" and spec.executor == "slurm" and not spec.recovery.in_allocation:
+        problems.append("recovery.survivors: keep replaces a rank inside the job, and recovery.in_allocation is "
+                        "false; set in_allocation: true (the default), or survivors: restart")
+    if spec.recovery.survivors == "keep" and spec.executor == "slurm" and spec.container is not None:
+        problems.append("recovery.survivors: keep on SLURM starts a replaced rank on the host, not in a container, "
+                        "for now; remove container, or set survivors: restart")
     if spec.recovery.survivors == "keep" and spec.recovery.max_restarts == 0:
         problems.append("recovery.survivors: keep acts on a restart, and recovery.max_restarts is 0; "
                         "set max_restarts (each rejoin counts as one)")

@@ -78,7 +78,7 @@ class _Srun:
 def test_the_last_resort_kills_the_ranks_steps_never_the_job(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(slurm_job, "END_GRACE_S", 0.01)
     asked = _answers(monkeypatch, {"squeue": Answer(("squeue",), 0, "125.batch\n125.extern\n125.2\n", "")})
-    agent = SimpleNamespace(srun=_Srun(), ctx=SimpleNamespace(job_id="123_2", slurm=SimpleNamespace(raw_job_id="125")))
+    agent = SimpleNamespace(srun=_Srun(), keep=None, ctx=SimpleNamespace(job_id="123_2", slurm=SimpleNamespace(raw_job_id="125")))
     with pytest.raises(subprocess.TimeoutExpired):  # srun never ends here: the agent's own wait gives up
         slurm_job.JobAgent._end_ranks(agent)  # type: ignore[arg-type]
     cancels = [a for a in asked if a[0] == "scancel"]
@@ -89,7 +89,7 @@ def test_the_last_resort_kills_the_ranks_steps_never_the_job(monkeypatch: pytest
 def test_no_step_listed_means_no_scancel_at_all(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(slurm_job, "END_GRACE_S", 0.01)
     asked = _answers(monkeypatch, {"squeue": Answer(("squeue",), 0, "125.batch\n", "")})
-    agent = SimpleNamespace(srun=_Srun(), ctx=SimpleNamespace(job_id="125", slurm=SimpleNamespace(raw_job_id="125")))
+    agent = SimpleNamespace(srun=_Srun(), keep=None, ctx=SimpleNamespace(job_id="125", slurm=SimpleNamespace(raw_job_id="125")))
     with pytest.raises(subprocess.TimeoutExpired):
         slurm_job.JobAgent._end_ranks(agent)  # type: ignore[arg-type]
     assert not [a for a in asked if a[0] == "scancel"]
@@ -162,7 +162,7 @@ def test_a_step_whose_creation_waits_does_not_run_the_gates_clock(monkeypatch: p
     import time as time_module
 
     from orchestrator.backends.slurm.node import agent_gate
-    from orchestrator.backends.slurm.node.slurm_job import note_step_creation
+    from orchestrator.backends.slurm.node.agent_srun_messages import note_step_creation
     from orchestrator.node import gate_step
 
     state = AgentState()

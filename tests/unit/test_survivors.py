@@ -1,4 +1,4 @@
-"""The supervisor's decisions for recovery.survivors: keep (backends.local.survivors.Rejoins):
+"""The supervisor's decisions for recovery.survivors: keep (core.rejoins.Rejoins):
 when lost ranks may be replaced beside the others, when a rejoin is stranded, what counts as
 progress, and what a rejoin announces. The processes themselves are tests/integration's
 test_survivors_keep.py and test_zygote_sets.py."""
@@ -12,7 +12,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.backends.local.survivors import Rejoins
+from orchestrator.backends.local.survivors import replace
+from orchestrator.core.rejoins import Rejoins
 from orchestrator.core.recovery import History
 from orchestrator.plan import plan
 from orchestrator.spec.loading import spec_from_dict
@@ -56,7 +57,7 @@ def test_lost_ranks_are_replaced_only_beside_running_ranks_that_can_rejoin(
     running = [i for i, c in enumerate(codes) if c is None]
     expected = (survivors == "keep" and not stopping and not lost and bool(failed) and bool(running)
                 and all(i in ready for i in running))
-    assert r.may_rejoin(failed, codes, stopping, Group("gone" if lost else None)) == expected
+    assert r.may_rejoin(failed, codes, stopping, not lost) == expected
 
 
 def test_a_rejoin_that_never_completed_is_not_followed_by_another(tmp_path: Path) -> None:
@@ -66,7 +67,7 @@ def test_a_rejoin_that_never_completed_is_not_followed_by_another(tmp_path: Path
     forks = [{"rank": i, "env": {}, "log": str(tmp_path / f"rank-{i}.log")} for i in range(3)]
     procs: list[Any] = ["p0", "p1", "p2"]
     r.lost = [1]
-    r.replace(group, procs, forks, attempt=2)  # type: ignore[arg-type]
+    replace(r, group, procs, forks, attempt=2)  # type: ignore[arg-type]
     assert json.loads(r.folder.heal_generation.read_text()) == {"generation": 1, "replaced": [1], "source": 0}
     assert procs == ["p0", ("forked", 1), "p2"] and r.lost == []
     assert group.added[0]["env"]["ORCH_HEAL_GENERATION"] == "1"
@@ -74,16 +75,16 @@ def test_a_rejoin_that_never_completed_is_not_followed_by_another(tmp_path: Path
         log = Path(forks[i]["log"]).read_text()
         assert log.startswith("=== attempt 2 started ") and ("replaced" if i == 1 else "kept its process") in log
     codes: list[int | None] = [None, 2, None]
-    assert not r.may_rejoin([1], codes, False, Group())  # rank 1 failed again before holding the state
+    assert not r.may_rejoin([1], codes, False, True)  # rank 1 failed again before holding the state
     assert r.stranded([0, None, None]) is not None  # rank 0 ended: the replacement can never meet it
     for i in range(3):
         path = r.folder.heal_rejoined(1, i)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.touch()
-    assert r.may_rejoin([1], codes, False, Group())
+    assert r.may_rejoin([1], codes, False, True)
     assert r.stranded([0, None, None]) is None  # complete: a rank ending now is an ordinary end
     r.lost = [0]
-    r.replace(Group(), procs, forks, attempt=3)  # type: ignore[arg-type]
+    replace(r, Group(), procs, forks, attempt=3)  # type: ignore[arg-type]
     assert json.loads(r.folder.heal_generation.read_text()) == {"generation": 2, "replaced": [0], "source": 1}
 
 

@@ -32,7 +32,7 @@ from orchestrator.executors.base import while_cancelled
 from orchestrator.executors.console import LogTails
 from orchestrator.backends.local.forked import ForkedRank, ZygoteGroup, builds_ddp, start_zygote
 from orchestrator.backends.local.attempt import first_failure, health_gate, mark, rank_environments
-from orchestrator.backends.local.survivors import Rejoins, kill_rank, say
+from orchestrator.backends.local.survivors import Rejoins, kill_rank, replace, say
 from orchestrator.plan import LaunchPlan
 from orchestrator.core.rendezvous import remove_earlier_files
 from orchestrator.core.records import RunRecord, disk_trouble
@@ -259,7 +259,7 @@ class Supervisor:
             state = self._watch(run_dir, offsets)
             while self.rejoins.lost and self.rejoin is not None and self.rejoin(self.failure):
                 try:
-                    self.rejoins.replace(group, self.procs, forks, self.record.attempts)
+                    replace(self.rejoins, group, self.procs, forks, self.record.attempts)
                 except SubmissionError as exc:  # the zygote is gone: this attempt fails, every rank restarts
                     self.times.setdefault("failed_at", time.time())
                     self.record.update(failed_rank=None, error=str(exc))
@@ -320,7 +320,8 @@ class Supervisor:
                 return State.FAILED
             if failed:
                 self.times.setdefault("failed_at", time.time())  # teardown counts from here
-                rejoin = self.rejoins.may_rejoin(failed, codes, self._cancelled, self.group)
+                alive = self.group is not None and not self.group.lost  # a replacement is forked from it
+                rejoin = self.rejoins.may_rejoin(failed, codes, self._cancelled, alive)
                 if not (self._cancelled or rejoin):  # survivors kept: their stacks would only slow the rejoin
                     self._capture(run_dir, f"rank {failed[0]} ended with exit code {codes[failed[0]]}")
                 rank, message = first_failure(failed, codes, run_dir, self.launch.payload.devices)
@@ -358,8 +359,8 @@ class Supervisor:
                     self.times.setdefault("failed_at", time.time())  # teardown counts from here
                     self.failure = Failure(FailureKind.HANG, (self.record.error or verdict).splitlines()[0])
                     straggler = self.record.failed_rank
-                    if straggler is not None and self.rejoins.may_rejoin([straggler], codes, self._cancelled,
-                                                                          self.group):
+                    if straggler is not None and self.rejoins.may_rejoin(
+                            [straggler], codes, self._cancelled, self.group is not None and not self.group.lost):
                         # Only the straggler goes: its peers' collective then fails on the lost
                         # peer, and they rejoin its replacement (recovery.survivors: keep).
                         kill_rank(self.procs[straggler])

@@ -99,7 +99,8 @@ class SlurmPlanner:
     def launcher(self, spec: JobSpec, run_dir: str, python: str, code: Snapshot | None, sweep: bool) -> Launcher:
         rank_log = str(RunFolder.of(run_dir).slurm_log("%A_%a" if sweep else "%j", "%t"))
         srun = srun_argv(rank_log, run_dir, python, srun_cpus_per_task(spec), container_settings(spec, run_dir, code),
-                         spec.gpus_per_node, os.path.abspath(spec.workdir) if spec.workdir else os.getcwd())
+                         spec.gpus_per_node, os.path.abspath(spec.workdir) if spec.workdir else os.getcwd(),
+                         kill_on_bad_exit=spec.recovery.survivors != "keep")
         return Launcher(srun=srun, rank_log=rank_log)
 
     def rank_start(self, spec: JobSpec, env: Mapping[str, str]) -> tuple[str, str | None]:
@@ -249,7 +250,8 @@ def job_command(run_dir: str, python: str | None, point_base: int = 0) -> str:
 
 
 def srun_argv(rank_log: str, run_dir: str, python: str, cpus_per_task: int | str = 1,
-              container: ContainerSettings | None = None, gpus_per_node: int = 0, workdir: str = "") -> list[str]:
+              container: ContainerSettings | None = None, gpus_per_node: int = 0, workdir: str = "",
+              kill_on_bad_exit: bool = True) -> list[str]:
     """What the agent runs: one srun task per rank, each the stdlib-only SLURM rank entry. An argv,
     never a shell line. Logs are named as submitit names them (<job>_<task>_log.out).
 
@@ -258,8 +260,11 @@ def srun_argv(rank_log: str, run_dir: str, python: str, cpus_per_task: int | str
     (and its DataLoader workers would inherit that one-CPU mask). ``cpus_per_task`` may be the
     rule ``rank_env.cpu_share_rule``, which the agent resolves before it runs srun.
 
-    ``container``: the rank runs inside it (``orchestrator.node.container``); srun and the agent stay on the host."""
-    head = ["srun", "--unbuffered", "--output", rank_log, "--kill-on-bad-exit=1", f"--cpus-per-task={cpus_per_task}"]
+    ``container``: the rank runs inside it (``orchestrator.node.container``); srun and the agent stay on the host.
+    ``kill_on_bad_exit``: False for ``recovery.survivors: keep``, whose survivors run on when a rank
+    fails (``orchestrator.backends.slurm.node.agent_survivors``); the agent ends them when they cannot."""
+    head = ["srun", "--unbuffered", "--output", rank_log, f"--kill-on-bad-exit={int(kill_on_bad_exit)}",
+            f"--cpus-per-task={cpus_per_task}"]
     payload = str(RunFolder.of(run_dir).payload)
     if container is not None:
         return head + srun_tail(container, run_dir, workdir or os.getcwd(), payload, gpus_per_node)

@@ -165,6 +165,28 @@ def srun_signal_death(line: str) -> Killed | None:
     return m.group(1), int(m.group(2)), m.group(3)
 
 
+def ended_tasks(line: str) -> dict[int, int]:
+    """The tasks srun's line says ended badly, with their exit codes (a signal's death as 128 + its
+    number when srun names it, else 255): "srun: error: node2: tasks 0-1,3: Killed" -> {0: 137, 1: 137, 3: 137}."""
+    m = re.search(r"srun: error: \S+: tasks? ([\d,-]+): (.+?)\s*$", line)
+    if not m:
+        return {}
+    what = m.group(2)
+    code = re.match(r"Exited with exit code (\d+)", what)
+    value = int(code.group(1)) if code else 128 + _SIGNAL_NUMBERS.get(what.split()[0].rstrip(":").lower(), 127)
+    tasks: list[int] = []
+    for part in m.group(1).split(","):
+        first, _, last = part.partition("-")
+        if first.isdigit() and (not last or last.isdigit()):
+            tasks += range(int(first), int(last or first) + 1)
+    return {task: value for task in tasks}
+
+
+#: srun's words for the signals that end tasks (its strsignal text's first word).
+_SIGNAL_NUMBERS = {"killed": 9, "terminated": 15, "segmentation": 11, "aborted": 6, "bus": 7, "floating": 8,
+                   "illegal": 4, "hangup": 1, "interrupt": 2}
+
+
 def preempted(job: Mapping[str, str]) -> bool:
     """Whether the controller is preempting (or has preempted) the job."""
     return job.get("JobState") == "PREEMPTED" or job.get("PreemptTime", "None") not in ("None", "Unknown", "")

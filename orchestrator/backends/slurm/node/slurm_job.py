@@ -54,18 +54,19 @@ import sys
 import threading
 import time
 from dataclasses import replace
-from typing import IO, Mapping
+from typing import Mapping
 
 from orchestrator.node import container, gate_step
 from orchestrator.backends.slurm.node import slurm_controller
 from orchestrator.backends.slurm.node.agent_decisions import (AUTO, UNFINISHED_EXIT, a_failure, attempt_in_job, exit_code,  # noqa: F401
-                                          grace_spent, preempted, requeue_deadline, srun_signal_death, stacks_before_notice,
+                                          grace_spent, preempted, requeue_deadline, srun_signal_death,
+                                          stacks_before_notice,
                                           suspended_s)
-from orchestrator.backends.slurm.node.agent_decisions import NODE_FAILURE as _NODE_FAILURE
-from orchestrator.backends.slurm.node.agent_decisions import SRUN_TASK_ENDED as _SRUN_TASK_ENDED
+from orchestrator.backends.slurm.node.agent_srun_messages import name_killed_rank, note_step_creation, relay_srun_messages  # noqa: F401
 from orchestrator.backends.slurm.node.agent_gate import StepGate
 from orchestrator.backends.slurm.node.agent_recovery import AgentRecovery
 from orchestrator.backends.slurm.node.agent_requeue import SCONTROL_RETRY_S, Requeuer, site_ends_preempted, wait_for_site_end
+from orchestrator.backends.slurm.node.agent_survivors import StandIns
 from orchestrator.backends.slurm.node.agent_state import MOVES, AgentContext, AgentState, Phase, say  # noqa: F401  (re-exported)
 from orchestrator.backends.slurm.node.agent_watch import AgentWatch
 from orchestrator.core.payload import Payload
@@ -114,6 +115,7 @@ class JobAgent:
         self.recovery = AgentRecovery(self.ctx, self.requeuer)
         self.watch: AgentWatch | None = None
         self.srun: subprocess.Popen | None = None
+        self.keep: StandIns | None = None  # recovery.survivors: keep: the ranks replaced beside the step
         self.environ = dict(environ)
         # Each rank's share of its node's granted CPUs, for a payload that carries it as a rule
         # (no slurm.cpus_per_task): srun's --cpus-per-task and the thread default.
@@ -133,6 +135,8 @@ class JobAgent:
                     s.notice_pending = True  # the loop captures the stacks, then forwards it
                 else:
                     self.srun.send_signal(notice)  # srun forwards it to every task (rank)
+                    if self.keep is not None:
+                        self.keep.signal(notice)
 
     def run(self, srun_argv: list[str]) -> int:
         """One attempt, recorded in <run>/recovery.json however it ends."""
@@ -164,7 +168,8 @@ class JobAgent:
         if c.attempt is None or "ranks_at" not in c.attempt.times:
             return
         watch = self.watch.watch if self.watch is not None else None
-        if watch is not None:
+        rejoined = self.keep is not None and self.keep.rejoins.began_at is not None  # the joins were the first group's
+        if watch is not None and not rejoined:
             c.attempt.times.update(attempt_times.joined_at(watch.joined, c.world))
         try:
             c.attempt.times.update(attempt_times.progress_marks(c.run_dir, c.world, c.attempt.times["ranks_at"]))
@@ -194,6 +199,8 @@ class JobAgent:
             say(f"each rank gets {self.cpus_per_rank} CPU(s) ({self.cpus_from}; srun "
                 f"--cpus-per-task={self.cpus_per_rank})")
         gate = StepGate(c, c.rank_hosts) if in_step else None
+        if p.recovery.survivors == "keep" and c.world > 0:
+            self.keep = StandIns(c, srun_argv, self.srun_environment())
         code = self._srun([*srun_argv, *gate.argv()] if gate is not None else srun_argv, gate)
         if s.cancel_at is None and os.path.lexists(self.ctx.cancel_request):
             s.cancel_at = time.monotonic()  # the ranks ended on the cancel's SIGTERM before a look saw it
@@ -255,7 +262,7 @@ class JobAgent:
         # ends the ranks that are still exiting); checked once more after srun, since every rank
         # may have ended before the loop looked.
         next_look, last = time.monotonic() + LOOK_S, time.monotonic()
-        while (code := self.srun.poll()) is None:
+        while (code := self.srun.poll()) is None or (self.keep is not None and self.keep.running()):
             if time.monotonic() - last > STOPPED_GAP_S:  # this loop was stopped: the job was suspended
                 s.stopped_seen = True
             last = time.monotonic()
@@ -272,10 +279,15 @@ class JobAgent:
                 self.watch.time_limit_stacks()
                 if self.srun.poll() is None:
                     self.srun.send_signal(self.ctx.notice)
+                if self.keep is not None:
+                    self.keep.signal(self.ctx.notice)
             if grace_spent(s.cancel_at, s.cancel_sent, time.monotonic(), p.stop_grace_s):
                 self.requeuer.end_cancelled(f"the ranks did not end within stop_grace_s ({p.stop_grace_s:g}s)")
             elif s.cancel_at is not None and not s.cancel_sent and self.watch.stuck_after_cancel():
                 self._end_ranks()
+            running = s.phase is Phase.RUNNING and not self.requeuer.stopping() and not gating and s.cancel_at is None
+            if running and self.keep is not None and not self.keep.given_up and self.keep.failed(code):
+                self._rejoin(self.keep.failed(code))
             if s.phase is Phase.RUNNING and not self.requeuer.stopping() and not gating and time.monotonic() >= next_look:
                 next_look = time.monotonic() + LOOK_S
                 if os.path.lexists(self.ctx.cancel_request):
@@ -290,7 +302,31 @@ class JobAgent:
                     self._end_ranks()
             time.sleep(min(POLL_S, max(0.005, gate.wait_s())) if gating and gate is not None else POLL_S)
         relay.join(timeout=5)
-        return code
+        return self.keep.exit_code(code) if self.keep is not None else code
+
+    def _rejoin(self, failed: list[int]) -> None:
+        """Ranks failed while the others run on (recovery.survivors: keep): when recovery allows
+        it, this attempt ends as a restart, the next begins, and the lost ranks start again beside
+        the survivors (``agent_survivors``); else every rank ends, as --kill-on-bad-exit would."""
+        c, keep = self.ctx, self.keep
+        assert keep is not None and c.attempt is not None
+        codes = keep.codes(None)
+        keep.rejoins.lost = failed
+        if keep.rejoins.may_rejoin(failed, codes, False, True):
+            c.attempt.times.setdefault("failed_at", time.time())
+            self._mark_attempt()
+            if keep.rejoins.end_attempt(c.history, c.attempt, keep.failure(failed, codes), c.attempt.times).restart:
+                self.recovery.begin_attempt()
+                assert c.attempt is not None
+                self.state.first_end = self.state.killed = None  # the next failure is the next attempt's
+                keep.replace(c.attempt.number)
+                c.attempt.times["ranks_at"] = keep.rejoins.began_at or time.time()
+                if self.watch is not None and self.watch.watch is not None:
+                    self.watch.watch.started = c.attempt.times["ranks_at"]  # a new stall clock
+                return
+        keep.given_up = True
+        say(f"rank(s) {', '.join(map(str, failed))} failed and cannot rejoin the others: every rank ends")
+        self._end_ranks()
 
     def _after_srun(self, code: int) -> int:
         """The attempt's end, once srun has: a requeue still due, a failure to recover from, a
@@ -344,6 +380,8 @@ class JobAgent:
         ignores SIGTERM, or is stuck, has END_GRACE_S); srun itself goes last."""
         assert self.srun is not None
         self.srun.send_signal(signal.SIGTERM)
+        if self.keep is not None:
+            self.keep.end(END_GRACE_S)
         try:
             self.srun.wait(timeout=END_GRACE_S)
             return
@@ -389,62 +427,6 @@ def master_port(ctx: AgentContext, environ: Mapping[str, str]) -> int | None | b
     if port != derived:
         say(f"port {derived} is in use on {here} (another job's?): the ranks rendezvous on {port}")
     return port
-
-
-def relay_srun_messages(stream: IO[bytes] | None, state: AgentState) -> None:
-    """srun's messages to the batch log, read on the way: the nodes the step lost, and the first
-    task that ended badly (only it is the suspect: srun kills the rest after it)."""
-    if stream is None:
-        return
-    out = getattr(sys.stderr, "buffer", None)
-    for line in stream:
-        try:
-            if out is not None:
-                out.write(line)
-                out.flush()
-        except (OSError, ValueError):
-            pass  # the batch log is gone: keep draining, or srun would block
-        text = line.decode(errors="replace")
-        note_step_creation(text, state)
-        lost = _NODE_FAILURE.search(text)
-        if lost:
-            state.lost_nodes.add(lost.group(1))
-        if state.first_end is None and _SRUN_TASK_ENDED.search(text):
-            state.first_end = text
-            state.killed = srun_signal_death(text)
-
-
-#: srun's words while the controller delays the step ("Job step creation temporarily disabled,
-#: retrying (Requested nodes are busy)"), and once it made it ("Step created for StepId=...").
-_STEP_DELAYED = "step creation temporarily disabled"
-_STEP_CREATED = "step created for"
-
-
-def note_step_creation(text: str, state: AgentState) -> None:
-    """Whether srun still waits for the controller to create the ranks' step: the health gate's
-    clock (``agent_gate.StepGate``) does not run while it does (no task can report before its step
-    exists: a step delayed past the gate's bound blamed every node)."""
-    lowered = text.lower()
-    if _STEP_DELAYED in lowered and state.step_waiting_since is None:
-        state.step_waiting_since = time.monotonic()
-    elif _STEP_CREATED in lowered:
-        state.step_waiting_since = None
-
-
-def name_killed_rank(ctx: AgentContext) -> None:
-    """A rank ended by a signal leaves no traceback, and its peers then fail for want of it: name
-    it (from srun's message) as the job's failure, unless it recorded an error itself."""
-    if ctx.state.killed is None:
-        return
-    host, rank, what = ctx.state.killed
-    if host in ctx.state.lost_nodes or RunFolder.of(ctx.run_dir).error(rank).exists():
-        return  # a lost node's ranks die with it: the node failure is the story
-    from orchestrator.node import forensics
-
-    message = (f"rank {rank} on {host} was killed by a signal ({what}), with no traceback: the kernel's OOM "
-               "killer, a segfault in native code, or someone's kill; its peers failed after it")
-    say(message)
-    forensics.write_end(ctx.run_dir, reason=EndReason.RANK_KILLED, failed_rank=rank, error=message)
 
 
 def main(argv: list[str] | None = None) -> int:

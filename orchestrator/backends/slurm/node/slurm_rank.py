@@ -20,7 +20,7 @@ from orchestrator.node.launcher import exit_code_of, run_rank
 from orchestrator.core.payload import Payload
 from orchestrator.node.rank_env import installed_torch_version, rank_env_from_slurm, rank_environment
 from orchestrator.core.rendezvous import remove_earlier_files
-from orchestrator.backends.slurm.node.slurm_task import SlurmTask, gate_attempt, master_port, point_base
+from orchestrator.backends.slurm.node.slurm_task import SlurmTask, gate_attempt, master_port, point_base, stand_in
 
 
 def keep_running_on_time_limit_notice(rank: int, notice: signal.Signals = signal.SIGUSR2) -> None:
@@ -72,6 +72,8 @@ def main(args: list[str]) -> int:
     task = SlurmTask.from_environ(os.environ)
     job = task.job
     payload = Payload.load(job.payload_path(args[0], point_base(args)))
+    task, as_its_step = stand_in(task, args, payload.ranks_per_node)  # a replaced rank (recovery.survivors: keep)
+    os.environ.update(as_its_step)
     # At once, not after the set-up below: the notice can come while a slow start is still under way
     # (its default action would end the rank, and the job would fail instead of running on).
     keep_running_on_time_limit_notice(int(task.procid), signal.Signals[payload.stop_signal])

@@ -92,6 +92,28 @@ class SlurmTask:
                    cuda_visible_devices=environ.get("CUDA_VISIBLE_DEVICES"), hosts=step)
 
 
+#: The options of a replacement rank's srun (``recovery.survivors: keep``): the rank it stands in
+#: for, and the ranks' step's nodes (its own step has one).
+STAND_IN_OPTION, STEP_NODES_OPTION = "--stand-in", "--step-nodes"
+
+
+def stand_in(task: SlurmTask, args: list[str], ranks_per_node: int) -> tuple[SlurmTask, dict[str, str]]:
+    """The task as the rank it replaces (``--stand-in R --step-nodes a,b``), and the SLURM variables a
+    framework reads, as the ranks' step set them for that rank: its own step is one task on one node
+    (``agent_survivors``). Without ``--stand-in``, the task as SLURM started it and nothing to set."""
+    if STAND_IN_OPTION not in args:
+        return task, {}
+    rank = int(args[args.index(STAND_IN_OPTION) + 1])
+    hosts = tuple(args[args.index(STEP_NODES_OPTION) + 1].split(",")) if STEP_NODES_OPTION in args else task.hosts
+    per_node = max(1, ranks_per_node)
+    world = len(hosts) * per_node
+    task = SlurmTask(job=task.job, procid=rank, localid=rank % per_node, nodeid=rank // per_node, ntasks=world,
+                     nnodes=len(hosts), cuda_visible_devices=task.cuda_visible_devices, hosts=hosts)
+    return task, {"SLURM_PROCID": str(rank), "SLURM_LOCALID": str(task.localid), "SLURM_NODEID": str(task.nodeid),
+                  "SLURM_NTASKS": str(world), "SLURM_NPROCS": str(world), "SLURM_STEP_NUM_TASKS": str(world),
+                  "SLURM_STEP_NUM_NODES": str(len(hosts)), "SLURM_STEP_NODELIST": ",".join(hosts)}
+
+
 def point_base(args: list[str]) -> int:
     """``--point-base N``: the first sweep point of this job array (arrays are split at MaxArraySize)."""
     return int(args[args.index("--point-base") + 1]) if "--point-base" in args else 0

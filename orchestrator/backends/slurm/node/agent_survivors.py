@@ -1,0 +1,152 @@
+"""``recovery.survivors: keep`` in a SLURM job (issue 50): a failed rank starts again as a step of
+its own beside the ranks' step, whose other tasks run on with their state.
+
+The ranks' step runs with ``--kill-on-bad-exit=0`` (planned so for ``survivors: keep``): SLURM
+leaves the survivors alone when a task fails, and srun says which task ended and how ("srun:
+error: node2: task 1: Exited with exit code 1"; the agent's relay keeps them in
+``AgentState.task_ends``). When ``orchestrator.core.rejoins.Rejoins`` allows it, the attempt ends
+as a restart and the next begins at once: the generation is announced, and the lost rank runs
+again on its node as
+
+    srun --overlap --mem=0 --nodes=1 --ntasks=1 --nodelist=NODE --output=ITS_LOG --open-mode=append
+         ... slurm_rank PAYLOAD --stand-in R --step-nodes NODE1,NODE2
+
+``--overlap`` and ``--mem=0`` because the ranks' step still holds the node's CPUs and memory (22.05
+refuses the step otherwise: "Memory required by task is not available"); ``slurm_task.stand_in``
+gives it rank R's place and the SLURM variables the ranks' step set for R. Checked on 22.05
+before building this: the survivors' tasks run on, and the new step starts tens of milliseconds
+after its srun. A failure that cannot be rejoined (a script without ``jobs.Healer``, no restart
+left) ends every rank, as ``--kill-on-bad-exit=1`` would have, and the agent recovers as with
+``survivors: restart``. Standard library only.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from typing import Mapping, Sequence
+
+from orchestrator.backends.slurm.node.agent_state import AgentContext
+from orchestrator.backends.slurm.node.slurm_task import STAND_IN_OPTION, STEP_NODES_OPTION
+from orchestrator.core.recovery import HARDWARE_SIGNALS, Failure
+from orchestrator.core.rejoins import Rejoins
+from orchestrator.core.run_folder import RunFolder
+from orchestrator.core.safe_read import Unreadable, read_json
+from orchestrator.core.states import FailureKind
+from orchestrator.node.rank_env import OrchVar
+
+#: The ranks' srun options a replacement's step sets itself (its one node and task, its log).
+_OWN_OPTIONS = ("--nodes=", "--ntasks=", "--nodelist=", "--ntasks-per-node=", "--kill-on-bad-exit", "--output=",
+                "--open-mode=")
+
+
+def stand_in_argv(rank_argv: Sequence[str], rank: int, host: str, log: str, step_hosts: Sequence[str]) -> list[str]:
+    """The srun that starts rank ``rank`` again on ``host`` beside the ranks' step (run as
+    ``rank_argv``, without the health gate's options), appending to its log."""
+    options: list[str] = []
+    i = 1
+    while i < len(rank_argv):
+        word = rank_argv[i]
+        if word == "--output":  # its value is the step's %t pattern
+            i += 2
+            continue
+        if not word.startswith("-"):  # the rank's own command
+            break
+        if not word.startswith(_OWN_OPTIONS):
+            options.append(word)
+        i += 1
+    return [rank_argv[0], "--overlap", "--mem=0", "--nodes=1", "--ntasks=1", f"--nodelist={host}", f"--output={log}",
+            "--open-mode=append", "--kill-on-bad-exit=0", *options, *rank_argv[i:],
+            STAND_IN_OPTION, str(rank), STEP_NODES_OPTION, ",".join(step_hosts)]
+
+
+class StandIns:
+    """One attempt loop's replaced ranks: their steps, and every rank's exit as far as known."""
+
+    def __init__(self, ctx: AgentContext, rank_argv: Sequence[str], environ: Mapping[str, str]) -> None:
+        self.ctx = ctx
+        self.rejoins = Rejoins(ctx.payload)
+        self.rank_argv = list(rank_argv)
+        self.environ = dict(environ)
+        self.steps: dict[int, subprocess.Popen[bytes]] = {}  # rank -> the step now running it
+        self.given_up = False  # a failure could not be rejoined: every rank ends, recovery decides
+
+    def codes(self, step_code: int | None) -> list[int | None]:
+        """Each rank's exit code (None: running): its replacement's, else its task's in the ranks'
+        step (srun names only those that failed; the rest ended 0 once the step has: ``step_code``)."""
+        ends = self.ctx.state.task_ends
+        codes: list[int | None] = []
+        for rank in range(self.ctx.world):
+            if rank in self.steps:
+                codes.append(self.steps[rank].poll())
+            else:
+                codes.append(ends.get(rank, 0 if step_code is not None else None))
+        return codes
+
+    def failed(self, step_code: int | None) -> list[int]:
+        return [rank for rank, code in enumerate(self.codes(step_code)) if code not in (None, 0)]
+
+    def running(self) -> bool:
+        return any(step.poll() is None for step in self.steps.values())
+
+    def exit_code(self, step_code: int) -> int:
+        """The attempt's exit code: the ranks' step's, unless ranks were replaced: then 0 when every
+        rank's last process ended 0, else the first failure's code."""
+        if not self.steps:
+            return step_code
+        failed = [code for code in self.codes(step_code) if code not in (None, 0)]
+        return failed[0] if failed else 0
+
+    def failure(self, failed: list[int], codes: list[int | None]) -> Failure:
+        """What the attempt that a rejoin ends is recorded with: the first lost rank's traceback
+        (``<run>/errors/rank-N.json``), else how srun saw it end (a hardware-like signal blames its node)."""
+        rank = failed[0]
+        host = self.host(rank)
+        try:
+            error = read_json(RunFolder.of(self.ctx.run_dir).error(rank))
+        except Unreadable:
+            error = None
+        if isinstance(error, dict) and error.get("message") is not None:
+            return Failure(FailureKind.CRASH, f"rank {rank} raised {error.get('type')}: {error.get('message')}"
+                           .splitlines()[0])
+        code = codes[rank] or 0
+        if code > 128:
+            name = signal.Signals(code - 128).name if code - 128 in signal.valid_signals() else f"signal {code - 128}"
+            return Failure(FailureKind.CRASH, f"rank {rank} on {host} was killed by a signal ({name})",
+                           (host,) if name in HARDWARE_SIGNALS else ())
+        return Failure(FailureKind.CRASH, f"rank {rank} on {host} ended with exit code {code}")
+
+    def host(self, rank: int) -> str:
+        """The node of rank ``rank``: node i of the ranks' step holds ranks i*ranks_per_node... (block)."""
+        hosts = self.ctx.rank_hosts
+        return hosts[min(len(hosts) - 1, rank // max(1, self.ctx.payload.ranks_per_node))]
+
+    def replace(self, attempt: int) -> list[int]:
+        """Announce the next generation (``Rejoins.announce``) and start each lost rank again on its
+        node; the ranks replaced."""
+        c = self.ctx
+        logs = [str(c.slurm.rank_log(c.payload.rank_log, rank)) for rank in range(c.world)]
+        lost = self.rejoins.announce(logs, attempt)
+        env = {**self.environ, OrchVar.HEAL_GENERATION: str(self.rejoins.generation)}
+        for rank in lost:
+            c.state.task_ends.pop(rank, None)
+            argv = stand_in_argv(self.rank_argv, rank, self.host(rank), logs[rank], c.rank_hosts)
+            self.steps[rank] = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL)
+        return lost
+
+    def signal(self, signum: int) -> None:
+        for step in self.steps.values():
+            if step.poll() is None:
+                step.send_signal(signum)
+
+    def end(self, grace_s: float) -> None:
+        """SIGTERM to each replacement (srun forwards it), then SIGKILL to the srun after ``grace_s``."""
+        self.signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for step in self.steps.values():
+            try:
+                step.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                step.kill()
+                step.wait(timeout=10)

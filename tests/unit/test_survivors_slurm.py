@@ -1,0 +1,105 @@
+"""recovery.survivors: keep in a SLURM job, the pure parts (the processes are
+tests/cluster/test_survivors_slurm.py): srun's lines about ended tasks, a replacement's srun and
+its place in the ranks' step, each rank's exit as the agent knows it, and the plan."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orchestrator.backends.slurm.node.agent_decisions import ended_tasks
+from orchestrator.backends.slurm.node.agent_state import AgentContext, AgentState
+from orchestrator.backends.slurm.node.agent_survivors import StandIns, stand_in_argv
+from orchestrator.backends.slurm.node.slurm_task import SlurmJob, SlurmTask, stand_in
+from orchestrator.core.recovery import History
+from orchestrator.plan import plan
+from orchestrator.spec.loading import spec_from_dict
+
+
+def test_srun_lines_name_every_task_that_ended_badly_with_its_code() -> None:
+    assert ended_tasks("srun: error: node2: task 1: Exited with exit code 3\n") == {1: 3}
+    assert ended_tasks("srun: error: node1: tasks 0-1,3: Killed") == {0: 137, 1: 137, 3: 137}
+    assert ended_tasks("srun: error: node1: task 4: Segmentation fault (core dumped)") == {4: 139}
+    assert ended_tasks("srun: error: node1: task 4: Terminated") == {4: 143}
+    assert ended_tasks("srun: Job step aborted: Waiting up to 32 seconds") == {}
+    assert ended_tasks("srun: error: Node failure on node2") == {}
+
+
+RANK_ARGV = ["srun", "--nodes=2", "--ntasks=4", "--nodelist=node1,node3", "--unbuffered", "--output",
+             "/runs/r/slurm/%j_%t_log.out", "--kill-on-bad-exit=0", "--cpus-per-task=1", "/usr/bin/python3", "-m",
+             "orchestrator.backends.slurm.node.slurm_rank", "/runs/r/payload.json", "--master-port", "29517"]
+
+
+def test_a_replacement_runs_one_task_on_its_node_beside_the_step_appending_to_its_log() -> None:
+    argv = stand_in_argv(RANK_ARGV, 3, "node3", "/runs/r/slurm/7_3_log.out", ("node1", "node3"))
+    assert argv[:10] == ["srun", "--overlap", "--mem=0", "--nodes=1", "--ntasks=1", "--nodelist=node3",
+                         "--output=/runs/r/slurm/7_3_log.out", "--open-mode=append", "--kill-on-bad-exit=0",
+                         "--unbuffered"]
+    assert "--cpus-per-task=1" in argv and "--ntasks=4" not in argv and "--nodelist=node1,node3" not in argv
+    assert argv[argv.index("/usr/bin/python3"):] == [
+        "/usr/bin/python3", "-m", "orchestrator.backends.slurm.node.slurm_rank", "/runs/r/payload.json",
+        "--master-port", "29517", "--stand-in", "3", "--step-nodes", "node1,node3"]
+
+
+def _task(procid: int = 0) -> SlurmTask:
+    job = SlurmJob(job_id="7", raw_job_id="7", array_job_id=None, array_task=None, restart=0,
+                   hosts=("node1", "node2", "node3"))
+    return SlurmTask(job=job, procid=procid, localid=0, nodeid=0, ntasks=1, nnodes=1, cuda_visible_devices=None,
+                     hosts=("node3",))
+
+
+@settings(max_examples=100, deadline=None)
+@given(nodes=st.integers(1, 4), per_node=st.integers(1, 4), data=st.data())
+def test_a_replacement_takes_the_place_and_variables_the_ranks_step_gave_its_rank(nodes: int, per_node: int,
+                                                                                   data: Any) -> None:
+    hosts = [f"n{i}" for i in range(nodes)]
+    rank = data.draw(st.integers(0, nodes * per_node - 1))
+    task, env = stand_in(_task(), ["/p.json", "--stand-in", str(rank), "--step-nodes", ",".join(hosts)], per_node)
+    assert (task.procid, task.localid, task.nodeid) == (rank, rank % per_node, rank // per_node)
+    assert (task.ntasks, task.nnodes, task.hosts) == (nodes * per_node, nodes, tuple(hosts))
+    assert env["SLURM_PROCID"] == str(rank) and env["SLURM_LOCALID"] == str(rank % per_node)
+    assert env["SLURM_NTASKS"] == str(nodes * per_node) and env["SLURM_STEP_NODELIST"] == ",".join(hosts)
+
+
+def test_a_task_srun_started_as_itself_is_left_as_it_is() -> None:
+    assert stand_in(_task(2), ["/p.json", "--master-port", "1"], 2) == (_task(2), {})
+
+
+def _ctx(tmp: Path, world_nodes: int = 2) -> AgentContext:
+    launch = plan(spec_from_dict({"name": "t", "entrypoint": "jobs.train:main", "executor": "slurm",
+                                  "nodes": world_nodes, "cpu_ranks_per_node": 2, "runs_dir": str(tmp / "runs"),
+                                  "recovery": {"max_restarts": 3, "survivors": "keep"}}), "slurm")
+    job = SlurmJob(job_id="7", raw_job_id="7", array_job_id=None, array_task=None, restart=0,
+                   hosts=tuple(f"node{i + 1}" for i in range(world_nodes)))
+    return AgentContext(launch.payload, job, History.load(launch.run_dir), AgentState(), "", "", 15)  # type: ignore[arg-type]
+
+
+def test_each_ranks_exit_is_its_last_processs(tmp_path: Path) -> None:
+    ctx = _ctx(tmp_path)
+    keep = StandIns(ctx, RANK_ARGV, {})
+    assert keep.codes(None) == [None] * 4 and keep.failed(None) == []
+    ctx.state.task_ends.update({1: 3})
+    assert keep.codes(None) == [None, 3, None, None] and keep.failed(None) == [1]
+    assert keep.host(1) == "node1" and keep.host(3) == "node2"
+    assert keep.exit_code(1) == 1  # nothing replaced: the step's own code
+    keep.steps[1] = subprocess.Popen([sys.executable, "-c", "pass"])  # its replacement, which ends 0
+    keep.steps[1].wait()
+    assert keep.codes(None) == [None, 0, None, None] and keep.failed(None) == []
+    assert keep.codes(1) == [0, 0, 0, 0] and keep.exit_code(1) == 0  # the step's 1 was the replaced rank's
+    ctx.state.task_ends[2] = 137  # a survivor died after the rejoin
+    assert keep.exit_code(1) == 137
+    failure = keep.failure([2], keep.codes(1))
+    assert failure.why == "rank 2 on node2 was killed by a signal (SIGKILL)"
+
+
+def test_the_ranks_step_lets_survivors_run_on_only_with_survivors_keep(tmp_path: Path) -> None:
+    base = {"name": "t", "entrypoint": "jobs.train:main", "executor": "slurm", "runs_dir": str(tmp_path),
+            "recovery": {"max_restarts": 1}}
+    assert "--kill-on-bad-exit=1" in plan(spec_from_dict(base), "slurm").payload.srun
+    keep = {**base, "recovery": {"max_restarts": 1, "survivors": "keep"}}
+    assert "--kill-on-bad-exit=0" in plan(spec_from_dict(keep), "slurm").payload.srun

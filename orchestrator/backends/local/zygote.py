@@ -32,8 +32,10 @@ torch again (locally that import was most of a restart: 2.5 of a 4.8 s recovery)
 attempts it holds nothing of theirs: it stopped what they left, and it never runs a rank's code.
 
 Protocol, one JSON object per line. stdin, per set of ranks (an attempt): ``{"rank", "env",
-"payload", "log", "fresh"}`` per rank, then ``{"go": true}``; while the set runs, more rank
-messages (a rank forked again beside the others, ``recovery.survivors: keep``); then
+"payload", "log", "fresh"}`` per rank (a SLURM job's standby sends ``"entry": "slurm"`` and the
+rank's ``"args"``: ``ENTRIES``), then ``{"go": true}``; while the set runs, more rank messages (a
+rank forked again beside the others, ``recovery.survivors: keep``) and ``{"signal": N}`` (to
+every rank of the set); then
 ``{"end": true}`` once the supervisor has seen every rank end (another set may follow) or
 ``{"done": true}`` (the last; the end of input is the same). stdout, per set: ``{"rank", "pid"}``
 per fork, ``{"rank", "exit"}`` as each rank ends (a negative exit is the signal that killed it, as
@@ -97,15 +99,17 @@ def child(msg: dict[str, Any], fresh: bool, watch: Watch | None = None) -> NoRet
         os.dup2(log, 2)
         os.close(log)
         os.close(null)
+        entry = ENTRIES[msg.get("entry", "local")]
+        args = [msg["payload"], *pipe_args] if entry == ENTRIES["local"] else [str(a) for a in msg["args"]]
         if fresh:
-            os.execve(sys.executable, module_argv(sys.executable, "orchestrator.node.launcher", msg["payload"], *pipe_args),
-                      msg["env"])
-        os.environ.clear()
-        os.environ.update(msg["env"])
-        from orchestrator.node.launcher import main
+            os.execve(sys.executable, module_argv(sys.executable, entry, *args), msg["env"])
+        if entry == ENTRIES["local"]:  # a local rank's environment is the whole of the message's
+            os.environ.clear()
+        os.environ.update(msg["env"])  # a SLURM rank's is this node's step's, with the job's on top
+        main = importlib.import_module(entry).main
 
         ran = True
-        code = main([msg["payload"], *pipe_args])
+        code = main(args)
     except BaseException:  # report anything, then leave without running the zygote's cleanup
         import traceback
 
@@ -143,6 +147,10 @@ POLL_S = 0.05  # without prctl: how often the zygote looks at its ranks and its 
 #: (``forked.builds_ddp``), instead of once in every forked rank. A 2 x 2 demo run took 12.3 s and
 #: 20.5 s of CPU without it, 9.4 s and 12.2 s with it (2026-11-28, 2 cores).
 DDP_IMPORTS = ("torch._dynamo",)
+#: What a forked rank runs (the message's ``entry``): a local rank's launcher, or a SLURM rank's
+#: (a warm standby on a node of a SLURM job: ``orchestrator.backends.slurm.node.agent_standby``),
+#: each a module whose ``main(args)`` returns the exit code. Named, never taken from the message.
+ENTRIES = {"local": "orchestrator.node.launcher", "slurm": "orchestrator.backends.slurm.node.slurm_rank"}
 PARENT_PIPE = "--parent-pipe="  # launcher.PARENT_PIPE, not imported: the zygote imports nothing it need not
 
 
@@ -269,6 +277,9 @@ def _wait_ranks(children: dict[int, int], lines: Lines, fresh: bool, watch: Watc
             for msg in lines.take():
                 if msg.get("done") or msg.get("end"):
                     ended_by, last = True, last or bool(msg.get("done"))
+                elif "signal" in msg:  # to every rank of the set (each leads its own group)
+                    for pid in children:
+                        procs.signal_group(pid, int(msg["signal"]))
                 elif "rank" in msg:
                     children.update(_fork(msg, fresh, watch))
     return last

@@ -27,6 +27,8 @@ import subprocess
 import time
 from typing import Mapping, Sequence
 
+from orchestrator.backends.slurm.node.agent_standby import (Forked, Standby, preload_for, rank_args, standby_argv,
+                                                             step_options)
 from orchestrator.backends.slurm.node.agent_state import AgentContext
 from orchestrator.backends.slurm.node.slurm_task import STAND_IN_OPTION, STEP_NODES_OPTION
 from orchestrator.core.recovery import HARDWARE_SIGNALS, Failure
@@ -36,29 +38,15 @@ from orchestrator.core.safe_read import Unreadable, read_json
 from orchestrator.core.states import FailureKind
 from orchestrator.node.rank_env import OrchVar
 
-#: The ranks' srun options a replacement's step sets itself (its one node and task, its log).
-_OWN_OPTIONS = ("--nodes=", "--ntasks=", "--nodelist=", "--ntasks-per-node=", "--kill-on-bad-exit", "--output=",
-                "--open-mode=")
-
-
 def stand_in_argv(rank_argv: Sequence[str], rank: int, host: str, log: str, step_hosts: Sequence[str]) -> list[str]:
-    """The srun that starts rank ``rank`` again on ``host`` beside the ranks' step (run as
-    ``rank_argv``, without the health gate's options), appending to its log."""
-    options: list[str] = []
-    i = 1
-    while i < len(rank_argv):
-        word = rank_argv[i]
-        if word == "--output":  # its value is the step's %t pattern
-            i += 2
-            continue
-        if not word.startswith("-"):  # the rank's own command
-            break
-        if not word.startswith(_OWN_OPTIONS):
-            options.append(word)
-        i += 1
+    """The srun that starts rank ``rank`` again on ``host`` beside the ranks' step, appending to its log."""
+    options, program = step_options(rank_argv)
     return [rank_argv[0], "--overlap", "--mem=0", "--nodes=1", "--ntasks=1", f"--nodelist={host}", f"--output={log}",
-            "--open-mode=append", "--kill-on-bad-exit=0", *options, *rank_argv[i:],
-            STAND_IN_OPTION, str(rank), STEP_NODES_OPTION, ",".join(step_hosts)]
+            "--open-mode=append", "--kill-on-bad-exit=0", *options, *program, *stand_in_args(rank, step_hosts)]
+
+
+def stand_in_args(rank: int, step_hosts: Sequence[str]) -> list[str]:
+    return [STAND_IN_OPTION, str(rank), STEP_NODES_OPTION, ",".join(step_hosts)]
 
 
 class StandIns:
@@ -69,8 +57,9 @@ class StandIns:
         self.rejoins = Rejoins(ctx.payload)
         self.rank_argv = list(rank_argv)
         self.environ = dict(environ)
-        self.steps: dict[int, subprocess.Popen[bytes]] = {}  # rank -> the step now running it
+        self.steps: dict[int, subprocess.Popen[bytes] | Forked] = {}  # rank -> the process now running it
         self.given_up = False  # a failure could not be rejoined: every rank ends, recovery decides
+        self.standbys: dict[str, Standby] = {}  # node -> its warm interpreter (agent_standby), once started
 
     def codes(self, step_code: int | None) -> list[int | None]:
         """Each rank's exit code (None: running): its replacement's, else its task's in the ranks'
@@ -122,16 +111,33 @@ class StandIns:
         hosts = self.ctx.rank_hosts
         return hosts[min(len(hosts) - 1, rank // max(1, self.ctx.payload.ranks_per_node))]
 
+    def warm_up(self) -> None:
+        """A standby on each node of the ranks' step (once: called when every rank has joined)."""
+        if self.standbys:
+            return
+        modules = preload_for(self.ctx.payload.entrypoint)
+        for host in dict.fromkeys(self.ctx.rank_hosts):
+            try:
+                self.standbys[host] = Standby(host, standby_argv(self.rank_argv, host, modules), self.environ)
+            except OSError as exc:  # srun could not start: replacements on that node start fresh
+                self.ctx.say(f"no warm standby on {host}: {exc}")
+
     def replace(self, attempt: int) -> list[int]:
         """Announce the next generation (``Rejoins.announce``) and start each lost rank again on its
-        node; the ranks replaced."""
+        node: forked from the node's standby, else as a step of its own; the ranks replaced."""
         c = self.ctx
         logs = [str(c.slurm.rank_log(c.payload.rank_log, rank)) for rank in range(c.world)]
         lost = self.rejoins.announce(logs, attempt)
         env = {**self.environ, OrchVar.HEAL_GENERATION: str(self.rejoins.generation)}
         for rank in lost:
             c.state.task_ends.pop(rank, None)
-            argv = stand_in_argv(self.rank_argv, rank, self.host(rank), logs[rank], c.rank_hosts)
+            host = self.host(rank)
+            standby = self.standbys.get(host)
+            if standby is not None and standby.alive():
+                args = [*rank_args(self.rank_argv), *stand_in_args(rank, c.rank_hosts)]
+                self.steps[rank] = standby.fork(rank, args, env, logs[rank], args[0] if args else "")
+                continue
+            argv = stand_in_argv(self.rank_argv, rank, host, logs[rank], c.rank_hosts)
             self.steps[rank] = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL)
         return lost
 
@@ -141,7 +147,8 @@ class StandIns:
                 step.send_signal(signum)
 
     def end(self, grace_s: float) -> None:
-        """SIGTERM to each replacement (srun forwards it), then SIGKILL to the srun after ``grace_s``."""
+        """SIGTERM to each replacement (srun or the standby passes it on), SIGKILL after ``grace_s``;
+        then the standbys go."""
         self.signal(signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         for step in self.steps.values():
@@ -150,3 +157,9 @@ class StandIns:
             except subprocess.TimeoutExpired:
                 step.kill()
                 step.wait(timeout=10)
+        self.close()
+
+    def close(self) -> None:
+        """The standbys go (each stops what its ranks left)."""
+        for standby in self.standbys.values():
+            standby.close()

@@ -286,8 +286,11 @@ class JobAgent:
             elif s.cancel_at is not None and not s.cancel_sent and self.watch.stuck_after_cancel():
                 self._end_ranks()
             running = s.phase is Phase.RUNNING and not self.requeuer.stopping() and not gating and s.cancel_at is None
-            if running and self.keep is not None and not self.keep.given_up and self.keep.failed(code):
-                self._rejoin(self.keep.failed(code))
+            if running and self.keep is not None and not self.keep.given_up:
+                if self.keep.failed(code):
+                    self._rejoin(self.keep.failed(code))
+                elif self.watch.watch is not None and len(self.watch.watch.joined) >= self.ctx.world:
+                    self.keep.warm_up()  # once every rank joined: not competing with the ranks' start
             if s.phase is Phase.RUNNING and not self.requeuer.stopping() and not gating and time.monotonic() >= next_look:
                 next_look = time.monotonic() + LOOK_S
                 if os.path.lexists(self.ctx.cancel_request):
@@ -302,7 +305,10 @@ class JobAgent:
                     self._end_ranks()
             time.sleep(min(POLL_S, max(0.005, gate.wait_s())) if gating and gate is not None else POLL_S)
         relay.join(timeout=5)
-        return self.keep.exit_code(code) if self.keep is not None else code
+        if self.keep is None:
+            return code
+        self.keep.close()
+        return self.keep.exit_code(code)
 
     def _rejoin(self, failed: list[int]) -> None:
         """Ranks failed while the others run on (recovery.survivors: keep): when recovery allows

@@ -1,0 +1,180 @@
+"""Warm standby interpreters on the nodes of a SLURM job's ranks (``recovery.survivors: keep``,
+issue 50): a rank replaced beside the survivors is forked from one, not started as a new
+interpreter that imports torch again (3 s of the 6 s a replacement took on the site cluster).
+
+One standby per node of the ranks' step, started once every rank has joined (not before: on a
+busy node its imports would compete with the ranks' own start), as a step of one task beside the
+ranks' (``srun --overlap --mem=0``). It is the local executor's zygote
+(``orchestrator.backends.local.zygote``): it imports torch, ``torch._dynamo`` (DDP's constructor
+needs it) and the rank API's healer, then waits; a replacement is a set of one rank
+(``"entry": "slurm"``: the child runs ``slurm_rank`` as the rank it stands in for, with this
+node's SLURM variables and the job's), whose exit it reports. Its process hygiene is the
+zygote's: a child subreaper, every rank in its own session, nothing left when it ends. A standby
+that failed to start, or died, is passed over: the replacement starts as a fresh step
+(``agent_survivors.stand_in_argv``). Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import threading
+import time
+from typing import IO, Any, Mapping, Sequence
+
+from orchestrator.core.interpreter import module_argv
+
+#: What a standby imports before it is needed: torch, what DDP's constructor imports, and the rank
+#: API's healer (``jobs.heal``, with ``jobs.distributed``).
+PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "jobs.heal")
+ZYGOTE = "orchestrator.backends.local.zygote"
+RANK_ENTRY = "orchestrator.backends.slurm.node.slurm_rank"
+
+
+def preload_for(entrypoint: str) -> list[str]:
+    """The modules a standby imports: ``PRELOAD``, and the entrypoint's module when it is one of the
+    project's (``jobs.train:main``); a user's module is never imported ahead (its import may run anything)."""
+    module = entrypoint.split(":", 1)[0] if ":" in entrypoint and not entrypoint.endswith(".py") else ""
+    return [*PRELOAD, *([module] if module.startswith("jobs.") else [])]
+
+
+class Forked:
+    """A rank forked by a standby, as ``StandIns`` sees a process: ``poll``, ``send_signal``, ``wait``."""
+
+    def __init__(self, standby: Standby, rank: int) -> None:
+        self.standby, self.rank = standby, rank
+
+    def poll(self) -> int | None:
+        """Its exit code as srun would say it (a signal's death as 128 + its number), None while it runs;
+        a standby gone without reporting it took the rank with it (SIGKILL)."""
+        code = self.standby.exits.get(self.rank)
+        if code is None and not self.standby.alive():
+            code = self.standby.exits.get(self.rank, -signal.SIGKILL)
+        return None if code is None else 128 - code if code < 0 else code
+
+    def send_signal(self, signum: int) -> None:
+        self.standby.send({"signal": int(signum)})
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def wait(self, timeout: float) -> int:
+        deadline = time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired("standby rank", timeout)
+            time.sleep(0.02)
+        return code
+
+
+class Standby:
+    """One node's warm interpreter, and the ranks it forked (by rank: their pids and exits)."""
+
+    def __init__(self, host: str, argv: Sequence[str], environ: Mapping[str, str]) -> None:
+        self.host = host
+        self.proc = subprocess.Popen(list(argv), env=dict(environ), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.lock = threading.Lock()
+        self.pids: dict[int, int] = {}
+        self.exits: dict[int, int] = {}
+        self.running: set[int] = set()  # forked in the set that runs now
+        self.in_set = False
+        threading.Thread(target=self._read, args=(self.proc.stdout,), daemon=True).start()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def fork(self, rank: int, args: Sequence[str], environ: Mapping[str, str], log: str, payload: str) -> Forked:
+        """Fork rank ``rank`` (``slurm_rank`` with ``args``) with ``environ`` over this node's own."""
+        with self.lock:
+            self.exits.pop(rank, None)
+            self.running.add(rank)
+            self.send({"rank": rank, "entry": "slurm", "args": list(args), "env": dict(environ), "log": log,
+                       "payload": payload})
+            if not self.in_set:  # a rank added to a set that runs needs no "go"
+                self.send({"go": True})
+                self.in_set = True
+        return Forked(self, rank)
+
+    def send(self, message: dict[str, Any]) -> None:
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write((json.dumps(message) + "\n").encode())
+            self.proc.stdin.flush()
+        except (OSError, ValueError):
+            pass  # gone: its ranks went with it (Forked.poll says so)
+
+    def close(self, grace_s: float = 5.0) -> None:
+        """Stop it: its ranks are ended (the zygote stops what is left), then it leaves."""
+        self.send({"done": True})
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+        except (OSError, ValueError):
+            pass
+        try:
+            self.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            self.proc.terminate()  # srun forwards it: the zygote stops its ranks and leaves
+            try:
+                self.proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+    def _read(self, stream: IO[bytes] | None) -> None:
+        if stream is None:
+            return
+        for line in stream:
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(msg, dict) or not isinstance(msg.get("rank"), int):
+                continue
+            with self.lock:
+                if isinstance(msg.get("pid"), int):
+                    self.pids[msg["rank"]] = msg["pid"]
+                elif isinstance(msg.get("exit"), int):
+                    self.exits[msg["rank"]] = msg["exit"]
+                    self.running.discard(msg["rank"])
+                    if not self.running and self.in_set:  # the set is over: the next replacement starts another
+                        self.send({"end": True})
+                        self.in_set = False
+
+
+#: The ranks' srun options a step of one task beside it sets itself (its one node and task, its log).
+_OWN_OPTIONS = ("--nodes=", "--ntasks=", "--nodelist=", "--ntasks-per-node=", "--kill-on-bad-exit", "--output=",
+                "--open-mode=")
+
+
+def step_options(rank_argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The ranks' srun (as the agent ran it, without the health gate's options) split into the
+    options a step of one task on one node beside it keeps (``--cpus-per-task``, ``--unbuffered``,
+    ``--chdir``...), and the rank's own command."""
+    options: list[str] = []
+    i = 1
+    while i < len(rank_argv):
+        word = rank_argv[i]
+        if word == "--output":  # its value is the step's %t pattern
+            i += 2
+            continue
+        if not word.startswith("-"):  # the rank's own command
+            break
+        if not word.startswith(_OWN_OPTIONS):
+            options.append(word)
+        i += 1
+    return options, list(rank_argv[i:])
+
+
+def standby_argv(rank_argv: Sequence[str], host: str, modules: Sequence[str]) -> list[str]:
+    """The srun of one node's standby, beside the ranks' step (``rank_argv``: as the agent ran it)."""
+    options, program = step_options(rank_argv)
+    return [rank_argv[0], "--overlap", "--mem=0", "--nodes=1", "--ntasks=1", f"--nodelist={host}",
+            "--kill-on-bad-exit=0", *options, *module_argv(program[0], ZYGOTE, *modules)]
+
+
+def rank_args(rank_argv: Sequence[str]) -> list[str]:
+    """The rank entry's own arguments in the ranks' srun (its payload, ``--master-port``...)."""
+    argv = list(rank_argv)
+    return argv[argv.index(RANK_ENTRY) + 1:] if RANK_ENTRY in argv else []

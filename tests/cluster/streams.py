@@ -88,6 +88,7 @@ WAITING: dict[str, set[str]] = {
         "test_benchmarks_smoke.py::test_bench_remote_runs_one_round_through_the_login_node",  # 51 s, 18
         "test_stacks_slurm.py",  # 121 s, 47
         "test_old_layout_slurm.py",  # a requeue's hold and a cancel: mostly waits
+        "test_survivors_slurm.py",  # 53 s + 35 s alone, 7 CPU-s: training with a step delay
     },
 }
 

@@ -37,7 +37,8 @@ rank's ``"args"``: ``ENTRIES``), then ``{"go": true}``; while the set runs, more
 rank forked again beside the others, ``recovery.survivors: keep``) and ``{"signal": N}`` (to
 every rank of the set); then
 ``{"end": true}`` once the supervisor has seen every rank end (another set may follow) or
-``{"done": true}`` (the last; the end of input is the same). stdout, per set: ``{"rank", "pid"}``
+``{"done": true}`` (the last; the end of input is the same). stdout: with ``--say-ready``,
+``{"ready": seconds}`` once the imports are done (a standby's); then, per set: ``{"rank", "pid"}``
 per fork, ``{"rank", "exit"}`` as each rank ends (a negative exit is the signal that killed it, as
 in ``subprocess``), and after the set's end ``{"leftovers": [pid, ...]}``: the processes it had to
 stop that the ranks left running. After ``end`` it waits for the next set; after ``done`` it exits.
@@ -314,7 +315,10 @@ def main(argv: list[str]) -> int:
     if parent is not None and os.getppid() != parent:
         return 1  # the supervisor was already gone: start nothing
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides; the ranks get signals directly
+    began = time.monotonic()
     _import_quietly([] if fresh else [m for m in argv if not m.startswith("-")] or ["torch"])
+    if "--say-ready" in argv:  # a standby (agent_standby): its agent says when a replacement would be warm
+        emit({"ready": round(time.monotonic() - began, 2)})
     try:  # set up in the parent: a forked rank clears its environment, after which setproctitle cannot start
         import setproctitle
 

@@ -23,6 +23,7 @@ import threading
 import time
 from typing import IO, Any, Mapping, Sequence
 
+from orchestrator.backends.slurm.node.agent_state import say
 from orchestrator.core.interpreter import module_argv
 
 #: What a standby imports before it is needed: torch, what DDP's constructor imports, and the rank
@@ -79,6 +80,7 @@ class Standby:
         self.exits: dict[int, int] = {}
         self.running: set[int] = set()  # forked in the set that runs now
         self.in_set = False
+        self.ready = False  # its imports are done: a rank forked now starts warm
         threading.Thread(target=self._read, args=(self.proc.stdout,), daemon=True).start()
 
     def alive(self) -> bool:
@@ -130,6 +132,10 @@ class Standby:
                 msg = json.loads(line)
             except ValueError:
                 continue
+            if isinstance(msg, dict) and isinstance(msg.get("ready"), (int, float)):
+                self.ready = True
+                say(f"warm standby ready on {self.host} (its imports took {msg['ready']:.1f}s): a rank replaced "
+                    "there is forked from it")
             if not isinstance(msg, dict) or not isinstance(msg.get("rank"), int):
                 continue
             with self.lock:
@@ -171,7 +177,7 @@ def standby_argv(rank_argv: Sequence[str], host: str, modules: Sequence[str]) ->
     """The srun of one node's standby, beside the ranks' step (``rank_argv``: as the agent ran it)."""
     options, program = step_options(rank_argv)
     return [rank_argv[0], "--overlap", "--mem=0", "--nodes=1", "--ntasks=1", f"--nodelist={host}",
-            "--kill-on-bad-exit=0", *options, *module_argv(program[0], ZYGOTE, *modules)]
+            "--kill-on-bad-exit=0", *options, *module_argv(program[0], ZYGOTE, "--say-ready", *modules)]
 
 
 def rank_args(rank_argv: Sequence[str]) -> list[str]:

@@ -136,7 +136,10 @@ class StandIns:
             if standby is not None and standby.alive():
                 args = [*rank_args(self.rank_argv), *stand_in_args(rank, c.rank_hosts)]
                 self.steps[rank] = standby.fork(rank, args, env, logs[rank], args[0] if args else "")
+                c.say(f"rank {rank}: forked from {host}'s warm standby" + ("" if standby.ready else
+                                                                          " (still importing: it starts once done)"))
                 continue
+            c.say(f"rank {rank}: started as a step of its own on {host} (no warm standby there)")
             argv = stand_in_argv(self.rank_argv, rank, host, logs[rank], c.rank_hosts)
             self.steps[rank] = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL)
         return lost

@@ -321,6 +321,7 @@ class JobAgent:
         if keep.rejoins.may_rejoin(failed, codes, False, True):
             c.attempt.times.setdefault("failed_at", time.time())
             self._mark_attempt()
+            c.attempt.inside_job = True  # recorded with the restart: no requeue (History.restarts_by_requeue)
             if keep.rejoins.end_attempt(c.history, c.attempt, keep.failure(failed, codes), c.attempt.times).restart:
                 self.recovery.begin_attempt()
                 assert c.attempt is not None
@@ -330,6 +331,7 @@ class JobAgent:
                 if self.watch is not None and self.watch.watch is not None:
                     self.watch.watch.started = c.attempt.times["ranks_at"]  # a new stall clock
                 return
+            c.attempt.inside_job = False
         keep.given_up = True
         say(f"rank(s) {', '.join(map(str, failed))} failed and cannot rejoin the others: every rank ends")
         self._end_ranks()

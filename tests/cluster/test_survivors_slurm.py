@@ -1,8 +1,10 @@
 """recovery.survivors: keep on the SLURM cluster (issue 50): a rank killed by `orchestrator chaos`
 on its node is forked again from that node's warm standby beside the survivors' still running
 step; the survivors keep their processes, the group is rebuilt (jobs.heal) and the replacement gets
-the model, optimizer and step from a survivor by broadcast, no checkpoint read. One SLURM job, never
-requeued, COMPLETED, and its weights equal those of the same job run without the kill, bit for bit."""
+the model, optimizer and step from a survivor by broadcast, no checkpoint read. Then the replacement
+is frozen (`chaos --stop-rank`): the watchdog names it, it alone is killed and replaced again. One
+SLURM job, never requeued, COMPLETED, and its weights equal those of the same job run without
+either failure, bit for bit."""
 
 from __future__ import annotations
 
@@ -20,9 +22,9 @@ from orchestrator.front.chaos import Injection, inject
 
 from .test_slurm import no_job_processes, slurm_plan
 
-ARGS = {"dataset": "digits", "model": "smallcnn", "batch-size": 16, "lr": 0.05, "momentum": 0.9, "epochs": 2,
+ARGS = {"dataset": "digits", "model": "smallcnn", "batch-size": 16, "lr": 0.05, "momentum": 0.9, "epochs": 4,
         "max-steps": 0, "log-every": 1}
-STEPS = 2 * (1437 // 2 // 16)  # two epochs of digits, 2 ranks of 16
+STEPS = 4 * (1437 // 2 // 16)  # four epochs of digits, 2 ranks of 16
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY")
 
 
@@ -54,37 +56,49 @@ def _weights(folder: str) -> dict[str, torch.Tensor]:
     return load_checkpoint(path)["model"]
 
 
-def test_a_killed_rank_is_forked_from_its_nodes_standby_and_rejoins_the_survivors(cluster: dict[str, str]) -> None:
+def test_a_killed_or_hung_rank_is_forked_from_its_nodes_standby_and_rejoins_the_survivors(
+        cluster: dict[str, str]) -> None:
     common = {"nodes": 2, "cpu_ranks_per_node": 1, "checkpoint": {"interval_steps": 1000}}  # no checkpoint before the end
     ex = SlurmExecutor()
     reference = slurm_plan(cluster, name="keep-whole", args=ARGS, **common)
     whole = ex.submit(reference)  # the same job without the kill, side by side
-    launch = slurm_plan(cluster, name="keep-killed", args={**ARGS, "step-delay": 0.1},
-                        recovery={"max_restarts": 2, "survivors": "keep"}, **common)
+    launch = slurm_plan(cluster, name="keep-killed", args={**ARGS, "step-delay": 0.15},
+                        recovery={"max_restarts": 2, "survivors": "keep"}, watchdog={"stall_s": 20}, **common)
     record = ex.submit(launch)
     deadline = time.monotonic() + 240
     while "warm standby ready on node2" not in _batch_log(launch.run_dir):  # a replacement there starts warm
         assert time.monotonic() < deadline, f"no standby on node2:\n{_batch_log(launch.run_dir)[-3000:]}"
         time.sleep(0.2)
     steps = _train_steps(launch.run_dir)
-    assert steps and steps[-1] < STEPS - 10, f"the job trained to step {steps[-1:]} before its standbys were warm"
+    assert steps and steps[-1] < STEPS - 40, f"the job trained to step {steps[-1:]} before its standbys were warm"
     rank0 = json.loads((Path(launch.run_dir) / "ranks" / "rank-0.json").read_text())["pid"]
     said = inject(launch.run_dir, Injection("kill-rank", rank=1))
     assert "kill-rank rank 1 on node2" in said, said
+    while "rank 0: rejoined in generation 1" not in _batch_log(launch.run_dir):
+        assert time.monotonic() < deadline + 60, _batch_log(launch.run_dir)[-3000:]
+        time.sleep(0.2)
+    time.sleep(2)  # a few steps in generation 1
+    said = inject(launch.run_dir, Injection("stop-rank", rank=1))  # the replacement, forked by the standby
+    assert "stop-rank rank 1 on node2" in said, said
     record = _wait(ex, record, 300)
     log = _batch_log(launch.run_dir)
     assert record.state == "COMPLETED", f"{record.error}\n{log[-4000:]}"
     assert json.loads((Path(launch.run_dir) / "ranks" / "rank-0.json").read_text())["pid"] == rank0  # kept its process
-    first, second = History.load(launch.run_dir).attempts
+    first, second, third = History.load(launch.run_dir).attempts
     assert (first.outcome, first.action, first.inside_job) == ("crash", "restart", True), first
     assert "rank 1 on node2 was killed by a signal (SIGKILL)" in first.why, first.why
-    assert second.outcome == "completed" and second.job == first.job  # one SLURM job, never requeued
-    assert "first_step_at" in second.times  # the rejoined world trained
-    assert "rank 1: forked from node2's warm standby" in log, log[-4000:]
-    assert re.search(r"rank 0: rejoined in generation 1 with rank\(s\) 1 in [\d.]+s; state from rank 0", log), log
+    assert (second.outcome, second.action, second.inside_job) == ("hang", "restart", True), second
+    assert "straggler: rank 1" in second.why, second.why
+    assert third.outcome == "completed" and first.job == second.job == third.job  # one SLURM job, never requeued
+    assert "first_step_at" in second.times and "first_step_at" in third.times  # each rejoined world trained
+    assert log.count("rank 1: forked from node2's warm standby") == 2, log[-4000:]
+    assert "rank 1, the straggler, killed alone on node2" in log
+    for generation in (1, 2):
+        assert re.search(rf"rank 0: rejoined in generation {generation} with rank\(s\) 1 in [\d.]+s; state from "
+                         "rank 0", log), log[-4000:]
     assert "resumed from" not in log  # no checkpoint was read
     steps = _train_steps(launch.run_dir)
-    assert steps[-1] == STEPS and len(set(steps)) == STEPS and len(steps) - STEPS <= 1, steps
+    assert steps[-1] == STEPS and len(set(steps)) == STEPS and len(steps) - STEPS <= 2, steps  # 1 in flight each
     assert _wait(ex, whole, 240).state == "COMPLETED"
     a, b = _weights(reference.payload.checkpoint.dir), _weights(launch.payload.checkpoint.dir)
     for name in a:

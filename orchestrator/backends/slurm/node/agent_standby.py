@@ -2,9 +2,10 @@
 issue 50): a rank replaced beside the survivors is forked from one, not started as a new
 interpreter that imports torch again (3 s of the 6 s a replacement took on the site cluster).
 
-One standby per node of the ranks' step, started once every rank has joined (not before: on a
-busy node its imports would compete with the ranks' own start), as a step of one task beside the
-ranks' (``srun --overlap --mem=0``). It is the local executor's zygote
+One standby per node of the ranks' step, started once every rank has reported progress through
+the rank API (not before: its imports would compete with the ranks' own start, DDP's included;
+started at their join, on this 2-core machine, they slowed the ranks' start past a 10 s
+``stall_s``), as a step of one task beside the ranks' (``srun --overlap --mem=0``). It is the local executor's zygote
 (``orchestrator.backends.local.zygote``): it imports torch, ``torch._dynamo`` (DDP's constructor
 needs it) and the rank API's healer, then waits; a replacement is a set of one rank
 (``"entry": "slurm"``: the child runs ``slurm_rank`` as the rank it stands in for, with this

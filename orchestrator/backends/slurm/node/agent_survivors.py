@@ -30,7 +30,9 @@ from typing import Mapping, Sequence
 from orchestrator.backends.slurm.node.agent_standby import (Forked, Standby, preload_for, rank_args, standby_argv,
                                                              step_options)
 from orchestrator.backends.slurm.node.agent_state import AgentContext
+from orchestrator.backends.slurm.node.chaos_node import SENT
 from orchestrator.backends.slurm.node.slurm_task import STAND_IN_OPTION, STEP_NODES_OPTION
+from orchestrator.core.interpreter import lean_module_argv
 from orchestrator.core.recovery import HARDWARE_SIGNALS, Failure
 from orchestrator.core.rejoins import Rejoins
 from orchestrator.core.run_folder import RunFolder
@@ -49,6 +51,10 @@ def stand_in_args(rank: int, step_hosts: Sequence[str]) -> list[str]:
     return [STAND_IN_OPTION, str(rank), STEP_NODES_OPTION, ",".join(step_hosts)]
 
 
+#: The bound on the srun that kills a straggler on its node (a busy controller takes its time).
+KILL_SRUN_TIMEOUT_S = 20.0
+
+
 class StandIns:
     """One attempt loop's replaced ranks: their steps, and every rank's exit as far as known."""
 
@@ -60,6 +66,8 @@ class StandIns:
         self.steps: dict[int, subprocess.Popen[bytes] | Forked] = {}  # rank -> the process now running it
         self.given_up = False  # a failure could not be rejoined: every rank ends, recovery decides
         self.standbys: dict[str, Standby] = {}  # node -> its warm interpreter (agent_standby), once started
+        self.hung: dict[int, Failure] = {}  # a straggler killed alone, until its replacement is started
+        self.hung_at = 0.0
 
     def codes(self, step_code: int | None) -> list[int | None]:
         """Each rank's exit code (None: running): its replacement's, else its task's in the ranks'
@@ -91,6 +99,8 @@ class StandIns:
         """What the attempt that a rejoin ends is recorded with: the first lost rank's traceback
         (``<run>/errors/rank-N.json``), else how srun saw it end (a hardware-like signal blames its node)."""
         rank = failed[0]
+        if rank in self.hung:  # the watchdog's straggler, killed alone: its verdict is the story
+            return self.hung[rank]
         host = self.host(rank)
         try:
             error = read_json(RunFolder.of(self.ctx.run_dir).error(rank))
@@ -112,7 +122,8 @@ class StandIns:
         return hosts[min(len(hosts) - 1, rank // max(1, self.ctx.payload.ranks_per_node))]
 
     def warm_up(self) -> None:
-        """A standby on each node of the ranks' step (once: called when every rank has joined)."""
+        """A standby on each node of the ranks' step (once: called when every rank has reported
+        progress through the rank API, so that its imports do not slow the ranks' own start)."""
         if self.standbys:
             return
         modules = preload_for(self.ctx.payload.entrypoint)
@@ -131,6 +142,7 @@ class StandIns:
         env = {**self.environ, OrchVar.HEAL_GENERATION: str(self.rejoins.generation)}
         for rank in lost:
             c.state.task_ends.pop(rank, None)
+            self.hung.pop(rank, None)
             host = self.host(rank)
             standby = self.standbys.get(host)
             if standby is not None and standby.alive():
@@ -143,6 +155,40 @@ class StandIns:
             argv = stand_in_argv(self.rank_argv, rank, host, logs[rank], c.rank_hosts)
             self.steps[rank] = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL)
         return lost
+
+    def end_straggler(self) -> bool:
+        """After a watchdog verdict that names a rank (the straggler its peers wait for, end.json):
+        when it may be replaced beside the others, SIGKILL it alone on its node (``chaos_node``
+        through ``srun --overlap``); the rejoin follows its end, recorded as the hang. True while
+        that is under way (the agent then ends nobody, and a later verdict, which would blame a
+        survivor waiting for the replacement, changes nothing); False: every rank ends, as without
+        ``keep`` (also when the killed straggler's end was not seen within KILL_SRUN_TIMEOUT_S)."""
+        from orchestrator.node import forensics
+
+        c = self.ctx
+        end = forensics.read_end(c.run_dir) or {}
+        rank, message = end.get("failed_rank"), str(end.get("error") or end.get("reason") or "watchdog")
+        if self.hung:  # a straggler was killed: its peers wait for its replacement, no one else is to blame
+            return time.monotonic() < self.hung_at + KILL_SRUN_TIMEOUT_S
+        if not isinstance(rank, int) or not 0 <= rank < c.world or \
+                not self.rejoins.may_rejoin([rank], self.codes(None), False, True):
+            return False
+        _, program = step_options(self.rank_argv)
+        argv = [self.rank_argv[0], "--overlap", "--mem=0", "--nodes=1", "--ntasks=1", f"--nodelist={self.host(rank)}",
+                "--kill-on-bad-exit=0", "--quiet",
+                *lean_module_argv(program[0], "orchestrator.backends.slurm.node.chaos_node", c.run_dir, str(rank), "KILL")]
+        try:
+            done = subprocess.run(argv, env=self.environ, capture_output=True, text=True, timeout=KILL_SRUN_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            c.say(f"the straggler, rank {rank}, could not be killed alone ({exc}): every rank ends")
+            return False
+        if SENT not in done.stdout:
+            c.say(f"the straggler, rank {rank}, could not be killed alone ({done.stderr.strip()[-200:]}): "
+                  "every rank ends")
+            return False
+        self.hung[rank], self.hung_at = Failure(FailureKind.HANG, message.splitlines()[0]), time.monotonic()
+        c.say(f"rank {rank}, the straggler, killed alone on {self.host(rank)}: it is replaced beside the others")
+        return True
 
     def signal(self, signum: int) -> None:
         for step in self.steps.values():

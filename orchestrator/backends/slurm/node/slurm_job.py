@@ -289,8 +289,8 @@ class JobAgent:
             if running and self.keep is not None and not self.keep.given_up:
                 if self.keep.failed(code):
                     self._rejoin(self.keep.failed(code))
-                elif self.watch.watch is not None and len(self.watch.watch.joined) >= self.ctx.world:
-                    self.keep.warm_up()  # once every rank joined: not competing with the ranks' start
+                elif self.watch.watch is not None and len(self.watch.watch.heartbeat) >= self.ctx.world:
+                    self.keep.warm_up()  # once every rank reported progress: not competing with their start
             if s.phase is Phase.RUNNING and not self.requeuer.stopping() and not gating and time.monotonic() >= next_look:
                 next_look = time.monotonic() + LOOK_S
                 if os.path.lexists(self.ctx.cancel_request):
@@ -299,6 +299,9 @@ class JobAgent:
                         "to checkpoint and exit")
                     continue
                 if self.watch.look() is not None:
+                    if self.keep is not None and not self.keep.given_up and self.keep.end_straggler():
+                        next_look = time.monotonic() + LOOK_S  # the straggler alone goes; its peers rejoin
+                        continue
                     if self.ctx.attempt is not None:
                         self.ctx.attempt.times["failed_at"] = time.time()
                     s.enter(Phase.ENDING)

@@ -50,6 +50,7 @@ import torch.distributed as dist
 
 from jobs.distributed import SURVIVORS_ENV, DistContext, init_process_group, replacement_generation
 from jobs.rng import rng_state, set_rng_state
+from orchestrator.core import progress
 from orchestrator.core.run_folder import RunFolder
 from orchestrator.core.safe_read import Unreadable, read_json
 
@@ -123,6 +124,7 @@ class Healer:
         self.generation = generation["generation"]
         init_process_group(self.ctx.config, self.ctx.device, self.generation)  # its FileStore in the run folder
         got = self._exchange(generation["source"], model, optimizer, extra)
+        progress.rejoined()  # the next report marks where this rank resumed, in the new attempt
         print(f"[jobs] rank {self.ctx.rank}: rejoined in generation {self.generation} with rank(s) "
               f"{', '.join(map(str, generation['replaced']))} in {time.time() - began:.2f}s; state from rank "
               f"{generation['source']}", file=sys.stderr, flush=True)

@@ -198,6 +198,15 @@ class ProgressWriter:
 _WRITERS: list[ProgressWriter] = []
 
 
+def rejoined() -> None:
+    """A survivor rejoined its peers in a new attempt (``jobs.heal``, ``recovery.survivors: keep``):
+    its next report is that attempt's first (``first_time``/``first_step``: where it resumed), as a
+    restarted rank's would be. Without this, the attempt's first step is the survivor's first ever,
+    and status counts everything since as lost work."""
+    for writer in _WRITERS:
+        writer._first = None
+
+
 def leave() -> None:
     """At a rank's end (the launcher calls it): every writer of this process leaves its node."""
     while _WRITERS:

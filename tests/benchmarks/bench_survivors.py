@@ -8,7 +8,9 @@ momentum, a checkpoint every ``--interval`` steps), one rank SIGKILLed mid-train
 On SLURM (``--executor slurm``: 2 nodes x 1 rank, ``--spares`` more held by the job), against the
 cluster that ``SLURM_CONF`` names, the rank is killed with ``orchestrator chaos --kill-rank`` on
 its node once rank 0 logged ``--kill-at`` steps and, with ``keep``, the node's warm standby said it
-is ready (before that, a replacement waits for the standby's imports):
+is ready (before that, a replacement waits for the standby's imports). ``--failure node`` sets rank
+1's node DOWN instead (``chaos --node-down``): ``keep`` then starts it on the spare's standby, and
+the node is resumed after each round:
     deploy/cluster.sh up --nodes 3 --cpus 2 --profile site --dir /var/tmp/orch-exp
     SLURM_CONF=/var/tmp/orch-exp/slurm.conf .venv/bin/python tests/benchmarks/bench_survivors.py \
         --executor slurm --runs-dir /srv/exp/runs --rounds 3
@@ -32,6 +34,7 @@ import json
 import os
 import signal
 import statistics
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -75,6 +78,16 @@ def once(a: argparse.Namespace, survivors: str, n: int) -> dict[str, Any]:
             if failed and back else None, "steps_again": len(again), "rank0_kept": record.rank_pids[0] == pids[0]}
 
 
+def _wait_idle(node: str, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = subprocess.run(["sinfo", "-h", "-n", node, "-o", "%T"], capture_output=True, text=True).stdout
+        if state.splitlines() and state.splitlines()[0].strip() == "idle":
+            return
+        time.sleep(2)
+    raise SystemExit(f"{node} never came back idle")
+
+
 def once_slurm(a: argparse.Namespace, survivors: str, n: int) -> dict[str, Any]:
     from orchestrator.front.chaos import Injection, inject
 
@@ -89,7 +102,7 @@ def once_slurm(a: argparse.Namespace, survivors: str, n: int) -> dict[str, Any]:
 
     def warm() -> bool:  # a replacement on the victim's node would start warm (keep), or no wait (restart)
         text = "".join(p.read_text(errors="replace") for p in batch.glob("*_0_log.out"))
-        return survivors != "keep" or text.count("warm standby ready on") >= 2
+        return survivors != "keep" or text.count("warm standby ready on") >= 2 + a.spares
 
     while len(_steps(run_dir)) < a.kill_at or not warm():
         if time.monotonic() > deadline:
@@ -97,9 +110,15 @@ def once_slurm(a: argparse.Namespace, survivors: str, n: int) -> dict[str, Any]:
         time.sleep(0.1)
     rank0 = json.loads((Path(run_dir) / "ranks" / "rank-0.json").read_text())["pid"]
     before = max(r["step"] for r in _steps(run_dir))
-    inject(run_dir, Injection("kill-rank", rank=1))
+    node = json.loads((Path(run_dir) / "ranks" / "rank-1.json").read_text())["host"]
+    inject(run_dir, Injection("kill-rank", rank=1) if a.failure == "kill" else Injection("node-down", node=node))
     killed_at = json.loads((Path(run_dir) / "chaos.jsonl").read_text().splitlines()[-1])["time"]
-    run.wait(timeout=600, attempts=False)
+    try:
+        run.wait(timeout=600, attempts=False)
+    finally:
+        if a.failure == "node":  # back for the next round (SLURM takes up to a minute to see it respond)
+            subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], capture_output=True)
+            _wait_idle(node)
     first, second = History.load(run_dir).attempts[:2]
     again = [r["step"] for r in _steps(run_dir) if r.get("time", 0) >= second.started and r["step"] <= before]
     failed, back = first.times.get("failed_at"), second.times.get("first_step_at")
@@ -118,6 +137,8 @@ def main() -> None:
     ap.add_argument("--kill-at", type=int, default=25, help="kill a rank once rank 0 logged this many steps")
     ap.add_argument("--executor", choices=("local", "slurm"), default="local")
     ap.add_argument("--spares", type=int, default=1, help="on SLURM: spare nodes the job holds")
+    ap.add_argument("--failure", choices=("kill", "node"), default="kill",
+                    help="on SLURM: chaos --kill-rank 1, or --node-down on rank 1's node (resumed after)")
     a = ap.parse_args()
     results: list[dict[str, Any]] = []
     for n in range(a.rounds):

@@ -72,6 +72,7 @@ def test_a_killed_or_hung_rank_is_forked_from_its_nodes_standby_and_rejoins_the_
     steps = _train_steps(launch.run_dir)
     assert steps and steps[-1] < STEPS - 40, f"the job trained to step {steps[-1:]} before its standbys were warm"
     rank0 = json.loads((Path(launch.run_dir) / "ranks" / "rank-0.json").read_text())["pid"]
+    killed_after = max(_train_steps(launch.run_dir))
     said = inject(launch.run_dir, Injection("kill-rank", rank=1))
     assert "kill-rank rank 1 on node2" in said, said
     while "rank 0: rejoined in generation 1" not in _batch_log(launch.run_dir):
@@ -91,6 +92,8 @@ def test_a_killed_or_hung_rank_is_forked_from_its_nodes_standby_and_rejoins_the_
     assert "straggler: rank 1" in second.why, second.why
     assert third.outcome == "completed" and first.job == second.job == third.job  # one SLURM job, never requeued
     assert "first_step_at" in second.times and "first_step_at" in third.times  # each rejoined world trained
+    # from where the survivors were, not their first step ever: status counts no lost work
+    assert second.times["first_step"] >= killed_after - 1, (killed_after, second.times)
     assert log.count("rank 1: forked from node2's warm standby") == 2, log[-4000:]
     assert "rank 1, the straggler, killed alone on node2" in log
     for generation in (1, 2):

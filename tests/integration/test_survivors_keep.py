@@ -43,6 +43,7 @@ def test_a_killed_rank_rejoins_the_survivors_and_training_stays_bit_exact(tmp_pa
         assert time.monotonic() < deadline, "training never started"
         time.sleep(0.05)
     before = RunRecord.load(launch.run_dir).rank_pids
+    killed_after = max(_train_steps(launch.run_dir))
     os.kill(before[3], signal.SIGKILL)
     record = wait_ended(launch)
     assert record.state == "COMPLETED", record.error
@@ -54,6 +55,8 @@ def test_a_killed_rank_rejoins_the_survivors_and_training_stays_bit_exact(tmp_pa
     first, second = History.load(launch.run_dir).attempts
     assert (first.outcome, first.action) == ("crash", "restart") and second.outcome == "completed"
     assert "first_step_at" in second.times  # the rejoined world trained
+    # ... from where the survivors were, not their first step ever: status counts no lost work
+    assert second.times["first_step"] >= killed_after - 1, (killed_after, second.times)
     logs = {r: (Path(launch.run_dir) / "logs" / f"rank-{r}.log").read_text() for r in range(4)}
     assert "rejoined in generation 1" in logs[0] and "state from rank 0" in logs[0]
     assert "resumed from" not in "".join(logs.values())  # no checkpoint was read

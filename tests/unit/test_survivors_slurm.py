@@ -103,3 +103,51 @@ def test_the_ranks_step_lets_survivors_run_on_only_with_survivors_keep(tmp_path:
     assert "--kill-on-bad-exit=1" in plan(spec_from_dict(base), "slurm").payload.srun
     keep = {**base, "recovery": {"max_restarts": 1, "survivors": "keep"}}
     assert "--kill-on-bad-exit=0" in plan(spec_from_dict(keep), "slurm").payload.srun
+
+
+def _ctx3(tmp: Path) -> AgentContext:
+    """A 2-node job of 2 ranks a node holding a third node as a spare, its ranks on node1 and node2."""
+    launch = plan(spec_from_dict({"name": "t", "entrypoint": "jobs.train:main", "executor": "slurm", "nodes": 2,
+                                  "cpu_ranks_per_node": 2, "runs_dir": str(tmp / "runs"),
+                                  "recovery": {"max_restarts": 3, "survivors": "keep", "spares": 1}}), "slurm")
+    job = SlurmJob(job_id="7", raw_job_id="7", array_job_id=None, array_task=None, restart=0,
+                   hosts=("node1", "node2", "node3"))
+    said: list[str] = []
+    ctx = AgentContext(launch.payload, job, History.load(launch.run_dir), AgentState(), "", "", 15,  # type: ignore[arg-type]
+                       say=said.append)
+    ctx.step = ("node1", "node2")
+    return ctx
+
+
+def test_the_ranks_of_a_lost_node_move_to_the_spare_and_the_node_is_left_behind(tmp_path: Path) -> None:
+    ctx = _ctx3(tmp_path)
+    keep = StandIns(ctx, RANK_ARGV, {})
+    assert keep.spares() == ["node3"] and keep.codes(None) == [None] * 4
+    ctx.state.lost_nodes.add("node2")  # srun: "Node failure on node2", with no line for its tasks
+    assert keep.codes(None) == [None, None, 137, 137] and keep.failed(None) == [2, 3]
+    failure = keep.failure([2, 3], keep.codes(None))
+    assert (failure.kind, failure.why, failure.blamed) == ("node_failure", "lost node(s) node2", ("node2",))
+    assert keep.move_off_lost_nodes([2, 3])
+    assert ctx.step == ("node1", "node3") and keep.host(2) == keep.host(3) == "node3" and keep.host(0) == "node1"
+    assert ctx.history.excluded == ["node2"] and "node2" not in ctx.state.lost_nodes
+    assert keep.spares() == []  # node2 is excluded, node3 runs ranks now
+    ctx.state.lost_nodes.add("node3")  # and the spare goes too: nothing left to move to
+    assert not keep.move_off_lost_nodes([2, 3]) and ctx.step == ("node1", "node3")
+
+
+def test_a_crash_moves_nobody(tmp_path: Path) -> None:
+    ctx = _ctx3(tmp_path)
+    keep = StandIns(ctx, RANK_ARGV, {})
+    ctx.state.task_ends[1] = 1
+    assert keep.move_off_lost_nodes([1]) and ctx.step == ("node1", "node2") and ctx.history.excluded == []
+    assert keep.failure([1], keep.codes(None)).why == "rank 1 on node1 ended with exit code 1"
+
+
+def test_a_hung_rank_is_recorded_as_the_hang_that_ended_it(tmp_path: Path) -> None:
+    from orchestrator.core.recovery import Failure
+
+    ctx = _ctx3(tmp_path)
+    keep = StandIns(ctx, RANK_ARGV, {})
+    keep.hung[3] = Failure("hang", "no rank made progress for 10s (watchdog.stall_s); straggler: rank 3")
+    ctx.state.task_ends[3] = 137  # killed alone by the agent
+    assert keep.failure([3], keep.codes(None)).kind == "hang"

@@ -262,9 +262,10 @@ def srun_argv(rank_log: str, run_dir: str, python: str, cpus_per_task: int | str
 
     ``container``: the rank runs inside it (``orchestrator.node.container``); srun and the agent stay on the host.
     ``kill_on_bad_exit``: False for ``recovery.survivors: keep``, whose survivors run on when a rank
-    fails (``orchestrator.backends.slurm.node.agent_survivors``); the agent ends them when they cannot."""
+    fails, or a node (``--no-kill``: 22.05 then keeps the other nodes' tasks running, checked by hand)
+    (``orchestrator.backends.slurm.node.agent_survivors``); the agent ends them when they cannot."""
     head = ["srun", "--unbuffered", "--output", rank_log, f"--kill-on-bad-exit={int(kill_on_bad_exit)}",
-            f"--cpus-per-task={cpus_per_task}"]
+            *([] if kill_on_bad_exit else ["--no-kill"]), f"--cpus-per-task={cpus_per_task}"]
     payload = str(RunFolder.of(run_dir).payload)
     if container is not None:
         return head + srun_tail(container, run_dir, workdir or os.getcwd(), payload, gpus_per_node)

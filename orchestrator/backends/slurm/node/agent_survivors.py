@@ -72,11 +72,13 @@ class StandIns:
     def codes(self, step_code: int | None) -> list[int | None]:
         """Each rank's exit code (None: running): its replacement's, else its task's in the ranks'
         step (srun names only those that failed; the rest ended 0 once the step has: ``step_code``)."""
-        ends = self.ctx.state.task_ends
+        ends, lost = self.ctx.state.task_ends, self.ctx.state.lost_nodes
         codes: list[int | None] = []
         for rank in range(self.ctx.world):
             if rank in self.steps:
                 codes.append(self.steps[rank].poll())
+            elif self.host(rank) in lost:  # its node is gone (srun need not say so of each task)
+                codes.append(ends.get(rank, 128 + signal.SIGKILL))
             else:
                 codes.append(ends.get(rank, 0 if step_code is not None else None))
         return codes
@@ -101,6 +103,9 @@ class StandIns:
         rank = failed[0]
         if rank in self.hung:  # the watchdog's straggler, killed alone: its verdict is the story
             return self.hung[rank]
+        gone = sorted({self.host(r) for r in failed} & self.ctx.state.lost_nodes)
+        if gone:
+            return Failure(FailureKind.NODE_FAILURE, f"lost node(s) {', '.join(gone)}", tuple(gone))
         host = self.host(rank)
         try:
             error = read_json(RunFolder.of(self.ctx.run_dir).error(rank))
@@ -121,13 +126,42 @@ class StandIns:
         hosts = self.ctx.rank_hosts
         return hosts[min(len(hosts) - 1, rank // max(1, self.ctx.payload.ranks_per_node))]
 
+    def spares(self) -> list[str]:
+        """The job's nodes that run no rank and may take a lost node's place (none lost or excluded)."""
+        c = self.ctx
+        avoid = set(c.rank_hosts) | c.state.lost_nodes | set(c.history.excluded)
+        return [host for host in c.slurm.hosts if host not in avoid]
+
+    def move_off_lost_nodes(self, failed: list[int]) -> bool:
+        """The failed ranks whose node is lost (srun: "Node failure on node2") start again on a spare
+        node of the job: the ranks' nodes (``ctx.step``) take the spare in the lost one's place (for
+        a later restart, the stack probes, the attempt's record), the lost node is excluded as
+        recovery would exclude it. False: the job holds no spare left (every rank ends)."""
+        c = self.ctx
+        gone = [host for host in dict.fromkeys(self.host(r) for r in failed) if host in c.state.lost_nodes]
+        free = self.spares()
+        if len(free) < len(gone):
+            c.say(f"node(s) {', '.join(gone)} lost and no spare left to take their ranks: every rank ends")
+            return False
+        step = list(c.rank_hosts)
+        for node in gone:
+            spare = free.pop(0)
+            step[step.index(node)] = spare
+            c.say(f"node {node} lost: its ranks start again on the spare {spare}, beside the others")
+        c.step = tuple(step)
+        if gone and c.payload.recovery.exclude_failed_nodes:
+            c.history.excluded = sorted(set(c.history.excluded) | set(gone))
+        c.state.lost_nodes -= set(gone)
+        return True
+
     def warm_up(self) -> None:
-        """A standby on each node of the ranks' step (once: called when every rank has reported
-        progress through the rank API, so that its imports do not slow the ranks' own start)."""
+        """A standby on each node of the ranks' step and on each spare the job holds (once: called
+        when every rank has reported progress through the rank API, so that its imports do not slow
+        the ranks' own start)."""
         if self.standbys:
             return
         modules = preload_for(self.ctx.payload.entrypoint)
-        for host in dict.fromkeys(self.ctx.rank_hosts):
+        for host in dict.fromkeys([*self.ctx.rank_hosts, *self.spares()]):
             try:
                 self.standbys[host] = Standby(host, standby_argv(self.rank_argv, host, modules), self.environ)
             except OSError as exc:  # srun could not start: replacements on that node start fresh

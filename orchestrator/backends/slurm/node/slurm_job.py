@@ -325,9 +325,12 @@ class JobAgent:
             c.attempt.times.setdefault("failed_at", time.time())
             self._mark_attempt()
             c.attempt.inside_job = True  # recorded with the restart: no requeue (History.restarts_by_requeue)
-            if keep.rejoins.end_attempt(c.history, c.attempt, keep.failure(failed, codes), c.attempt.times).restart:
+            failure = keep.failure(failed, codes)  # before a lost node's ranks move to a spare: it names the node
+            if keep.move_off_lost_nodes(failed) and \
+                    keep.rejoins.end_attempt(c.history, c.attempt, failure, c.attempt.times).restart:
                 self.recovery.begin_attempt()
                 assert c.attempt is not None
+                c.attempt.nodes = list(c.rank_hosts)
                 self.state.first_end = self.state.killed = None  # the next failure is the next attempt's
                 keep.replace(c.attempt.number)
                 c.attempt.times["ranks_at"] = keep.rejoins.began_at or time.time()

@@ -151,3 +151,33 @@ def test_a_hung_rank_is_recorded_as_the_hang_that_ended_it(tmp_path: Path) -> No
     keep.hung[3] = Failure("hang", "no rank made progress for 10s (watchdog.stall_s); straggler: rank 3")
     ctx.state.task_ends[3] = 137  # killed alone by the agent
     assert keep.failure([3], keep.codes(None)).kind == "hang"
+
+
+def test_standbys_start_once_every_rank_trains_with_or_without_a_stall_watchdog(tmp_path: Path,
+                                                                                 monkeypatch: Any) -> None:
+    """On every node of the ranks and on the spare, once each rank reported progress in this attempt
+    (not at the start, where their imports would slow the ranks'; and not through the watchdog,
+    which stops reading the ranks' files once it has nothing to judge: no stall_s)."""
+    import time
+
+    from orchestrator.backends.slurm.node import agent_survivors
+    from orchestrator.core.progress import ProgressWriter
+
+    started: list[str] = []
+    monkeypatch.setattr(agent_survivors, "Standby", lambda host, argv, env: started.append(host) or host)
+    ctx = _ctx3(tmp_path)
+    keep = StandIns(ctx, RANK_ARGV, {})
+    since = time.time()
+    ProgressWriter(ctx.run_dir, 0).report(1, force=True)
+    keep.warm_up_once_training(since)
+    assert started == []  # rank 1, 2 and 3 have not stepped yet
+    for rank in (1, 2, 3):
+        ProgressWriter(ctx.run_dir, rank).report(1, force=True)
+    keep.warm_up_once_training(since)
+    assert started == []  # looked less than a second ago
+    keep.looked_at = 0.0
+    keep.warm_up_once_training(since)
+    assert started == ["node1", "node2", "node3"]
+    keep.looked_at = 0.0
+    keep.warm_up_once_training(since)
+    assert started == ["node1", "node2", "node3"]  # once

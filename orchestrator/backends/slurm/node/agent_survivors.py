@@ -68,6 +68,7 @@ class StandIns:
         self.standbys: dict[str, Standby] = {}  # node -> its warm interpreter (agent_standby), once started
         self.hung: dict[int, Failure] = {}  # a straggler killed alone, until its replacement is started
         self.hung_at = 0.0
+        self.looked_at = 0.0  # when the ranks' progress was last read for the standbys' start
 
     def codes(self, step_code: int | None) -> list[int | None]:
         """Each rank's exit code (None: running): its replacement's, else its task's in the ranks'
@@ -153,6 +154,19 @@ class StandIns:
             c.history.excluded = sorted(set(c.history.excluded) | set(gone))
         c.state.lost_nodes -= set(gone)
         return True
+
+    def warm_up_once_training(self, since: float) -> None:
+        """Start the standbys once every rank has reported progress through the rank API since
+        ``since`` (its per-node files, read at most once a second until then): not before, so
+        that their imports do not slow the ranks' own start."""
+        from orchestrator.core.progress import read_progress
+
+        if self.standbys or time.monotonic() < self.looked_at + 1.0:
+            return
+        self.looked_at = time.monotonic()
+        reports = read_progress(self.ctx.run_dir, self.ctx.world)
+        if all(report is not None and report.time >= since for report in reports):
+            self.warm_up()
 
     def warm_up(self) -> None:
         """A standby on each node of the ranks' step and on each spare the job holds (once: called

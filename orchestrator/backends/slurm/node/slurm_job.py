@@ -289,8 +289,8 @@ class JobAgent:
             if running and self.keep is not None and not self.keep.given_up:
                 if self.keep.failed(code):
                     self._rejoin(self.keep.failed(code))
-                elif self.watch.watch is not None and len(self.watch.watch.heartbeat) >= self.ctx.world:
-                    self.keep.warm_up()  # once every rank reported progress: not competing with their start
+                else:
+                    self.keep.warm_up_once_training(s.started)
             if s.phase is Phase.RUNNING and not self.requeuer.stopping() and not gating and time.monotonic() >= next_look:
                 next_look = time.monotonic() + LOOK_S
                 if os.path.lexists(self.ctx.cancel_request):

@@ -8,7 +8,8 @@ it says. Standard library only.
 output in its log; joining the process group counts too. The job has stalled when no rank has
 progressed for ``stall_s``: a hung collective stops every rank, so the job-wide clock is the
 signal, and the straggler is then named from evidence (``straggler``). The stall clock runs once
-every rank has joined; before that, the init deadline bounds the start.
+every rank is past its start (joined its group, or reported progress); before that, the init
+deadline bounds the start.
 """
 
 from __future__ import annotations
@@ -51,31 +52,40 @@ class Watch:
         seen = self.heartbeat.get(rank) if rank in self.heartbeat else self.log_grew.get(rank)
         return max(t for t in (seen, self.joined.get(rank), self.started) if t is not None)
 
+    def past_start(self, rank: int) -> bool:
+        """The rank joined its process group, or reported progress through the rank API: a
+        heartbeat is proof it is past its start, group or not."""
+        return rank in self.joined or rank in self.heartbeat
+
     def never_joined(self, now: float) -> list[int]:
-        """The ranks past the init deadline without having joined ([] before it, or when all did).
-        A world of one rank waits for no peer: a single-process script that never joins a process
-        group is just a script."""
+        """The ranks past the init deadline without having joined or reported progress ([] before
+        it, or when all did). A world of one rank waits for no peer: a single-process script that
+        never joins a process group is just a script."""
         if self.init_timeout_s is None or self.world_size <= 1 or now - self.started <= self.init_timeout_s:
             return []
-        return [r for r in range(self.world_size) if r not in self.joined]
+        return [r for r in range(self.world_size) if not self.past_start(r)]
 
     def settled(self) -> bool:
         """Nothing is left to judge: no stall watchdog, and the init deadline is off or every rank
         has joined. Looking again could change no verdict, so the supervisors stop reading the
         ranks' files (a look costs a few files per rank: on a shared filesystem, metadata load
         for the whole job)."""
-        init_done = self.init_timeout_s is None or self.world_size <= 1 or len(self.joined) >= self.world_size
+        init_done = self.init_timeout_s is None or self.world_size <= 1 or \
+            all(self.past_start(r) for r in range(self.world_size))
         return not self.stall_s and init_done
 
     def stalled(self, now: float) -> bool:
-        """No rank progressed for stall_s. Until every rank has joined its process group the init
-        deadline is the one watching (a world of one rank, or no deadline: from the start): the
-        time before init_process_group (imports, reading data) is bounded by
-        ``distributed.init_timeout_s``, which a user sets for exactly that, and a start slowed by
-        a busy node never looks like a hang."""
+        """No rank progressed for stall_s. Until every rank is past its start (joined its process
+        group, or reported progress: ``past_start``) the init deadline is the one watching (a
+        world of one rank, or no deadline: from the start): the time before init_process_group
+        (imports, reading data) is bounded by ``distributed.init_timeout_s``, which a user sets
+        for exactly that, and a start slowed by a busy node never looks like a hang. Ranks that
+        report progress without ever joining a group are watched from their first report (a
+        16 x 4 job of heartbeats and no group once stalled unseen)."""
         if not self.stall_s:
             return False
-        if self.init_timeout_s is not None and self.world_size > 1 and len(self.joined) < self.world_size:
+        if self.init_timeout_s is not None and self.world_size > 1 and \
+                not all(self.past_start(r) for r in range(self.world_size)):
             return False
         return all(now - self.last_progress(r) >= self.stall_s for r in range(self.world_size))
 

@@ -91,7 +91,7 @@ def _wait_idle(node: str, timeout: float = 180) -> None:
 def once_slurm(a: argparse.Namespace, survivors: str, n: int) -> dict[str, Any]:
     from orchestrator.front.chaos import Injection, inject
 
-    spec = {"name": f"bench-survivors-slurm-{survivors}-{n}", "entrypoint": "jobs.train:main", "executor": "slurm",
+    spec = {"name": f"bench-survivors-slurm-{survivors}-{n}-{int(time.time())}", "entrypoint": "jobs.train:main", "executor": "slurm",
             "nodes": 2, "cpu_ranks_per_node": 1, "args": {**ARGS, "epochs": a.epochs, "step-delay": 0.1},
             "runs_dir": a.runs_dir, "checkpoint": {"interval_steps": a.interval}, "slurm": {"time": "00:15:00"},
             "recovery": {"max_restarts": 1, "survivors": survivors, "spares": a.spares}}

@@ -33,7 +33,7 @@ def test_a_settled_watch_never_gives_a_verdict_again(world: int, stall: float | 
             settled_at = now
             if judge(watch, now, lambda: [], _no_stacks) is not None:
                 return  # a verdict ends the job before anyone would look again
-    if not stall and (init is None or world == 1 or len(watch.joined) == world):
+    if not stall and (init is None or world == 1 or all(watch.past_start(r) for r in range(world))):
         assert watch.settled()
     if stall:
         assert not watch.settled()  # the stall watchdog judges until the end
@@ -72,3 +72,31 @@ def test_a_single_rank_and_a_job_without_an_init_deadline_are_watched_from_the_s
     assert Watch(1, 0.0, 5.0, 10.0).stalled(6.0)  # one rank waits for no peer: no deadline to defer to
     assert Watch(2, 0.0, 5.0, None).stalled(6.0)
     assert not Watch(2, 0.0, 5.0, 10.0).stalled(6.0)  # the init deadline (10 s) watches the start
+
+
+@given(world=st.integers(2, 8), stall=st.floats(1, 30), init=st.floats(31, 600),
+       seq=st.lists(st.tuples(st.floats(0, 20), st.lists(st.integers(0, 7), max_size=8)), max_size=12))
+def test_ranks_that_report_progress_without_a_group_are_watched_for_a_stall(
+        world: int, stall: float, init: float, seq: list[tuple[float, list[int]]]) -> None:
+    """Heartbeats but no process group (issue 51, item 5): a rank that reported is past its start,
+    so once every rank has, the job is judged stalled stall_s after the last report, long before
+    the init deadline, and the deadline never blames a rank that reports."""
+    watch = Watch(world, 0.0, stall, init)
+    now = 0.0
+    for step, reporting in seq:
+        now += step
+        watch.observe(now, {}, {r: now for r in reporting if r < world}, [])
+        verdict = judge(watch, now, lambda: [], _no_stacks)
+        if all(r in watch.heartbeat for r in range(world)):
+            assert watch.stalled(now) == (now - max(watch.heartbeat.values()) >= stall)
+            assert verdict is None or verdict.reason.name == "STALL"
+        elif verdict is not None:
+            assert verdict.reason.name == "INIT_DEADLINE" and verdict.rank not in watch.heartbeat
+
+
+def test_a_stalled_job_of_heartbeats_and_no_group_is_stopped_at_stall_s_not_at_the_deadline() -> None:
+    watch = Watch(64, 0.0, 60.0, 300.0)
+    watch.observe(5.0, {}, {r: 5.0 for r in range(64)}, [])  # 16 x 4 ranks reported once, then stopped
+    assert judge(watch, 64.0, lambda: [], _no_stacks) is None
+    verdict = judge(watch, 65.5, lambda: [], _no_stacks)
+    assert verdict is not None and verdict.reason.name == "STALL"

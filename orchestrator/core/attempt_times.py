@@ -141,6 +141,10 @@ def goodput(history: Sequence[Attempt], submitted: float, now: float) -> Optiona
     for i, a in enumerate(attempts):
         start = back_at(a)
         if start is None:
+            if a.ended is None:  # running, not training yet: its recovery (or start) so far counts now
+                before = attempts[i - 1] if i else None
+                if before is not None and before.action in (Action.RESTART, Action.REQUEUE):
+                    recovery += max(0.0, now - (before.times.get("failed_at") or before.ended or now))
             continue
         stop = a.times.get("last_step_at") or a.times.get("failed_at") or a.ended or now
         productive += max(0.0, stop - start)
@@ -156,6 +160,24 @@ def goodput(history: Sequence[Attempt], submitted: float, now: float) -> Optiona
         return None  # a history whose times overflow measures nothing ("goodput nan%")
     return Goodput(wall_s=wall, productive_s=max(0.0, productive - lost), queue_s=max(0.0, first.started - submitted),
                    recovery_s=recovery, lost_s=lost, startup_s=startup)
+
+
+def with_live_marks(attempts: Sequence[Attempt], run_dir: str | Path, world_size: int) -> list[Attempt]:
+    """The attempts with the running one's moments read now from the ranks' progress files (its
+    agent records them only when it ends): so that a running job's goodput counts its training,
+    and the recovery that led to it, while it runs."""
+    import dataclasses
+
+    out = list(attempts)
+    if out and out[-1].ended is None and isinstance(out[-1].times, dict):
+        last = out[-1]
+        since = last.times.get("ranks_at", last.started)
+        try:
+            marks = progress_marks(run_dir, world_size, since) if world_size > 0 else {}
+        except (OSError, ValueError):
+            marks = {}
+        out[-1] = dataclasses.replace(last, times={**marks, **last.times})
+    return out
 
 
 def _of_this_submission(attempt: Attempt, submitted: float) -> bool:

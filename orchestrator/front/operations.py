@@ -101,9 +101,10 @@ def status(refs: list[str], as_json: bool = False) -> int:
         for line in describe(history):
             print(f"    {line}")
         if len(history.attempts) > 1:  # where recoveries spent time: the run's goodput
-            from orchestrator.core.attempt_times import goodput
+            from orchestrator.core.attempt_times import goodput, with_live_marks
 
-            measured = goodput(history.attempts, rec.created, time.time())
+            attempts = with_live_marks(history.attempts, rec.run_dir, rec.world_size)  # the running one's too
+            measured = goodput(attempts, rec.created, time.time())
             if measured is not None:
                 print(f"    {measured.line()}")
         if rec.point_states:

@@ -107,3 +107,32 @@ def test_the_watchdogs_joins_and_the_rank_apis_first_and_last_steps(tmp_path: Pa
     assert marks["first_step_at"] <= marks["last_step_at"]
     assert progress_marks(tmp_path, 3, since=0.0).keys() == {"last_step_at", "last_step"}  # rank 2 never stepped
     assert progress_marks(tmp_path, 2, since=marks["last_step_at"] + 1) == {}  # an earlier attempt's reports
+
+
+def test_a_running_jobs_goodput_adds_up_while_it_runs(tmp_path: Path) -> None:
+    """Issue 51, item 4: the running attempt's agent records its moments only when it ends; status
+    reads them from the ranks' progress files meanwhile (``with_live_marks``), and a recovery still
+    under way counts as recovery, so training + queue + start-up + recovery + lost work make the
+    wall time since submit at every moment, not only at the end."""
+    import time as clock
+
+    from orchestrator.core.attempt_times import with_live_marks
+
+    first, _ = _two_attempts()
+    recovering = Attempt(number=2, started=131.5, times={})
+    g = goodput([first, recovering], submitted=90.0, now=140.0)
+    assert g is not None and g.recovery_s == 10.0  # failed at 130, not training yet at 140
+    assert abs(g.productive_s + g.queue_s + g.startup_s + g.recovery_s + g.lost_s - g.wall_s) <= 1.0 + 1e-9
+    now = clock.time()
+    first = Attempt(number=1, started=now - 40, ended=now - 10, outcome=Outcome.CRASH, action=Action.RESTART,
+                    times={"ranks_at": now - 39, "first_step_at": now - 35, "first_step": 1, "last_step_at": now - 11,
+                           "last_step": 24, "failed_at": now - 10.5})
+    running = Attempt(number=2, started=now - 10, times={"ranks_at": now - 9.9})
+    for rank, step in ((0, 25), (1, 25)):  # both ranks trained again from step 25 (survivors kept: nothing lost)
+        writer = ProgressWriter(tmp_path, rank)
+        writer.report(step, force=True)
+    live = with_live_marks([first, running], tmp_path, 2)
+    assert live[0] is first and "first_step_at" in live[1].times and running.times == {"ranks_at": now - 9.9}
+    g = goodput(live, submitted=now - 41, now=clock.time())
+    assert g is not None and g.recovery_s > 10.0 and g.lost_s == 0.0
+    assert abs(g.productive_s + g.queue_s + g.startup_s + g.recovery_s + g.lost_s - g.wall_s) <= 2.0

@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 from orchestrator import __version__
 from orchestrator.cli.cli_commands import (cmd_cancel, cmd_chaos, cmd_demo, cmd_diff, cmd_gc, cmd_list, cmd_logs,
-                                       cmd_pipeline, cmd_plan, cmd_preflight, cmd_remote_files, cmd_remote_receive, cmd_report, cmd_run,
+                                       cmd_pipeline, cmd_plan, cmd_preflight, cmd_remote_files, cmd_remote_receive, cmd_report, cmd_run, cmd_top,
                                        cmd_schema, cmd_status, cmd_stacks, cmd_submit, cmd_sync, cmd_validate)
 from orchestrator.cli.cli_streams import _not_utf8_line, _os_error_line, _process_streams
 from orchestrator.core.errors import OrchestratorError, UsageError
@@ -108,6 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("runs", nargs="*", help="run ids or folders; default: every registered run")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("top", help="every rank of a running job side by side: step, rate, last report, memory")
+    p.add_argument("run")
+    p.add_argument("--once", action="store_true", help="print one snapshot and exit (scripts, a pipe)")
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (at most 1)")
+    p.set_defaults(func=cmd_top)
 
     p = sub.add_parser("list", help="list registered runs")
     p.add_argument("--json", action="store_true")

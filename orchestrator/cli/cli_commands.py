@@ -229,6 +229,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     return status(args.runs, as_json=args.json)
 
 
+def cmd_top(args: argparse.Namespace) -> int:
+    from orchestrator.front.top import top
+
+    return top(args.run, args.once, args.interval)
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     from orchestrator.front.operations import list_runs
 

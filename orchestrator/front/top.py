@@ -1,0 +1,177 @@
+"""``orchestrator top RUN``: every rank of a running job side by side (issue 51, item 1).
+
+One row per rank (a job of more than ``PER_RANK_MAX`` ranks: one row per node, its slowest rank):
+its node, step of total, steps/s and samples/s, seconds since its last progress report, and its
+memory (RSS, for the ranks this host can see); above them the run's state, its attempt, the last
+recovery and the goodput, as ``status`` counts them. The rank furthest behind is marked when it
+trails the others' median step (a rank that reports no progress is shown without figures).
+It reads what status reads: the per-node progress files (O(nodes)), the ranks' records and
+recovery.json; it never asks the ranks anything, so it works the same locally, on SLURM and
+through ``--remote``. ``--once`` prints one snapshot and exits (for scripts, tests and a pipe);
+otherwise it refreshes every ``--interval`` seconds (at most 1) until the run ends or Ctrl-C.
+
+What it cannot say yet: the time each rank spends outside its collectives (which would name a
+straggler in a lockstep job, where every rank's rate falls together), and GPU utilisation.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from orchestrator.core.records import RunRecord
+
+#: Above this many ranks, one row per node (its slowest rank) instead of one per rank.
+PER_RANK_MAX = 32
+#: A rank is marked as furthest behind when it trails the median step by this many steps.
+BEHIND_STEPS = 2
+
+
+@dataclass(frozen=True)
+class Row:
+    rank: int
+    node: str
+    step: Optional[int]
+    total: Optional[int]
+    steps_per_s: Optional[float]
+    samples_per_s: Optional[float]
+    since_s: Optional[float]  # since its last progress report
+    rss_mb: Optional[float]
+    behind: bool = False
+
+
+def rows(run_dir: str, world_size: int, now: float) -> list[Row]:
+    """One row per rank, from the progress files and the ranks' records."""
+    from orchestrator.core.progress import read_progress
+    from orchestrator.node.stack_requests import rank_procs
+
+    reports = read_progress(run_dir, world_size) if world_size > 0 else []
+    procs = rank_procs(run_dir)
+    out = []
+    for rank in range(world_size):
+        p = reports[rank] if rank < len(reports) else None
+        rp = procs.get(rank)
+        out.append(Row(rank=rank, node=rp.host if rp is not None else "?", step=p.step if p else None,
+                       total=p.total if p else None, steps_per_s=p.steps_per_s if p else None,
+                       samples_per_s=p.samples_per_s if p else None,
+                       since_s=max(0.0, now - p.time) if p else None, rss_mb=_rss_mb(rp)))
+    return mark_behind(out)
+
+
+def mark_behind(table: Sequence[Row]) -> list[Row]:
+    """The row of the rank furthest behind, marked when it trails the median step by BEHIND_STEPS."""
+    steps = [r.step for r in table if r.step is not None]
+    if len(steps) < 2:
+        return list(table)
+    median, low = statistics.median(steps), min(steps)
+    if median - low < BEHIND_STEPS:
+        return list(table)
+    last = min((r for r in table if r.step == low), key=lambda r: r.rank)
+    return [Row(**{**r.__dict__, "behind": True}) if r is last else r for r in table]
+
+
+def per_node(table: Sequence[Row]) -> list[Row]:
+    """For big jobs: each node's slowest rank (its lowest step, else its oldest report)."""
+    nodes: dict[str, Row] = {}
+    for r in table:
+        worst = nodes.get(r.node)
+        if worst is None or _slower(r, worst):
+            nodes[r.node] = r
+    return sorted(nodes.values(), key=lambda r: r.rank)
+
+
+def _slower(a: Row, b: Row) -> bool:
+    return (a.step if a.step is not None else -1, -(a.since_s or 0.0)) < (b.step if b.step is not None else -1,
+                                                                          -(b.since_s or 0.0))
+
+
+def _rss_mb(rp: object) -> Optional[float]:
+    if rp is None or not rp.here():  # type: ignore[attr-defined]
+        return None
+    try:
+        import psutil
+
+        return psutil.Process(rp.pid).memory_info().rss / 2**20  # type: ignore[attr-defined]
+    except Exception:  # gone, or not ours to read
+        return None
+
+
+def header(rec: RunRecord, now: float) -> list[str]:
+    """The run, its attempt, its last recovery and its goodput (as status counts them)."""
+    from orchestrator.core.attempt_times import goodput, phases_line, recovery_phases, with_live_marks
+    from orchestrator.core.recovery import History
+
+    history, _ = History.shown(rec.run_dir)
+    attempts = with_live_marks(history.attempts, rec.run_dir, rec.world_size)
+    lines = [f"{rec.run_id}  {rec.state}  {rec.executor}  ranks={rec.world_size}  "
+             f"attempt {attempts[-1].number if attempts else 1}"]
+    for before, after in reversed(list(zip(attempts, attempts[1:]))):
+        phases = recovery_phases(before, after)
+        if phases is not None:
+            lines.append(f"last recovery: attempt {after.number} {phases_line(phases, before.number)}: "
+                         f"{(before.why or before.outcome or '').splitlines()[0] if (before.why or before.outcome) else ''}")
+            break
+    measured = goodput(attempts, rec.created, now) if attempts else None
+    if measured is not None:
+        lines.append(measured.line())
+    return lines
+
+
+def render(rec: RunRecord, now: float) -> object:
+    """The snapshot as a rich renderable."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    table_rows = rows(rec.run_dir, rec.world_size, now)
+    by_node = len(table_rows) > PER_RANK_MAX
+    shown = per_node(table_rows) if by_node else table_rows
+    table = Table(title=f"{'slowest rank per node' if by_node else 'ranks'} (progress reports of the rank API)",
+                  title_justify="left")
+    for name in ("rank", "node", "step", "steps/s", "samples/s", "last report", "RSS MB", ""):
+        table.add_column(name, justify="right" if name not in ("node", "") else "left")
+    for r in shown:
+        table.add_row(str(r.rank), r.node, _step(r), _num(r.steps_per_s, 2), _num(r.samples_per_s, 0),
+                      f"{r.since_s:.1f}s ago" if r.since_s is not None else "-", _num(r.rss_mb, 0),
+                      "furthest behind" if r.behind else "")
+    if not any(r.step is not None for r in table_rows):
+        note = Text("no progress reports yet (a script off the rank API sends none: see 'orchestrator logs')")
+        return Group(*[Text(line) for line in header(rec, now)], table, note)
+    return Group(*[Text(line) for line in header(rec, now)], table)
+
+
+def _step(r: Row) -> str:
+    if r.step is None:
+        return "-"
+    return f"{r.step}/{r.total}" if r.total else str(r.step)
+
+
+def _num(value: Optional[float], digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def top(ref: str, once: bool, interval: float = 1.0) -> int:
+    from rich.console import Console
+    from rich.live import Live
+
+    from orchestrator.api import Run
+
+    run = Run.get(ref)
+    console = Console(soft_wrap=True)  # a line as long as it is: a pipe or a narrow terminal cuts nothing
+    if once:
+        run.status()
+        console.print(render(run.record, time.time()))
+        return 0
+    interval = min(max(interval, 0.2), 1.0)
+    try:
+        with Live(render(run.record, time.time()), console=console, refresh_per_second=4) as live:
+            while True:
+                state = run.status()
+                live.update(render(run.record, time.time()))
+                if state.terminal:
+                    return 0
+                time.sleep(interval)
+    except KeyboardInterrupt:
+        return 0

@@ -1,0 +1,60 @@
+"""`orchestrator top RUN --once` on a running local job (issue 51, item 1): one row per rank with its
+node, step and rate from the progress files, the run's attempt on top; and after a `chaos
+--kill-rank` with survivors kept, the last recovery and a goodput that adds up while it runs."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.integration.helpers import make_plan, start_detached, wait_ended
+
+ARGS = {"dataset": "digits", "model": "smallcnn", "batch-size": 16, "epochs": 2, "log-every": 1, "step-delay": 0.1}
+
+
+def _top(run_dir: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "orchestrator", "top", run_dir, "--once"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _steps(run_dir: str) -> int:
+    path = Path(run_dir) / "metrics" / "rank-0.jsonl"
+    return sum(1 for line in path.read_text().splitlines() if '"train"' in line) if path.exists() else 0
+
+
+def test_top_shows_every_rank_and_after_a_recovery_a_goodput_that_adds_up(tmp_path: Path) -> None:
+    launch = make_plan(tmp_path, nodes=2, cpu_ranks_per_node=1, args=ARGS,
+                       recovery={"max_restarts": 1, "survivors": "keep"})
+    start_detached(launch)
+    deadline = time.monotonic() + 120
+    while _steps(launch.run_dir) < 5:
+        assert time.monotonic() < deadline, "training never started"
+        time.sleep(0.1)
+    time.sleep(1.2)  # a progress report from each rank (one a second)
+    shown = _top(launch.run_dir)
+    assert "RUNNING" in shown and "attempt 1" in shown, shown
+    rows = {int(m.group(1)): int(m.group(2)) for m in re.finditer(r"^│\s+(\d)\s+│\s+\S+\s+│\s+(\d+)/\d+", shown, re.M)}
+    assert sorted(rows) == [0, 1] and min(rows.values()) >= 1, shown
+    from orchestrator.front.chaos import Injection, inject
+
+    inject(launch.run_dir, Injection("kill-rank", rank=1))
+    while "rejoined in generation 1" not in (Path(launch.run_dir) / "logs" / "rank-0.log").read_text():
+        assert time.monotonic() < deadline + 60, "no rejoin"
+        time.sleep(0.1)
+    time.sleep(1.5)
+    shown = _top(launch.run_dir)
+    assert "attempt 2" in shown and "last recovery: attempt 2 recovered in" in shown, shown
+    parts = re.search(r"(\d+)s training of (\d+)s since submit \(queue (\d+)s, start-up (\d+)s, recovery (\d+)s, "
+                      r"lost work (\d+)s\)", shown)
+    assert parts, shown
+    training, wall, queue, startup, recovery, lost = map(int, parts.groups())
+    assert training + queue + startup + recovery + lost >= 0.85 * wall - 2, shown  # accounted while it runs
+    record = wait_ended(launch)
+    assert record.state == "COMPLETED", record.error
+    assert json.loads((Path(launch.run_dir) / "recovery.json").read_text())["attempts"][0]["outcome"] == "crash"

@@ -1,0 +1,39 @@
+"""orchestrator top's table (orchestrator.front.top): which rank is marked as furthest behind, and a
+big job's rows per node. The live run is tests/integration/test_top.py."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from orchestrator.front.top import BEHIND_STEPS, Row, mark_behind, per_node
+
+
+def _row(rank: int, step: int | None, node: str = "n", since: float = 0.0) -> Row:
+    return Row(rank=rank, node=node, step=step, total=100, steps_per_s=None, samples_per_s=None, since_s=since,
+               rss_mb=None)
+
+
+@given(steps=st.lists(st.one_of(st.none(), st.integers(0, 50)), min_size=1, max_size=12))
+def test_at_most_one_rank_is_marked_and_only_when_it_trails_the_median(steps: list[int | None]) -> None:
+    marked = [r for r in mark_behind([_row(i, s) for i, s in enumerate(steps)]) if r.behind]
+    known = sorted(s for s in steps if s is not None)
+    assert len(marked) <= 1
+    if marked:
+        assert marked[0].step == known[0] and sorted(known)[len(known) // 2] - known[0] >= 1
+    elif len(known) >= 2:
+        import statistics
+
+        assert statistics.median(known) - known[0] < BEHIND_STEPS
+
+
+def test_ranks_in_step_are_not_marked_and_a_rank_behind_is() -> None:
+    assert not any(r.behind for r in mark_behind([_row(0, 10), _row(1, 10), _row(2, 9)]))
+    table = mark_behind([_row(0, 10), _row(1, 4), _row(2, 10)])
+    assert [r.behind for r in table] == [False, True, False]
+
+
+def test_a_big_job_shows_each_nodes_slowest_rank() -> None:
+    table = [_row(r, 10 - (r == 5), node=f"node{r // 4}", since=0.1 * r) for r in range(8)]
+    shown = per_node(table)
+    assert [(r.node, r.rank) for r in shown] == [("node0", 3), ("node1", 5)]  # node0: the oldest report

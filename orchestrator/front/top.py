@@ -8,7 +8,8 @@ trails the others' median step (a rank that reports no progress is shown without
 It reads what status reads: the per-node progress files (O(nodes)), the ranks' records and
 recovery.json; it never asks the ranks anything, so it works the same locally, on SLURM and
 through ``--remote``. ``--once`` prints one snapshot and exits (for scripts, tests and a pipe);
-otherwise it refreshes every ``--interval`` seconds (at most 1) until the run ends or Ctrl-C.
+otherwise it refreshes every ``--interval`` seconds (at most 1) until the run ends or Ctrl-C
+(redrawn in a terminal; in a pipe or through ``--remote``'s ssh, one snapshot after another).
 
 What it cannot say yet: the time each rank spends outside its collectives (which would name a
 straggler in a lockstep job, where every rank's rate falls together), and GPU utilisation.
@@ -165,6 +166,16 @@ def top(ref: str, once: bool, interval: float = 1.0) -> int:
         console.print(render(run.record, time.time()))
         return 0
     interval = min(max(interval, 0.2), 1.0)
+    if not console.is_terminal:  # a pipe, or --remote's ssh: a snapshot after another, never redrawn
+        try:
+            while True:
+                state = run.status()
+                console.print(render(run.record, time.time()))
+                if state.terminal:
+                    return 0
+                time.sleep(interval)
+        except KeyboardInterrupt:
+            return 0
     try:
         with Live(render(run.record, time.time()), console=console, refresh_per_second=4) as live:
             while True:

@@ -61,7 +61,7 @@ __all__ = ["CLIENT_ID_FILE", "PROTOCOL", "REMOTE_COMMANDS", "SSH_FAILED", "VERSI
 
 #: Commands that run on the login node under --remote (plan: only a SLURM plan, ``plan_host``); the
 #: others stay local (validate) or make no sense there (run, demo).
-REMOTE_COMMANDS = ("submit", "plan", "status", "list", "logs", "stacks", "cancel", "report", "gc")
+REMOTE_COMMANDS = ("submit", "plan", "status", "top", "list", "logs", "stacks", "cancel", "report", "gc")
 
 
 def run_command(host: Optional[str], command: str, argv: Sequence[str], args: Any) -> int:

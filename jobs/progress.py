@@ -20,18 +20,24 @@ from orchestrator.node.rank_env import OrchVar
 _writers: dict[tuple[str, int, int], ProgressWriter] = {}
 
 
-def heartbeat(step: int, total: int | None = None, samples: float | None = None) -> bool:
-    """Report that this rank finished ``step`` (of ``total``); ``samples``: how many samples one step
-    trains on, for the samples/s shown. Returns whether a report was written. Any number type
+def heartbeat(step: int, total: int | None = None, samples: float | None = None,
+              busy_s: float | None = None) -> bool:
+    """Report that this rank finished ``step`` (of ``total``); ``samples``: how many samples one
+    step trains on, for the samples/s shown; ``busy_s``: the seconds of this step spent outside
+    collectives (loading data, the forward pass, your own work: from the end of the previous step
+    to the start of ``backward``), which lets ``status`` and ``top`` name a rank slower than the
+    others (``watchdog.straggler_factor``). Returns whether a report was written. Any number type
     works (numpy's and torch's scalars too): ``step`` and ``total`` any whole number (an integral
-    float such as 3.0 included), ``samples`` any finite real."""
+    float such as 3.0 included), ``samples`` and ``busy_s`` any finite real >= 0."""
     step = _whole(step, "step")
     total = None if total is None else _whole(total, "total")
     samples = None if samples is None else _real(samples, "samples")
+    busy_s = None if busy_s is None else _real(busy_s, "busy_s")
     writer = _writer()
     if writer is None:
         return False
-    return writer.report(step, total, samples, force=total is not None and step >= total)  # the last one always
+    return writer.report(step, total, samples, force=total is not None and step >= total,  # the last one always
+                         busy_s=busy_s)
 
 
 def _whole(value: Any, name: str) -> int:
@@ -55,7 +61,7 @@ def _real(value: Any, name: str) -> float:
         if math.isfinite(real) and real >= 0:
             return real
         raise ValueError(f"heartbeat: {name}={value!r} must be a finite number >= 0")
-    raise TypeError(f"heartbeat: {name} is a number of samples, not {type(value).__name__}")
+    raise TypeError(f"heartbeat: {name} is a number, not {type(value).__name__}")
 
 
 def _scalar(value: Any) -> Any:

@@ -136,14 +136,16 @@ def train(ctx: DistContext, args: argparse.Namespace, stop: StopFlag) -> dict[st
                 sampler.set_start(step_in_epoch * args.batch_size)
                 loader_rng.manual_seed(args.seed + epoch)
                 t0, seen = time.perf_counter(), 0
+                own_from = t0  # this rank's own work since here: data, forward (busy_s, outside collectives)
                 for x, y in loader:
                     x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
                     opt.zero_grad(set_to_none=True)
                     loss = nn.functional.cross_entropy(model(x), y)
-                    loss.backward()
+                    busy_s = time.perf_counter() - own_from
+                    loss.backward()  # DDP's all-reduce: every rank waits here for the slowest
                     opt.step()
                     step_in_epoch, step, seen = step_in_epoch + 1, step + 1, seen + len(y)
-                    jobs.heartbeat(step, total_steps, samples=len(y))
+                    jobs.heartbeat(step, total_steps, samples=len(y), busy_s=busy_s)
                     if args.step_delay:
                         time.sleep(args.step_delay)
                     if ctx.is_main and (step % args.log_every == 0 or step_in_epoch == steps_per_epoch):
@@ -159,6 +161,7 @@ def train(ctx: DistContext, args: argparse.Namespace, stop: StopFlag) -> dict[st
                         break
                     if ckpt.due(step):
                         save()
+                    own_from = time.perf_counter()
                 elapsed = time.perf_counter() - t0
                 metrics.throughput(epoch, seen, elapsed)
                 if stopped is None:

@@ -150,6 +150,12 @@ def build_parser() -> argparse.ArgumentParser:
                       help="SIGSTOP rank N (a hang: the watchdog's stall_s must find it)")
     what.add_argument("--node-down", metavar="NAME", help="SLURM: set the run's node NAME DOWN (needs the "
                                                           "administrator's rights)")
+    what.add_argument("--slow-rank", type=int, metavar="N",
+                      help="make rank N about --factor times slower (a SIGSTOP/SIGCONT duty cycle) for --for seconds: "
+                           "a straggler, which status and top name")
+    p.add_argument("--factor", type=float, default=4.0, help="with --slow-rank: how many times slower (default 4)")
+    p.add_argument("--for", dest="seconds", type=float, default=600.0, metavar="SECONDS",
+                   help="with --slow-rank: for how long (default 600)")
     p.set_defaults(func=cmd_chaos)
 
     p = sub.add_parser("report", help="write PNG plots and a text summary of a run's metrics")

@@ -270,6 +270,8 @@ def cmd_chaos(args: argparse.Namespace) -> int:
         injection = Injection("kill-rank", rank=args.kill_rank)
     elif args.stop_rank is not None:
         injection = Injection("stop-rank", rank=args.stop_rank)
+    elif args.slow_rank is not None:
+        injection = Injection("slow-rank", rank=args.slow_rank, factor=args.factor, seconds=args.seconds)
     else:
         injection = Injection("node-down", node=args.node_down)
     print(inject(args.run, injection))

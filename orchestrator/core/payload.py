@@ -50,6 +50,7 @@ class CheckpointSettings:
 class WatchdogSettings:
     stall_s: Optional[float]
     stacks_on_failure: bool
+    straggler_factor: float = 1.5  # orchestrator.core.stragglers (absent from payloads before it: the default)
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,9 @@ def node_progress_path(run_dir: str | Path, node: int) -> Path:
     return progress_path(run_dir, 0).with_name(NODE_FILE.format(int(node)))
 
 
+BUSY_WEIGHT = 0.2  # a step's weight in the smoothed busy_s: one slow step (a GC) makes no straggler
+
+
 @dataclass(frozen=True)
 class Progress:
     rank: int
@@ -64,6 +67,9 @@ class Progress:
     attempt: int
     first_time: Optional[float] = None  # this rank's first report of its attempt (orchestrator.core.attempt_times)
     first_step: Optional[int] = None  # ... and its step: where the attempt resumed
+    #: A step's seconds outside collectives (data, forward), smoothed (``BUSY_WEIGHT``): what names a
+    #: straggler, where every rank's rate falls together (``orchestrator.core.stragglers``).
+    busy_s: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -128,15 +134,18 @@ class ProgressWriter:
         self._last_write = 0.0
         self._last_step: Optional[int] = None
         self._first: Optional[tuple[float, int]] = None
+        self._busy: Optional[float] = None
         self._staging: Optional[Path] = None
         self._published = False
         _WRITERS.append(self)
 
     def report(self, step: int, total: Optional[int] = None, samples: Optional[int] = None,
-               force: bool = False) -> bool:
+               force: bool = False, busy_s: Optional[float] = None) -> bool:
         """Record that this rank reached ``step`` of ``total`` (``samples``: how many samples one
-        step is, for the rate). Returns whether a report was written. ``force``: now, and
-        published at once (the last step)."""
+        step is, for the rate; ``busy_s``: the step's seconds outside collectives, smoothed here).
+        Returns whether a report was written. ``force``: now, and published at once (the last step)."""
+        if busy_s is not None:  # every step counts, written or not
+            self._busy = busy_s if self._busy is None else BUSY_WEIGHT * busy_s + (1 - BUSY_WEIGHT) * self._busy
         now = time.time()
         if not force and now - self._last_write < self.min_interval_s:
             return False
@@ -148,7 +157,8 @@ class ProgressWriter:
             self._first = (now, int(step))
         report = Progress(rank=self.rank, time=now, step=int(step), total=total, steps_per_s=steps_per_s,
                           samples_per_s=steps_per_s * samples if steps_per_s and samples else None,
-                          attempt=self.attempt, first_time=self._first[0], first_step=self._first[1])
+                          attempt=self.attempt, first_time=self._first[0], first_step=self._first[1],
+                          busy_s=round(self._busy, 6) if self._busy is not None else None)
         if self.place is None or not self._stage(report, now, force):
             _write_atomic(self.path, asdict(report))
         return True
@@ -199,10 +209,8 @@ _WRITERS: list[ProgressWriter] = []
 
 
 def rejoined() -> None:
-    """A survivor rejoined its peers in a new attempt (``jobs.heal``, ``recovery.survivors: keep``):
-    its next report is that attempt's first (``first_time``/``first_step``: where it resumed), as a
-    restarted rank's would be. Without this, the attempt's first step is the survivor's first ever,
-    and status counts everything since as lost work."""
+    """A survivor rejoined its peers (``jobs.heal``): its next report is the new attempt's first, where
+    it resumed, as a restarted rank's would be (else status counts all its work so far as lost)."""
     for writer in _WRITERS:
         writer._first = None
 
@@ -428,7 +436,8 @@ def _parse(d: Any) -> Optional[Progress]:
         report = Progress(rank=int(d["rank"]), time=float(d["time"]), step=int(d["step"]),
                           total=_opt_int(d.get("total")), steps_per_s=_opt_float(d.get("steps_per_s")),
                           samples_per_s=_opt_float(d.get("samples_per_s")), attempt=int(d.get("attempt", 0)),
-                          first_time=_opt_float(d.get("first_time")), first_step=_opt_int(d.get("first_step")))
+                          first_time=_opt_float(d.get("first_time")), first_step=_opt_int(d.get("first_step")),
+                          busy_s=_opt_float(d.get("busy_s")))
     except (KeyError, ValueError, TypeError, OverflowError):
         return None
     return report

@@ -43,15 +43,19 @@ CHAOS_FILE = "chaos.jsonl"
 SRUN_TIMEOUT_S = 30.0
 #: The failure each injection causes, as recovery names it (what ``recovery.decide`` will decide on).
 CAUSES = {"kill-rank": FailureKind.CRASH, "stop-rank": FailureKind.HANG, "node-down": FailureKind.NODE_FAILURE}
+#: Not a failure: a rank made slower (a throttled GPU, a noisy neighbour); nothing recovers from it yet.
+SLOW = "slow-rank"
 
 
 @dataclass(frozen=True)
 class Injection:
     """One failure to inject: what, and on which rank or node."""
 
-    action: str  # kill-rank, stop-rank, node-down
+    action: str  # kill-rank, stop-rank, node-down, slow-rank
     rank: Optional[int] = None
     node: Optional[str] = None
+    factor: float = 4.0  # slow-rank: how many times slower
+    seconds: float = 600.0  # slow-rank: for how long
 
     @property
     def kind(self) -> FailureKind:
@@ -60,7 +64,8 @@ class Injection:
     @property
     def flag(self) -> str:
         """The injection as the command line gives it (for the examples in a refusal)."""
-        return f"--{self.action} {self.node if self.action == 'node-down' else self.rank}"
+        return f"--{self.action} {self.node if self.action == 'node-down' else self.rank}" + \
+            (f" --factor {self.factor:g}" if self.action == SLOW else "")
 
 
 # ---- the refusals, pure but for the folder's owner and the checkpoint folder -------------------
@@ -119,8 +124,10 @@ def refusal(target: Target, payload: Payload, history: History, injection: Injec
         return f"rank {injection.rank} is not in {name} (ranks 0-{world - 1})"
     if injection.action == "node-down" and not target.slurm:
         return "--node-down takes a SLURM node away; a local run has none: use --kill-rank or --stop-rank"
-    budget = budget_refusal(name, payload.recovery, history, injection,
-                            progressed_now(history, payload.checkpoint.dir))
+    if injection.action == SLOW and not (1 < injection.factor <= 100 and 0 < injection.seconds <= 86400):
+        return "--factor must be over 1 (and at most 100), --for over 0 seconds (and at most a day)"
+    budget = None if injection.action == SLOW else budget_refusal(name, payload.recovery, history, injection,
+                                                                   progressed_now(history, payload.checkpoint.dir))
     if budget is not None:
         return budget
     if not target.slurm:
@@ -202,6 +209,8 @@ def inject(ref: str, injection: Injection, refresh: Refresh | None = None) -> st
         raise UsageError(f"chaos refused: {why}")
     if injection.action == "node-down":
         act = _node_down(target, history, injection.node or "")
+    elif injection.action == SLOW:
+        act = _slow_rank(target, payload, injection)
     else:
         act = _signal_rank(target, payload, injection.rank or 0, "KILL" if injection.action == "kill-rank" else "STOP")
     fd = open_log(target.folder)
@@ -259,6 +268,45 @@ def _on_node(target: Target, job: str, python: str, host: str, rank: int, name: 
     if SENT in answer.stdout:
         return None
     return answer.complaint or "srun ended without a word from the node"
+
+
+def _slow_rank(target: Target, payload: Payload, injection: Injection) -> Act:
+    """What slows the rank: ``chaos_node ... SLOW`` on its node (through ``srun --overlap`` in the
+    job, on SLURM), left running in its own session for the injection's time; chaos returns once
+    the node said the slow-down began (``SENT``)."""
+    from orchestrator.core.interpreter import module_argv
+    from orchestrator.node.stack_requests import rank_procs
+
+    rank = injection.rank or 0
+    rp = rank_procs(target.folder).get(rank)
+    if rp is None:
+        raise UsageError(f"chaos refused: rank {rank} has not recorded itself yet (the job is starting): try again")
+    node_argv = module_argv(payload.python if target.slurm else sys.executable,
+                            "orchestrator.backends.slurm.node.chaos_node", str(target.folder), str(rank), "SLOW",
+                            f"{injection.factor:g}", f"{injection.seconds:g}", unbuffered=True)
+    env = dict(os.environ)
+    if target.slurm:
+        if not target.job:
+            raise UsageError(f"chaos refused: {target.name} has no SLURM job yet")
+        env = {k: v for k, v in env.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_")) or k == "SLURM_CONF"}
+        env["SLURM_EXPORT_ENV"] = "ALL"
+        node_argv = ["srun", "--overlap", f"--jobid={numeric_job_id(target.job)}", f"--nodelist={rp.host}",
+                     "--nodes=1", "--ntasks=1", "--quiet", "--unbuffered", *node_argv]
+
+    def act() -> tuple[str, str]:
+        import subprocess
+
+        helper = subprocess.Popen(node_argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, start_new_session=True)  # outlives this command
+        assert helper.stdout is not None
+        line = helper.stdout.readline().decode(errors="replace")  # SENT, or the end of its output
+        if SENT not in line:
+            helper.wait(timeout=SRUN_TIMEOUT_S)
+            why = (helper.stderr.read().decode(errors="replace").strip() if helper.stderr else "") or "no answer"
+            raise UsageError(f"chaos: rank {rank} on {rp.host} was not slowed: {slurm_controller.one_line(why)}")
+        return (f"rank {rank} on {rp.host}", f", {injection.factor:g}x slower for {injection.seconds:g}s (a "
+                f"SIGSTOP/SIGCONT duty cycle; it ends early if the rank does)")
+    return act
 
 
 def _node_down(target: Target, history: History, node: str) -> Act:

@@ -100,6 +100,12 @@ def status(refs: list[str], as_json: bool = False) -> int:
             print(f"    warning: {_one_line(unreadable)}")
         for line in describe(history):
             print(f"    {line}")
+        if rec.state == State.RUNNING and rec.world_size > 1:  # a rank slower than the others (core.stragglers)
+            from orchestrator.front.top import straggler_line
+
+            line = straggler_line(rec.run_dir, rec.world_size)
+            if line:
+                print(f"    {line}")
         if len(history.attempts) > 1:  # where recoveries spent time: the run's goodput
             from orchestrator.core.attempt_times import goodput, with_live_marks
 

@@ -1,8 +1,9 @@
 """``orchestrator top RUN``: every rank of a running job side by side (issue 51, item 1).
 
 One row per rank (a job of more than ``PER_RANK_MAX`` ranks: one row per node, its slowest rank):
-its node, step of total, steps/s and samples/s, seconds since its last progress report, and its
-memory (RSS, for the ranks this host can see); above them the run's state, its attempt, the last
+its node, step of total, steps/s and samples/s, its own time a step outside collectives (the
+rank API's ``busy_s``: ``orchestrator.core.stragglers`` names the straggler from it), seconds since
+its last progress report, and its memory (RSS, for the ranks this host can see); above them the run's state, its attempt, the last
 recovery and the goodput, as ``status`` counts them. The rank furthest behind is marked when it
 trails the others' median step (a rank that reports no progress is shown without figures).
 It reads what status reads: the per-node progress files (O(nodes)), the ranks' records and
@@ -11,8 +12,7 @@ through ``--remote``. ``--once`` prints one snapshot and exits (for scripts, tes
 otherwise it refreshes every ``--interval`` seconds (at most 1) until the run ends or Ctrl-C
 (redrawn in a terminal; in a pipe or through ``--remote``'s ssh, one snapshot after another).
 
-What it cannot say yet: the time each rank spends outside its collectives (which would name a
-straggler in a lockstep job, where every rank's rate falls together), and GPU utilisation.
+What it cannot say yet: GPU utilisation; for scripts that report no ``busy_s``, no straggler.
 """
 
 from __future__ import annotations
@@ -40,7 +40,9 @@ class Row:
     samples_per_s: Optional[float]
     since_s: Optional[float]  # since its last progress report
     rss_mb: Optional[float]
+    busy_s: Optional[float] = None  # a step's time outside collectives (the rank API's busy_s)
     behind: bool = False
+    straggler: Optional[float] = None  # its busy time over the others' median, when it is the straggler
 
 
 def rows(run_dir: str, world_size: int, now: float) -> list[Row]:
@@ -57,8 +59,40 @@ def rows(run_dir: str, world_size: int, now: float) -> list[Row]:
         out.append(Row(rank=rank, node=rp.host if rp is not None else "?", step=p.step if p else None,
                        total=p.total if p else None, steps_per_s=p.steps_per_s if p else None,
                        samples_per_s=p.samples_per_s if p else None,
-                       since_s=max(0.0, now - p.time) if p else None, rss_mb=_rss_mb(rp)))
-    return mark_behind(out)
+                       since_s=max(0.0, now - p.time) if p else None, rss_mb=_rss_mb(rp),
+                       busy_s=p.busy_s if p else None))
+    return mark_straggler(mark_behind(out), straggler_factor(run_dir))
+
+
+def straggler_factor(run_dir: str) -> float:
+    """The run's ``watchdog.straggler_factor`` (its payload), else the default."""
+    from orchestrator.core.payload import Payload
+    from orchestrator.core.run_folder import RunFolder
+
+    try:
+        return Payload.load(RunFolder.of(run_dir).payload).watchdog.straggler_factor
+    except Exception:  # an unreadable payload says nothing about the factor: the default
+        return 1.5
+
+
+def straggler_line(run_dir: str, world_size: int) -> Optional[str]:
+    """For ``status`` of a running job: the straggler now, with its node, or None."""
+    for r in rows(run_dir, world_size, time.time()):
+        if r.straggler is not None and r.busy_s is not None:
+            median = r.busy_s / r.straggler
+            return (f"straggler: rank {r.rank} on {r.node} spends {r.busy_s * 1000:.0f} ms a step outside "
+                    f"collectives, {r.straggler:.1f}x the other ranks' median ({median * 1000:.0f} ms)")
+    return None
+
+
+def mark_straggler(table: Sequence[Row], factor: float) -> list[Row]:
+    """The straggler's row (``orchestrator.core.stragglers``), marked with its ratio."""
+    from orchestrator.core.stragglers import straggler
+
+    found = straggler({r.rank: r.busy_s for r in table}, factor)
+    if found is None:
+        return list(table)
+    return [Row(**{**r.__dict__, "straggler": found.ratio}) if r.rank == found.rank else r for r in table]
 
 
 def mark_behind(table: Sequence[Row]) -> list[Row]:
@@ -84,6 +118,8 @@ def per_node(table: Sequence[Row]) -> list[Row]:
 
 
 def _slower(a: Row, b: Row) -> bool:
+    if (a.straggler is not None) != (b.straggler is not None):  # a node's straggler is its row
+        return a.straggler is not None
     return (a.step if a.step is not None else -1, -(a.since_s or 0.0)) < (b.step if b.step is not None else -1,
                                                                           -(b.since_s or 0.0))
 
@@ -131,12 +167,13 @@ def render(rec: RunRecord, now: float) -> object:
     shown = per_node(table_rows) if by_node else table_rows
     table = Table(title=f"{'slowest rank per node' if by_node else 'ranks'} (progress reports of the rank API)",
                   title_justify="left")
-    for name in ("rank", "node", "step", "steps/s", "samples/s", "last report", "RSS MB", ""):
+    for name in ("rank", "node", "step", "steps/s", "samples/s", "own ms/step", "last report", "RSS MB", ""):
         table.add_column(name, justify="right" if name not in ("node", "") else "left")
     for r in shown:
+        mark = f"STRAGGLER ({r.straggler:.1f}x the others)" if r.straggler else "furthest behind" if r.behind else ""
         table.add_row(str(r.rank), r.node, _step(r), _num(r.steps_per_s, 2), _num(r.samples_per_s, 0),
-                      f"{r.since_s:.1f}s ago" if r.since_s is not None else "-", _num(r.rss_mb, 0),
-                      "furthest behind" if r.behind else "")
+                      _num(r.busy_s * 1000 if r.busy_s is not None else None, 0),
+                      f"{r.since_s:.1f}s ago" if r.since_s is not None else "-", _num(r.rss_mb, 0), mark)
     if not any(r.step is not None for r in table_rows):
         note = Text("no progress reports yet (a script off the rank API sends none: see 'orchestrator logs')")
         return Group(*[Text(line) for line in header(rec, now)], table, note)

@@ -479,8 +479,8 @@ class WatchdogSpec(_Model):
         description="End the job FAILED (capturing every rank's stack and naming the straggler) when no rank "
         "has made progress for this many seconds. Progress: a rank API heartbeat (jobs.heartbeat) for a rank "
         "that sends them; for a rank that sends none, new output in its log; joining the process group counts "
-        "too. The clock runs once every rank has joined its process group (before that, "
-        "distributed.init_timeout_s bounds the start). The straggler is the rank whose stack is not inside a "
+        "too. The clock runs once every rank is past its start: joined its process group, or sent a heartbeat "
+        "(before that, distributed.init_timeout_s bounds the start). The straggler is the rank whose stack is not inside a "
         "torch.distributed collective, else one that did not answer, else the one that progressed least "
         "recently. Default: off.",
     )
@@ -488,6 +488,13 @@ class WatchdogSpec(_Model):
         True,
         description="On an abnormal end (a rank failed, a timeout, the init deadline, a stall, the time limit "
         "with no requeue left) save the stacks of the ranks still alive in <run folder>/stacks/ first.",
+    )
+    straggler_factor: float = Field(
+        1.5, gt=1, le=100,
+        description="Name a rank the straggler (in status and top) when the time it spends outside collectives "
+        "each step (data, forward: the rank API's heartbeat busy_s, which jobs.train reports) is at least this "
+        "many times the other ranks' median. In a synchronous job every rank's step rate falls to the slowest's, "
+        "so the rate cannot tell; this can. Scripts that report no busy_s get none named.",
     )
 
 

@@ -183,3 +183,25 @@ def test_sixteen_nodes_of_four_ranks_keep_a_heartbeat_file_a_node_and_a_stall_is
     seen = History.load(launch.run_dir).attempts[-1].times["failed_at"]
     print(f"last heartbeat -> stall seen: {seen - last_beat:.1f}s (stall_s {stall_s})")
     assert seen - last_beat <= stall_s + 5, (seen - last_beat, record.error)
+
+
+def test_a_job_of_heartbeats_and_no_process_group_is_stopped_at_stall_s_not_the_init_deadline(tmp_path: Path) -> None:
+    """Issue 51, item 5, at 16 nodes x 4 ranks: ranks that report progress but never join a group
+    are past their start; when every one stops reporting, the stall watchdog ends the job within
+    stall_s + 5 s of the last heartbeat (it used to wait for the init deadline, 300 s, and blame
+    init_process_group)."""
+    from orchestrator.core.progress import read_progress
+    from orchestrator.core.recovery import History
+
+    stall_s = 8
+    launch = make_plan(tmp_path, entrypoint=str(SCRIPTS / "heartbeats_no_group.py"), extra_args=["4"], nodes=16,
+                       cpu_ranks_per_node=4, watchdog={"stall_s": stall_s, "stacks_on_failure": False},
+                       local={"timeout_s": 240})
+    record = run_local(launch)
+    assert record.state == "FAILED", record.error
+    assert f"no rank made progress for {stall_s}s" in (record.error or ""), record.error
+    assert "init_process_group" not in (record.error or "")
+    last_beat = max(p.time for p in read_progress(launch.run_dir, 64) if p is not None)
+    seen = History.load(launch.run_dir).attempts[-1].times["failed_at"]
+    print(f"last heartbeat -> stall seen: {seen - last_beat:.1f}s (stall_s {stall_s})")
+    assert seen - last_beat <= stall_s + 5, (seen - last_beat, record.error)

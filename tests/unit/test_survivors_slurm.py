@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from orchestrator.backends.slurm.node.agent_decisions import ended_tasks
 from orchestrator.backends.slurm.node.agent_state import AgentContext, AgentState
-from orchestrator.backends.slurm.node.agent_survivors import StandIns, stand_in_argv
+from orchestrator.backends.slurm.node.agent_survivors import StandIns, exit_code_of, stand_in_argv
 from orchestrator.backends.slurm.node.slurm_task import SlurmJob, SlurmTask, stand_in
 from orchestrator.core.recovery import History
 from orchestrator.plan import plan
@@ -86,13 +86,13 @@ def test_each_ranks_exit_is_its_last_processs(tmp_path: Path) -> None:
     ctx.state.task_ends.update({1: 3})
     assert keep.codes(None) == [None, 3, None, None] and keep.failed(None) == [1]
     assert keep.host(1) == "node1" and keep.host(3) == "node2"
-    assert keep.exit_code(1) == 1  # nothing replaced: the step's own code
+    assert exit_code_of(1, keep.codes(1), bool(keep.steps)) == 1  # nothing replaced: the step's own code
     keep.steps[1] = subprocess.Popen([sys.executable, "-c", "pass"])  # its replacement, which ends 0
     keep.steps[1].wait()
     assert keep.codes(None) == [None, 0, None, None] and keep.failed(None) == []
-    assert keep.codes(1) == [0, 0, 0, 0] and keep.exit_code(1) == 0  # the step's 1 was the replaced rank's
+    assert keep.codes(1) == [0, 0, 0, 0] and exit_code_of(1, keep.codes(1), True) == 0  # the 1 was rank 1's
     ctx.state.task_ends[2] = 137  # a survivor died after the rejoin
-    assert keep.exit_code(1) == 137
+    assert exit_code_of(1, keep.codes(1), True) == 137
     failure = keep.failure([2], keep.codes(1))
     assert failure.why == "rank 2 on node2 was killed by a signal (SIGKILL)"
 

@@ -55,6 +55,15 @@ def stand_in_args(rank: int, step_hosts: Sequence[str]) -> list[str]:
 KILL_SRUN_TIMEOUT_S = 20.0
 
 
+def exit_code_of(step_code: int, codes: list[int | None], replaced: bool) -> int:
+    """The attempt's exit code: the ranks' step's (``step_code``), unless ranks were replaced: then 0
+    when every rank's last process (``codes``, by rank) ended 0, else the first failure's code."""
+    if not replaced:
+        return step_code
+    failed = [code for code in codes if code not in (None, 0)]
+    return failed[0] if failed else 0
+
+
 class StandIns:
     """One attempt loop's replaced ranks: their steps, and every rank's exit as far as known."""
 
@@ -89,14 +98,6 @@ class StandIns:
 
     def running(self) -> bool:
         return any(step.poll() is None for step in self.steps.values())
-
-    def exit_code(self, step_code: int) -> int:
-        """The attempt's exit code: the ranks' step's, unless ranks were replaced: then 0 when every
-        rank's last process ended 0, else the first failure's code."""
-        if not self.steps:
-            return step_code
-        failed = [code for code in self.codes(step_code) if code not in (None, 0)]
-        return failed[0] if failed else 0
 
     def failure(self, failed: list[int], codes: list[int | None]) -> Failure:
         """What the attempt that a rejoin ends is recorded with: the first lost rank's traceback

@@ -66,7 +66,7 @@ from orchestrator.backends.slurm.node.agent_srun_messages import name_killed_ran
 from orchestrator.backends.slurm.node.agent_gate import StepGate
 from orchestrator.backends.slurm.node.agent_recovery import AgentRecovery
 from orchestrator.backends.slurm.node.agent_requeue import SCONTROL_RETRY_S, Requeuer, site_ends_preempted, wait_for_site_end
-from orchestrator.backends.slurm.node.agent_survivors import StandIns
+from orchestrator.backends.slurm.node.agent_survivors import StandIns, exit_code_of
 from orchestrator.backends.slurm.node.agent_state import MOVES, AgentContext, AgentState, Phase, say  # noqa: F401  (re-exported)
 from orchestrator.backends.slurm.node.agent_watch import AgentWatch
 from orchestrator.core.payload import Payload
@@ -311,7 +311,7 @@ class JobAgent:
         if self.keep is None:
             return code
         self.keep.close()
-        return self.keep.exit_code(code)
+        return exit_code_of(code, self.keep.codes(code), bool(self.keep.steps))
 
     def _rejoin(self, failed: list[int]) -> None:
         """Ranks failed while the others run on (recovery.survivors: keep): when recovery allows
@@ -330,7 +330,8 @@ class JobAgent:
                     keep.rejoins.end_attempt(c.history, c.attempt, failure, c.attempt.times).restart:
                 self.recovery.begin_attempt()
                 assert c.attempt is not None
-                c.attempt.nodes = list(c.rank_hosts)
+                c.attempt.nodes = list(c.rank_hosts)  # the ranks' nodes, a spare in a lost one's place
+                c.history.save()
                 self.state.first_end = self.state.killed = None  # the next failure is the next attempt's
                 keep.replace(c.attempt.number)
                 c.attempt.times["ranks_at"] = keep.rejoins.began_at or time.time()

@@ -18,6 +18,7 @@ What it cannot say yet: GPU utilisation; for scripts that report no ``busy_s``, 
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 from typing import Optional, Sequence
@@ -197,7 +198,8 @@ def top(ref: str, once: bool, interval: float = 1.0) -> int:
     from orchestrator.api import Run
 
     run = Run.get(ref)
-    console = Console(soft_wrap=True)  # a line as long as it is: a pipe or a narrow terminal cuts nothing
+    # A pipe (or --remote's ssh) gets every column whole, not a table cut to 80 characters.
+    console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)
     if once:
         run.status()
         console.print(render(run.record, time.time()))

@@ -58,3 +58,40 @@ def test_top_shows_every_rank_and_after_a_recovery_a_goodput_that_adds_up(tmp_pa
     record = wait_ended(launch)
     assert record.state == "COMPLETED", record.error
     assert json.loads((Path(launch.run_dir) / "recovery.json").read_text())["attempts"][0]["outcome"] == "crash"
+
+
+def test_a_rank_made_four_times_slower_is_named_the_straggler_and_its_peer_is_not(tmp_path: Path) -> None:
+    """Issue 51's acceptance, locally: a 2-node x 1-rank jobs.train run; `chaos --slow-rank 1 --factor
+    4` (a SIGSTOP/SIGCONT duty cycle); status and top name rank 1 the straggler within 45 s, never
+    rank 0, and name no one before the slow-down. In lockstep DDP both ranks' step rates fall
+    together: it is the time each spends outside its collectives that tells them apart."""
+    from orchestrator.front.chaos import Injection, inject
+
+    launch = make_plan(tmp_path, nodes=2, cpu_ranks_per_node=1, args={**ARGS, "epochs": 30, "step-delay": 0.02})
+    start_detached(launch)
+    deadline = time.monotonic() + 120
+    while _steps(launch.run_dir) < 20:
+        assert time.monotonic() < deadline, "training never started"
+        time.sleep(0.1)
+    time.sleep(2)
+    assert "STRAGGLER" not in _top(launch.run_dir)  # alike ranks: no one named
+    said = inject(launch.run_dir, Injection("slow-rank", rank=1, factor=4, seconds=60))
+    assert "slow-rank rank 1" in said and "4x slower" in said, said
+    slowed = time.monotonic()
+    while True:
+        shown = _top(launch.run_dir)
+        named = re.search(r"^│\s+(\d)\s+│.*STRAGGLER \(([\d.]+)x the others\)", shown, re.M)
+        if named:
+            break
+        assert time.monotonic() - slowed < 45, f"no straggler named within 45 s:\n{shown}"
+        time.sleep(1)
+    assert named.group(1) == "1", shown
+    status = subprocess.run([sys.executable, "-m", "orchestrator", "status", launch.run_dir], capture_output=True,
+                            text=True, timeout=60).stdout
+    assert re.search(r"straggler: rank 1 on \S+ spends \d+ ms a step outside collectives", status), status
+    from orchestrator.api import Run
+
+    Run.get(launch.run_dir).cancel()  # the slow-down ends with the rank (chaos_node's loop sees it gone)
+    wait_ended(launch, within=120)
+    chaos = (Path(launch.run_dir) / "chaos.jsonl").read_text()
+    assert '"action": "slow-rank"' in chaos

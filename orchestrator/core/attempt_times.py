@@ -151,7 +151,7 @@ def goodput(history: Sequence[Attempt], submitted: float, now: float) -> Optiona
         before = attempts[i - 1] if i else None
         if before is not None:
             phases = recovery_phases(before, a)
-            recovery += phases["total"] if phases else 0.0
+            recovery += phases["total"] + _unseen_s(before) if phases else 0.0
             lost += _lost_s(before, a)
     first = attempts[0]
     startup = max(0.0, (back_at(first) or first.started) - first.started)
@@ -186,6 +186,15 @@ def _of_this_submission(attempt: Attempt, submitted: float) -> bool:
     if attempt.started >= submitted:
         return True
     return attempt.started >= submitted - CLOCK_SKEW_S and (attempt.ended is None or attempt.ended > submitted)
+
+
+def _unseen_s(before: Attempt) -> float:
+    """The failed attempt's time between its last step and its failure seen: a hang's stall_s and
+    stacks, a crash's step in flight. No training, and before the recovery's clock starts."""
+    t = before.times
+    if "last_step_at" not in t or "failed_at" not in t:
+        return 0.0
+    return max(0.0, t["failed_at"] - t["last_step_at"])
 
 
 def _lost_s(before: Attempt, after: Attempt) -> float:

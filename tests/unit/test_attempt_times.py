@@ -47,8 +47,9 @@ def test_goodput_counts_training_and_sets_queue_recovery_and_lost_work_apart() -
     first, second = _two_attempts()
     g = goodput([first, second], submitted=90.0, now=200.0)
     assert g is not None
-    # training 105..129 and 136..159; steps 21..24 were done again: 3 steps at 1 s each
-    assert (g.wall_s, g.queue_s, g.startup_s, g.recovery_s, g.lost_s) == (70.0, 10.0, 5.0, 6.0, 3.0)
+    # training 105..129 and 136..159; steps 21..24 were done again: 3 steps at 1 s each; the recovery:
+    # 6 s from the failure seen, and the second from the last step (129) to it (130)
+    assert (g.wall_s, g.queue_s, g.startup_s, g.recovery_s, g.lost_s) == (70.0, 10.0, 5.0, 7.0, 3.0)
     assert g.productive_s == 24.0 + 23.0 - 3.0
     assert g.line().startswith(f"goodput {44 / 70:.0%}: 44s training of 70s since submit")
 

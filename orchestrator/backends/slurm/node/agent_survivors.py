@@ -40,6 +40,7 @@ from orchestrator.core.safe_read import Unreadable, read_json
 from orchestrator.core.states import FailureKind
 from orchestrator.node.rank_env import OrchVar
 
+
 def stand_in_argv(rank_argv: Sequence[str], rank: int, host: str, log: str, step_hosts: Sequence[str]) -> list[str]:
     """The srun that starts rank ``rank`` again on ``host`` beside the ranks' step, appending to its log."""
     options, program = step_options(rank_argv)

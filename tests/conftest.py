@@ -66,6 +66,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 SLOW_LIMIT_S = 60.0
 SLOW = {
+    # a SLURM job that trains for 45 s through a rank's kill and its rejoin: the training is the point
+    "tests/cluster/test_benchmarks_smoke.py::test_bench_goodput_slurm_runs_its_smoke_round",
     # four epochs at 0.15 s a step, so that the standbys are warm before the kill, then a hang found by
     # stall_s (20 s) and stacks, and the reference run's weights
     "tests/cluster/test_survivors_slurm.py::test_a_killed_or_hung_rank_is_forked_from_its_nodes_standby_and_rejoins_the_survivors",

@@ -281,23 +281,28 @@ def _slow_rank(target: Target, payload: Payload, injection: Injection) -> Act:
     rp = rank_procs(target.folder).get(rank)
     if rp is None:
         raise UsageError(f"chaos refused: rank {rank} has not recorded itself yet (the job is starting): try again")
-    node_argv = module_argv(payload.python if target.slurm else sys.executable,
+    here_argv = module_argv(payload.python if target.slurm else sys.executable,
                             "orchestrator.backends.slurm.node.chaos_node", str(target.folder), str(rank), "SLOW",
                             f"{injection.factor:g}", f"{injection.seconds:g}", unbuffered=True)
     env = dict(os.environ)
+    node_argv: list[str] = []
     if target.slurm:
         if not target.job:
             raise UsageError(f"chaos refused: {target.name} has no SLURM job yet")
         env = {k: v for k, v in env.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_")) or k == "SLURM_CONF"}
         env["SLURM_EXPORT_ENV"] = "ALL"
         node_argv = ["srun", "--overlap", f"--jobid={numeric_job_id(target.job)}", f"--nodelist={rp.host}",
-                     "--nodes=1", "--ntasks=1", "--quiet", "--unbuffered", *node_argv]
+                     "--nodes=1", "--ntasks=1", "--quiet", "--unbuffered", *here_argv]
 
     def act() -> tuple[str, str]:
         import subprocess
 
-        helper = subprocess.Popen(node_argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, start_new_session=True)  # outlives this command
+        if node_argv:  # on its node, in its job; it outlives this command (its own session)
+            helper = slurm_controller.start(node_argv, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                            new_session=True)
+        else:
+            helper = subprocess.Popen(here_argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, start_new_session=True)
         assert helper.stdout is not None
         line = helper.stdout.readline().decode(errors="replace")  # SENT, or the end of its output
         if SENT not in line:

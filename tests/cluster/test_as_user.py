@@ -173,10 +173,10 @@ def test_a_step_that_cannot_end_is_killed_as_a_step_and_the_hang_restarts_on_the
     daemon stops answering (SIGSTOP, as on a node whose slurmd is gone): srun cannot end the step
     within 5 s of SIGTERM. The agent's last resort signals the job's steps (``scancel
     --signal=KILL JOB.STEP``), never the job: not CANCELLED; the hang restarts inside the
-    allocation on the spare, and the job completes. (The script never joins a process group, so
-    the watchdog's hang is its init deadline: heartbeats do not start the stall clock yet, issue 51.)"""
+    allocation on the spare, and the job completes. (The script never joins a process group; its
+    heartbeats put every rank past its start, so the hang is stall_s's to find, issue 51.)"""
     me = LoginUser(cluster, login_install, "as-user-stuck", {
-        "nodes": 1, "cpu_ranks_per_node": 2, "distributed": {"init_timeout_s": 15},
+        "nodes": 1, "cpu_ranks_per_node": 2, "distributed": {"init_timeout_s": 15}, "watchdog": {"stall_s": 10},
         "recovery": {"max_restarts": 1, "on": ["hang"], "spares": 1},
         "slurm": {"partition": "debug", "time": "00:05:00"}}, ["12", "4"])
     me.submit()

@@ -59,3 +59,11 @@ def test_bench_scale_runs_one_round_on_the_sessions_nodes(cluster: dict[str, str
                  r"cancel -> all ranks gone\s+orchestrator\s+[\d.]+", r"of ours: health gate\s+[\d.]+",
                  r"the job's agent, steady state .*: [\d.]+ % of a core; a bare loop waking as often: [\d.]+ %"):
         assert re.search(line, said), f"no /{line}/ in:\n{said[-4000:]}"
+
+
+def test_bench_goodput_slurm_runs_its_smoke_round(cluster: dict[str, str]) -> None:
+    said = _bench([str(BENCH / "bench_goodput_slurm.py"), "--smoke", "--runs-dir", cluster["runs_dir"]],
+                  {**os.environ, "SLURM_CONF": cluster["SLURM_CONF"]})
+    assert re.search(r"state COMPLETED, SLURM job \d+, Restarts=0", said), said[-4000:]
+    assert "restarted inside the job: rank 1 on node2 was killed by a signal" in said, said[-4000:]
+    assert re.search(r"goodput \d+%: \d+s training of \d+s since submit", said), said[-4000:]

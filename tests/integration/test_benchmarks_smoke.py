@@ -52,7 +52,7 @@ GPU: dict[str, tuple[list[str], str, list[str]]] = {
     "gpu_recovery.py": ([], "gpu_recovery.json", ["nccl_crash_once"]),
 }
 #: Run on the SLURM test cluster (tests/cluster/test_benchmarks_smoke.py).
-CLUSTER = {"bench_slurm.py", "bench_remote.py", "bench_recovery_inside.py", "bench_scale.py"}
+CLUSTER = {"bench_slurm.py", "bench_remote.py", "bench_recovery_inside.py", "bench_scale.py", "bench_goodput_slurm.py"}
 #: Not benchmarks: the peers and rank scripts the benchmarks start.
 HELPERS = {"bare_allreduce.py", "first_allreduce.py", "hand_ddp_loop.py"}
 NO_GPU = re.compile(r"no GPUs? found|NVIDIA driver|sees no GPU|CUDA|cuda|nvidia-smi|GPU", re.I)

@@ -48,6 +48,7 @@ def _rank(rank: int, folder: str) -> None:
     if saved is not None:
         out["saved"] = {k: v.tolist() for k, v in saved.items()}
     Path(folder, f"rank-{rank}.json").write_text(json.dumps(out))
+    dist.barrier()  # nothing of the other rank's still in flight: gloo's teardown once aborted (SIGABRT) under load
     dist.destroy_process_group()
 
 

@@ -24,6 +24,7 @@ import threading
 import time
 from typing import IO, Any, Mapping, Sequence
 
+from orchestrator.backends.slurm.node import slurm_controller
 from orchestrator.backends.slurm.node.agent_state import say
 from orchestrator.core.interpreter import module_argv
 
@@ -75,7 +76,7 @@ class Standby:
 
     def __init__(self, host: str, argv: Sequence[str], environ: Mapping[str, str]) -> None:
         self.host = host
-        self.proc = subprocess.Popen(list(argv), env=dict(environ), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.proc = slurm_controller.start(argv, environ, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.lock = threading.Lock()
         self.pids: dict[int, int] = {}
         self.exits: dict[int, int] = {}

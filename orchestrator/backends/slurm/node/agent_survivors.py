@@ -29,6 +29,7 @@ from typing import Mapping, Sequence
 
 from orchestrator.backends.slurm.node.agent_standby import (Forked, Standby, preload_for, rank_args, standby_argv,
                                                              step_options)
+from orchestrator.backends.slurm.node import slurm_controller
 from orchestrator.backends.slurm.node.agent_state import AgentContext
 from orchestrator.backends.slurm.node.chaos_node import SENT
 from orchestrator.backends.slurm.node.slurm_task import STAND_IN_OPTION, STEP_NODES_OPTION
@@ -203,7 +204,7 @@ class StandIns:
                 continue
             c.say(f"rank {rank}: started as a step of its own on {host} (no warm standby there)")
             argv = stand_in_argv(self.rank_argv, rank, host, logs[rank], c.rank_hosts)
-            self.steps[rank] = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL)
+            self.steps[rank] = slurm_controller.start(argv, env)
         return lost
 
     def end_straggler(self) -> bool:
@@ -227,14 +228,11 @@ class StandIns:
         argv = [self.rank_argv[0], "--overlap", "--mem=0", "--nodes=1", "--ntasks=1", f"--nodelist={self.host(rank)}",
                 "--kill-on-bad-exit=0", "--quiet",
                 *lean_module_argv(program[0], "orchestrator.backends.slurm.node.chaos_node", c.run_dir, str(rank), "KILL")]
-        try:
-            done = subprocess.run(argv, env=self.environ, capture_output=True, text=True, timeout=KILL_SRUN_TIMEOUT_S)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            c.say(f"the straggler, rank {rank}, could not be killed alone ({exc}): every rank ends")
-            return False
+        done = slurm_controller.run(argv, KILL_SRUN_TIMEOUT_S, env=self.environ, quiet_stdin=True,
+                                    done=lambda a: SENT in a.stdout)  # sent: never ask again
         if SENT not in done.stdout:
-            c.say(f"the straggler, rank {rank}, could not be killed alone ({done.stderr.strip()[-200:]}): "
-                  "every rank ends")
+            c.say(f"the straggler, rank {rank}, could not be killed alone "
+                  f"({slurm_controller.one_line(done.complaint or 'no answer')}): every rank ends")
             return False
         self.hung[rank], self.hung_at = Failure(FailureKind.HANG, message.splitlines()[0]), time.monotonic()
         c.say(f"rank {rank}, the straggler, killed alone on {self.host(rank)}: it is replaced beside the others")

@@ -162,6 +162,18 @@ def run(argv: Sequence[str], timeout_s: float = QUERY_TIMEOUT_S, *, backoff_s: S
     return answer  # not reached: the last delay is None
 
 
+def start(argv: Sequence[str], env: Mapping[str, str] | None = None, *, stdin: int | None = subprocess.DEVNULL,
+          stdout: int | None = None, stderr: int | None = None,
+          new_session: bool = False) -> subprocess.Popen[bytes]:
+    """Start a SLURM command that outlives this call (an ``srun --overlap`` step beside the ranks':
+    a replaced rank, a warm standby, chaos's slow-down) and return its process; the caller waits
+    for it. Never retried: a step that cannot start says so on its stderr and exits."""
+    if not argv or argv[0] not in TOOLS:
+        raise ValueError(f"not a SLURM command: {list(argv)[:3]}")
+    return subprocess.Popen(list(argv), env=None if env is None else dict(env), stdin=stdin, stdout=stdout,
+                            stderr=stderr, start_new_session=new_session)
+
+
 # ---- the questions several modules ask ------------------------------------------------------
 def key_values(text: str) -> dict[str, str]:
     """'Key=value Key2=value2' (scontrol's one-line records) as a dict."""

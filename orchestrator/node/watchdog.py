@@ -31,6 +31,9 @@ class Watch:
     log_grew: dict[int, float] = field(default_factory=dict)
     heartbeat: dict[int, float] = field(default_factory=dict)
     joined: dict[int, float] = field(default_factory=dict)
+    #: The attempt's reports are those from here on (default: ``started``). Earlier than ``started``
+    #: when the ranks start one after another: at 16 x 4 the first reported before the last was forked.
+    reports_since: Optional[float] = None
 
     def observe(self, now: float, log_sizes: Mapping[int, int], heartbeats: Mapping[int, Optional[float]],
                 joined: Sequence[int]) -> None:
@@ -40,8 +43,9 @@ class Watch:
             if rank in self.log_sizes and size != self.log_sizes[rank]:
                 self.log_grew[rank] = now
             self.log_sizes[rank] = size
+        since = self.started if self.reports_since is None else self.reports_since
         for rank, t in heartbeats.items():
-            if t is not None and t >= self.started:  # an earlier attempt's report is no progress
+            if t is not None and t >= since:  # an earlier attempt's report is no progress
                 self.heartbeat[rank] = max(t, self.heartbeat.get(rank, t))
         for rank in joined:
             self.joined.setdefault(rank, now)

@@ -251,7 +251,7 @@ class Supervisor:
         try:
             began = time.time()  # before the forks: a rank may report before the last one is forked
             self.procs = group.start(forks)
-            self.watch = Watch(len(self.procs), began, self.stall_s, payload.init_timeout_s)
+            self.watch = Watch(len(self.procs), time.time(), self.stall_s, payload.init_timeout_s, reports_since=began)
             self.times["ranks_at"] = self.watch.started
             self.record.update(rank_pids=[p.pid for p in self.procs],
                                rank_starts=[procs.start_time(p.pid) or 0 for p in self.procs], master_port=port)

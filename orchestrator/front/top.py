@@ -78,12 +78,11 @@ def straggler_factor(run_dir: str) -> float:
 
 def straggler_line(run_dir: str, world_size: int) -> Optional[str]:
     """For ``status`` of a running job: the straggler now, with its node, or None."""
-    for r in rows(run_dir, world_size, time.time()):
-        if r.straggler is not None and r.busy_s is not None:
-            median = r.busy_s / r.straggler
-            return (f"straggler: rank {r.rank} on {r.node} spends {r.busy_s * 1000:.0f} ms a step outside "
-                    f"collectives, {r.straggler:.1f}x the other ranks' median ({median * 1000:.0f} ms)")
-    return None
+    from orchestrator.core.stragglers import straggler
+
+    table = rows(run_dir, world_size, time.time())
+    found = straggler({r.rank: r.busy_s for r in table}, straggler_factor(run_dir))
+    return found.line(table[found.rank].node) if found is not None else None
 
 
 def mark_straggler(table: Sequence[Row], factor: float) -> list[Row]:
@@ -148,8 +147,9 @@ def header(rec: RunRecord, now: float) -> list[str]:
     for before, after in reversed(list(zip(attempts, attempts[1:]))):
         phases = recovery_phases(before, after)
         if phases is not None:
-            lines.append(f"last recovery: attempt {after.number} {phases_line(phases, before.number)}: "
-                         f"{(before.why or before.outcome or '').splitlines()[0] if (before.why or before.outcome) else ''}")
+            why = (before.why or str(before.outcome or "")).splitlines()[:1]
+            lines.append(f"last recovery: attempt {after.number} {phases_line(phases, before.number)}"
+                         + (f": {why[0]}" if why else ""))
             break
     measured = goodput(attempts, rec.created, now) if attempts else None
     if measured is not None:

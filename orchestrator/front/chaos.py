@@ -252,17 +252,23 @@ def _signal_rank(target: Target, payload: Payload, rank: int, name: str) -> Act:
     return act
 
 
+def _on_its_node(job: str, host: str) -> tuple[list[str], dict[str, str]]:
+    """The head of an ``srun --overlap`` of one task on ``host`` inside job ``job`` (numeric), and its
+    environment: ours without the SLURM variables of wherever chaos runs (a job of its own, say)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_")) or k == "SLURM_CONF"}
+    env["SLURM_EXPORT_ENV"] = "ALL"
+    return ["srun", "--overlap", f"--jobid={job}", f"--nodelist={host}", "--nodes=1", "--ntasks=1", "--quiet"], env
+
+
 def _on_node(target: Target, job: str, python: str, host: str, rank: int, name: str) -> Optional[str]:
     """``chaos_node`` on the rank's node, through ``srun --overlap`` in the job (its numeric id).
     None once the node said it sent the signal (``SENT``), whatever srun's exit says afterwards:
     the job's agent may end every step of the job as it restarts the ranks, ours included."""
     from orchestrator.core.interpreter import module_argv
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_")) or k == "SLURM_CONF"}
-    env["SLURM_EXPORT_ENV"] = "ALL"
-    argv = ["srun", "--overlap", f"--jobid={job}", f"--nodelist={host}", "--nodes=1", "--ntasks=1", "--quiet",
-            *module_argv(python, "orchestrator.backends.slurm.node.chaos_node", str(target.folder), str(rank), name,
-                         unbuffered=False)]
+    head, env = _on_its_node(job, host)
+    argv = [*head, *module_argv(python, "orchestrator.backends.slurm.node.chaos_node", str(target.folder), str(rank),
+                                name, unbuffered=False)]
     answer = slurm_controller.run(argv, SRUN_TIMEOUT_S, env=env, quiet_stdin=True,
                                   done=lambda a: SENT in a.stdout)  # sent: never ask again
     if SENT in answer.stdout:
@@ -289,10 +295,8 @@ def _slow_rank(target: Target, payload: Payload, injection: Injection) -> Act:
     if target.slurm:
         if not target.job:
             raise UsageError(f"chaos refused: {target.name} has no SLURM job yet")
-        env = {k: v for k, v in env.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_")) or k == "SLURM_CONF"}
-        env["SLURM_EXPORT_ENV"] = "ALL"
-        node_argv = ["srun", "--overlap", f"--jobid={numeric_job_id(target.job)}", f"--nodelist={rp.host}",
-                     "--nodes=1", "--ntasks=1", "--quiet", "--unbuffered", *here_argv]
+        head, env = _on_its_node(numeric_job_id(target.job), rp.host)
+        node_argv = [*head, "--unbuffered", *here_argv]
 
     def act() -> tuple[str, str]:
         import subprocess

@@ -21,7 +21,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from orchestrator.core.records import RunRecord
 
@@ -205,23 +205,20 @@ def top(ref: str, once: bool, interval: float = 1.0) -> int:
         console.print(render(run.record, time.time()))
         return 0
     interval = min(max(interval, 0.2), 1.0)
-    if not console.is_terminal:  # a pipe, or --remote's ssh: a snapshot after another, never redrawn
+
+    def follow(show: Callable[[object], None]) -> int:
+        """Show a fresh snapshot every ``interval`` until the run ends (or Ctrl-C)."""
         try:
             while True:
                 state = run.status()
-                console.print(render(run.record, time.time()))
+                show(render(run.record, time.time()))
                 if state.terminal:
                     return 0
                 time.sleep(interval)
         except KeyboardInterrupt:
             return 0
-    try:
-        with Live(render(run.record, time.time()), console=console, refresh_per_second=4) as live:
-            while True:
-                state = run.status()
-                live.update(render(run.record, time.time()))
-                if state.terminal:
-                    return 0
-                time.sleep(interval)
-    except KeyboardInterrupt:
-        return 0
+
+    if not console.is_terminal:  # a pipe, or --remote's ssh: a snapshot after another, never redrawn
+        return follow(console.print)
+    with Live(render(run.record, time.time()), console=console, refresh_per_second=4) as live:
+        return follow(live.update)

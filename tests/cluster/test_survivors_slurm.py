@@ -124,6 +124,8 @@ def test_a_script_that_cannot_rejoin_restarts_every_rank_inside_the_job(cluster:
     first, second = History.load(launch.run_dir).attempts
     assert (first.outcome, first.action, first.inside_job) == ("crash", "restart", True), first
     assert "injected crash at step 7" in first.why and second.job == first.job
-    assert "cannot rejoin (the script does not use jobs.Healer): every rank restarts" in logs, logs[-3000:]
+    # its survivor said nothing of rejoining; or, on a busy machine, it had failed too before the agent looked
+    assert re.search(r"cannot rejoin \(the script does not use jobs.Healer\): every rank restarts|"
+                     r"rank\(s\) 0, 1 failed and cannot rejoin the others: every rank ends", logs), logs[-3000:]
     assert "rejoin the survivors" not in logs and "kept its process" not in logs
     assert no_job_processes()

@@ -10,6 +10,7 @@ Unit-tested without processes (tests/unit/test_agent_decisions.py); the agent's 
 from __future__ import annotations
 
 import re
+import signal
 import time
 from typing import Iterable, Mapping, Sequence
 
@@ -24,7 +25,7 @@ REQUEUE_RESERVE_S = 15.0
 ALWAYS, AUTO, NEVER = "always", "auto", "never"  # slurm.requeue's words
 
 #: How srun names a task that a signal ended (its ``strsignal``); an exit code is not one.
-SRUN_TASK_ENDED = re.compile(r"srun: error: (\S+): tasks? (\d+)(?:[-,][\d,-]*)?: (.+?)\s*$")
+SRUN_TASK_ENDED = re.compile(r"srun: error: (\S+): tasks? ((\d+)(?:[-,][\d,-]*)?): (.+?)\s*$")
 #: srun's line about a node the step lost ("srun: error: Node failure on node2").
 NODE_FAILURE = re.compile(r"Node failure on (\S+)")
 
@@ -160,31 +161,33 @@ def hang_blamed(rank: object, hosts: tuple[str, ...], ranks_per_node: int, strag
 def srun_signal_death(line: str) -> Killed | None:
     """(host, first task, description) from srun's line about tasks a signal ended, else None."""
     m = SRUN_TASK_ENDED.search(line)
-    if not m or m.group(3).startswith("Exited with exit code"):
+    if not m or m.group(4).startswith("Exited with exit code"):
         return None
-    return m.group(1), int(m.group(2)), m.group(3)
+    return m.group(1), int(m.group(3)), m.group(4)
 
 
 def ended_tasks(line: str) -> dict[int, int]:
     """The tasks srun's line says ended badly, with their exit codes (a signal's death as 128 + its
-    number when srun names it, else 255): "srun: error: node2: tasks 0-1,3: Killed" -> {0: 137, 1: 137, 3: 137}."""
-    m = re.search(r"srun: error: \S+: tasks? ([\d,-]+): (.+?)\s*$", line)
+    number, named as strsignal names it; an unknown one as 255): "srun: error: node2: tasks 0-1,3:
+    Killed" -> {0: 137, 1: 137, 3: 137}."""
+    m = SRUN_TASK_ENDED.search(line)
     if not m:
         return {}
-    what = m.group(2)
+    what = m.group(4)
     code = re.match(r"Exited with exit code (\d+)", what)
     value = int(code.group(1)) if code else 128 + _SIGNAL_NUMBERS.get(what.split()[0].rstrip(":").lower(), 127)
     tasks: list[int] = []
-    for part in m.group(1).split(","):
+    for part in m.group(2).split(","):
         first, _, last = part.partition("-")
         if first.isdigit() and (not last or last.isdigit()):
             tasks += range(int(first), int(last or first) + 1)
     return {task: value for task in tasks}
 
 
-#: srun's words for the signals that end tasks (its strsignal text's first word).
-_SIGNAL_NUMBERS = {"killed": 9, "terminated": 15, "segmentation": 11, "aborted": 6, "bus": 7, "floating": 8,
-                   "illegal": 4, "hangup": 1, "interrupt": 2}
+#: A signal by the first word of its description, as srun writes it (strsignal: "Killed", "Terminated",
+#: "Segmentation fault"...).
+_SIGNAL_NUMBERS = {(signal.strsignal(s) or "").split()[0].lower(): int(s) for s in reversed(sorted(signal.valid_signals()))
+                   if signal.strsignal(s)}
 
 
 def preempted(job: Mapping[str, str]) -> bool:

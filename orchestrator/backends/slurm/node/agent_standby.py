@@ -175,11 +175,19 @@ def step_options(rank_argv: Sequence[str]) -> tuple[list[str], list[str]]:
     return options, list(rank_argv[i:])
 
 
-def standby_argv(rank_argv: Sequence[str], host: str, modules: Sequence[str]) -> list[str]:
-    """The srun of one node's standby, beside the ranks' step (``rank_argv``: as the agent ran it)."""
+def beside_step(rank_argv: Sequence[str], host: str, *own: str) -> tuple[list[str], list[str]]:
+    """An srun of one task on ``host`` beside the ranks' running step (``rank_argv``: as the agent ran
+    it), with ``own`` options of its own: ``--overlap --mem=0`` (the step holds the node's CPUs and
+    memory), the ranks' other options (``step_options``); and the rank's own command."""
     options, program = step_options(rank_argv)
-    return [rank_argv[0], "--overlap", "--mem=0", "--nodes=1", "--ntasks=1", f"--nodelist={host}",
-            "--kill-on-bad-exit=0", *options, *module_argv(program[0], ZYGOTE, "--say-ready", *modules)]
+    return [rank_argv[0], "--overlap", "--mem=0", "--nodes=1", "--ntasks=1", f"--nodelist={host}", *own,
+            "--kill-on-bad-exit=0", *options], program
+
+
+def standby_argv(rank_argv: Sequence[str], host: str, modules: Sequence[str]) -> list[str]:
+    """The srun of one node's standby, beside the ranks' step."""
+    head, program = beside_step(rank_argv, host)
+    return [*head, *module_argv(program[0], ZYGOTE, "--say-ready", *modules)]
 
 
 def rank_args(rank_argv: Sequence[str]) -> list[str]:

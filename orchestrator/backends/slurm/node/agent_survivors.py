@@ -27,8 +27,8 @@ import subprocess
 import time
 from typing import Mapping, Sequence
 
-from orchestrator.backends.slurm.node.agent_standby import (Forked, Standby, preload_for, rank_args, standby_argv,
-                                                             step_options)
+from orchestrator.backends.slurm.node.agent_standby import (Forked, Standby, beside_step, preload_for, rank_args,
+                                                             standby_argv)
 from orchestrator.backends.slurm.node import slurm_controller
 from orchestrator.backends.slurm.node.agent_state import AgentContext
 from orchestrator.backends.slurm.node.chaos_node import SENT
@@ -44,9 +44,8 @@ from orchestrator.node.rank_env import OrchVar
 
 def stand_in_argv(rank_argv: Sequence[str], rank: int, host: str, log: str, step_hosts: Sequence[str]) -> list[str]:
     """The srun that starts rank ``rank`` again on ``host`` beside the ranks' step, appending to its log."""
-    options, program = step_options(rank_argv)
-    return [rank_argv[0], "--overlap", "--mem=0", "--nodes=1", "--ntasks=1", f"--nodelist={host}", f"--output={log}",
-            "--open-mode=append", "--kill-on-bad-exit=0", *options, *program, *stand_in_args(rank, step_hosts)]
+    head, program = beside_step(rank_argv, host, f"--output={log}", "--open-mode=append")
+    return [*head, *program, *stand_in_args(rank, step_hosts)]
 
 
 def stand_in_args(rank: int, step_hosts: Sequence[str]) -> list[str]:
@@ -224,10 +223,9 @@ class StandIns:
         if not isinstance(rank, int) or not 0 <= rank < c.world or \
                 not self.rejoins.may_rejoin([rank], self.codes(None), False, True):
             return False
-        _, program = step_options(self.rank_argv)
-        argv = [self.rank_argv[0], "--overlap", "--mem=0", "--nodes=1", "--ntasks=1", f"--nodelist={self.host(rank)}",
-                "--kill-on-bad-exit=0", "--quiet",
-                *lean_module_argv(program[0], "orchestrator.backends.slurm.node.chaos_node", c.run_dir, str(rank), "KILL")]
+        head, program = beside_step(self.rank_argv, self.host(rank), "--quiet")
+        argv = [*head, *lean_module_argv(program[0], "orchestrator.backends.slurm.node.chaos_node", c.run_dir,
+                                         str(rank), "KILL")]
         done = slurm_controller.run(argv, KILL_SRUN_TIMEOUT_S, env=self.environ, quiet_stdin=True,
                                     done=lambda a: SENT in a.stdout)  # sent: never ask again
         if SENT not in done.stdout:

@@ -66,6 +66,7 @@ class RecoverySettings:
     spares: int = 0  # SLURM: nodes held in the allocation beyond ``nodes``, to replace a failed one
     in_allocation: bool = True  # SLURM: restart the ranks' step inside the job; requeue only when out of nodes
     survivors: str = "restart"  # "keep": after a crash only the failed ranks are forked again (local)
+    standbys: bool = True  # SLURM: warm interpreters on the job's nodes fork the ranks of a restart inside it
 
 
 @dataclass(frozen=True)

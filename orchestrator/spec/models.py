@@ -559,6 +559,15 @@ class RecoverySpec(_Model):
         "recovery.json and counts against max_restarts. On SLURM a replaced rank runs as a step of its own on "
         "its node, inside the job (in_allocation); a lost node or a hang still restarts every rank there.",
     )
+    standbys: bool = Field(
+        True,
+        description="SLURM: once the ranks train, a warm interpreter of ours waits on each of the job's nodes (its "
+        "spares included) with torch imported, as a step of one task beside the ranks'. A restart inside the job "
+        "(in_allocation) forks the next attempt's ranks from them instead of starting a new step in which every "
+        "rank imports torch again, and with survivors: keep a replaced rank is forked from its node's. Costs one "
+        "idle interpreter per node (a few hundred MB). Not used for ranks in a container or an nccl job yet. "
+        "false: every restart starts a new step.",
+    )
     stop_without_progress: int = Field(
         2, ge=1, le=1000,
         description="Stop with reason 'no progress' after this many attempts in a row ended by a failure "

@@ -160,24 +160,99 @@ def test_standbys_start_once_every_rank_trains_with_or_without_a_stall_watchdog(
     which stops reading the ranks' files once it has nothing to judge: no stall_s)."""
     import time
 
-    from orchestrator.backends.slurm.node import agent_survivors
+    from orchestrator.backends.slurm.node import agent_standby
+    from orchestrator.backends.slurm.node.agent_warm_start import warm_up_once_training
     from orchestrator.core.progress import ProgressWriter
 
     started: list[str] = []
-    monkeypatch.setattr(agent_survivors, "Standby", lambda host, argv, env: started.append(host) or host)
+
+    class Up:
+        def __init__(self, host: str, argv: list[str], env: dict[str, str]) -> None:
+            started.append(host)
+
+        def alive(self) -> bool:
+            return True
+
+    monkeypatch.setattr(agent_standby, "Standby", Up)
     ctx = _ctx3(tmp_path)
-    keep = StandIns(ctx, RANK_ARGV, {})
-    since = time.time()
+    pool = agent_standby.Standbys()
+    since = ctx.state.started = time.time()
     ProgressWriter(ctx.run_dir, 0).report(1, force=True)
-    keep.warm_up_once_training(since)
+    warm_up_once_training(ctx, pool, RANK_ARGV, dict, {})
     assert started == []  # rank 1, 2 and 3 have not stepped yet
     for rank in (1, 2, 3):
         ProgressWriter(ctx.run_dir, rank).report(1, force=True)
-    keep.warm_up_once_training(since)
+    warm_up_once_training(ctx, pool, RANK_ARGV, dict, {})
     assert started == []  # looked less than a second ago
-    keep.looked_at = 0.0
-    keep.warm_up_once_training(since)
-    assert started == ["node1", "node2", "node3"]
-    keep.looked_at = 0.0
-    keep.warm_up_once_training(since)
+    pool.looked_at = 0.0
+    warm_up_once_training(ctx, pool, RANK_ARGV, dict, {})
+    assert started == ["node1", "node2", "node3"] and since
+    pool.looked_at = 0.0
+    warm_up_once_training(ctx, pool, RANK_ARGV, dict, {})
     assert started == ["node1", "node2", "node3"]  # once
+
+
+def test_standbys_start_for_an_unmodified_script_after_its_ranks_joined_or_a_minute() -> None:
+    """A script without the rank API reports no progress: its ranks' joins (the join hook) say it
+    trains, or a minute of running does; never before every rank has joined."""
+    from orchestrator.backends.slurm.node.agent_standby import AFTER_JOIN_S, AFTER_START_S, training
+
+    none: list[float | None] = [None, None]
+    assert not training(none, none, 100.0, 101.0)
+    assert not training(none, [101.0, None], 100.0, 120.0)  # rank 1 never joined
+    assert not training(none, [101.0, 102.0], 100.0, 102.0 + AFTER_JOIN_S - 0.1)
+    assert training(none, [101.0, 102.0], 100.0, 102.0 + AFTER_JOIN_S)
+    assert training(none, none, 100.0, 100.0 + AFTER_START_S)
+    assert training([101.0, 101.5], none, 100.0, 101.6)
+    assert not training([99.0, 101.5], none, 100.0, 101.6)  # rank 0's report is the attempt before's
+
+
+def test_a_standby_holds_the_cpus_of_all_its_nodes_ranks_and_the_jobs_stop_grace() -> None:
+    from orchestrator.backends.slurm.node.agent_standby import standby_argv
+
+    argv = standby_argv(RANK_ARGV, "node3", ["torch"], ranks_per_node=2, stop_grace_s=30)
+    assert "--cpus-per-task=2" in argv and "--cpus-per-task=1" not in argv and "--nodelist=node3" in argv
+    assert argv[-3:] == ["--say-ready", "--stop-grace=30", "torch"]
+
+
+def test_a_forked_attempt_says_what_srun_would_of_a_rank_that_ended_badly() -> None:
+    from orchestrator.backends.slurm.node.agent_srun_messages import note_srun_line
+    from orchestrator.backends.slurm.node.agent_warm_start import srun_words
+
+    assert ended_tasks(srun_words("node2", 1, 3)) == {1: 3}
+    assert ended_tasks(srun_words("node1", 0, 137)) == {0: 137}
+    assert ended_tasks(srun_words("node1", 4, 139)) == {4: 139}
+    state = AgentState()
+    note_srun_line(srun_words("node2", 3, 137), state)
+    assert state.killed == ("node2", 3, "Killed") and state.task_ends == {3: 137}
+
+
+def test_a_restart_forks_its_ranks_only_where_every_node_holds_a_ready_standby(tmp_path: Path) -> None:
+    from orchestrator.backends.slurm.node.agent_standby import Standbys
+    from orchestrator.backends.slurm.node.agent_warm_start import may_fork
+
+    class Warm:
+        def __init__(self, ready: bool = True, alive: bool = True, running: set[int] | None = None) -> None:
+            self.ready, self._alive, self.running = ready, alive, running or set()
+
+        def alive(self) -> bool:
+            return self._alive
+
+    ctx = _ctx3(tmp_path)
+    pool = Standbys()
+    assert may_fork(ctx, pool, ["node1", "node2"]) == "no warm standby ready on node1, node2"
+    pool.by_host.update(node1=Warm(), node2=Warm(ready=False), node3=Warm())  # type: ignore[dict-item]
+    assert may_fork(ctx, pool, ["node1", "node2"]) == "no warm standby ready on node2"
+    assert may_fork(ctx, pool, ["node1", "node3"]) is None
+    pool.by_host["node3"] = Warm(alive=False)  # type: ignore[assignment]
+    assert may_fork(ctx, pool, ["node1", "node3"]) == "no warm standby ready on node3"
+    pool.by_host["node3"] = Warm(running={2})  # type: ignore[assignment]
+    assert may_fork(ctx, pool, ["node1", "node3"]) == "no warm standby ready on a node still ending its ranks"
+    pool.by_host["node3"] = Warm()  # type: ignore[assignment]
+    from dataclasses import replace
+
+    for change, why in (({"standbys": False}, "recovery.standbys is off"),):
+        ctx.payload = replace(ctx.payload, recovery=replace(ctx.payload.recovery, **change))
+        assert may_fork(ctx, pool, ["node1", "node3"]) == why
+    ctx.payload = replace(ctx.payload, recovery=replace(ctx.payload.recovery, standbys=True), backend="nccl")
+    assert may_fork(ctx, pool, ["node1", "node3"]) == "an nccl job's standbys hold no GPUs"

@@ -135,13 +135,14 @@ _GROUPS: list[int] = []
 
 def _stop_and_exit(signum: int, frame: object) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    stop_everything(STOP_GRACE_S)
+    stop_everything(_STOP_GRACE[0])
     os._exit(128 + signum)
 
 
 #: How long the ranks have to end on SIGTERM when the zygote is told to stop, or its supervisor is
 #: gone, before SIGKILL.
 STOP_GRACE_S = 5.0
+_STOP_GRACE = [STOP_GRACE_S]  # ``--stop-grace=S``: a SLURM standby's ranks get the job's stop_grace_s
 POLL_S = 0.05  # without prctl: how often the zygote looks at its ranks and its parent
 #: What DistributedDataParallel's constructor imports (``torch._dynamo.utils.get_optimize_ddp_mode``):
 #: imported here once, before the first fork, when the supervisor's message says the ranks build DDP
@@ -306,6 +307,9 @@ def main(argv: list[str]) -> int:
     fresh = "--exec" in argv or not platform_caps.fork_after_torch_safe()
     parent = _PARENT = next((int(a.split("=", 1)[1]) for a in argv if a.startswith("--parent=")), None)
     _KERNEL_GUARD = platform_caps.has_prctl()
+    for word in argv:
+        if word.startswith("--stop-grace="):
+            _STOP_GRACE[0] = float(word.split("=", 1)[1])
     procs.become_subreaper()
     signal.signal(signal.SIGTERM, _stop_and_exit)
     # The supervisor's death, however it dies (SIGKILL, the OOM killer, a closed terminal), reaches

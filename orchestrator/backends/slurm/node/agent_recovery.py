@@ -9,13 +9,13 @@ from __future__ import annotations
 import socket
 import time
 from dataclasses import replace
-from typing import Iterable
+from typing import Iterable, Mapping
 
 from orchestrator.backends.slurm.node import slurm_controller
 from orchestrator.backends.slurm.node.agent_gate import gate_verdict
 from orchestrator.backends.slurm.node.agent_decisions import attempt_outcome, cancelled, failed_exit, hang_blamed, step_hosts
 from orchestrator.backends.slurm.node.agent_requeue import SCONTROL_RETRY_S, Requeuer
-from orchestrator.backends.slurm.node.agent_state import AgentContext, Phase
+from orchestrator.backends.slurm.node.agent_state import AgentContext, Phase, say
 from orchestrator.core.interpreter import lean_module_argv
 from orchestrator.core.recovery import HARDWARE_SIGNALS, Failure, decide
 from orchestrator.core.run_folder import RunFolder
@@ -301,6 +301,34 @@ class AgentRecovery:
             forensics.write_end(c.run_dir, reason=failure.kind, error=f"{failure.why}; the restart failed: {s.not_requeued}")
             return failed_code
         return 0
+
+
+def master_port(ctx: AgentContext, environ: Mapping[str, str]) -> int | None | bool:
+    """An auto port checked before any rank starts: the batch script runs on the job's first
+    node, which is the master's, so the agent binds the derived port there to see that it is
+    free (another job sharing the node may hold it), else takes the next free one in the auto
+    range, and hands it to every rank on its argv. None: nothing to check (a fixed port, or
+    this is not the master's node); False: no free port, the job ends FAILED with the reason."""
+    from orchestrator.core.rendezvous import PORT_BASE, PORT_SPAN, derive_port, pick_port
+
+    if ctx.payload.port != "auto" or ctx.world <= 0:
+        return None
+    here = environ.get("SLURMD_NODENAME") or socket.gethostname()
+    if ctx.rank_hosts and here != ctx.rank_hosts[0]:
+        return None
+    derived = derive_port(ctx.slurm.raw_job_id, ctx.slurm.attempt)
+    port = pick_port(derived)
+    if port is None:
+        from orchestrator.node import forensics
+
+        message = (f"no free port on {here} in the auto range {PORT_BASE}-{PORT_BASE + PORT_SPAN - 1} for the "
+                   f"ranks' rendezvous; set distributed.port to a port you know is free there")
+        say(message)
+        forensics.write_end(ctx.run_dir, reason=EndReason.NO_PORT, error=message)
+        return False
+    if port != derived:
+        say(f"port {derived} is in use on {here} (another job's?): the ranks rendezvous on {port}")
+    return port
 
 
 def batch_host(hosts: tuple[str, ...], environ: dict[str, str] | None = None) -> str:

@@ -29,15 +29,20 @@ def relay_srun_messages(stream: IO[bytes] | None, state: AgentState) -> None:
                 out.flush()
         except (OSError, ValueError):
             pass  # the batch log is gone: keep draining, or srun would block
-        text = line.decode(errors="replace")
-        note_step_creation(text, state)
-        lost = NODE_FAILURE.search(text)
-        if lost:
-            state.lost_nodes.add(lost.group(1))
-        state.task_ends.update(ended_tasks(text))
-        if state.first_end is None and SRUN_TASK_ENDED.search(text):
-            state.first_end = text
-            state.killed = srun_signal_death(text)
+        note_srun_line(line.decode(errors="replace"), state)
+
+
+def note_srun_line(text: str, state: AgentState) -> None:
+    """What one of srun's lines says (or the same words for ranks forked from warm standbys,
+    ``agent_warm_start``): a lost node, the tasks that ended badly, the first of them."""
+    note_step_creation(text, state)
+    lost = NODE_FAILURE.search(text)
+    if lost:
+        state.lost_nodes.add(lost.group(1))
+    state.task_ends.update(ended_tasks(text))
+    if state.first_end is None and SRUN_TASK_ENDED.search(text):
+        state.first_end = text
+        state.killed = srun_signal_death(text)
 
 
 #: srun's words while the controller delays the step ("Job step creation temporarily disabled,

@@ -184,10 +184,69 @@ def beside_step(rank_argv: Sequence[str], host: str, *own: str) -> tuple[list[st
             "--kill-on-bad-exit=0", *options], program
 
 
-def standby_argv(rank_argv: Sequence[str], host: str, modules: Sequence[str]) -> list[str]:
-    """The srun of one node's standby, beside the ranks' step."""
+def standby_argv(rank_argv: Sequence[str], host: str, modules: Sequence[str], ranks_per_node: int = 1,
+                 stop_grace_s: float = 5.0) -> list[str]:
+    """The srun of one node's standby, beside the ranks' step: the CPUs of all the node's ranks
+    (``--cpus-per-task`` times ``ranks_per_node``: a whole attempt's ranks may be forked from it),
+    and the ranks' ``stop_grace_s`` when it is told to stop (a cancel's SIGTERM reaches it)."""
     head, program = beside_step(rank_argv, host)
-    return [*head, *module_argv(program[0], ZYGOTE, "--say-ready", *modules)]
+    head = [f"--cpus-per-task={int(word.split('=', 1)[1]) * max(1, ranks_per_node)}"
+            if word.startswith("--cpus-per-task=") and word.split("=", 1)[1].isdigit() else word for word in head]
+    return [*head, *module_argv(program[0], ZYGOTE, "--say-ready", f"--stop-grace={stop_grace_s:g}", *modules)]
+
+
+#: Without the rank API's progress, the standbys start this long after every rank joined its
+#: process group (an unmodified script), or this long after the ranks started (no group at all):
+#: their imports then compete with training, not with the ranks' own start.
+AFTER_JOIN_S = 5.0
+AFTER_START_S = 60.0
+
+
+def training(reported: Sequence[float | None], joined: Sequence[float | None], since: float, now: float) -> bool:
+    """Whether the ranks are past their start (``since``), so that standbys may import beside them:
+    every rank reported progress through the rank API since then, or every rank joined its process
+    group AFTER_JOIN_S ago, or AFTER_START_S went by."""
+    if reported and all(t is not None and t >= since for t in reported):
+        return True
+    if joined and all(t is not None for t in joined) and now >= max(t for t in joined if t is not None) + AFTER_JOIN_S:
+        return True
+    return now >= since + AFTER_START_S
+
+
+class Standbys:
+    """The job's warm standbys, by node. They outlive the attempts inside the job (a restart forks
+    the next attempt's ranks from them: ``agent_warm_start``) and go when the agent ends."""
+
+    def __init__(self) -> None:
+        self.by_host: dict[str, Standby] = {}
+        self.looked_at = 0.0  # when the ranks' progress was last read for their start
+
+    def warm_up(self, hosts: Sequence[str], rank_argv: Sequence[str], environ: Mapping[str, str],
+                modules: Sequence[str], ranks_per_node: int, stop_grace_s: float) -> None:
+        """A standby on each of ``hosts`` that has none alive (started once, unless one died)."""
+        for host in dict.fromkeys(hosts):
+            if host in self.by_host and self.by_host[host].alive():
+                continue
+            try:
+                self.by_host[host] = Standby(host, standby_argv(rank_argv, host, modules, ranks_per_node, stop_grace_s),
+                                             environ)
+            except OSError as exc:  # srun could not start: ranks on that node start fresh
+                say(f"no warm standby on {host}: {exc}")
+
+    def on(self, host: str) -> Standby | None:
+        """The node's standby while it is alive."""
+        standby = self.by_host.get(host)
+        return standby if standby is not None and standby.alive() else None
+
+    def ready_on(self, hosts: Sequence[str]) -> bool:
+        """Whether every one of ``hosts`` has a live standby that finished its imports and runs no rank."""
+        standbys = [self.on(host) for host in hosts]
+        return bool(hosts) and all(s is not None and s.ready and not s.running for s in standbys)
+
+    def close(self) -> None:
+        for standby in self.by_host.values():
+            standby.close()
+        self.by_host.clear()
 
 
 def rank_args(rank_argv: Sequence[str]) -> list[str]:

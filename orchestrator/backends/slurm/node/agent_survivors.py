@@ -27,8 +27,7 @@ import subprocess
 import time
 from typing import Mapping, Sequence
 
-from orchestrator.backends.slurm.node.agent_standby import (Forked, Standby, beside_step, preload_for, rank_args,
-                                                             standby_argv)
+from orchestrator.backends.slurm.node.agent_standby import Forked, Standbys, beside_step, rank_args
 from orchestrator.backends.slurm.node import slurm_controller
 from orchestrator.backends.slurm.node.agent_state import AgentContext
 from orchestrator.backends.slurm.node.chaos_node import SENT
@@ -65,20 +64,26 @@ def exit_code_of(step_code: int, codes: list[int | None], replaced: bool) -> int
     return failed[0] if failed else 0
 
 
+def spare_hosts(ctx: AgentContext) -> list[str]:
+    """The job's nodes that run no rank and may take a lost node's place (none lost or excluded)."""
+    avoid = set(ctx.rank_hosts) | ctx.state.lost_nodes | set(ctx.history.excluded)
+    return [host for host in ctx.slurm.hosts if host not in avoid]
+
+
 class StandIns:
     """One attempt loop's replaced ranks: their steps, and every rank's exit as far as known."""
 
-    def __init__(self, ctx: AgentContext, rank_argv: Sequence[str], environ: Mapping[str, str]) -> None:
+    def __init__(self, ctx: AgentContext, rank_argv: Sequence[str], environ: Mapping[str, str],
+                 standbys: Standbys | None = None) -> None:
         self.ctx = ctx
         self.rejoins = Rejoins(ctx.payload)
         self.rank_argv = list(rank_argv)
         self.environ = dict(environ)
         self.steps: dict[int, subprocess.Popen[bytes] | Forked] = {}  # rank -> the process now running it
         self.given_up = False  # a failure could not be rejoined: every rank ends, recovery decides
-        self.standbys: dict[str, Standby] = {}  # node -> its warm interpreter (agent_standby), once started
+        self.standbys = Standbys() if standbys is None else standbys  # the job's warm interpreters (agent_standby)
         self.hung: dict[int, Failure] = {}  # a straggler killed alone, until its replacement is started
         self.hung_at = 0.0
-        self.looked_at = 0.0  # when the ranks' progress was last read for the standbys' start
 
     def codes(self, step_code: int | None) -> list[int | None]:
         """Each rank's exit code (None: running): its replacement's, else its task's in the ranks'
@@ -130,10 +135,7 @@ class StandIns:
         return hosts[min(len(hosts) - 1, rank // max(1, self.ctx.payload.ranks_per_node))]
 
     def spares(self) -> list[str]:
-        """The job's nodes that run no rank and may take a lost node's place (none lost or excluded)."""
-        c = self.ctx
-        avoid = set(c.rank_hosts) | c.state.lost_nodes | set(c.history.excluded)
-        return [host for host in c.slurm.hosts if host not in avoid]
+        return spare_hosts(self.ctx)
 
     def move_off_lost_nodes(self, failed: list[int]) -> bool:
         """The failed ranks whose node is lost (srun: "Node failure on node2") start again on a spare
@@ -157,32 +159,6 @@ class StandIns:
         c.state.lost_nodes -= set(gone)
         return True
 
-    def warm_up_once_training(self, since: float) -> None:
-        """Start the standbys once every rank has reported progress through the rank API since
-        ``since`` (its per-node files, read at most once a second until then): not before, so
-        that their imports do not slow the ranks' own start."""
-        from orchestrator.core.progress import read_progress
-
-        if self.standbys or time.monotonic() < self.looked_at + 1.0:
-            return
-        self.looked_at = time.monotonic()
-        reports = read_progress(self.ctx.run_dir, self.ctx.world)
-        if all(report is not None and report.time >= since for report in reports):
-            self.warm_up()
-
-    def warm_up(self) -> None:
-        """A standby on each node of the ranks' step and on each spare the job holds (once: called
-        when every rank has reported progress through the rank API, so that its imports do not slow
-        the ranks' own start)."""
-        if self.standbys:
-            return
-        modules = preload_for(self.ctx.payload.entrypoint)
-        for host in dict.fromkeys([*self.ctx.rank_hosts, *self.spares()]):
-            try:
-                self.standbys[host] = Standby(host, standby_argv(self.rank_argv, host, modules), self.environ)
-            except OSError as exc:  # srun could not start: replacements on that node start fresh
-                self.ctx.say(f"no warm standby on {host}: {exc}")
-
     def replace(self, attempt: int) -> list[int]:
         """Announce the next generation (``Rejoins.announce``) and start each lost rank again on its
         node: forked from the node's standby, else as a step of its own; the ranks replaced."""
@@ -194,8 +170,8 @@ class StandIns:
             c.state.task_ends.pop(rank, None)
             self.hung.pop(rank, None)
             host = self.host(rank)
-            standby = self.standbys.get(host)
-            if standby is not None and standby.alive():
+            standby = self.standbys.on(host)
+            if standby is not None:
                 args = [*rank_args(self.rank_argv), *stand_in_args(rank, c.rank_hosts)]
                 self.steps[rank] = standby.fork(rank, args, env, logs[rank], args[0] if args else "")
                 c.say(f"rank {rank}: forked from {host}'s warm standby" + ("" if standby.ready else
@@ -242,8 +218,7 @@ class StandIns:
                 step.send_signal(signum)
 
     def end(self, grace_s: float) -> None:
-        """SIGTERM to each replacement (srun or the standby passes it on), SIGKILL after ``grace_s``;
-        then the standbys go."""
+        """SIGTERM to each replacement (srun or the standby passes it on), SIGKILL after ``grace_s``."""
         self.signal(signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         for step in self.steps.values():
@@ -252,9 +227,3 @@ class StandIns:
             except subprocess.TimeoutExpired:
                 step.kill()
                 step.wait(timeout=10)
-        self.close()
-
-    def close(self) -> None:
-        """The standbys go (each stops what its ranks left)."""
-        for standby in self.standbys.values():
-            standby.close()

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -64,9 +63,11 @@ from orchestrator.backends.slurm.node.agent_decisions import (AUTO, UNFINISHED_E
                                           suspended_s)
 from orchestrator.backends.slurm.node.agent_srun_messages import name_killed_rank, note_step_creation, relay_srun_messages  # noqa: F401
 from orchestrator.backends.slurm.node.agent_gate import StepGate
-from orchestrator.backends.slurm.node.agent_recovery import AgentRecovery
+from orchestrator.backends.slurm.node.agent_recovery import AgentRecovery, master_port
 from orchestrator.backends.slurm.node.agent_requeue import SCONTROL_RETRY_S, Requeuer, site_ends_preempted, wait_for_site_end
+from orchestrator.backends.slurm.node.agent_standby import Standbys
 from orchestrator.backends.slurm.node.agent_survivors import StandIns, exit_code_of
+from orchestrator.backends.slurm.node.agent_warm_start import ForkedStep, forks_ranks, warm_up_once_training
 from orchestrator.backends.slurm.node.agent_state import MOVES, AgentContext, AgentState, Phase, say  # noqa: F401  (re-exported)
 from orchestrator.backends.slurm.node.agent_watch import AgentWatch
 from orchestrator.core.payload import Payload
@@ -96,7 +97,7 @@ class JobAgent:
     (``AgentRecovery``) and the watchdog (``AgentWatch``) are its parts."""
 
     def __init__(self, payload: Payload, environ: Mapping[str, str], before: AgentState | None = None,
-                 allocated: tuple[str, ...] | None = None) -> None:
+                 allocated: tuple[str, ...] | None = None, standbys: Standbys | None = None) -> None:
         self.payload = payload
         slurm = SlurmJob.from_environ(environ)
         #: The nodes sbatch allocated (the job's variables describe them); later attempts inside the job
@@ -114,8 +115,12 @@ class JobAgent:
         self.requeuer = Requeuer(self.ctx)
         self.recovery = AgentRecovery(self.ctx, self.requeuer)
         self.watch: AgentWatch | None = None
-        self.srun: subprocess.Popen | None = None
+        self.srun: subprocess.Popen | ForkedStep | None = None  # the ranks' step, or its ranks forked from standbys
         self.keep: StandIns | None = None  # recovery.survivors: keep: the ranks replaced beside the step
+        #: The job's warm interpreters (``agent_standby``), kept across the attempts inside the job.
+        self.standbys = Standbys() if standbys is None else standbys
+        self.inside = before is not None  # an attempt after another inside this job: its ranks may be forked
+        self.rank_argv: list[str] = []  # the ranks' srun as this attempt runs it (the standbys' options come from it)
         self.environ = dict(environ)
         # Each rank's share of its node's granted CPUs, for a payload that carries it as a rule
         # (no slurm.cpus_per_task): srun's --cpus-per-task and the thread default.
@@ -181,9 +186,10 @@ class JobAgent:
         if s.over_limit:
             return self.recovery.over_limit()
         c = self.ctx
-        in_step = (c.world > 0 and bool(c.slurm.hosts)
+        warm = self._warm_start()
+        in_step = (not warm and c.world > 0 and bool(c.slurm.hosts)
                    and gate_step.runs_in_step(p, spares_held=len(c.slurm.hosts) > p.nodes))
-        if p.recovery.health_check and c.world > 0 and not in_step:  # a step of its own first
+        if p.recovery.health_check and c.world > 0 and not in_step and not warm:  # a step of its own first
             unhealthy = self.recovery.health_gate(self.srun_environment())
             if unhealthy is not None and not self.recovery.replace_unhealthy(unhealthy):
                 return self.recovery.gate_failed(unhealthy)
@@ -199,9 +205,10 @@ class JobAgent:
             say(f"each rank gets {self.cpus_per_rank} CPU(s) ({self.cpus_from}; srun "
                 f"--cpus-per-task={self.cpus_per_rank})")
         gate = StepGate(c, c.rank_hosts) if in_step else None
+        self.rank_argv = srun_argv
         if p.recovery.survivors == "keep" and c.world > 0:
-            self.keep = StandIns(c, srun_argv, self.srun_environment())
-        code = self._srun([*srun_argv, *gate.argv()] if gate is not None else srun_argv, gate)
+            self.keep = StandIns(c, srun_argv, self.srun_environment(), self.standbys)
+        code = self._srun([*srun_argv, *gate.argv()] if gate is not None else srun_argv, gate, warm)
         if s.cancel_at is None and os.path.lexists(self.ctx.cancel_request):
             s.cancel_at = time.monotonic()  # the ranks ended on the cancel's SIGTERM before a look saw it
         if gate is not None and not gate.decided and s.cancel_at is None and s.term_at is None:
@@ -241,9 +248,17 @@ class JobAgent:
                 env[name] = str(len(hosts))
         return env
 
-    def _srun(self, srun_argv: list[str], gate: StepGate | None = None) -> int:
+    def _warm_start(self) -> bool:
+        """Whether this attempt's ranks are forked from the job's standbys (``agent_warm_start``)."""
+        c = self.ctx
+        if not self.inside or c.world <= 0 or not c.slurm.hosts or not self.standbys.by_host:
+            return False
+        return forks_ranks(c, self.standbys, c.step or self.recovery.choose_step())
+
+    def _srun(self, srun_argv: list[str], gate: StepGate | None = None, warm: bool = False) -> int:
         """Start the ranks and watch them until srun ends: its exit code. With the health gate in
-        the step (``gate``), the watchdog's clock starts once the gate let the entrypoints start."""
+        the step (``gate``), the watchdog's clock starts once the gate let the entrypoints start;
+        ``warm``: the ranks are forked from the job's standbys (``agent_warm_start``), no step."""
         s, p = self.state, self.payload
         logs = {r: self.ctx.slurm.rank_log(p.rank_log, r) for r in range(self.ctx.world)} if p.rank_log else {}
         self.watch = AgentWatch(self.ctx, logs)
@@ -255,7 +270,15 @@ class JobAgent:
         # exported in a hand-written batch script. The agent itself keeps its own environment.
         # srun's own messages (not the ranks' output, which goes to their logs) pass through the
         # agent, which reads which task a signal ended ("srun: error: node2: task 3: Killed").
-        self.srun = subprocess.Popen(srun_argv, env=self.srun_environment(), stderr=subprocess.PIPE)
+        self.srun = None
+        if warm:
+            try:
+                self.srun = ForkedStep(self.ctx, self.standbys, srun_argv, self.srun_environment(),
+                                       kill_on_bad_exit=p.recovery.survivors != "keep")
+            except OSError as exc:
+                say(f"the ranks start as a new step: {exc}")
+        if self.srun is None:
+            self.srun = subprocess.Popen(srun_argv, env=self.srun_environment(), stderr=subprocess.PIPE)
         relay = threading.Thread(target=relay_srun_messages, args=(self.srun.stderr, s), daemon=True)
         relay.start()
         # Requeue while the job is still running, as soon as the evidence is there (SLURM then
@@ -286,11 +309,11 @@ class JobAgent:
             elif s.cancel_at is not None and not s.cancel_sent and self.watch.stuck_after_cancel():
                 self._end_ranks()
             running = s.phase is Phase.RUNNING and not self.requeuer.stopping() and not gating and s.cancel_at is None
-            if running and self.keep is not None and not self.keep.given_up:
-                if self.keep.failed(code):
-                    self._rejoin(self.keep.failed(code))
-                else:
-                    self.keep.warm_up_once_training(s.started)
+            if running and self.keep is not None and not self.keep.given_up and self.keep.failed(code):
+                self._rejoin(self.keep.failed(code))
+            elif running:
+                joins = self.watch.watch.joined if self.watch.watch is not None else {}
+                warm_up_once_training(self.ctx, self.standbys, self.rank_argv, self.srun_environment, joins)
             if s.phase is Phase.RUNNING and not self.requeuer.stopping() and not gating and time.monotonic() >= next_look:
                 next_look = time.monotonic() + LOOK_S
                 if os.path.lexists(self.ctx.cancel_request):
@@ -310,7 +333,6 @@ class JobAgent:
         relay.join(timeout=5)
         if self.keep is None:
             return code
-        self.keep.close()
         return exit_code_of(code, self.keep.codes(code), bool(self.keep.steps))
 
     def _rejoin(self, failed: list[int]) -> None:
@@ -402,6 +424,11 @@ class JobAgent:
             return
         except subprocess.TimeoutExpired:
             pass
+        if isinstance(self.srun, ForkedStep):  # no step to scancel: the standbys SIGKILL their ranks
+            say(f"the ranks did not end within {END_GRACE_S:g}s of SIGTERM: SIGKILL")
+            self.srun.kill()
+            self.srun.wait(timeout=END_GRACE_S * 2)
+            return
         # The ranks' step only (every numbered step of the job: ours), never the job: a bare
         # SIGKILL through scancel cancels the job, this agent included, and nothing restarts.
         steps = slurm_controller.running_steps(self.ctx.slurm.raw_job_id, SCONTROL_RETRY_S) or []
@@ -414,34 +441,6 @@ class JobAgent:
         except subprocess.TimeoutExpired:
             self.srun.kill()
             self.srun.wait(timeout=10)
-
-
-def master_port(ctx: AgentContext, environ: Mapping[str, str]) -> int | None | bool:
-    """An auto port checked before any rank starts: the batch script runs on the job's first
-    node, which is the master's, so the agent binds the derived port there to see that it is
-    free (another job sharing the node may hold it), else takes the next free one in the auto
-    range, and hands it to every rank on its argv. None: nothing to check (a fixed port, or
-    this is not the master's node); False: no free port, the job ends FAILED with the reason."""
-    from orchestrator.core.rendezvous import PORT_BASE, PORT_SPAN, derive_port, pick_port
-
-    if ctx.payload.port != "auto" or ctx.world <= 0:
-        return None
-    here = environ.get("SLURMD_NODENAME") or socket.gethostname()
-    if ctx.rank_hosts and here != ctx.rank_hosts[0]:
-        return None
-    derived = derive_port(ctx.slurm.raw_job_id, ctx.slurm.attempt)
-    port = pick_port(derived)
-    if port is None:
-        from orchestrator.node import forensics
-
-        message = (f"no free port on {here} in the auto range {PORT_BASE}-{PORT_BASE + PORT_SPAN - 1} for the "
-                   f"ranks' rendezvous; set distributed.port to a port you know is free there")
-        say(message)
-        forensics.write_end(ctx.run_dir, reason=EndReason.NO_PORT, error=message)
-        return False
-    if port != derived:
-        say(f"port {derived} is in use on {here} (another job's?): the ranks rendezvous on {port}")
-    return port
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -464,15 +463,20 @@ def main(argv: list[str] | None = None) -> int:
     environ: dict[str, str] = dict(os.environ)
     before: AgentState | None = None
     allocated: tuple[str, ...] | None = None
-    while True:  # one attempt each; recovery.in_allocation restarts the ranks' step here, in the same job
-        agent = JobAgent(payload, environ, before, allocated)
-        code = agent.run(srun)
-        if agent.state.phase is not Phase.RESTARTING:
-            if agent.state.preempted and site_ends_preempted(agent.state.preempt_mode):
-                job = agent.ctx.job_id  # SLURM records PREEMPTED, as the site's policy says
-                wait_for_site_end(say, lambda: slurm_controller.show_job(job).get("JobState", ""))
-            return code
-        environ, before, allocated = agent.allocation_environ(), agent.state, agent.allocated
+    standbys = Standbys()  # the job's warm interpreters, across its attempts
+    try:
+        while True:  # one attempt each; recovery.in_allocation restarts the ranks' step here, in the same job
+            agent = JobAgent(payload, environ, before, allocated, standbys)
+            code = agent.run(srun)
+            if agent.state.phase is not Phase.RESTARTING:
+                standbys.close()  # before waiting for the site's end: nothing of ours outlives the ranks
+                if agent.state.preempted and site_ends_preempted(agent.state.preempt_mode):
+                    job = agent.ctx.job_id  # SLURM records PREEMPTED, as the site's policy says
+                    wait_for_site_end(say, lambda: slurm_controller.show_job(job).get("JobState", ""))
+                return code
+            environ, before, allocated = agent.allocation_environ(), agent.state, agent.allocated
+    finally:
+        standbys.close()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,164 @@
+"""A restart inside the job without new interpreters (issue 50, item 2): the next attempt's ranks
+are forked from the warm standbys on their nodes (``agent_standby``), not started by a new srun
+step in which every rank imports torch again.
+
+The agent holds one standby per node of the ranks and per spare once the ranks train
+(``agent_standby.training``); they outlive the attempts inside the job. When a failure restarts
+the ranks inside the job and every node of the next attempt has a standby that is ready, the
+attempt's ranks are forked from them, each as the rank it is (``slurm_task.stand_in``: the
+``SLURM_PROCID/LOCALID/NODEID/NTASKS/STEP_NODELIST`` the ranks' step would have set, the attempt's
+own variables and rendezvous port), its output appended to its log. ``ForkedStep`` stands for the
+ranks' srun in the agent's loop: it ends when every rank has, says what srun would say of a rank
+that ended badly ("srun: error: node2: task 1: Exited with exit code 1", read by the same code as
+srun's own words), and does what ``--kill-on-bad-exit`` does (the other ranks are killed) unless
+the survivors are kept. Signals (a cancel, the time limit's notice) go to every rank through its
+standby. Standard library only.
+
+Not forked (a new step, as before): the job's first attempt; a node without a ready standby (a
+spare not yet warm, a lost node's); ranks in a container (the standby runs on the host); an
+``nccl`` job (the standby's step holds no GPUs; checked on no GPU cluster yet).
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from typing import Callable, Mapping, Sequence
+
+from orchestrator.backends.slurm.node.agent_srun_messages import note_srun_line
+from orchestrator.backends.slurm.node.agent_standby import Forked, Standbys, preload_for, rank_args, training
+from orchestrator.backends.slurm.node.agent_state import AgentContext, say
+from orchestrator.backends.slurm.node.slurm_task import STAND_IN_OPTION, STEP_NODES_OPTION
+
+#: How long a standby may still be reporting its last set's ends before a new set is forked.
+SET_END_WAIT_S = 5.0
+
+
+def may_fork(ctx: AgentContext, standbys: Standbys, hosts: Sequence[str]) -> str | None:
+    """Why this attempt's ranks cannot be forked from the standbys on ``hosts`` (None: they can)."""
+    p = ctx.payload
+    if not p.recovery.standbys:
+        return "recovery.standbys is off"
+    if p.container is not None:
+        return "the ranks run in a container"
+    if p.backend == "nccl":
+        return "an nccl job's standbys hold no GPUs"
+    if not p.rank_log:
+        return "the ranks have no log of their own"
+    if not standbys.ready_on(hosts):
+        missing = [h for h in hosts if standbys.on(h) is None or not standbys.by_host[h].ready]
+        return f"no warm standby ready on {', '.join(missing) or 'a node still ending its ranks'}"
+    return None
+
+
+def forks_ranks(ctx: AgentContext, standbys: Standbys, hosts: Sequence[str] | None) -> bool:
+    """Whether an attempt inside the job forks its ranks from the standbys on ``hosts`` (its step's
+    nodes), else it starts a new step (and says why)."""
+    why_not = may_fork(ctx, standbys, hosts) if hosts else "too few nodes"
+    if why_not is not None:
+        say(f"the ranks start as a new step: {why_not}")
+    return why_not is None
+
+
+#: How often the ranks' progress is read for the standbys' start.
+LOOK_S = 1.0
+
+
+def warm_up_once_training(ctx: AgentContext, standbys: Standbys, rank_argv: Sequence[str],
+                          environ: Callable[[], Mapping[str, str]], joined: Mapping[int, float]) -> None:
+    """Start the job's standbys on the ranks' nodes and the spares once the ranks are past their
+    start (``agent_standby.training``, ``joined``: when each rank joined its process group; looked
+    at once a second): for a restart inside the job, or a rank replaced beside the others
+    (survivors: keep). Nothing for a job that restarts no rank inside it."""
+    from orchestrator.backends.slurm.node.agent_survivors import spare_hosts
+    from orchestrator.core.progress import read_progress
+
+    p = ctx.payload
+    keep = p.recovery.survivors == "keep"
+    restarts = p.recovery.max_restarts > 0 and p.recovery.in_allocation
+    if not p.recovery.standbys or not (keep or restarts) or ctx.world <= 0 or not ctx.slurm.hosts \
+            or p.container is not None or time.monotonic() < standbys.looked_at + LOOK_S:
+        return
+    standbys.looked_at = time.monotonic()
+    hosts = [*ctx.rank_hosts, *spare_hosts(ctx)]
+    if all(standbys.on(host) is not None for host in hosts):
+        return
+    reported = [report.time if report is not None else None for report in read_progress(ctx.run_dir, ctx.world)]
+    if training(reported, [joined.get(rank) for rank in range(ctx.world)], ctx.state.started, time.time()):
+        standbys.warm_up(hosts, rank_argv, environ(), preload_for(p.entrypoint), p.ranks_per_node, p.stop_grace_s)
+
+
+class ForkedStep:
+    """The attempt's ranks forked from the standbys, seen by the agent as its srun (``poll``,
+    ``send_signal``, ``wait``, ``kill``; no ``stderr``: its messages are noted as they happen)."""
+
+    stderr = None
+
+    def __init__(self, ctx: AgentContext, standbys: Standbys, rank_argv: Sequence[str], environ: Mapping[str, str],
+                 kill_on_bad_exit: bool) -> None:
+        self.ctx = ctx
+        self.kill_on_bad_exit = kill_on_bad_exit
+        self.ranks: dict[int, Forked] = {}
+        self.hosts: dict[int, str] = {}
+        self.seen: dict[int, int] = {}  # rank -> its exit, once noted
+        self.killed = False
+        per_node = max(1, ctx.payload.ranks_per_node)
+        args = rank_args(rank_argv)
+        step_hosts = ctx.rank_hosts
+        for rank in range(ctx.world):
+            host = step_hosts[min(len(step_hosts) - 1, rank // per_node)]
+            standby = standbys.on(host)
+            if standby is None:
+                raise OSError(f"the standby on {host} is gone")
+            deadline = time.monotonic() + SET_END_WAIT_S
+            while standby.running and time.monotonic() < deadline:  # its last set's ends still coming
+                time.sleep(0.02)
+            own = [*args, STAND_IN_OPTION, str(rank), STEP_NODES_OPTION, ",".join(step_hosts)]
+            log = str(ctx.slurm.rank_log(ctx.payload.rank_log or "", rank))
+            self.ranks[rank] = standby.fork(rank, own, environ, log, own[0] if own else "")
+            self.hosts[rank] = host
+        say(f"{ctx.world} rank(s) forked from the warm standbys on {','.join(dict.fromkeys(self.hosts.values()))} "
+            "(no new step, no new interpreter)")
+
+    def poll(self) -> int | None:
+        """None while a rank runs; then srun's code: the first rank's failure, else 0."""
+        codes = {rank: forked.poll() for rank, forked in self.ranks.items()}
+        for rank, code in codes.items():
+            if code is None or rank in self.seen:
+                continue
+            self.seen[rank] = code
+            if code != 0:
+                note_srun_line(srun_words(self.hosts[rank], rank, code), self.ctx.state)
+                if self.kill_on_bad_exit and not self.killed:
+                    self.killed = True  # as --kill-on-bad-exit: the others go at once
+                    self.kill()
+        if any(code is None for code in codes.values()):
+            return None
+        failed = [self.seen[rank] for rank in self.seen if self.seen[rank] != 0]
+        return failed[0] if failed else 0
+
+    def send_signal(self, signum: int) -> None:
+        """To every rank (each standby passes it to the ranks it forked)."""
+        for standby in {id(f.standby): f.standby for f in self.ranks.values()}.values():
+            standby.send({"signal": int(signum)})
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired("the forked ranks", timeout or 0)
+            time.sleep(0.02)
+        return code
+
+
+def srun_words(host: str, rank: int, code: int) -> str:
+    """What srun says of a task that ended badly (``agent_decisions.SRUN_TASK_ENDED`` reads it)."""
+    if code > 128 and code - 128 in signal.valid_signals():
+        what = signal.strsignal(code - 128) or f"signal {code - 128}"
+    else:
+        what = f"Exited with exit code {code}"
+    return f"srun: error: {host}: task {rank}: {what}"

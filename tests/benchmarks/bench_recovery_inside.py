@@ -45,6 +45,8 @@ SCRIPT = str(Path(__file__).resolve().parents[1] / "integration" / "scripts" / "
 #: case -> (the script's mode, the spec's recovery section, extra spec fields, what is done to it)
 CASES: dict[str, tuple[str, dict[str, Any], dict[str, Any], str]] = {
     "crash inside": ("crash_once", {"max_restarts": 2}, {}, ""),
+    # the same, every rank started by a new step (no warm standbys: the code before issue 50's item 2)
+    "crash inside cold": ("crash_once", {"max_restarts": 2, "standbys": False}, {}, ""),
     "crash requeue": ("crash_once", {"max_restarts": 2, "in_allocation": False}, {}, ""),
     # the straggler sleeps outside any collective: its node is blamed, so a spare takes its place
     "hang inside with a spare": ("hang_once", {"max_restarts": 2, "spares": 1}, {"watchdog": {"stall_s": 6}}, ""),
@@ -56,10 +58,10 @@ CASES: dict[str, tuple[str, dict[str, Any], dict[str, Any], str]] = {
 def _spec(a: argparse.Namespace, case: str) -> dict[str, Any]:
     mode, recovery, extra, _ = CASES[case]
     ckpt = Path(a.runs_dir).resolve() / f"ckpt-{uuid.uuid4().hex[:8]}"
-    steps = 40 if mode == "none" else 12
+    steps = max(40 if mode == "none" else 12, a.fail_at + 5)
     return {"name": "inside-" + re.sub(r"\W+", "-", case), "entrypoint": SCRIPT, "executor": "slurm",
             "nodes": a.nodes, "cpu_ranks_per_node": a.ranks_per_node, "runs_dir": a.runs_dir,
-            "args": {"ckpt": str(ckpt), "mode": mode, "steps": steps, "sleep": 0.3},
+            "args": {"ckpt": str(ckpt), "mode": mode, "steps": steps, "sleep": 0.3, "fail-at": a.fail_at},
             "checkpoint": {"dir": str(ckpt)}, "recovery": recovery, "slurm": {"time": "00:15:00"},
             "distributed": {"backend": "gloo"}, **extra}
 
@@ -70,17 +72,17 @@ def _logs(run_dir: Path) -> str:
         if folder.is_dir() else ""
 
 
-def _take_a_node_down(run_dir: Path, deadline: float) -> tuple[str, float]:
-    """Once the job is at step 5, its last node DOWN: (the node, when)."""
+def _take_a_node_down(run_dir: Path, deadline: float, step: int) -> tuple[str, float]:
+    """Once the job is at ``step``, its last node DOWN: (the node, when)."""
     while time.monotonic() < deadline:
         logs = _logs(run_dir)
-        if re.search(r"rank \d+: step 5\b", logs):
+        if re.search(rf"rank \d+: step {step}\b", logs):
             attempts = History.load(run_dir).attempts
             node = attempts[-1].nodes[-1]
             subprocess.run(["scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=bench"], check=True)
             return node, time.time()
         time.sleep(0.2)
-    raise TimeoutError("the job never reached step 5")
+    raise TimeoutError(f"the job never reached step {step}")
 
 
 def one(a: argparse.Namespace, case: str) -> dict[str, Any]:
@@ -88,7 +90,7 @@ def one(a: argparse.Namespace, case: str) -> dict[str, Any]:
     node, downed = "", 0.0
     try:
         if CASES[case][3] == "down":
-            node, downed = _take_a_node_down(run.run_dir, time.monotonic() + 300)
+            node, downed = _take_a_node_down(run.run_dir, time.monotonic() + 300, 5 if a.fail_at == 7 else a.fail_at)
         state = str(run.wait(timeout=900))
     finally:
         if node:
@@ -112,6 +114,8 @@ def main() -> None:
     ap.add_argument("--runs-dir", default="/srv/exp/runs")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--fail-at", type=int, default=7,
+                    help="the step the crash or hang comes at (40: after the job's standbys are warm)")
     ap.add_argument("--smoke", action="store_true")
     a = ap.parse_args()
     if a.smoke:

@@ -80,6 +80,7 @@ WAITING: dict[str, set[str]] = {
         "test_recovery_slurm.py::test_a_hang_restarts_without_the_stragglers_node",  # 21 s, 9
         "test_recovery_slurm.py::test_chaos_kills_a_rank_on_its_node_and_the_job_restarts_inside_itself",  # 22 s, 9
         "test_benchmarks_smoke.py::test_bench_goodput_slurm_runs_its_smoke_round",  # 60 s, mostly a job training
+        "test_warm_restart_slurm.py",  # a job training at 0.1 s a step while its standbys import, then two kills
     },
     "c": {  # 6.6 min
         "test_user_scripts.py::test_snapshotting_script_outlives_its_time_limit_with_requeue_always",  # 86 s, 3

@@ -227,7 +227,7 @@ def test_a_forked_attempt_says_what_srun_would_of_a_rank_that_ended_badly() -> N
     assert state.killed == ("node2", 3, "Killed") and state.task_ends == {3: 137}
 
 
-def test_a_restart_forks_its_ranks_only_where_every_node_holds_a_ready_standby(tmp_path: Path) -> None:
+def test_a_restart_forks_its_ranks_only_where_every_node_holds_a_live_idle_standby(tmp_path: Path) -> None:
     from orchestrator.backends.slurm.node.agent_standby import Standbys
     from orchestrator.backends.slurm.node.agent_warm_start import may_fork
 
@@ -240,14 +240,14 @@ def test_a_restart_forks_its_ranks_only_where_every_node_holds_a_ready_standby(t
 
     ctx = _ctx3(tmp_path)
     pool = Standbys()
-    assert may_fork(ctx, pool, ["node1", "node2"]) == "no warm standby ready on node1, node2"
+    assert may_fork(ctx, pool, ["node1", "node2"]) == "no warm standby on node1, node2"
     pool.by_host.update(node1=Warm(), node2=Warm(ready=False), node3=Warm())  # type: ignore[dict-item]
-    assert may_fork(ctx, pool, ["node1", "node2"]) == "no warm standby ready on node2"
+    assert may_fork(ctx, pool, ["node1", "node2"]) is None  # node2's still imports: its ranks start once done
     assert may_fork(ctx, pool, ["node1", "node3"]) is None
     pool.by_host["node3"] = Warm(alive=False)  # type: ignore[assignment]
-    assert may_fork(ctx, pool, ["node1", "node3"]) == "no warm standby ready on node3"
+    assert may_fork(ctx, pool, ["node1", "node3"]) == "no warm standby on node3"
     pool.by_host["node3"] = Warm(running={2})  # type: ignore[assignment]
-    assert may_fork(ctx, pool, ["node1", "node3"]) == "no warm standby ready on a node still ending its ranks"
+    assert may_fork(ctx, pool, ["node1", "node3"]) == "the standby on node3 still ends its ranks"
     pool.by_host["node3"] = Warm()  # type: ignore[assignment]
     from dataclasses import replace
 

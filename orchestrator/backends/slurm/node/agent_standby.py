@@ -136,8 +136,8 @@ class Standby:
                 continue
             if isinstance(msg, dict) and isinstance(msg.get("ready"), (int, float)):
                 self.ready = True
-                say(f"warm standby ready on {self.host} (its imports took {msg['ready']:.1f}s): a rank replaced "
-                    "there is forked from it")
+                say(f"warm standby ready on {self.host} (its imports took {msg['ready']:.1f}s): a restart's ranks "
+                    "there, or a rank replaced there, are forked from it")
             if not isinstance(msg, dict) or not isinstance(msg.get("rank"), int):
                 continue
             with self.lock:
@@ -223,9 +223,10 @@ class Standbys:
 
     def warm_up(self, hosts: Sequence[str], rank_argv: Sequence[str], environ: Mapping[str, str],
                 modules: Sequence[str], ranks_per_node: int, stop_grace_s: float) -> None:
-        """A standby on each of ``hosts`` that has none alive (started once, unless one died)."""
+        """A standby on each of ``hosts`` that never had one (once per node: a node whose standby
+        died, with the node or otherwise, starts its ranks cold from then on)."""
         for host in dict.fromkeys(hosts):
-            if host in self.by_host and self.by_host[host].alive():
+            if host in self.by_host:
                 continue
             try:
                 self.by_host[host] = Standby(host, standby_argv(rank_argv, host, modules, ranks_per_node, stop_grace_s),
@@ -238,10 +239,15 @@ class Standbys:
         standby = self.by_host.get(host)
         return standby if standby is not None and standby.alive() else None
 
-    def ready_on(self, hosts: Sequence[str]) -> bool:
-        """Whether every one of ``hosts`` has a live standby that finished its imports and runs no rank."""
-        standbys = [self.on(host) for host in hosts]
-        return bool(hosts) and all(s is not None and s.ready and not s.running for s in standbys)
+    def free_on(self, hosts: Sequence[str]) -> list[str]:
+        """The ones of ``hosts`` without a live standby that runs no rank: one still importing counts
+        as free (a rank forked from it starts once its imports are done, sooner than a new
+        interpreter that imports them again beside it)."""
+        standbys = {host: self.on(host) for host in hosts}
+        return [host for host, s in standbys.items() if s is None or s.running]
+
+    def started_on(self, hosts: Sequence[str]) -> bool:
+        return all(host in self.by_host for host in hosts)
 
     def close(self) -> None:
         for standby in self.by_host.values():

@@ -46,9 +46,12 @@ def may_fork(ctx: AgentContext, standbys: Standbys, hosts: Sequence[str]) -> str
         return "an nccl job's standbys hold no GPUs"
     if not p.rank_log:
         return "the ranks have no log of their own"
-    if not standbys.ready_on(hosts):
-        missing = [h for h in hosts if standbys.on(h) is None or not standbys.by_host[h].ready]
-        return f"no warm standby ready on {', '.join(missing) or 'a node still ending its ranks'}"
+    missing = [host for host in hosts if standbys.on(host) is None]
+    if missing:
+        return f"no warm standby on {', '.join(missing)}"
+    busy = [host for host in hosts if host not in missing and host in standbys.free_on(hosts)]
+    if busy:
+        return f"the standby on {', '.join(busy)} still ends its ranks"
     return None
 
 
@@ -82,7 +85,7 @@ def warm_up_once_training(ctx: AgentContext, standbys: Standbys, rank_argv: Sequ
         return
     standbys.looked_at = time.monotonic()
     hosts = [*ctx.rank_hosts, *spare_hosts(ctx)]
-    if all(standbys.on(host) is not None for host in hosts):
+    if standbys.started_on(hosts):
         return
     reported = [report.time if report is not None else None for report in read_progress(ctx.run_dir, ctx.world)]
     if training(reported, [joined.get(rank) for rank in range(ctx.world)], ctx.state.started, time.time()):
@@ -118,8 +121,10 @@ class ForkedStep:
             log = str(ctx.slurm.rank_log(ctx.payload.rank_log or "", rank))
             self.ranks[rank] = standby.fork(rank, own, environ, log, own[0] if own else "")
             self.hosts[rank] = host
+        cold = sorted({h for h in self.hosts.values() if not standbys.by_host[h].ready})
         say(f"{ctx.world} rank(s) forked from the warm standbys on {','.join(dict.fromkeys(self.hosts.values()))} "
-            "(no new step, no new interpreter)")
+            "(no new step, no new interpreter)" + (f"; {', '.join(cold)} still importing: its ranks start once done"
+                                                   if cold else ""))
 
     def poll(self) -> int | None:
         """None while a rank runs; then srun's code: the first rank's failure, else 0."""

@@ -71,6 +71,9 @@ SLOW = {
     # four epochs at 0.15 s a step, so that the standbys are warm before the kill, then a hang found by
     # stall_s (20 s) and stacks, and the reference run's weights
     "tests/cluster/test_survivors_slurm.py::test_a_killed_or_hung_rank_is_forked_from_its_nodes_standby_and_rejoins_the_survivors",
+    # 800 steps at 0.1 s, so that the standbys are warm (their torch import beside the training) before
+    # two kills, each restart forked from them
+    "tests/cluster/test_warm_restart_slurm.py::test_a_killed_ranks_restart_is_forked_from_the_nodes_standbys_and_resumes_from_its_snapshot",
     # a real time limit (3 min, USR2 120 s before it) and the requeued attempt
     "tests/cluster/test_rank_api_slurm.py::test_rank_api_script_resumes_bit_exactly_after_its_time_limit",
     # the health gate's 60 s wait for the other node's token is the product's bound being proved

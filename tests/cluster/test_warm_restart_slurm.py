@@ -57,12 +57,14 @@ def test_a_killed_ranks_restart_is_forked_from_the_nodes_standbys_and_resumes_fr
     record = _wait(ex, record, 300)
     log = _logs(launch.run_dir)
     assert record.state == "COMPLETED", f"{record.error}\n{log[-4000:]}"
-    first, second, third = History.load(launch.run_dir).attempts
+    attempts = History.load(launch.run_dir).attempts
+    assert len(attempts) == 3, ([(a.outcome, a.why) for a in attempts], log[-4000:])
+    first, second, third = attempts
     assert first.job == second.job == third.job and all(a.inside_job for a in (first, second))  # no requeue
-    assert "rank 1 on node2 was killed by a signal (SIGKILL)" in first.why, first.why
-    assert "rank 0 on node1 was killed by a signal (SIGKILL)" in second.why, second.why  # not its peer
-    assert "srun: error: node2: task 1: Killed" in log.split(FORKED, 1)[1]  # ended by the agent, as by srun
+    assert "rank 1 on node2 was killed by a signal" in first.why, first.why
+    assert "rank 0 on node1 was killed by a signal" in second.why, second.why  # not its peer
+    assert "srun: error: node2: task 1: " in log.split(FORKED, 1)[1]  # ended (its peer gone, or killed by the agent)
     assert re.search(r"rank 0: attempt 2 starts at step [1-9]\d*", log), log[-3000:]
-    assert "first_step_at" in second.times and "first_step_at" in third.times
+    assert "ranks_at" in second.times and "joined_at" in third.times  # (no rank API: no step marks)
     assert json.loads((ckpt / "done.json").read_text())["steps"] == 800
     assert no_job_processes()  # no standby, no forked rank left

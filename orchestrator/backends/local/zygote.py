@@ -340,7 +340,8 @@ def main(argv: list[str]) -> int:
             if msg.get("done") or msg.get("go"):
                 last = bool(msg.get("done"))
                 break
-            children.update(_fork(msg, fresh, watch))
+            if isinstance(msg.get("rank"), int):  # a signal meant for a set that has just ended reaches no one
+                children.update(_fork(msg, fresh, watch))
         if not children and last:
             break
         last = _wait_ranks(children, lines, fresh, watch) or last

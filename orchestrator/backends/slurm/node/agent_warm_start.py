@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 import time
 from typing import Callable, Mapping, Sequence
 
@@ -134,7 +135,9 @@ class ForkedStep:
                 continue
             self.seen[rank] = code
             if code != 0:
-                note_srun_line(srun_words(self.hosts[rank], rank, code), self.ctx.state)
+                words = srun_words(self.hosts[rank], rank, code)
+                print(words, file=sys.stderr, flush=True)  # as srun's own would be, in the batch log
+                note_srun_line(words, self.ctx.state)
                 if self.kill_on_bad_exit and not self.killed:
                     self.killed = True  # as --kill-on-bad-exit: the others go at once
                     self.kill()
@@ -144,9 +147,10 @@ class ForkedStep:
         return failed[0] if failed else 0
 
     def send_signal(self, signum: int) -> None:
-        """To every rank (each standby passes it to the ranks it forked)."""
+        """To every rank still running (each standby passes it to the ranks it forked)."""
         for standby in {id(f.standby): f.standby for f in self.ranks.values()}.values():
-            standby.send({"signal": int(signum)})
+            if standby.running:
+                standby.send({"signal": int(signum)})
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)

@@ -51,6 +51,7 @@ class WatchdogSettings:
     stall_s: Optional[float]
     stacks_on_failure: bool
     straggler_factor: float = 1.5  # orchestrator.core.stragglers (absent from payloads before it: the default)
+    straggler_window_s: float = 30.0  # named this long without a break: a 'straggler' failure (recovery.on)
 
 
 @dataclass(frozen=True)

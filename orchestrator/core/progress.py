@@ -15,7 +15,7 @@ a script run by hand with ORCH_RUN_DIR) a rank writes ``<run>/progress/rank-N.js
 every rank did before, and readers still read such files (jobs queued before the change).
 
 The orchestrator reads them (``read_progress``: one listing of the folder, one read per node)
-for the live progress line (``summarize``), the stall watchdog (which rank stopped advancing)
+for the live progress line (``core.progress_line``), the stall watchdog (which rank stopped advancing)
 and ``status``. What a file says is checked as the ranks' input: a report is kept only with the
 right types and a rank inside the world.
 """
@@ -53,7 +53,9 @@ def node_progress_path(run_dir: str | Path, node: int) -> Path:
     return progress_path(run_dir, 0).with_name(NODE_FILE.format(int(node)))
 
 
-BUSY_WEIGHT = 0.2  # a step's weight in the smoothed busy_s: one slow step (a GC) makes no straggler
+#: A step's weight in the smoothed busy_s (one slow step, a GC, makes no straggler), and the first
+#: steps left out of it (a first step's lazy set-up: 200 ms against 10 ms once warm, measured).
+BUSY_WEIGHT, BUSY_WARMUP = 0.2, 3
 
 
 @dataclass(frozen=True)
@@ -135,16 +137,18 @@ class ProgressWriter:
         self._last_step: Optional[int] = None
         self._first: Optional[tuple[float, int]] = None
         self._busy: Optional[float] = None
+        self._busy_steps = 0
         self._staging: Optional[Path] = None
         self._published = False
         _WRITERS.append(self)
 
     def report(self, step: int, total: Optional[int] = None, samples: Optional[int] = None,
                force: bool = False, busy_s: Optional[float] = None) -> bool:
-        """Record that this rank reached ``step`` of ``total`` (``samples``: how many samples one
-        step is, for the rate; ``busy_s``: the step's seconds outside collectives, smoothed here).
-        Returns whether a report was written. ``force``: now, and published at once (the last step)."""
-        if busy_s is not None:  # every step counts, written or not
+        """Record that this rank reached ``step`` of ``total`` (``samples``: how many samples a step is, for
+        the rate; ``busy_s``: the step's seconds outside collectives, smoothed here; every step counts,
+        written or not). Returns whether a report was written. ``force``: now, and published at once."""
+        self._busy_steps += busy_s is not None
+        if busy_s is not None and self._busy_steps > BUSY_WARMUP:
             self._busy = busy_s if self._busy is None else BUSY_WEIGHT * busy_s + (1 - BUSY_WEIGHT) * self._busy
         now = time.time()
         if not force and now - self._last_write < self.min_interval_s:
@@ -449,51 +453,3 @@ def _opt_int(value: Any) -> Optional[int]:
 
 def _opt_float(value: Any) -> Optional[float]:
     return None if value is None else float(value)
-
-
-@dataclass(frozen=True)
-class Summary:
-    """The live progress line's numbers, over every rank's latest report."""
-
-    step: int  # the slowest reporting rank's step: the job is as far as its slowest rank
-    total: Optional[int]
-    samples_per_s: Optional[float]  # summed over the ranks that report a rate
-    eta_s: Optional[float]  # at the slowest rank's pace
-    slowest_rank: int
-    reporting: int
-    world_size: int
-
-    def line(self) -> str:
-        parts = [f"step {self.step}/{self.total}" if self.total else f"step {self.step}"]
-        if self.samples_per_s is not None:
-            parts.append(f"{self.samples_per_s:,.0f} samples/s")
-        if self.eta_s is not None:
-            parts.append(f"ETA {_duration(self.eta_s)}")
-        if self.world_size > 1:
-            parts.append(f"slowest rank {self.slowest_rank}")
-        if self.reporting < self.world_size:
-            parts.append(f"{self.reporting}/{self.world_size} ranks reporting")
-        return "  ".join(parts)
-
-
-def summarize(reports: list[Optional[Progress]], since: Optional[float] = None) -> Optional[Summary]:
-    """None while no rank has reported (since the wall-clock time ``since``, if given: an earlier
-    attempt's reports in the same run folder do not count)."""
-    live = [r for r in reports if r is not None and (since is None or r.time >= since)]
-    if not live:
-        return None
-    slowest = min(live, key=lambda r: (r.step, r.time))
-    rates = [r.samples_per_s for r in live if r.samples_per_s]
-    total = max((r.total for r in live if r.total), default=None)
-    eta = None
-    if total and slowest.steps_per_s:
-        eta = max(0.0, (total - slowest.step) / slowest.steps_per_s)
-    return Summary(step=slowest.step, total=total, samples_per_s=sum(rates) if rates else None, eta_s=eta,
-                   slowest_rank=slowest.rank, reporting=len(live), world_size=len(reports))
-
-
-def _duration(seconds: float) -> str:
-    s = int(round(seconds))
-    h, rest = divmod(s, 3600)
-    m, sec = divmod(rest, 60)
-    return f"{h}h{m:02d}m" if h else f"{m}m{sec:02d}s" if m else f"{sec}s"

@@ -72,6 +72,7 @@ class FailureKind(_StrEnum):
     NODE_FAILURE = "node_failure"  # a node was lost (srun said so, or SLURM's node state)
     HANG = "hang"  # the watchdog's verdict: a rank never joined, or no rank progressed
     UNHEALTHY = "unhealthy"  # the health gate failed before any rank started
+    STRAGGLER = "straggler"  # a rank named the straggler for watchdog.straggler_window_s (recovery.on lists it)
 
 
 class Outcome(_StrEnum):
@@ -90,6 +91,7 @@ class Outcome(_StrEnum):
     NODE_FAILURE = FailureKind.NODE_FAILURE.value
     HANG = FailureKind.HANG.value
     UNHEALTHY = FailureKind.UNHEALTHY.value
+    STRAGGLER = FailureKind.STRAGGLER.value
 
     @classmethod
     def of_failure(cls, kind: FailureKind) -> Outcome:
@@ -130,6 +132,7 @@ class EndReason(_StrEnum):
     NODE_FAILURE = FailureKind.NODE_FAILURE.value
     HANG = FailureKind.HANG.value
     UNHEALTHY = FailureKind.UNHEALTHY.value
+    STRAGGLER = FailureKind.STRAGGLER.value
 
 
 class Phase(enum.Enum):

@@ -18,11 +18,13 @@ named (their stacks, ``orchestrator stacks``, show where a rank is).
 from __future__ import annotations
 
 import statistics
+from collections import deque
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Sequence
 
-#: Below this many seconds a step's own work is too short to compare (clock noise).
-MIN_BUSY_S = 0.002
+#: Below this many seconds a step's own work is too short to compare: two alike ranks of a small
+#: model on this 2-core machine differ by 1-2 ms a step (clock and scheduler noise), which made 1.7x.
+MIN_BUSY_S = 0.005
 
 
 @dataclass(frozen=True)
@@ -51,3 +53,44 @@ def straggler(busy: Mapping[int, Optional[float]], factor: float) -> Optional[St
         return None
     return Straggler(rank=worst, ratio=known[worst] / median if median > 0 else float("inf"), busy_s=known[worst],
                      median_s=median)
+
+
+#: The share of the looks over the window that must name the same rank (the last one among them):
+#: a look that misses it (its smoothed figure dipping under the factor for a moment) breaks nothing.
+PERSISTENT_SHARE = 0.8
+
+
+class Persistent:
+    """A straggler named for ``window_s`` (``watchdog.straggler_window_s``): what ``recovery.on:
+    [straggler]`` acts on. It counts once the looks cover the whole window, the last one names the
+    rank, and at least PERSISTENT_SHARE of them named it: a slow step, a GC, a checkpoint write on
+    one rank is never a straggler, and one look that misses a slowed rank does not start it over."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self.looks: deque[tuple[float, Optional[int]]] = deque()  # (when, the rank named or None)
+
+    def observe(self, now: float, found: Optional[Straggler]) -> Optional[Straggler]:
+        """This look's straggler (``straggler``'s answer) at ``now``; it once persistent, else None."""
+        rank = None if found is None else found.rank
+        self.looks.append((now, rank))
+        while len(self.looks) > 1 and self.looks[1][0] <= now - self.window_s:
+            self.looks.popleft()  # the oldest kept look is the last one at or before the window's start
+        if found is None or self.looks[0][0] > now - self.window_s:
+            return None
+        named = sum(1 for _, r in self.looks if r == rank)
+        return found if named >= PERSISTENT_SHARE * len(self.looks) else None
+
+    def message(self, found: Straggler, node: Optional[str] = None) -> str:
+        return (f"{found.line(node)}, for {self.window_s:g}s (watchdog.straggler_window_s); "
+                "recovery.on lists straggler")
+
+
+def this_attempts_busy(reports: Sequence[Optional[object]], since: float) -> dict[int, Optional[float]]:
+    """Each rank's ``busy_s`` (``core.progress.Progress``) from reports written since ``since`` (the
+    attempt's start): an earlier attempt's figures say nothing about the ranks now."""
+    busy: dict[int, Optional[float]] = {}
+    for rank, report in enumerate(reports):
+        at, value = getattr(report, "time", None), getattr(report, "busy_s", None)
+        busy[rank] = value if isinstance(at, (int, float)) and at >= since else None
+    return busy

@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from orchestrator.core.progress import Summary, read_progress, summarize
+from orchestrator.core.progress import read_progress
+from orchestrator.core.progress_line import Summary, summarize
 from orchestrator.core.run_folder import RunFolder
 
 

@@ -496,10 +496,16 @@ class WatchdogSpec(_Model):
         "many times the other ranks' median. In a synchronous job every rank's step rate falls to the slowest's, "
         "so the rate cannot tell; this can. Scripts that report no busy_s get none named.",
     )
+    straggler_window_s: float = Field(
+        30.0, gt=0, le=v.MAX_TIMEOUT_S,
+        description="How long a rank must be named the straggler without a break before it counts as a "
+        "failure of kind 'straggler', when recovery.on lists it: the attempt ends and, on SLURM, the straggler's "
+        "node is blamed and replaced by a spare inside the job (locally every rank restarts in a new process).",
+    )
 
 
-RecoveryKind = Literal["crash", "node_failure", "hang", "unhealthy"]
-RECOVERY_KINDS: tuple[str, ...] = ("crash", "node_failure", "hang", "unhealthy")
+RecoveryKind = Literal["crash", "node_failure", "hang", "unhealthy", "straggler"]
+RECOVERY_KINDS: tuple[str, ...] = ("crash", "node_failure", "hang", "unhealthy")  # the default: not straggler
 
 
 class RecoverySpec(_Model):
@@ -530,7 +536,9 @@ class RecoverySpec(_Model):
         default_factory=lambda: list(RECOVERY_KINDS),
         description="Which failures restart: crash (a rank failed: a traceback, an exit code, a signal), "
         "node_failure (SLURM lost a node), hang (watchdog.stall_s or distributed.init_timeout_s fired), "
-        "unhealthy (the health gate failed on a node). Default: all four.",
+        "unhealthy (the health gate failed on a node), straggler (a rank named the straggler, slower than the "
+        "others by watchdog.straggler_factor, for watchdog.straggler_window_s: its node is blamed and, with a "
+        "spare, replaced inside the job). Default: the first four; straggler is off unless listed.",
     )
     exclude_failed_nodes: bool = Field(
         True,

@@ -64,10 +64,13 @@ def test_a_rank_made_four_times_slower_is_named_the_straggler_and_its_peer_is_no
     """Issue 51's acceptance, locally: a 2-node x 1-rank jobs.train run; `chaos --slow-rank 1 --factor
     4` (a SIGSTOP/SIGCONT duty cycle); status and top name rank 1 the straggler within 45 s, never
     rank 0, and name no one before the slow-down. In lockstep DDP both ranks' step rates fall
-    together: it is the time each spends outside its collectives that tells them apart."""
+    together: it is the time each spends outside its collectives that tells them apart. With
+    recovery.on listing straggler, the attempt then ends as a 'straggler' failure and the ranks
+    restart (locally: new processes)."""
     from orchestrator.front.chaos import Injection, inject
 
-    launch = make_plan(tmp_path, nodes=2, cpu_ranks_per_node=1, args={**ARGS, "epochs": 30, "step-delay": 0.02})
+    launch = make_plan(tmp_path, nodes=2, cpu_ranks_per_node=1, args={**ARGS, "epochs": 16, "step-delay": 0.02},
+                       recovery={"max_restarts": 1, "on": ["crash", "straggler"]}, watchdog={"straggler_window_s": 10})
     start_detached(launch)
     deadline = time.monotonic() + 120
     while _steps(launch.run_dir) < 20:
@@ -89,9 +92,13 @@ def test_a_rank_made_four_times_slower_is_named_the_straggler_and_its_peer_is_no
     status = subprocess.run([sys.executable, "-m", "orchestrator", "status", launch.run_dir], capture_output=True,
                             text=True, timeout=60).stdout
     assert re.search(r"straggler: rank 1 on \S+ spends \d+ ms a step outside collectives", status), status
-    from orchestrator.api import Run
-
-    Run.get(launch.run_dir).cancel()  # the slow-down ends with the rank (chaos_node's loop sees it gone)
-    wait_ended(launch, within=120)
+    # recovery.on lists straggler: named for 10 s, it ends the attempt and every rank
+    # restarts in a new process (the slow-down ends with the rank: chaos_node's loop sees it gone)
+    record = wait_ended(launch, within=180)
+    assert record.state == "COMPLETED", record.error
+    first, second = json.loads((Path(launch.run_dir) / "recovery.json").read_text())["attempts"]
+    assert first["outcome"] == "straggler" and "rank 1 spends" in first["why"] and "for 10s (watchdog" in \
+        first["why"], first
+    assert second["outcome"] == "completed", second
     chaos = (Path(launch.run_dir) / "chaos.jsonl").read_text()
     assert '"action": "slow-rank"' in chaos

@@ -8,7 +8,8 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.core.progress import Progress, ProgressWriter, read_progress, summarize
+from orchestrator.core.progress import Progress, ProgressWriter, read_progress
+from orchestrator.core.progress_line import summarize
 
 
 def test_writer_rate_limits_and_reader_reads_back(tmp_path: Path) -> None:

@@ -40,6 +40,7 @@ from orchestrator.core.recovery import Failure, History, decide
 from orchestrator.core.run_folder import RunFolder
 from orchestrator.core.states import Action, EndReason, FailureKind, Outcome, State
 from orchestrator.node.stop_judge import StopJudge
+from orchestrator.node.straggler_watch import StragglerWatch
 from orchestrator.node.watchdog import Watch, did_nothing, judge
 
 #: After a failure or a watchdog verdict the other ranks are doomed: SIGTERM, then SIGKILL after
@@ -75,6 +76,7 @@ class Supervisor:
         self.stall_s: float | None = launch.payload.watchdog.stall_s
         self.stacks_on_failure = launch.payload.watchdog.stacks_on_failure
         self.watch = Watch(0, time.time())
+        self.stragglers = StragglerWatch(launch.payload, 0)
         self.failure: Failure | None = None  # what ended the attempt, for recovery.decide
         self.times: dict[str, float] = {}  # the attempt's moments (orchestrator.core.attempt_times)
         #: recovery.survivors: keep: this set's rejoins, and the callback that decides one (a new attempt)
@@ -252,6 +254,7 @@ class Supervisor:
             began = time.time()  # before the forks: a rank may report before the last one is forked
             self.procs = group.start(forks)
             self.watch = Watch(len(self.procs), time.time(), self.stall_s, payload.init_timeout_s, reports_since=began)
+            self.stragglers = StragglerWatch(payload, len(self.procs))  # recovery.on: [straggler]
             self.times["ranks_at"] = self.watch.started
             self.record.update(rank_pids=[p.pid for p in self.procs],
                                rank_starts=[procs.start_time(p.pid) or 0 for p in self.procs], master_port=port)
@@ -355,12 +358,15 @@ class Supervisor:
             if time.monotonic() >= next_look:  # the watchdog reads files: once a second is plenty
                 next_look = time.monotonic() + LOOK_S
                 self._look_at_requests()
-                verdict = self._watchdog(run_dir)
+                verdict, kind = self._watchdog(run_dir), FailureKind.HANG
+                if verdict is None and (found := self.stragglers.look(run_dir, self.watch.started, time.time())):
+                    verdict, kind = State.FAILED, FailureKind.STRAGGLER  # every rank restarts: a new process each
+                    self.record.update(failed_rank=found.rank, error=self.stragglers.message(found))
                 if verdict:
                     self.times.setdefault("failed_at", time.time())  # teardown counts from here
-                    self.failure = Failure(FailureKind.HANG, (self.record.error or verdict).splitlines()[0])
+                    self.failure = Failure(kind, (self.record.error or verdict).splitlines()[0])
                     straggler = self.record.failed_rank
-                    if straggler is not None and self.rejoins.may_rejoin(
+                    if kind is FailureKind.HANG and straggler is not None and self.rejoins.may_rejoin(
                             [straggler], codes, self._cancelled, self.group is not None and not self.group.lost):
                         # Only the straggler goes: its peers' collective then fails on the lost
                         # peer, and they rejoin its replacement (recovery.survivors: keep).

@@ -197,6 +197,9 @@ class AgentRecovery:
         c, s = self.ctx, self.state
         end = forensics.read_end(c.run_dir) or {}
         error = str(end.get("error") or "")
+        if s.phase is Phase.ENDING and end.get("reason") == EndReason.STRAGGLER:
+            return Failure(FailureKind.STRAGGLER, error.splitlines()[0] if error else FailureKind.STRAGGLER.value,
+                           (s.straggler_node,) if s.straggler_node else ())
         if s.phase is Phase.ENDING:
             blamed = hang_blamed(end.get("failed_rank"), c.rank_hosts, c.payload.ranks_per_node, s.straggler_outside)
             return Failure(FailureKind.HANG, error.splitlines()[0] if error else f"watchdog: {end.get('reason')}",

@@ -57,6 +57,7 @@ class AgentState:
     killed: Killed | None = None  # that task, if a signal ended it
     task_ends: dict[int, int] = field(default_factory=dict)  # every task of the ranks' step that ended badly: its code
     lost_nodes: set[str] = field(default_factory=set)  # nodes srun said the step lost
+    straggler_node: str | None = None  # the node of a straggler that ended the attempt (recovery.on: straggler)
     straggler_outside: bool = False  # the watchdog's straggler was not inside a collective
     suspended_s: float = 0.0  # the job's time suspended so far (the watchdog's clock leaves it out)
     suspended_now: bool = False

@@ -22,6 +22,7 @@ from orchestrator.core.states import EndReason
 
 if TYPE_CHECKING:
     from orchestrator.node.stop_judge import StopJudge
+    from orchestrator.node.straggler_watch import StragglerWatch
     from orchestrator.node.watchdog import Watch
 
 #: While the watchdog would give a verdict, the controller is asked at most this often whether the
@@ -38,6 +39,7 @@ class AgentWatch:
         self.logs = logs
         self.watch: Watch | None = None
         self.stop_judge: StopJudge | None = None  # looks at the ranks' stacks while a cancel's stop is under way
+        self.stragglers: StragglerWatch | None = None  # recovery.on: [straggler], made at the first look
 
     def look(self) -> str | None:
         """One look (once a second): the verdict's reason (the stacks saved, end.json written),
@@ -66,6 +68,23 @@ class AgentWatch:
 
             s.straggler_outside = stacks.where(dump).collective is None
         return verdict.reason
+
+    def straggler(self) -> str | None:
+        """A rank named the straggler for watchdog.straggler_window_s, when recovery.on lists
+        straggler (``orchestrator.node.straggler_watch``): the verdict (end.json), its node blamed
+        (``state.straggler_node``); else None."""
+        c, s = self.ctx, self.state
+        if self.stragglers is None:
+            from orchestrator.node.straggler_watch import StragglerWatch
+
+            self.stragglers = StragglerWatch(c.payload, c.world)
+        found = self.stragglers.look(c.run_dir, s.started, time.time())
+        if found is None:
+            return None
+        hosts = c.rank_hosts
+        s.straggler_node = hosts[min(len(hosts) - 1, found.rank // max(1, c.payload.ranks_per_node))] if hosts else None
+        self._verdict(EndReason.STRAGGLER, found.rank, self.stragglers.message(found, s.straggler_node), {})
+        return EndReason.STRAGGLER
 
     def _running_clock(self, now: float) -> float | None:
         """The watchdog's clock: wall time less the time the job spent suspended, so that ranks

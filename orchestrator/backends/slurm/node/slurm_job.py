@@ -321,8 +321,10 @@ class JobAgent:
                     say(f"orchestrator cancel: the ranks have stop_grace_s ({p.stop_grace_s:g}s) "
                         "to checkpoint and exit")
                     continue
-                if self.watch.look() is not None:
-                    if self.keep is not None and not self.keep.given_up and self.keep.end_straggler():
+                verdict = self.watch.look() or self.watch.straggler()
+                if verdict is not None:
+                    if verdict != EndReason.STRAGGLER and self.keep is not None and not self.keep.given_up \
+                            and self.keep.end_straggler():
                         next_look = time.monotonic() + LOOK_S  # the straggler alone goes; its peers rejoin
                         continue
                     if self.ctx.attempt is not None:

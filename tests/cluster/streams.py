@@ -91,6 +91,7 @@ WAITING: dict[str, set[str]] = {
         "test_stacks_slurm.py",  # 121 s, 47
         "test_old_layout_slurm.py",  # a requeue's hold and a cancel: mostly waits
         "test_survivors_slurm.py",  # 53 s + 35 s alone, 7 CPU-s: training with a step delay
+        "test_straggler_slurm.py",  # a job training with a step delay, slowed, then restarted on the spare
     },
 }
 

@@ -53,9 +53,11 @@ def node_progress_path(run_dir: str | Path, node: int) -> Path:
     return progress_path(run_dir, 0).with_name(NODE_FILE.format(int(node)))
 
 
-#: A step's weight in the smoothed busy_s (one slow step, a GC, makes no straggler), and the first
-#: steps left out of it (a first step's lazy set-up: 200 ms against 10 ms once warm, measured).
-BUSY_WEIGHT, BUSY_WARMUP = 0.2, 3
+#: The first steps left out of busy_s (a first step's lazy set-up: 200 ms against 10 ms once warm).
+#: A report's busy_s is the mean over the steps since the one before (about a second): a mean over
+#: a window, not a moving average of single steps, which a slow-down that hits some steps hard
+#: (a stopped process, a GC) made flicker above and below the factor from one look to the next.
+BUSY_WARMUP = 3
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,7 @@ class Progress:
     attempt: int
     first_time: Optional[float] = None  # this rank's first report of its attempt (orchestrator.core.attempt_times)
     first_step: Optional[int] = None  # ... and its step: where the attempt resumed
-    #: A step's seconds outside collectives (data, forward), smoothed (``BUSY_WEIGHT``): what names a
+    #: A step's seconds outside collectives (data, forward), its mean since the last report: what names a
     #: straggler, where every rank's rate falls together (``orchestrator.core.stragglers``).
     busy_s: Optional[float] = None
 
@@ -137,7 +139,7 @@ class ProgressWriter:
         self._last_step: Optional[int] = None
         self._first: Optional[tuple[float, int]] = None
         self._busy: Optional[float] = None
-        self._busy_steps = 0
+        self._busy_steps, self._busy_sum, self._busy_n = 0, 0.0, 0
         self._staging: Optional[Path] = None
         self._published = False
         _WRITERS.append(self)
@@ -145,14 +147,16 @@ class ProgressWriter:
     def report(self, step: int, total: Optional[int] = None, samples: Optional[int] = None,
                force: bool = False, busy_s: Optional[float] = None) -> bool:
         """Record that this rank reached ``step`` of ``total`` (``samples``: how many samples a step is, for
-        the rate; ``busy_s``: the step's seconds outside collectives, smoothed here; every step counts,
+        the rate; ``busy_s``: the step's seconds outside collectives, averaged here; every step counts,
         written or not). Returns whether a report was written. ``force``: now, and published at once."""
         self._busy_steps += busy_s is not None
         if busy_s is not None and self._busy_steps > BUSY_WARMUP:
-            self._busy = busy_s if self._busy is None else BUSY_WEIGHT * busy_s + (1 - BUSY_WEIGHT) * self._busy
+            self._busy_sum, self._busy_n = self._busy_sum + busy_s, self._busy_n + 1
         now = time.time()
         if not force and now - self._last_write < self.min_interval_s:
             return False
+        if self._busy_n:  # no step since the last report (a stopped rank): its last figure stands
+            self._busy, self._busy_sum, self._busy_n = self._busy_sum / self._busy_n, 0.0, 0
         steps_per_s = None
         if self._last_step is not None and step > self._last_step and now > self._last_write:
             steps_per_s = (step - self._last_step) / (now - self._last_write)

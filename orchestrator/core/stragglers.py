@@ -4,9 +4,9 @@ In a synchronous DDP job every rank's step rate falls to the slowest rank's pace
 tell the culprit. The time a rank spends *outside* its collectives can: the slow rank does its own
 work (data, forward) slowly and then waits least, while the others wait for it inside the
 all-reduce. The rank API measures that time per step (``jobs.heartbeat(..., busy_s=)``; ``jobs.train``
-does, from the end of one step to the start of ``backward``) and smooths it over recent steps
-(``core.progress.BUSY_WEIGHT``). A rank is the straggler when its figure is at least ``factor``
-times the median of the other ranks' (``watchdog.straggler_factor``, 1.5 by default).
+does, from the end of one step to the start of ``backward``) and reports its mean over the steps
+between two reports (``core.progress``). A rank is the straggler when its figure is at least
+``factor`` times the median of the other ranks' (``watchdog.straggler_factor``, 1.5 by default).
 
 Why this and not DDP's communication hook or the process group's timings: the hook sees when a
 bucket is ready, not how long the rank computed before it, and the group's timings need NCCL's
@@ -56,7 +56,7 @@ def straggler(busy: Mapping[int, Optional[float]], factor: float) -> Optional[St
 
 
 #: The share of the looks over the window that must name the same rank (the last one among them):
-#: a look that misses it (its smoothed figure dipping under the factor for a moment) breaks nothing.
+#: a look that misses it (its figure dipping under the factor for a moment) breaks nothing.
 PERSISTENT_SHARE = 0.8
 
 

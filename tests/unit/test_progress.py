@@ -301,3 +301,21 @@ def test_staging_dirs_are_every_attempt_and_node_of_one_run_and_no_other(tmp_pat
     finally:
         for d in [*mine, other]:
             d.rmdir()
+
+
+def test_busy_s_is_the_mean_since_the_last_report_without_the_first_steps(tmp_path: Path) -> None:
+    """A report's busy_s: the mean of the steps since the report before (a rank slowed on some steps
+    only shows it steadily), leaving out a rank's first BUSY_WARMUP steps (their set-up)."""
+    from orchestrator.core.progress import BUSY_WARMUP
+
+    writer = ProgressWriter(tmp_path, 0, min_interval_s=3600)
+    for _ in range(BUSY_WARMUP):
+        writer.report(1, busy_s=0.5)  # set-up: left out
+    writer.report(2, busy_s=0.010)
+    writer.report(3, busy_s=0.030)
+    writer.report(4, busy_s=0.020, force=True)
+    first = read_progress(tmp_path, 1)[0]
+    assert first is not None and abs((first.busy_s or 0) - 0.020) < 1e-9
+    writer.report(5, force=True)  # no step measured since: the last figure stands
+    again = read_progress(tmp_path, 1)[0]
+    assert again is not None and abs((again.busy_s or 0) - 0.020) < 1e-9

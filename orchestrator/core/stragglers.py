@@ -55,34 +55,39 @@ def straggler(busy: Mapping[int, Optional[float]], factor: float) -> Optional[St
                      median_s=median)
 
 
-#: The share of the looks over the window that must name the same rank (the last one among them):
-#: a look that misses it (its figure dipping under the factor for a moment) breaks nothing.
-PERSISTENT_SHARE = 0.8
-
-
 class Persistent:
-    """A straggler named for ``window_s`` (``watchdog.straggler_window_s``): what ``recovery.on:
-    [straggler]`` acts on. It counts once the looks cover the whole window, the last one names the
-    rank, and at least PERSISTENT_SHARE of them named it: a slow step, a GC, a checkpoint write on
-    one rank is never a straggler, and one look that misses a slowed rank does not start it over."""
+    """A straggler over ``window_s`` (``watchdog.straggler_window_s``): what ``recovery.on:
+    [straggler]`` acts on. Once the looks cover the whole window, each rank's figures are averaged
+    over it and the straggler is judged on those means (``straggler``), if it is still slower than
+    the others' median at the last look. A slow step, a GC, a checkpoint write on one rank is never
+    one; a rank slowed on some steps only (above the factor at one look, below at the next: a
+    per-look verdict never held for 30 s at 2x, measured) is judged on its mean. A rank measured in
+    fewer than half the looks is not judged."""
 
-    def __init__(self, window_s: float) -> None:
-        self.window_s = window_s
-        self.looks: deque[tuple[float, Optional[int]]] = deque()  # (when, the rank named or None)
+    def __init__(self, window_s: float, factor: float) -> None:
+        self.window_s, self.factor = window_s, factor
+        self.looks: deque[tuple[float, dict[int, Optional[float]]]] = deque()  # (when, each rank's figure)
 
-    def observe(self, now: float, found: Optional[Straggler]) -> Optional[Straggler]:
-        """This look's straggler (``straggler``'s answer) at ``now``; it once persistent, else None."""
-        rank = None if found is None else found.rank
-        self.looks.append((now, rank))
+    def observe(self, now: float, busy: Mapping[int, Optional[float]]) -> Optional[Straggler]:
+        """This look's figures (``this_attempts_busy``) at ``now``; the straggler over the window, else None."""
+        self.looks.append((now, dict(busy)))
         while len(self.looks) > 1 and self.looks[1][0] <= now - self.window_s:
             self.looks.popleft()  # the oldest kept look is the last one at or before the window's start
-        if found is None or self.looks[0][0] > now - self.window_s:
+        if self.looks[0][0] > now - self.window_s:
             return None
-        named = sum(1 for _, r in self.looks if r == rank)
-        return found if named >= PERSISTENT_SHARE * len(self.looks) else None
+        means: dict[int, Optional[float]] = {}
+        for rank in busy:
+            seen = [b[rank] for _, b in self.looks if b.get(rank) is not None]
+            means[rank] = sum(seen) / len(seen) if seen and len(seen) >= len(self.looks) / 2 else None  # type: ignore[arg-type]
+        found = straggler(means, self.factor)
+        last = busy.get(found.rank) if found is not None else None
+        others = [b for r, b in busy.items() if found is not None and r != found.rank and b is not None]
+        if found is None or last is None or not others or last <= statistics.median(others):
+            return None
+        return found
 
     def message(self, found: Straggler, node: Optional[str] = None) -> str:
-        return (f"{found.line(node)}, for {self.window_s:g}s (watchdog.straggler_window_s); "
+        return (f"{found.line(node)} over {self.window_s:g}s (watchdog.straggler_window_s); "
                 "recovery.on lists straggler")
 
 

@@ -498,9 +498,10 @@ class WatchdogSpec(_Model):
     )
     straggler_window_s: float = Field(
         30.0, gt=0, le=v.MAX_TIMEOUT_S,
-        description="How long a rank must be named the straggler without a break before it counts as a "
-        "failure of kind 'straggler', when recovery.on lists it: the attempt ends and, on SLURM, the straggler's "
-        "node is blamed and replaced by a spare inside the job (locally every rank restarts in a new process).",
+        description="The window a straggler is judged over when recovery.on lists straggler: a rank whose time "
+        "outside collectives, averaged over it, is straggler_factor times the others' median (and still the slower "
+        "at the last look) is a failure of kind 'straggler': the attempt ends and, on SLURM, its node is blamed and "
+        "replaced by a spare inside the job (locally every rank restarts in a new process).",
     )
 
 

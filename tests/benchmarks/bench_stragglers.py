@@ -70,16 +70,19 @@ def judge(series: list[dict[str, Any]], judge_factor: float, window: float) -> d
     clean = [s for s in series if s["phase"] == "clean"]
     slow = [s for s in series if s["phase"] == "slow"]
     false = sum(1 for s in clean if straggler(dict(enumerate(s["busy"])), judge_factor) is not None)
-    quiet = Persistent(window)
-    false_counted = any(quiet.observe(s["t"], straggler(dict(enumerate(s["busy"])), judge_factor)) for s in clean)
+    quiet = Persistent(window, judge_factor)
+    false_counted = any(quiet.observe(s["t"], dict(enumerate(s["busy"]))) for s in clean)
     named_s = named_steps = counted_s = None
-    persistent = Persistent(window)
+    persistent = Persistent(window, judge_factor)
+    for s in clean:  # its window holds the clean looks before the slow-down too, as the agent's does
+        persistent.observe(s["t"], dict(enumerate(s["busy"])))
     for s in slow:
         found = straggler(dict(enumerate(s["busy"])), judge_factor)
         if found is not None and found.rank == 1 and named_s is None:
             named_s = round(s["t"] - slow[0]["t"] + 1.0, 1)  # the first look is a second after the injection
             named_steps = (s["steps"][0] or 0) - (slow[0]["steps"][0] or 0)
-        if persistent.observe(s["t"], found) is not None and found is not None and found.rank == 1 and counted_s is None:
+        counted = persistent.observe(s["t"], dict(enumerate(s["busy"])))
+        if counted is not None and counted.rank == 1 and counted_s is None:
             counted_s = round(s["t"] - slow[0]["t"] + 1.0, 1)
     return {"false_positive_looks": false, "false_counted": false_counted, "clean_looks": len(clean), "named_after_s": named_s,
             "named_after_steps": named_steps, "counted_after_s": counted_s}

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator.core.stragglers import Persistent, Straggler, straggler, this_attempts_busy
+from orchestrator.core.stragglers import MIN_BUSY_S, Persistent, straggler, this_attempts_busy
 
 
 def test_a_rank_four_times_slower_is_named_and_alike_ranks_are_not() -> None:
@@ -33,44 +33,46 @@ def test_the_named_rank_is_the_slowest_and_at_least_factor_times_the_others_medi
         assert busy[found.rank] == worst and worst >= factor * median
 
 
-def _named(rank: int) -> Straggler:
-    return Straggler(rank=rank, ratio=4.0, busy_s=0.04, median_s=0.01)
-
-
-def test_a_straggler_counts_once_named_for_the_window_and_a_missed_look_breaks_nothing() -> None:
-    watch = Persistent(10.0)
-    assert watch.observe(0.0, _named(1)) is None
-    assert watch.observe(9.9, _named(1)) is None  # the looks do not cover the window yet
-    found = watch.observe(10.0, _named(1))
+def test_a_straggler_counts_by_its_mean_over_the_window_while_still_slower() -> None:
+    watch = Persistent(10.0, 1.5)
+    assert watch.observe(0.0, {0: 0.010, 1: 0.040}) is None
+    assert watch.observe(9.9, {0: 0.010, 1: 0.040}) is None  # the looks do not cover the window yet
+    found = watch.observe(10.0, {0: 0.010, 1: 0.012})  # a look under the factor: the mean still says 3x
+    assert found is not None and found.rank == 1 and abs(found.busy_s - 0.092 / 3) < 1e-9
+    assert watch.observe(11.0, {0: 0.010, 1: 0.009}) is None  # no longer slower than the others now
+    assert "over 10s (watchdog.straggler_window_s)" in watch.message(found, "node2")
+    flicker = Persistent(10.0, 1.5)  # above the factor at one look, alike at the next: judged on the mean
+    assert flicker.observe(0.0, {0: 0.010, 1: 0.010}) is None
+    found = None
+    for t in range(1, 12):
+        found = flicker.observe(float(t), {0: 0.010, 1: 0.030 if t % 2 else 0.011}) or found
     assert found is not None and found.rank == 1
-    assert watch.observe(11.0, None) is None  # the last look must name it
-    assert watch.observe(12.0, _named(1)) is not None  # 4 of the 5 looks since 0 s name it
-    assert watch.observe(13.0, _named(0)) is None  # another rank now: 1 of 6
-    assert "for 10s (watchdog.straggler_window_s)" in watch.message(_named(1), "node2")
-    flicker = Persistent(10.0)
-    assert not any(flicker.observe(float(t), _named(1) if t % 2 else None) for t in range(40))  # half the looks
+    alike = Persistent(10.0, 1.5)
+    assert not any(alike.observe(float(t), {0: 0.010, 1: 0.0105 + 0.001 * (t % 3)}) for t in range(40))
+    unseen = Persistent(2.0, 1.5)  # a rank measured in fewer than half the looks is not judged
+    assert not any(unseen.observe(float(t), {0: 0.010, 1: 0.040 if t % 4 == 0 else None}) for t in range(12))
 
 
-@given(looks=st.lists(st.tuples(st.floats(0.01, 5.0), st.sampled_from([None, 0, 1])), min_size=1, max_size=60),
-       window=st.floats(0.5, 30.0))
-def test_a_straggler_is_reported_only_when_named_now_and_through_the_window(
-        looks: list[tuple[float, int | None]], window: float) -> None:
-    from orchestrator.core.stragglers import PERSISTENT_SHARE
-
-    watch = Persistent(window)
-    now, seen, streak_since = 0.0, [], None
-    for gap, rank in looks:
+@given(looks=st.lists(st.tuples(st.floats(0.01, 5.0), st.floats(0.001, 0.1), st.floats(0.001, 0.1)),
+                      min_size=1, max_size=60),
+       window=st.floats(0.5, 30.0), factor=st.floats(1.1, 4.0))
+def test_a_straggler_is_reported_only_by_its_window_mean_once_the_looks_cover_the_window(
+        looks: list[tuple[float, float, float]], window: float, factor: float) -> None:
+    watch = Persistent(window, factor)
+    now, seen = 0.0, []
+    for gap, a, b in looks:
         now += gap
-        seen.append((now, rank))
-        streak_since = (streak_since if streak_since is not None and seen[-2:-1] and seen[-2][1] == rank
-                        else now) if rank is not None else None
-        found = watch.observe(now, None if rank is None else _named(rank))
-        if found is not None:
-            assert found.rank == rank and now - seen[0][0] >= window  # named now; the looks cover the window
-            recent = [r for t, r in seen if t > now - window]
-            assert sum(r == rank for r in recent) >= PERSISTENT_SHARE * len(recent) - 1
-        if streak_since is not None and now - streak_since >= window:
-            assert found is not None  # named at every look for the whole window: reported
+        seen.append((now, a, b))
+        found = watch.observe(now, {0: a, 1: b})
+        if found is None:
+            continue
+        assert now - seen[0][0] >= window  # the looks cover the window
+        start = max(t for t, _, _ in seen if t <= now - window)
+        kept = [(x, y) for t, x, y in seen if t >= start]
+        means = [sum(x for x, _ in kept) / len(kept), sum(y for _, y in kept) / len(kept)]
+        other = 1 - found.rank
+        assert means[found.rank] >= factor * max(means[other], MIN_BUSY_S / factor) - 1e-12
+        assert (a, b)[found.rank] > (a, b)[other]  # still the slower one now
 
 
 def test_only_this_attempts_reports_count() -> None:

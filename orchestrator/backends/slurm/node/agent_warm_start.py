@@ -80,7 +80,7 @@ def warm_up_once_training(ctx: AgentContext, standbys: Standbys, rank_argv: Sequ
 
     p = ctx.payload
     keep = p.recovery.survivors == "keep"
-    restarts = p.recovery.max_restarts > 0 and p.recovery.in_allocation
+    restarts = p.recovery.max_restarts > 0 and p.recovery.in_allocation and p.backend != "nccl"  # (may_fork)
     if not p.recovery.standbys or not (keep or restarts) or ctx.world <= 0 or not ctx.slurm.hosts \
             or p.container is not None or time.monotonic() < standbys.looked_at + LOOK_S:
         return

@@ -1,10 +1,10 @@
-"""``recovery.on: [straggler]`` (issue 51, item 3), for both backends: a rank named the straggler
-(``orchestrator.core.stragglers``: its time outside collectives, from the rank API's progress
-files, averaged over ``watchdog.straggler_window_s``, at least ``watchdog.straggler_factor`` times
-the others' median) is a failure of kind ``straggler``. The job's agent
-then ends the attempt with the straggler's node blamed (on SLURM a spare takes its place inside
-the job); the local supervisor restarts every rank. Read once a second, by the caller's look.
-Standard library only.
+"""``recovery.on: [straggler]`` (issue 51, item 3), for both backends: the straggler over a window
+(``orchestrator.core.stragglers.Persistent``: a rank's time outside collectives, from the rank
+API's progress files, averaged over ``watchdog.straggler_window_s``, at least
+``watchdog.straggler_factor`` times the others' median) is a failure of kind ``straggler``. The
+job's agent then ends the attempt with the straggler's node blamed (on SLURM a spare takes its
+place inside the job); the local supervisor restarts every rank. Read once a second, by the
+caller's look. Standard library only.
 """
 
 from __future__ import annotations

@@ -70,8 +70,8 @@ class AgentWatch:
         return verdict.reason
 
     def straggler(self) -> str | None:
-        """A rank named the straggler for watchdog.straggler_window_s, when recovery.on lists
-        straggler (``orchestrator.node.straggler_watch``): the verdict (end.json), its node blamed
+        """The straggler over watchdog.straggler_window_s, when recovery.on lists straggler
+        (``orchestrator.node.straggler_watch``): the verdict (end.json), its node blamed
         (``state.straggler_node``); else None."""
         c, s = self.ctx, self.state
         if self.stragglers is None:

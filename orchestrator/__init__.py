@@ -35,10 +35,11 @@ TYPE_CHECKING = False  # not typing's: the package stays cheap to import (moved.
 if TYPE_CHECKING:
     from typing import Any
 
-    from orchestrator.api import Run, load_spec, run, submit
-    from orchestrator.core.errors import (JobFailedError, OrchestratorError, RunNotFinishedError, RunNotFoundError,
-                                          SpecError, SubmissionError, UsageError, WaitTimeoutError)
-    from orchestrator.spec.models import JobSpec
+    # The lazy names, for type checkers (``__all__`` is built from _LAZY, which ruff cannot read).
+    from orchestrator.api import Run, load_spec, run, submit  # noqa: F401
+    from orchestrator.core.errors import (JobFailedError, OrchestratorError, RunNotFinishedError,  # noqa: F401
+                                          RunNotFoundError, SpecError, SubmissionError, UsageError, WaitTimeoutError)
+    from orchestrator.spec.models import JobSpec  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:

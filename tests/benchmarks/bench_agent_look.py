@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
 import shutil
 import statistics
 import subprocess

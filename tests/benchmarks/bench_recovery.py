@@ -29,7 +29,6 @@ import argparse
 import json
 import re
 import statistics
-import time
 import uuid
 from pathlib import Path
 from typing import Any

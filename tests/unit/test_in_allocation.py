@@ -17,7 +17,7 @@ from orchestrator.spec.loading import spec_from_dict
 from orchestrator.core.recovery import History, describe
 from orchestrator.backends.slurm.slurm_plan import submitit_parameters
 from orchestrator.spec.models import allocated_nodes
-from orchestrator.backends.slurm.node.slurm_task import ATTEMPT_VARIABLE, SlurmJob, SlurmTask
+from orchestrator.backends.slurm.node.slurm_task import ATTEMPT_VARIABLE, SlurmTask
 from orchestrator.core.states import Action, Outcome
 
 NAMES = st.lists(st.sampled_from([f"node{i}" for i in range(1, 9)]), unique=True, max_size=8)

@@ -5,7 +5,6 @@ attempts/K and forgets the rest."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 

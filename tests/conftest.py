@@ -74,6 +74,9 @@ SLOW = {
     # 800 steps at 0.1 s, so that the standbys are warm (their torch import beside the training) before
     # two kills, each restart forked from them
     "tests/cluster/test_warm_restart_slurm.py::test_a_killed_ranks_restart_is_forked_from_the_nodes_standbys_and_resumes_from_its_snapshot",
+    # a job slowed by chaos, judged over a 10 s window, then restarted on the spare: 50 s alone, 90 s beside
+    # the other streams
+    "tests/cluster/test_straggler_slurm.py::test_a_persistent_straggler_moves_the_ranks_to_the_spare_inside_the_job",
     # a real time limit (3 min, USR2 120 s before it) and the requeued attempt
     "tests/cluster/test_rank_api_slurm.py::test_rank_api_script_resumes_bit_exactly_after_its_time_limit",
     # the health gate's 60 s wait for the other node's token is the product's bound being proved

@@ -36,6 +36,8 @@ LOCAL: dict[str, tuple[list[str], str]] = {
                             "--runs-dir", "{tmp}/runs"], r"keep\s+failure to first new step: median [\d.]+s"),
     "bench_resnet.py": (["--repeat", "1", "--steps", "2", "--warmup", "1", "--batch", "8"], r"runtime/hand [\d.]+x"),
     "bench_runtime.py": (["--smoke"], r"defaults [\d.]+s vs best hand-set"),
+    "bench_stragglers.py": (["--factors", "4", "--clean-runs", "0", "--clean-s", "3", "--slow-s", "4", "--window", "3",
+                             "--judge-factors", "1.5", "--runs-dir", "{tmp}/runs"], r"\| 4x \| 1.5 \|"),
     "bench_status.py": (["--runs", "50", "--repeat", "1"], r"status, 50 runs all open \(first look\)\s+[\d.]+\s+1\s"),
     "bench_snapshot.py": (["--files", "20", "--rounds", "1", "--changed-mb", "1", "--dir", "{tmp}"],
                           r"changed\s+\(1 MB new\): ours [\d.]+ s"),

@@ -246,6 +246,14 @@ class Standbys:
         standbys = {host: self.on(host) for host in hosts}
         return [host for host, s in standbys.items() if s is None or s.running]
 
+    def drop(self) -> None:
+        """Forget every standby at once, their sruns SIGKILLed (the agent's last resort has just
+        SIGKILLed the job's steps, theirs among them: a step daemon that stopped answering may hold
+        one, and a rank forked there would never start); new ones start once the ranks train again."""
+        for standby in self.by_host.values():
+            standby.proc.kill()
+        self.by_host.clear()
+
     def started_on(self, hosts: Sequence[str]) -> bool:
         return all(host in self.by_host for host in hosts)
 

@@ -335,6 +335,9 @@ class JobAgent:
         relay.join(timeout=5)
         if self.keep is None:
             return code
+        if not self.keep.given_up and self.keep.rejoins.began_at is None and self.keep.failed(code):
+            say(f"rank(s) {', '.join(map(str, self.keep.failed(code)))} failed and the ranks' step ended before a "
+                "rejoin could begin: every rank restarts")
         return exit_code_of(code, self.keep.codes(code), bool(self.keep.steps))
 
     def _rejoin(self, failed: list[int]) -> None:
@@ -438,6 +441,7 @@ class JobAgent:
             f"{', '.join(steps) or '(none listed)'} of job {self.ctx.job_id}")
         if steps:
             slurm_controller.scancel("--signal=KILL", *steps, timeout_s=SCONTROL_RETRY_S)
+        self.standbys.drop()  # their steps were among those: the next attempt starts a new step
         try:
             self.srun.wait(timeout=END_GRACE_S)
         except subprocess.TimeoutExpired:

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from orchestrator.backends.slurm.node import agent_requeue, slurm_controller, slurm_job
+from orchestrator.backends.slurm.node.agent_standby import Standbys
 from orchestrator.backends.slurm.node.agent_state import AgentState, Phase
 from orchestrator.backends.slurm.node.slurm_controller import Answer
 
@@ -78,18 +79,23 @@ class _Srun:
 def test_the_last_resort_kills_the_ranks_steps_never_the_job(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(slurm_job, "END_GRACE_S", 0.01)
     asked = _answers(monkeypatch, {"squeue": Answer(("squeue",), 0, "125.batch\n125.extern\n125.2\n", "")})
-    agent = SimpleNamespace(srun=_Srun(), keep=None, ctx=SimpleNamespace(job_id="123_2", slurm=SimpleNamespace(raw_job_id="125")))
+    standbys = Standbys()
+    standbys.by_host["node1"] = SimpleNamespace(proc=_Srun())  # type: ignore[assignment]
+    agent = SimpleNamespace(srun=_Srun(), keep=None, standbys=standbys,
+                            ctx=SimpleNamespace(job_id="123_2", slurm=SimpleNamespace(raw_job_id="125")))
     with pytest.raises(subprocess.TimeoutExpired):  # srun never ends here: the agent's own wait gives up
         slurm_job.JobAgent._end_ranks(agent)  # type: ignore[arg-type]
     cancels = [a for a in asked if a[0] == "scancel"]
     assert cancels == [["scancel", "--signal=KILL", "125.2"]], asked
     assert agent.srun.signals == [signal.SIGTERM]
+    assert not standbys.by_host  # their steps went with the SIGKILL: the next attempt starts a new step
 
 
 def test_no_step_listed_means_no_scancel_at_all(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(slurm_job, "END_GRACE_S", 0.01)
     asked = _answers(monkeypatch, {"squeue": Answer(("squeue",), 0, "125.batch\n", "")})
-    agent = SimpleNamespace(srun=_Srun(), keep=None, ctx=SimpleNamespace(job_id="125", slurm=SimpleNamespace(raw_job_id="125")))
+    agent = SimpleNamespace(srun=_Srun(), keep=None, standbys=Standbys(),
+                            ctx=SimpleNamespace(job_id="125", slurm=SimpleNamespace(raw_job_id="125")))
     with pytest.raises(subprocess.TimeoutExpired):
         slurm_job.JobAgent._end_ranks(agent)  # type: ignore[arg-type]
     assert not [a for a in asked if a[0] == "scancel"]

@@ -10,27 +10,18 @@ from typing import Any
 
 from orchestrator.backends.slurm.node.agent_recovery import AgentRecovery
 from orchestrator.backends.slurm.node.agent_requeue import Requeuer
-from orchestrator.backends.slurm.node.agent_state import AgentContext, AgentState
+from orchestrator.backends.slurm.node.agent_state import AgentContext
 from orchestrator.backends.slurm.node.agent_watch import AgentWatch
-from orchestrator.backends.slurm.node.slurm_task import SlurmJob
 from orchestrator.core.progress import ProgressWriter
-from orchestrator.core.recovery import History, decide
+from orchestrator.core.recovery import decide
 from orchestrator.core.states import Phase
-from orchestrator.plan import plan
-from orchestrator.spec.loading import spec_from_dict
+
+from .test_survivors_slurm import agent_ctx
 
 
 def _ctx(tmp: Path, on: list[str]) -> AgentContext:
-    launch = plan(spec_from_dict({"name": "t", "entrypoint": "jobs.train:main", "executor": "slurm", "nodes": 2,
-                                  "cpu_ranks_per_node": 1, "runs_dir": str(tmp / "runs"),
-                                  "watchdog": {"straggler_window_s": 0.3},
-                                  "recovery": {"max_restarts": 2, "spares": 1, "on": on}}), "slurm")
-    job = SlurmJob(job_id="7", raw_job_id="7", array_job_id=None, array_task=None, restart=0,
-                   hosts=("node1", "node2", "node3"))
-    said: list[str] = []
-    ctx = AgentContext(launch.payload, job, History.load(launch.run_dir), AgentState(), "", "", 15,  # type: ignore[arg-type]
-                       say=said.append)
-    ctx.step = ("node1", "node2")
+    ctx = agent_ctx(tmp, cpu_ranks_per_node=1, watchdog={"straggler_window_s": 0.3},
+                    recovery={"max_restarts": 2, "spares": 1, "on": on})
     ctx.state.started = time.time() - 1
     return ctx
 

@@ -107,9 +107,14 @@ def test_the_ranks_step_lets_survivors_run_on_only_with_survivors_keep(tmp_path:
 
 def _ctx3(tmp: Path) -> AgentContext:
     """A 2-node job of 2 ranks a node holding a third node as a spare, its ranks on node1 and node2."""
+    return agent_ctx(tmp, cpu_ranks_per_node=2, recovery={"max_restarts": 3, "survivors": "keep", "spares": 1})
+
+
+def agent_ctx(tmp: Path, **fields: Any) -> AgentContext:
+    """The agent's context of a 2-node jobs.train job (``fields`` over it) in a 3-node allocation, its
+    ranks on node1 and node2."""
     launch = plan(spec_from_dict({"name": "t", "entrypoint": "jobs.train:main", "executor": "slurm", "nodes": 2,
-                                  "cpu_ranks_per_node": 2, "runs_dir": str(tmp / "runs"),
-                                  "recovery": {"max_restarts": 3, "survivors": "keep", "spares": 1}}), "slurm")
+                                  "runs_dir": str(tmp / "runs"), **fields}), "slurm")
     job = SlurmJob(job_id="7", raw_job_id="7", array_job_id=None, array_task=None, restart=0,
                    hosts=("node1", "node2", "node3"))
     said: list[str] = []

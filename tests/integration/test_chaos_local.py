@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -61,7 +62,9 @@ def test_a_killed_rank_is_recovered_and_status_shows_the_recovery(tmp_path: Path
     (entry,) = [json.loads(line) for line in (run_dir / "chaos.jsonl").read_text().splitlines()]
     assert (entry["action"], entry["attempt"]) == ("kill-rank", 1)
     status = _cli("status", run_id, cwd=tmp_path)
-    assert "recovered in " in status.stdout and "teardown" in status.stdout, status.stdout
+    # which phases are named depends on their length (those over 0.05 s: a SIGKILLed rank's teardown
+    # may be shorter, CI of 2026-12-05); the recovery is measured either way
+    assert re.search(r"recovered in [\d.]+s from attempt 1\b", status.stdout), status.stdout
     assert "goodput " in status.stdout and "s training of " in status.stdout, status.stdout
     over = _cli("chaos", run_id, "--kill-rank", "0", cwd=tmp_path)
     assert over.returncode != 0 and "is COMPLETED, not RUNNING" in over.stderr

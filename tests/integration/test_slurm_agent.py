@@ -99,6 +99,21 @@ def _start_agent(tmp: Path, env: dict[str, str]) -> subprocess.Popen:
     return proc
 
 
+def _ended(proc: subprocess.Popen, timeout: float) -> str:
+    """The agent's stderr once it has exited; past ``timeout``, a failure that says what was still
+    running in its session (the stand-in ranks, an scontrol) and what the agent had said."""
+    try:
+        return proc.communicate(timeout=timeout)[1]
+    except subprocess.TimeoutExpired as exc:
+        alive = subprocess.run(["ps", "-s", str(proc.pid), "-o", "pid,stat,etimes,args"], capture_output=True,
+                               text=True).stdout
+        said = exc.stderr.decode() if isinstance(exc.stderr, bytes) else exc.stderr or ""
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=10)
+        raise AssertionError(f"the agent had not ended after {timeout:g}s; its session:\n{alive}\nit said:\n{said}") \
+            from None
+
+
 def _calls(tmp: Path) -> list[str]:
     """The requeues asked of the stand-in scontrol (``show job`` questions left out)."""
     path = tmp / "scontrol-calls"
@@ -114,7 +129,7 @@ def _calls(tmp: Path) -> list[str]:
 def test_usr2_requeues_by_policy(tmp_path: Path, policy: str, checkpoint: bool, requeued: bool) -> None:
     proc = _agent(tmp_path, policy, checkpoint)
     proc.send_signal(signal.SIGUSR2)  # what B:USR2@margin sends the batch shell (the agent)
-    _, err = proc.communicate(timeout=30)
+    err = _ended(proc, 30)
     assert (tmp_path / "child-got-usr2").exists(), "the agent did not forward USR2 to the ranks"
     assert _calls(tmp_path) == (["requeue 77"] if requeued else []), err
     if requeued:
@@ -130,7 +145,7 @@ def test_work_finished_after_the_notice_is_not_requeued(tmp_path: Path, policy: 
     ``always``, as the policy says (it resumes from its own snapshot)."""
     proc = _agent(tmp_path, policy, False, child_env={"FINISH": "1", "LISTENING": "1" if listening else "0"})
     proc.send_signal(signal.SIGUSR2)
-    _, err = proc.communicate(timeout=30)
+    err = _ended(proc, 30)
     requeued = policy == "always" and not listening
     assert _calls(tmp_path) == (["requeue 77"] if requeued else []), err
     assert proc.returncode == 0, err
@@ -145,13 +160,13 @@ def test_sigterm_never_requeues_and_the_limit_holds(tmp_path: Path) -> None:
     proc = _agent(cancelled, "always", False)
     proc.send_signal(signal.SIGTERM)  # scancel: the ranks get it from SLURM; the agent only notes it
     proc.send_signal(signal.SIGUSR2)
-    proc.communicate(timeout=30)
+    _ended(proc, 30)
     assert _calls(cancelled) == []
     done = tmp_path / "b"
     done.mkdir()
     proc = _agent(done, "always", False, restart=2, max_requeues=2)
     proc.send_signal(signal.SIGUSR2)
-    _, err = proc.communicate(timeout=30)
+    err = _ended(proc, 30)
     assert _calls(done) == [] and "no requeues left (2 of 2 used;" in err
 
 
@@ -169,7 +184,7 @@ def test_a_stop_that_no_requeue_follows_never_ends_completed(tmp_path: Path, cas
     proc = _agent(tmp_path, "never" if case == "never" else "auto", True, restart=2 if case == "limit" else 0,
                   scontrol_exit=1 if case == "refused" else 0)
     proc.send_signal(signal.SIGUSR2)
-    _, err = proc.communicate(timeout=90)
+    err = _ended(proc, 90)
     assert proc.returncode == 3, err
     end = read_end(tmp_path / "run")
     assert end and end["reason"] == "not_requeued" and why in end["error"], (end, err)
@@ -218,7 +233,7 @@ def test_always_requeues_after_the_ranks_clean_up_not_during_it(tmp_path: Path) 
     after the notice: a checkpoint being written is never cut in half."""
     proc = _agent(tmp_path, "always", False, child_env={"CLEANUP_S": "3"})
     proc.send_signal(signal.SIGUSR2)
-    _, err = proc.communicate(timeout=60)
+    err = _ended(proc, 60)
     assert _calls(tmp_path) == ["requeue 77"], err
     assert (tmp_path / "scontrol-when").read_text().split() == ["cleaned"], err
     assert proc.returncode == 0
@@ -238,7 +253,7 @@ def test_always_requeues_ranks_that_never_end_before_the_margin_is_spent(tmp_pat
         time.sleep(0.05)
     waited = time.monotonic() - t0
     os.killpg(proc.pid, signal.SIGKILL)  # the stand-in scontrol does not end the job as SLURM's requeue would
-    _, err = proc.communicate(timeout=30)
+    err = _ended(proc, 30)
     assert 4.5 <= waited <= 8, (waited, err)
     assert (tmp_path / "scontrol-when").read_text().split() == ["running"]
     assert requeue_deadline(100.0, 120) == 100.0 + 105 and requeue_deadline(0.0, 10) == 5.0
@@ -252,7 +267,7 @@ def test_the_notice_is_the_specs_signal(tmp_path: Path) -> None:
 
     proc = _agent(tmp_path, "always", False, slurm={"signal": "USR1"}, child_env={"NOTICE": "SIGUSR1"})
     proc.send_signal(signal.SIGUSR1)
-    _, err = proc.communicate(timeout=60)
+    err = _ended(proc, 60)
     assert (tmp_path / "child-got-SIGUSR1").exists(), err
     assert _calls(tmp_path) == ["requeue 77"], err
     launch = plan(JobSpec(name="lightning", entrypoint="jobs.train:main", executor="slurm",
@@ -281,7 +296,7 @@ def test_orchestrator_cancel_gives_the_ranks_stop_grace_s_then_scancels(tmp_path
         time.sleep(0.05)
     waited = time.monotonic() - t0
     os.killpg(proc.pid, signal.SIGKILL)
-    proc.communicate(timeout=30)
+    _ended(proc, 30)
     assert _scancels(stuck) == ["77"] and _calls(stuck) == []
     assert 1.0 <= waited <= 6.0, waited  # stop_grace_s: 2 (below), after the agent's next look
 
@@ -290,7 +305,7 @@ def test_orchestrator_cancel_gives_the_ranks_stop_grace_s_then_scancels(tmp_path
     proc = _agent(done, "auto", True)
     ownership.request_cancel(done / "run", "orchestrator cancel")
     proc.send_signal(signal.SIGUSR2)  # the ranks checkpoint and exit 0 at once (faster than a look)
-    _, err = proc.communicate(timeout=60)
+    err = _ended(proc, 60)
     assert _calls(done) == [] and _scancels(done) == ["77"], err
     assert proc.returncode == 3 and "requeueing" not in err, err
 
@@ -324,7 +339,7 @@ def test_a_preemptions_sigterm_requeues_and_a_scancels_does_not(tmp_path: Path, 
         "JobId=77 JobState=CANCELLED PreemptTime=None"
     proc = _agent(tmp_path, "auto", True, child_env={"NOTICE": "SIGTERM"}, job_info=info)
     os.killpg(proc.pid, signal.SIGTERM)  # SLURM signals the batch step and the ranks' step
-    _, err = proc.communicate(timeout=60)
+    err = _ended(proc, 60)
     assert _calls(tmp_path) == (["requeue 77"] if preempting else []), err
     assert ("is being preempted" in err) == preempting, err
 
@@ -341,7 +356,7 @@ def test_a_cancel_preemption_is_not_requeued_and_the_site_ends_the_job(tmp_path:
     info = "JobId=77 JobState=PREEMPTED PreemptTime=2026-11-24T18:00:00 Partition=debug PreemptMode=CANCEL"
     proc = _agent(tmp_path, "auto", True, child_env={"NOTICE": "SIGTERM"}, job_info=info)
     os.killpg(proc.pid, signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
+    err = _ended(proc, 60)
     assert _calls(tmp_path) == [], err  # no scontrol requeue
     (attempt,) = History.load(tmp_path / "run").attempts
     assert attempt.outcome == "preempted", (attempt, err)
@@ -357,7 +372,7 @@ def test_always_requeues_ranks_that_ended_because_the_job_is_preempted(tmp_path:
     info = "JobId=77 JobState=RUNNING PreemptTime=2026-11-24T18:00:00"
     proc = _agent(tmp_path, "always", False, child_env={"NOTICE": "SIGTERM"}, job_info=info)
     os.kill(int((tmp_path / "child-started").read_text()), signal.SIGTERM)  # the ranks' step only
-    _, err = proc.communicate(timeout=60)
+    err = _ended(proc, 60)
     assert _calls(tmp_path) == ["requeue 77"], err
 
 
@@ -370,7 +385,7 @@ def test_ranks_that_end_on_the_cancels_sigterm_before_the_agent_looks_end_cancel
     proc = _agent(tmp_path, "auto", False, child_env={"NOTICE": "SIGTERM"})
     ownership.request_cancel(tmp_path / "run", "orchestrator cancel")
     os.kill(int((tmp_path / "child-started").read_text()), signal.SIGTERM)  # scancel --signal=TERM
-    _, err = proc.communicate(timeout=60)
+    err = _ended(proc, 60)
     assert _scancels(tmp_path) == ["77"] and _calls(tmp_path) == [], err
     assert proc.returncode == 3 and "killed by a signal" not in err, err
 
@@ -385,7 +400,7 @@ def test_a_stalled_rank_that_ignores_sigterm_is_killed_within_the_hard_tier(tmp_
 
     proc = _agent(tmp_path, "never", False, spec={"watchdog": {"stall_s": 2}}, child_env={"IGNORE_TERM": "1"})
     t0 = time.monotonic()
-    _, err = proc.communicate(timeout=60)
+    err = _ended(proc, 60)
     took = time.monotonic() - t0
     assert _scancels(tmp_path) == ["--signal=KILL 77.0"], err
     assert took < 2 + 2 * END_GRACE_S + 15, (took, err)  # stall_s, both tiers, and slack for a loaded machine
@@ -407,7 +422,7 @@ def test_ranks_slurm_suspended_are_never_called_stalled(tmp_path: Path, suspende
     time.sleep(8)  # four times stall_s with no progress at all
     assert proc.poll() is None
     proc.send_signal(signal.SIGUSR2)  # end the stand-in ranks
-    _, err = proc.communicate(timeout=30)
+    err = _ended(proc, 30)
     assert "no progress" not in err and "--signal=KILL" not in _scancels(tmp_path), err
     if suspended == "earlier":
         assert "was suspended for 10" in err, err  # 1000 s since its start (and the test's own), less the second it ran
@@ -424,7 +439,7 @@ def test_an_earlier_jobs_attempt_its_agent_never_closed_is_recorded_lost(tmp_pat
     proc = _agent(tmp_path, "never", False)
     proc.send_signal(signal.SIGTERM)  # scancel: the agent notes it...
     proc.send_signal(signal.SIGUSR2)  # ...and the stand-in rank ends
-    _, err = proc.communicate(timeout=30)
+    err = _ended(proc, 30)
     first, second = History.load(tmp_path / "run").attempts
     assert (first.outcome, first.action, first.blamed) == ("lost", "", []), err
     assert "job 55 ended without its agent recording how" in first.why
@@ -465,7 +480,7 @@ def test_a_preemption_slurm_requeued_itself_is_a_requeue_not_a_node_failure(tmp_
     info = "JobId=77 JobState=RUNNING PreemptTime=2026-11-24T18:00:00"
     proc = _agent(tmp_path, "never", False, child_env={"NOTICE": "SIGTERM"}, job_info=info)
     os.killpg(proc.pid, signal.SIGTERM)  # the preemption's SIGTERM, to the agent and the ranks
-    _, err = proc.communicate(timeout=60)
+    err = _ended(proc, 60)
     (first,) = History.load(tmp_path / "run").attempts
     assert (first.outcome, first.action) == ("preempted", ""), err
     (tmp_path / "child-started").unlink()

@@ -104,6 +104,8 @@ def _make_store(cfg: RuntimeConfig, rank: int, world: int, generation: int | Non
         return store
     if url.scheme == "tcp":
         host, port = url.hostname, url.port
+        if host is None or port is None:
+            raise ValueError(f"init_method {cfg.init_method!r} names no host and port (tcp://HOST:PORT)")
     else:  # env://
         host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     return dist.TCPStore(host, port, world, is_master=rank == 0, timeout=timeout, wait_for_workers=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Sequence, Sized, cast
 
 import torch
 import torch.distributed as dist
@@ -48,7 +48,7 @@ def main(argv: Sequence[str] = ()) -> dict[str, Any]:
         model = models.build(args.model, data.in_channels(args.dataset), data.num_classes(args.dataset, test_set))
         ckpt.load_model_state(model, ckpt.load_checkpoint(path, device)["model"])
         model.to(device).eval()
-        indices = shard_indices(len(test_set), ctx.rank, ctx.world_size)
+        indices = shard_indices(len(cast(Sized, test_set)), ctx.rank, ctx.world_size)
         preds: list[tuple[int, int, int]] = []
         with torch.no_grad():
             offset = 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
 
@@ -34,8 +36,9 @@ def build(name: str, in_channels: int, num_classes: int) -> nn.Module:
         first = _first_conv(model)
         if first is not None:
             parent, attr, conv = first
-            setattr(parent, attr, nn.Conv2d(in_channels, conv.out_channels, conv.kernel_size,
-                                            conv.stride, conv.padding, bias=conv.bias is not None))
+            size, stride, padding = (cast(tuple[int, int], v) for v in (conv.kernel_size, conv.stride, conv.padding))
+            setattr(parent, attr, nn.Conv2d(in_channels, conv.out_channels, size, stride, padding,
+                                            bias=conv.bias is not None))
     return model
 
 

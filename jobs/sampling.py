@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Any, Iterator
 
 from torch.utils.data import DistributedSampler
 
@@ -16,7 +16,7 @@ class ResumableDistributedSampler(DistributedSampler):
     iteration only.
     """
 
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._start = 0
 

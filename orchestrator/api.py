@@ -236,7 +236,7 @@ class Run(RunFacts):
         looks = self._tail(0, None, states) if follower is not None else None
         while True:
             live = None
-            if looks is not None:
+            if looks is not None and follower is not None:
                 state, text = next(looks)
                 if text:
                     follower.write(text)

@@ -23,6 +23,10 @@ It is reported either way, loudly (``[run_suites] FAILED under contention, passe
 since a failure that only contention shows can be a real bug (a slow start meeting a signal, as
 in slurm_rank's time-limit notice once); a test that fails alone too fails the run.
 
+Types: mypy checks orchestrator/ and jobs/ (pyproject.toml's [tool.mypy]) beside the sessions, in a
+process of its own (about 30 s of CPU, cold); a finding fails the run, printed at the end. pyflakes'
+checks (ruff) are a unit test (tests/unit/test_lint.py).
+
 The unit and integration session prints as it goes; the cluster sessions write to logs printed
 when they end. Every wait is bounded: a session still running after ``--limit-min`` minutes (from
 the start) gets SIGINT (pytest then runs its teardown), then SIGKILL.
@@ -179,6 +183,8 @@ def main() -> int:
     started = time.monotonic()
     main_report = log_dir / f"junit-main-{os.getpid()}.xml"
     workers = ["-n", str(opts.workers), "--dist", "worksteal"] if opts.workers > 0 else []
+    types = subprocess.Popen([sys.executable, "-m", "mypy", "--cache-dir", str(log_dir / "mypy-cache")], cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     main = start([f"--junitxml={main_report}", *workers, *pytest_args, "tests/unit", "tests/integration"], None)
     main_ended: list[float] = []  # when the session ended, not when the cluster's sessions let us look
     threading.Thread(target=lambda: (main.wait(), main_ended.append(time.monotonic())), daemon=True).start()
@@ -202,10 +208,27 @@ def main() -> int:
         print(f"[run_suites] FAILED under contention{', passed alone' if again == 0 else ', and alone too'}: "
               + ", ".join(ids), flush=True)
         rc[name] = again
+    types_rc = typed(types, deadline)
     took = (time.monotonic() - started) / 60
-    print(f"[run_suites] unit+integration exit {rc['main']}, cluster exit {rc['cluster']} "
+    print(f"[run_suites] mypy exit {types_rc}, unit+integration exit {rc['main']}, cluster exit {rc['cluster']} "
           f"({', '.join(f'{k} {v}' for k, v in cluster_rc.items())}); {took:.1f} min in all", flush=True)
-    return 130 if INTERRUPTED else rc["main"] or rc["cluster"]
+    return 130 if INTERRUPTED else rc["main"] or rc["cluster"] or types_rc
+
+
+def typed(proc: subprocess.Popen, deadline: float) -> int:
+    """mypy's exit (0: no finding), its report printed; killed (exit 124) past the deadline."""
+    try:
+        out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        print("[run_suites] mypy did not finish before --limit-min", flush=True)
+        return 124
+    print(f"[run_suites] mypy over orchestrator/ and jobs/: {out.strip().splitlines()[-1] if out.strip() else '(no output)'}",
+          flush=True)
+    if proc.returncode != 0:
+        print(out, flush=True)
+    return proc.returncode
 
 
 #: What of SLURM's own logs a failed cluster session's report shows (the rest is kept in the copy).

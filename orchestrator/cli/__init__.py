@@ -235,7 +235,8 @@ def _remote_target(args: argparse.Namespace) -> str | None:
 
 def _command_argv(argv: Sequence[str]) -> list[str]:
     """The command line without the global options (what the login node is given)."""
-    out, skip = [], False
+    out: list[str] = []
+    skip = False
     for i, word in enumerate(argv):
         if skip:
             skip = False

@@ -121,7 +121,8 @@ def _wrapped(stream: Any) -> Any:
     stream.flush()
     raw = _PipeEnd(fd)
     unbuffered = not isinstance(getattr(stream, "buffer", None), io.BufferedWriter)  # python -u, PYTHONUNBUFFERED
-    return _Text(raw if unbuffered else io.BufferedWriter(raw), encoding=encoding, errors=errors,
+    buffer: Any = raw if unbuffered else io.BufferedWriter(raw)  # a raw end is a buffer to TextIOWrapper (-u)
+    return _Text(buffer, encoding=encoding, errors=errors,
                  line_buffering=stream.line_buffering, write_through=unbuffered or stream.write_through)
 
 

@@ -191,10 +191,11 @@ def _git_files(root: str, excluded: Iterable[str] = ()) -> tuple[list[str], list
     skip = [f":(exclude,literal){rel}" for rel in excluded if rel and rel != "."]
     lists = [_git(root, "ls-files", "-z", "--cached", "--", ".", *skip),
              _git(root, "ls-files", "-z", "--others", "--exclude-standard", "--", ".", *skip)]
-    if lists[0] is None or lists[1] is None:
+    tracked_out, others_out = lists
+    if tracked_out is None or others_out is None:
         raise SnapshotError(f"git could not list the files of {root}; check 'git -C {root} status', "
                             "or set code.snapshot: false")
-    tracked, others = ({n for n in out.decode("utf-8", "surrogateescape").split("\0") if n} for out in lists)
+    tracked, others = ({n for n in out.decode("utf-8", "surrogateescape").split("\0") if n} for out in (tracked_out, others_out))
     for name in sorted(tracked):
         folder = os.path.join(root, name)
         if os.path.isdir(folder) and not os.path.islink(folder) and os.path.exists(os.path.join(folder, ".git")):

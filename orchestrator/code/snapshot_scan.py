@@ -195,7 +195,7 @@ def _hash_files(root: str, files: list[tuple[str, os.stat_result]], cache: Mappi
         key = (st.st_size, st.st_mtime_ns, st.st_ino)
         known = cache.get(rel)
         fresh = known is not None and known[0] == key[0] and known[2] == key[2] and known[1] in (None, key[1])
-        if fresh and (blobs is None or os.path.isfile(os.path.join(blobs, known[3][:2], known[3]))):
+        if fresh and known is not None and (blobs is None or os.path.isfile(os.path.join(blobs, known[3][:2], known[3]))):
             sha = known[3]
         else:
             read = _read_stable(os.path.join(root, rel), blobs)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Optional, Protocol, Sequence
+from typing import Any, Mapping, Optional, Protocol, Sequence, TypeVar, cast
 
 from orchestrator.core.states import Action
 
@@ -37,6 +37,11 @@ class Attempt(Protocol):
     ended: Optional[float]
     action: str
     times: dict[str, float]
+    outcome: Optional[str]
+    why: str
+
+
+A = TypeVar("A", bound=Attempt)
 
 #: The phases of one recovery, in order, as status names them.
 PHASES = ("teardown", "wait", "gate", "launch", "start", "first step")
@@ -162,7 +167,7 @@ def goodput(history: Sequence[Attempt], submitted: float, now: float) -> Optiona
                    recovery_s=recovery, lost_s=lost, startup_s=startup)
 
 
-def with_live_marks(attempts: Sequence[Attempt], run_dir: str | Path, world_size: int) -> list[Attempt]:
+def with_live_marks(attempts: Sequence[A], run_dir: str | Path, world_size: int) -> list[A]:
     """The attempts with the running one's moments read now from the ranks' progress files (its
     agent records them only when it ends): so that a running job's goodput counts its training,
     and the recovery that led to it, while it runs."""
@@ -176,7 +181,7 @@ def with_live_marks(attempts: Sequence[Attempt], run_dir: str | Path, world_size
             marks = progress_marks(run_dir, world_size, since) if world_size > 0 else {}
         except (OSError, ValueError):
             marks = {}
-        out[-1] = dataclasses.replace(last, times={**marks, **last.times})
+        out[-1] = dataclasses.replace(cast(Any, last), times={**marks, **last.times})  # a dataclass: recovery.Attempt
     return out
 
 

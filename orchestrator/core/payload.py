@@ -13,7 +13,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Final, Mapping, Optional, Union
 
 #: Bumped whenever a field is added, removed or changes meaning.
 PAYLOAD_VERSION = 6
@@ -23,14 +23,14 @@ class Defaults:
     """The job settings' defaults, in one place: the spec's fields use them, and so does the rank
     API (``jobs/runtime.py``) for a script started without the orchestrator (torchrun)."""
 
-    BACKEND = "auto"
-    STRATEGY = "ddp"
+    BACKEND: Final = "auto"  # Final: a literal the spec's Literal fields accept
+    STRATEGY: Final = "ddp"
     INIT_TIMEOUT_S = 300.0
     COLLECTIVE_TIMEOUT_S = 1800.0
     CHECKPOINT_INTERVAL = 0
     CHECKPOINT_KEEP = 3
     RESUME = True
-    GRAD_COMPRESSION = "none"
+    GRAD_COMPRESSION: Final = "none"
     STOP_GRACE_S = 30.0  # SLURM's KillWait default
 
 

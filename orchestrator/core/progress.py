@@ -144,7 +144,7 @@ class ProgressWriter:
         self._published = False
         _WRITERS.append(self)
 
-    def report(self, step: int, total: Optional[int] = None, samples: Optional[int] = None,
+    def report(self, step: int, total: Optional[int] = None, samples: Optional[float] = None,
                force: bool = False, busy_s: Optional[float] = None) -> bool:
         """Record that this rank reached ``step`` of ``total`` (``samples``: how many samples a step is, for
         the rate; ``busy_s``: the step's seconds outside collectives, averaged here; every step counts,
@@ -427,7 +427,7 @@ def _read_small(path: str | Path) -> bytes:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise ValueError(f"{path} is not a regular file")
-        chunks = []
+        chunks: list[bytes] = []
         while True:
             chunk = os.read(fd, 1 << 16)
             if not chunk:

@@ -350,7 +350,7 @@ def describe(history: History) -> list[str]:
                                                       if history.excluded else "")]
     from orchestrator.core.attempt_times import phases_line, recovery_phases
 
-    followed = {action: action.done for action in Action if action.done}
+    followed: dict[str, str] = {action: action.done for action in Action if action.done}
     for i, a in enumerate(attempts):
         phases = recovery_phases(attempts[i - 1], a) if i and isinstance(a.times, dict) and \
             isinstance(attempts[i - 1].times, dict) else None

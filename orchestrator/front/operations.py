@@ -65,7 +65,7 @@ def _records(refs: list[str]) -> list[RunRecord]:
     return found
 
 
-def _one_line(exc: BaseException) -> str:
+def _one_line(exc: BaseException | str) -> str:
     text = " ".join(str(exc).split())
     return text if text.isprintable() else ascii(text)[1:-1]
 
@@ -103,9 +103,9 @@ def status(refs: list[str], as_json: bool = False) -> int:
         if rec.state == State.RUNNING and rec.world_size > 1:  # a rank slower than the others (core.stragglers)
             from orchestrator.front.top import straggler_line
 
-            line = straggler_line(rec.run_dir, rec.world_size)
-            if line:
-                print(f"    {line}")
+            straggler = straggler_line(rec.run_dir, rec.world_size)
+            if straggler:
+                print(f"    {straggler}")
         if len(history.attempts) > 1:  # where recoveries spent time: the run's goodput
             from orchestrator.core.attempt_times import goodput, with_live_marks
 

@@ -21,9 +21,12 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 from orchestrator.core.records import RunRecord
+
+if TYPE_CHECKING:
+    from rich.console import RenderableType  # rich is imported when top draws, not before
 
 #: Above this many ranks, one row per node (its slowest rank) instead of one per rank.
 PER_RANK_MAX = 32
@@ -157,7 +160,7 @@ def header(rec: RunRecord, now: float) -> list[str]:
     return lines
 
 
-def render(rec: RunRecord, now: float) -> object:
+def render(rec: RunRecord, now: float) -> RenderableType:
     """The snapshot as a rich renderable."""
     from rich.console import Group
     from rich.table import Table
@@ -206,7 +209,7 @@ def top(ref: str, once: bool, interval: float = 1.0) -> int:
         return 0
     interval = min(max(interval, 0.2), 1.0)
 
-    def follow(show: Callable[[object], None]) -> int:
+    def follow(show: Callable[[RenderableType], None]) -> int:
         """Show a fresh snapshot every ``interval`` until the run ends (or Ctrl-C)."""
         try:
             while True:

@@ -28,10 +28,9 @@ import os
 import shlex
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
-from orchestrator.core.payload import ContainerSettings
+from orchestrator.core.payload import ContainerSettings, Payload
 
 if TYPE_CHECKING:
-    from orchestrator.core.payload import Payload
     from orchestrator.code.snapshot import Snapshot
     # spec.py calls ``problems`` and plan.py imports this module: both are read through their views.
     from orchestrator.core.views import LaunchView, SpecView
@@ -380,7 +379,7 @@ def plan_lines(launch: LaunchView | Payload) -> list[str]:
     """What ``orchestrator plan`` says about the container (``launch``: a LaunchPlan or its Payload):
     the image, the command each rank runs inside, the mounts, and that the agent stays on the host
     (or that a local run does not use it)."""
-    payload = getattr(launch, "payload", launch)
+    payload = launch if isinstance(launch, Payload) else launch.payload
     c = payload.container
     if c is None:
         return []

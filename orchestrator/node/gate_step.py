@@ -69,7 +69,7 @@ def runs_in_step(payload: Payload, spares_held: bool) -> bool:
     runs it as a step of its own first. The ranks' command must be this version's own
     (``slurm_rank``): a payload whose srun is anything else never reads ``--gate``."""
     return (payload.recovery.health_check and payload.container is None and not spares_held
-            and any(a == "orchestrator.backends.slurm.node.slurm_rank" for a in payload.srun))
+            and any(a == "orchestrator.backends.slurm.node.slurm_rank" for a in payload.srun or ()))
 
 
 def decision_dir(run_dir: str, attempt: int) -> Path:

@@ -97,7 +97,7 @@ def _patch_loaded(module: Any, markers: tuple[Path, Path]) -> None:
         if mod is not None and (name == "torch" or name.startswith("torch.")) and \
                 getattr(mod, "init_process_group", None) is original:
             try:
-                mod.init_process_group = wrapper
+                setattr(mod, "init_process_group", wrapper)
             except (AttributeError, TypeError):
                 pass
 

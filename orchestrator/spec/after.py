@@ -124,7 +124,7 @@ def resolve(entries: Sequence[AfterSpec], executor: str | None, refresh: Refresh
         out.append(Parent(entry.run, rid, entry.when, find_record(rid)))
     live = [p.record for p in out if p.record is not None and not p.record.state.terminal]
     if refresh is not None and live:
-        fresh = {r.run_dir: r for r in refresh(live)}  # type: ignore[misc]
+        fresh = {r.run_dir: r for r in refresh(live)}
         out = [Parent(p.ref, p.run_id, p.when, fresh.get(p.record.run_dir, p.record) if p.record else None)
                for p in out]
     return out

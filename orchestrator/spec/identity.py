@@ -172,7 +172,7 @@ def submitted_from(run_dir: str | Path) -> Optional[str]:
     source = data.get("source_dir") if isinstance(data, dict) else None
     if not isinstance(source, str) or not os.path.isabs(source):
         return None
-    code = data.get("code")
+    code = data.get("code") if isinstance(data, dict) else None
     tree, live = (code.get("tree"), code.get("live_root")) if isinstance(code, dict) else (None, None)
     if isinstance(tree, str) and isinstance(live, str) and os.path.isabs(live):
         rel = os.path.relpath(source, tree)

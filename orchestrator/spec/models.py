@@ -506,7 +506,7 @@ class WatchdogSpec(_Model):
 
 
 RecoveryKind = Literal["crash", "node_failure", "hang", "unhealthy", "straggler"]
-RECOVERY_KINDS: tuple[str, ...] = ("crash", "node_failure", "hang", "unhealthy")  # the default: not straggler
+RECOVERY_KINDS: tuple[RecoveryKind, ...] = ("crash", "node_failure", "hang", "unhealthy")  # the default: not straggler
 
 
 class RecoverySpec(_Model):

@@ -61,7 +61,7 @@ class SpecLoader(yaml.SafeLoader):
         for key_node, _ in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":
                 continue
-            key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+            key = self.construct_object(key_node, deep=deep)
             try:
                 duplicate = key in seen
             except TypeError:  # an unhashable key; the base class reports it

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from typing import Any
 from pathlib import Path
 
 from orchestrator.core import procs
@@ -50,6 +51,7 @@ class DebugExecutor:
         os.environ.update(rank_environment(local_rank_env(payload, 0, port, rfile), payload, attempt,
                                            torch_version=installed_torch_version(payload.env)))
         # Every way out records an end state: an exception, sys.exit() in the entrypoint, Ctrl-C.
+        changes: dict[str, Any]
         state, changes = State.FAILED, {"failed_rank": 0, "error": "the debug run ended without a result"}
         try:
             run_rank(payload, 0, own_process=False)  # rank 0 records its result in the run folder

@@ -198,7 +198,7 @@ def _reap() -> list[tuple[int, int]]:
     """Collect every exited child: (pid, status) of each, without waiting. An ended rank leaves
     ``_RUNNING``; its process group is kept watched if anything still lives in it (the group id
     stays reserved while it has a member, so it cannot name another process's group)."""
-    reaped = []
+    reaped: list[tuple[int, int]] = []
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)

@@ -223,7 +223,8 @@ class SlurmExecutor:
         folder.mkdir(parents=True, exist_ok=True)
         for index, point in enumerate(launch.sweep):
             launch.payload_for_point(index).write(RunFolder.of(launch.run_dir).point(index).payload)
-        python = launch.spec.slurm.python
+        python, params = launch.spec.slurm.python, launch.submitit
+        assert params is not None  # submit refused a plan without it
         chunks: list[list[int]] | list[None] = [None]
         if launch.sweep:  # the plan assumed SLURM's default MaxArraySize; this cluster's may be smaller
             chunks = array_chunks(len(launch.sweep), max_array_size())
@@ -233,7 +234,7 @@ class SlurmExecutor:
         try:
             with clean_submission_env(options), contextlib.redirect_stderr(sbatch_stderr):
                 for chunk in chunks:  # a chunk: an array of len(chunk) tasks
-                    job_id = submitit_adapter.submit(folder, launch.submitit, job_command(
+                    job_id = submitit_adapter.submit(folder, params, job_command(
                         launch.run_dir, python, chunk[0] if chunk else 0), n_points=len(chunk) if chunk else 0,
                         extra_sbatch=extra)
                     job_ids += [f"{job_id}_{i}" for i in range(len(chunk))] if chunk else [job_id]

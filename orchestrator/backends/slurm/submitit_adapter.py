@@ -118,7 +118,7 @@ def render_sbatch(params: dict[str, Any], folder: str, command: str, n_points: i
     check_version()
     from submitit.slurm.slurm import _make_sbatch_string
 
-    extra = {"map_count": n_points} if n_points else {}
+    extra: dict[str, Any] = {"map_count": n_points} if n_points else {}
     return _make_sbatch_string(command=command, folder=folder, **with_sbatch(params, extra_sbatch), **extra)
 
 

@@ -163,6 +163,7 @@ class StandIns:
         """Announce the next generation (``Rejoins.announce``) and start each lost rank again on its
         node: forked from the node's standby, else as a step of its own; the ranks replaced."""
         c = self.ctx
+        assert c.payload.rank_log is not None  # a SLURM payload names its ranks' logs
         logs = [str(c.slurm.rank_log(c.payload.rank_log, rank)) for rank in range(c.world)]
         lost = self.rejoins.announce(logs, attempt)
         env = {**self.environ, OrchVar.HEAL_GENERATION: str(self.rejoins.generation)}

@@ -23,6 +23,8 @@ from orchestrator.core.states import EndReason
 if TYPE_CHECKING:
     from orchestrator.node.stop_judge import StopJudge
     from orchestrator.node.straggler_watch import StragglerWatch
+    from pathlib import Path
+
     from orchestrator.node.watchdog import Watch
 
 #: While the watchdog would give a verdict, the controller is asked at most this often whether the
@@ -33,7 +35,7 @@ SUSPEND_CHECK_S = 5.0
 class AgentWatch:
     """The watchdog's looks, the stacks it saves, and the stop judge of a cancel."""
 
-    def __init__(self, ctx: AgentContext, logs: dict[int, str]) -> None:
+    def __init__(self, ctx: AgentContext, logs: dict[int, Path]) -> None:
         self.ctx = ctx
         self.state = ctx.state
         self.logs = logs

@@ -197,8 +197,8 @@ def controller_hosts(hostlist: str) -> list[str]:
 def show_job(job_id: str, timeout_s: float = AGENT_TIMEOUT_S, persist: bool = False) -> dict[str, str]:
     """``scontrol show job -o`` as key=value pairs ({} when the controller does not answer in time).
     ``persist``: asked again on any failure within ``timeout_s`` (see ``set_excluded``)."""
-    answer = run(["scontrol", "show", "job", "-o", job_id], timeout_s,
-                 **({"backoff_s": PERSIST_BACKOFF_S, "retry_any": True} if persist else {}))
+    argv = ["scontrol", "show", "job", "-o", job_id]
+    answer = run(argv, timeout_s, backoff_s=PERSIST_BACKOFF_S, retry_any=True) if persist else run(argv, timeout_s)
     return key_values(answer.stdout) if answer.ok else {}
 
 
@@ -330,10 +330,11 @@ def set_excluded(job_id: str, names: Sequence[str], timeout_s: float) -> Answer:
                backoff_s=PERSIST_BACKOFF_S, retry_any=True)
 
 
-def shrink_job(job_id: str, keep: Sequence[str], timeout_s: float, cwd: str) -> Answer:
+def shrink_job(job_id: str, keep: Sequence[str], timeout_s: float, cwd: str | None) -> Answer:
     """Give a running job's other nodes back to SLURM: its NodeList becomes ``keep`` (a subset).
     scontrol writes ``slurm_job_<id>_resize.sh`` and ``.csh`` (the variables a resized job's shell
-    would reset) into its working folder: ``cwd``, never the user's."""
+    would reset) into its working folder: ``cwd`` (the run's slurm folder; None: the agent's own), never
+    the user's."""
     return run(["scontrol", "update", f"JobId={job_id}", f"NodeList={','.join(keep)}"], timeout_s, cwd=cwd)
 
 

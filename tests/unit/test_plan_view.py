@@ -99,7 +99,7 @@ def test_the_readme_table_names_every_variable_a_rank_gets() -> None:
     from orchestrator.spec.loading import spec_from_dict
     from orchestrator.node.rank_env import FLIGHT_RECORDER_RENAMES
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "manual" / "rank-environment.md").read_text()
     table = readme.split("<!-- rank-env-table -->", 1)[1].split("\n\n", 1)[0]
     documented = set(re.findall(r"`([A-Z][A-Z0-9_]*)`", table))
     gpu = {"name": "t", "entrypoint": "jobs.train:main", "nodes": 2, "gpus_per_node": 2,

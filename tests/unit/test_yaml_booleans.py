@@ -21,7 +21,7 @@ from orchestrator.front.pipeline import load_pipeline
 from orchestrator.spec.models import RECOVERY_KINDS, JobSpec
 from tests.unit.test_hostile_input import cli
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "manual" / "recovery.md"
 BASE = "name: a\nentrypoint: jobs.train:main\n"
 
 

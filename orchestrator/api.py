@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from orchestrator.core.attempt_logs import AttemptWatch
     from orchestrator.executors.base import Executor, ForegroundExecutor
     from orchestrator.executors.console import Follower
-    from orchestrator.backends.slurm.executor import SchedulerPacing
+    from orchestrator.executors.scheduler_pacing import SchedulerPacing
     from orchestrator.plan import LaunchPlan
 
 #: Defined in ``orchestrator.front.planning`` (specs in, plans out) and ``orchestrator.front.run_files``
@@ -119,14 +119,9 @@ def submit(spec: SpecLike, *, executor: str = "slurm", on_plan: Callable[[Launch
 def _executor(name: str, zygote: subprocess.Popen | None = None) -> Executor:
     """The executor for ``name``; ``zygote`` (a launcher that imported torch early) serves a run
     whose ranks are processes started on this machine (the local executor's)."""
-    b = backend(name)
-    if zygote is not None and b.foreground and not b.in_process:
-        from orchestrator.backends.local.executor import LocalExecutor
-
-        return LocalExecutor(zygote)
     from orchestrator.backends.factory import get_executor
 
-    return get_executor(name)
+    return get_executor(name, zygote)
 
 
 # ---- runs ----------------------------------------------------------------------------------
@@ -377,9 +372,9 @@ def _forgotten(record: RunRecord) -> bool:
     """The scheduler no longer knows the job and nothing on record tells how it ended (a cluster
     without accounting, an agent that could not write its end): no later look can change that, so
     a wait ends with UNKNOWN and the record's reason instead of waiting forever."""
-    from orchestrator.backends.slurm.executor import UNKNOWN_END
+    from orchestrator.executors.scheduler_pacing import FORGOTTEN
 
-    return UNKNOWN_END in (record.error or "")
+    return FORGOTTEN in (record.error or "")
 
 
 class StateWatch:
@@ -395,7 +390,7 @@ class StateWatch:
         self.run = run
         self.pacing: SchedulerPacing | None = None
         if backend(run.executor).scheduled:
-            from orchestrator.backends.slurm.executor import SchedulerPacing
+            from orchestrator.executors.scheduler_pacing import SchedulerPacing
 
             self.pacing = pacing or SchedulerPacing()
         self.seen: tuple | None = None
@@ -435,7 +430,7 @@ class StateWatch:
         return rec.state
 
     def _signature(self) -> tuple:
-        from orchestrator.backends.slurm.executor import file_stat, folder_news
+        from orchestrator.executors.scheduler_pacing import file_stat, folder_news
 
         rec = self.run._record
         return (file_stat(RunFolder.of(rec.run_dir).record), *folder_news(rec))

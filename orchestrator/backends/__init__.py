@@ -4,7 +4,8 @@ name with "slurm" or "local". The generic planner asks here for the backend's pl
 (``planner``) and imports no backend itself; ``factory.get_executor`` makes the executor (a
 module of its own: the executors ask this one what a backend does). Adding a
 backend means adding its package (``orchestrator/backends/<name>/``: its planner and executor)
-and one entry in ``BACKENDS`` and in ``factory.EXECUTORS``.
+and one entry in ``kinds.KINDS`` (its facts, which a spec reads too), ``_PLANNERS`` and
+``factory.EXECUTORS``.
 
 Standard library only at import time: a backend's modules are imported when first asked for.
 """
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
+
+from orchestrator.backends.kinds import KINDS, Kind
 
 if TYPE_CHECKING:
     from orchestrator.plan.plan_model import BackendPlanner
@@ -48,31 +51,19 @@ def _nothing() -> None:
 
 
 @dataclass(frozen=True)
-class Backend:
-    """What one backend is. ``scheduled``: a batch scheduler queues its jobs, which have job ids,
-    wait for each other (``after:``, pipelines), are requeued by it and are asked about (paced);
-    otherwise a supervisor on this machine runs the ranks and keeps the run folder current.
-    ``foreground``: ``orchestrator run`` runs it in this terminal (else ``submit`` queues it).
-    ``in_process``: the rank runs in this process (pdb): it imports the live files, no snapshot.
-    ``poll_s``: how often ``Run.wait`` looks at a run."""
+class Backend(Kind):
+    """What one backend is (``kinds.Kind``: its facts) and how it plans and checks a submission."""
 
-    name: str
-    scheduled: bool
-    foreground: bool
-    in_process: bool
-    poll_s: float
-    make_planner: Callable[[], BackendPlanner]
+    make_planner: Callable[[], BackendPlanner] = _local_planner
     preflight: Callable[[], None] = _nothing  # before a submission stores anything
 
 
-BACKENDS: dict[str, Backend] = {
-    "local": Backend("local", scheduled=False, foreground=True, in_process=False, poll_s=0.2,
-                     make_planner=_local_planner),
-    "slurm": Backend("slurm", scheduled=True, foreground=False, in_process=False, poll_s=1.0,
-                     make_planner=_slurm_planner, preflight=_slurm_preflight),
-    "debug": Backend("debug", scheduled=False, foreground=True, in_process=True, poll_s=0.2,
-                     make_planner=_debug_planner),
-}
+_PLANNERS: dict[str, Callable[[], BackendPlanner]] = {"local": _local_planner, "slurm": _slurm_planner,
+                                                       "debug": _debug_planner}
+_PREFLIGHTS: dict[str, Callable[[], None]] = {"slurm": _slurm_preflight}
+BACKENDS: dict[str, Backend] = {name: Backend(**vars(kind), make_planner=_PLANNERS[name],
+                                              preflight=_PREFLIGHTS.get(name, _nothing))
+                                for name, kind in KINDS.items()}
 
 
 def backend(name: str) -> Backend:

@@ -28,10 +28,12 @@ def _load(args: argparse.Namespace) -> Any:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     spec = _load(args)
-    if args.cluster:
-        from orchestrator.backends.slurm.slurm_checks import check_against_cluster
+    if args.cluster:  # the spec's scheduler; for a spec run here, the cluster's it would be submitted to
+        from orchestrator.backends import BACKENDS
+        from orchestrator.backends.factory import scheduler
 
-        check_against_cluster(spec)
+        for name in [spec.executor] if spec.runs_on.scheduled else [n for n, b in BACKENDS.items() if b.scheduled]:
+            scheduler(name).check_against_cluster(spec)
     print(f"ok: {spec.name}: {spec.nodes} node(s) x {spec.ranks_per_node} rank(s), "
           f"{spec.resolved_backend}, {spec.distributed.init_method} init, executor {spec.executor}"
           + (f", sweep of {len(spec.sweep_points())}" if spec.sweep else ""))
@@ -67,6 +69,14 @@ def _cwd_exists() -> bool:
     return True
 
 
+def _emulated(executor: str | None) -> bool:
+    """Whether the run's ranks are processes started on this machine (the spec's default executor,
+    local, when the command line names none; a spec naming another one kills the early zygote)."""
+    from orchestrator.backends import BACKENDS
+
+    return executor is None or (executor in BACKENDS and BACKENDS[executor].emulated)
+
+
 @contextlib.contextmanager
 def _early_zygote(start: bool) -> Iterator[Any]:
     """The local ranks' parent, started before anything imports pydantic, so that torch imports
@@ -74,7 +84,7 @@ def _early_zygote(start: bool) -> Iterator[Any]:
     another executor, or local.preload_torch: false)."""
     zygote = None
     if start and _cwd_exists():  # else the command fails in one line; a zygote there only adds its own errors
-        from orchestrator.backends.local.forked import start_zygote
+        from orchestrator.backends.factory import start_zygote
 
         zygote = start_zygote()
     try:
@@ -86,7 +96,7 @@ def _early_zygote(start: bool) -> Iterator[Any]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    with _early_zygote(args.executor in (None, "local") and not args.detach) as zygote:
+    with _early_zygote(_emulated(args.executor) and not args.detach) as zygote:
         from orchestrator.api import run
 
         said: list[str] = []
@@ -205,7 +215,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     data = spec.model_dump(mode="json")
     data.update(name=f"{spec.name}-preflight", entrypoint="jobs.allreduce:main", extra_args=[], sweep={},
                 args={"sizes-mb": list(args.sizes_mb)})
-    if spec.executor == "slurm":
+    if not spec.runs_on.foreground:  # queued: wait for it
         handle = submit(data)
         print(f"preflight submitted as job {', '.join(handle.job_ids)}; waiting")
         handle.wait()

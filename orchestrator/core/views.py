@@ -73,11 +73,25 @@ class TrackingView(Protocol):
     def mlflow(self) -> bool: ...
 
 
+class BackendView(Protocol):
+    """What the spec's executor is (``orchestrator.backends.Backend``), as the rule modules ask it
+    instead of comparing its name."""
+
+    @property
+    def scheduled(self) -> bool: ...  # a scheduler's nodes run the spec's own shape
+    @property
+    def emulated(self) -> bool: ...  # the nodes are emulated on this machine (local_shape)
+    @property
+    def in_process(self) -> bool: ...  # one rank, in this process
+
+
 class ShapeView(Protocol):
     """A spec's shape: where it runs, on how many nodes and ranks, with which backend."""
 
     @property
     def executor(self) -> str: ...
+    @property
+    def runs_on(self) -> BackendView: ...
     @property
     def framework(self) -> Optional[str]: ...
     @property

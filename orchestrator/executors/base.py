@@ -7,9 +7,10 @@ import os
 import sys
 import shutil
 import signal
+import subprocess
 import time
 from pathlib import Path
-from typing import Callable, Iterator, Protocol
+from typing import TYPE_CHECKING, Callable, Iterator, Protocol, Sequence
 
 from orchestrator.core import ownership, procs
 from orchestrator.backends import backend
@@ -19,6 +20,9 @@ from orchestrator.executors.previous_attempt import PreviousAttempt
 from orchestrator.core.run_folder import RunFolder
 from orchestrator.core.records import RunRecord, register, write_json_atomic, write_text_atomic
 from orchestrator.core.states import State
+
+if TYPE_CHECKING:
+    from orchestrator.spec.models import JobSpec
 
 
 class Executor(Protocol):
@@ -41,6 +45,62 @@ class Executor(Protocol):
 
     def log_path(self, record: RunRecord, rank: int, point: int | None = None) -> Path:
         """Where a rank's log is (or will be)."""
+        ...
+
+
+class SchedulerChaos(Protocol):
+    """What ``orchestrator chaos`` asks of a scheduler (``ScheduledExecutor.chaos``): the run's
+    job as the scheduler names it, a rank's node reached inside that job, a node taken down."""
+
+    def job_id(self, recorded: str) -> str:
+        """The id to reach the job by (UsageError when the scheduler names none)."""
+        ...
+
+    def signal(self, folder: Path, job: str, python: str, host: str, rank: int, name: str) -> str | None:
+        """``orchestrator.node.chaos_node`` on ``host`` inside ``job``: None once sent, else why not."""
+        ...
+
+    def start(self, job: str, host: str, argv: Sequence[str]) -> subprocess.Popen:
+        """``argv`` on ``host`` inside ``job``, in a session of its own, its output piped."""
+        ...
+
+    def jobs_on(self, node: str) -> list[str]:
+        """The jobs on ``node`` now (UsageError when the scheduler does not answer)."""
+        ...
+
+    def set_down(self, node: str, reason: str) -> None:
+        """Take ``node`` out of service (UsageError naming what it needs when refused)."""
+        ...
+
+
+class ScheduledExecutor(Executor, Protocol):
+    """What a scheduled backend's executor (``Kind.scheduled``) answers beyond any executor's, so
+    that the front asks it instead of importing a backend (``factory.scheduler``)."""
+
+    def submit(self, launch: LaunchPlan, after: Sequence[tuple[str, Sequence[str]]] = ()) -> RunRecord:
+        """Queue the run; ``after``: (when, job ids) it also waits for (a pipeline's edges)."""
+        ...
+
+    def queued(self, jobs: Sequence[str]) -> set[str]:
+        """Which of ``jobs`` the scheduler still lists as pending, running, suspended or completing."""
+        ...
+
+    def array_limit(self) -> int:
+        """The most tasks one array submission may hold on this cluster."""
+        ...
+
+    def check_against_cluster(self, spec: JobSpec) -> None:
+        """Refuse (SubmissionError) a spec this cluster cannot run, naming the field."""
+        ...
+
+    def live_stacks(self, record: RunRecord, folder: Path, ranks: list[int] | None,
+                    timeout: float) -> tuple[dict[int, str], str]:
+        """Each live rank's fresh stack dump ('' for one that did not answer; all, or ``ranks``)
+        and what the scheduler said when some did not answer."""
+        ...
+
+    def chaos(self) -> SchedulerChaos:
+        """What ``orchestrator chaos`` asks of this scheduler."""
         ...
 
 

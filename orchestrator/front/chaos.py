@@ -26,17 +26,19 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
-from orchestrator.backends.slurm.node import slurm_controller
-from orchestrator.backends.slurm.node.chaos_node import SENT
+from orchestrator.node.chaos_node import SENT
 from orchestrator.core import fs_checks, ownership
 from orchestrator.core.errors import UsageError
 from orchestrator.core.payload import Payload, RecoverySettings
 from orchestrator.core.recovery import Failure, History, decide
 from orchestrator.core.states import EndReason, FailureKind, State
-from orchestrator.front.chaos_target import (Refresh, Target, find_target, numeric_job_id, read_history,
+from orchestrator.front.chaos_target import (Refresh, Target, find_target, read_history,
                                              read_payload)
+
+if TYPE_CHECKING:
+    from orchestrator.executors.base import SchedulerChaos
 
 CHAOS_FILE = "chaos.jsonl"
 #: srun --overlap has to create a step in the allocation; a busy controller takes its time.
@@ -122,7 +124,7 @@ def refusal(target: Target, payload: Payload, history: History, injection: Injec
     world = max(1, payload.world_size)
     if injection.rank is not None and not 0 <= injection.rank < world:
         return f"rank {injection.rank} is not in {name} (ranks 0-{world - 1})"
-    if injection.action == "node-down" and not target.slurm:
+    if injection.action == "node-down" and not target.scheduled:
         return "--node-down takes a SLURM node away; a local run has none: use --kill-rank or --stop-rank"
     if injection.action == SLOW and not (1 < injection.factor <= 100 and 0 < injection.seconds <= 86400):
         return "--factor must be over 1 (and at most 100), --for over 0 seconds (and at most a day)"
@@ -130,7 +132,7 @@ def refusal(target: Target, payload: Payload, history: History, injection: Injec
                                                                    progressed_now(history, payload.checkpoint.dir))
     if budget is not None:
         return budget
-    if not target.slurm:
+    if not target.scheduled:
         return ownership.foreign_reason(record.host, record.folder_id, record.run_dir)
     return None
 
@@ -229,57 +231,43 @@ def inject(ref: str, injection: Injection, refresh: Refresh | None = None) -> st
 Act = Callable[[], "tuple[str, str]"]
 
 
+def _chaos(target: Target) -> SchedulerChaos:
+    """What chaos asks of the run's scheduler (``ScheduledExecutor.chaos``)."""
+    from orchestrator.backends.factory import scheduler
+
+    return scheduler(target.record.executor).chaos()
+
+
+def _job(target: Target) -> str:
+    """The run's job as its scheduler reaches it (UsageError before it has one)."""
+    if not target.job:
+        raise UsageError(f"chaos refused: {target.name} has no job yet")
+    return _chaos(target).job_id(target.job)
+
+
 def _signal_rank(target: Target, payload: Payload, rank: int, name: str) -> Act:
-    """What signals the rank, once every check passed (the rank recorded, its SLURM job's id)."""
-    from orchestrator.backends.slurm.node.chaos_node import signal_rank
+    """What signals the rank, once every check passed (the rank recorded, its job's id)."""
+    from orchestrator.node.chaos_node import signal_rank
     from orchestrator.node.stack_requests import rank_procs
 
     rp = rank_procs(target.folder).get(rank)
     if rp is None:
         raise UsageError(f"chaos refused: rank {rank} has not recorded itself yet (the job is starting): try again")
-    where, job = f"rank {rank} on {rp.host}", ""
-    if target.slurm:
-        if not target.job:
-            raise UsageError(f"chaos refused: {target.name} has no SLURM job yet")
-        job = numeric_job_id(target.job)
+    where, job = f"rank {rank} on {rp.host}", _job(target) if target.scheduled else ""
 
     def act() -> tuple[str, str]:
-        why = _on_node(target, job, payload.python, rp.host, rank, name) if target.slurm else \
-            signal_rank(target.folder, rank, name)
+        why = _chaos(target).signal(target.folder, job, payload.python, rp.host, rank, name) if target.scheduled \
+            else signal_rank(target.folder, rank, name)
         if why:
             raise UsageError(f"chaos: {where} was not signalled: {why}")
         return where, ""
     return act
 
 
-def _on_its_node(job: str, host: str) -> tuple[list[str], dict[str, str]]:
-    """The head of an ``srun --overlap`` of one task on ``host`` inside job ``job`` (numeric), and its
-    environment: ours without the SLURM variables of wherever chaos runs (a job of its own, say)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_")) or k == "SLURM_CONF"}
-    env["SLURM_EXPORT_ENV"] = "ALL"
-    return ["srun", "--overlap", f"--jobid={job}", f"--nodelist={host}", "--nodes=1", "--ntasks=1", "--quiet"], env
-
-
-def _on_node(target: Target, job: str, python: str, host: str, rank: int, name: str) -> Optional[str]:
-    """``chaos_node`` on the rank's node, through ``srun --overlap`` in the job (its numeric id).
-    None once the node said it sent the signal (``SENT``), whatever srun's exit says afterwards:
-    the job's agent may end every step of the job as it restarts the ranks, ours included."""
-    from orchestrator.core.interpreter import module_argv
-
-    head, env = _on_its_node(job, host)
-    argv = [*head, *module_argv(python, "orchestrator.backends.slurm.node.chaos_node", str(target.folder), str(rank),
-                                name, unbuffered=False)]
-    answer = slurm_controller.run(argv, SRUN_TIMEOUT_S, env=env, quiet_stdin=True,
-                                  done=lambda a: SENT in a.stdout)  # sent: never ask again
-    if SENT in answer.stdout:
-        return None
-    return answer.complaint or "srun ended without a word from the node"
-
-
 def _slow_rank(target: Target, payload: Payload, injection: Injection) -> Act:
-    """What slows the rank: ``chaos_node ... SLOW`` on its node (through ``srun --overlap`` in the
-    job, on SLURM), left running in its own session for the injection's time; chaos returns once
-    the node said the slow-down began (``SENT``)."""
+    """What slows the rank: ``chaos_node ... SLOW`` on its node (through its scheduler, inside its
+    job, on a cluster), left running in its own session for the injection's time; chaos returns
+    once the node said the slow-down began (``SENT``)."""
     from orchestrator.core.interpreter import module_argv
     from orchestrator.node.stack_requests import rank_procs
 
@@ -287,32 +275,25 @@ def _slow_rank(target: Target, payload: Payload, injection: Injection) -> Act:
     rp = rank_procs(target.folder).get(rank)
     if rp is None:
         raise UsageError(f"chaos refused: rank {rank} has not recorded itself yet (the job is starting): try again")
-    here_argv = module_argv(payload.python if target.slurm else sys.executable,
-                            "orchestrator.backends.slurm.node.chaos_node", str(target.folder), str(rank), "SLOW",
+    here_argv = module_argv(payload.python if target.scheduled else sys.executable,
+                            "orchestrator.node.chaos_node", str(target.folder), str(rank), "SLOW",
                             f"{injection.factor:g}", f"{injection.seconds:g}", unbuffered=True)
-    env = dict(os.environ)
-    node_argv: list[str] = []
-    if target.slurm:
-        if not target.job:
-            raise UsageError(f"chaos refused: {target.name} has no SLURM job yet")
-        head, env = _on_its_node(numeric_job_id(target.job), rp.host)
-        node_argv = [*head, "--unbuffered", *here_argv]
+    job = _job(target) if target.scheduled else ""
 
     def act() -> tuple[str, str]:
         import subprocess
 
-        if node_argv:  # on its node, in its job; it outlives this command (its own session)
-            helper = slurm_controller.start(node_argv, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                            new_session=True)
+        if job:  # on its node, in its job; it outlives this command (its own session)
+            helper = _chaos(target).start(job, rp.host, here_argv)
         else:
-            helper = subprocess.Popen(here_argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            helper = subprocess.Popen(here_argv, env=dict(os.environ), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, start_new_session=True)
         assert helper.stdout is not None
         line = helper.stdout.readline().decode(errors="replace")  # SENT, or the end of its output
         if SENT not in line:
             helper.wait(timeout=SRUN_TIMEOUT_S)
             why = (helper.stderr.read().decode(errors="replace").strip() if helper.stderr else "") or "no answer"
-            raise UsageError(f"chaos: rank {rank} on {rp.host} was not slowed: {slurm_controller.one_line(why)}")
+            raise UsageError(f"chaos: rank {rank} on {rp.host} was not slowed: {' '.join(why.split())[:300]}")
         return (f"rank {rank} on {rp.host}", f", {injection.factor:g}x slower for {injection.seconds:g}s (a "
                 f"SIGSTOP/SIGCONT duty cycle; it ends early if the rank does)")
     return act
@@ -323,24 +304,12 @@ def _node_down(target: Target, history: History, node: str) -> Act:
     nodes = history.attempts[-1].nodes if history.attempts else []
     if node not in nodes:
         raise UsageError(f"chaos refused: {node} is not one of the run's nodes now ({', '.join(nodes) or 'none yet'})")
-    if not target.job:
-        raise UsageError(f"chaos refused: {target.name} has no SLURM job yet")
-    ours = numeric_job_id(target.job)
-    answer = slurm_controller.run(["squeue", "-h", "-w", node, "-o", "%A"], SRUN_TIMEOUT_S)
-    if not answer.ok:
-        raise UsageError(f"chaos refused: could not list the jobs on {node} "
-                         f"({slurm_controller.one_line(answer.complaint)}), and it is set DOWN only when no one "
-                         "else's job runs there; try again")
-    why = node_down_refusal(node, ours, answer.stdout)
+    ours = _job(target)
+    why = node_down_refusal(node, ours, "\n".join(_chaos(target).jobs_on(node)))
     if why is not None:
         raise UsageError(f"chaos refused: {why}")
 
     def act() -> tuple[str, str]:
-        down = slurm_controller.run(["scontrol", "update", f"NodeName={node}", "State=DOWN",
-                                     f"Reason=orchestrator chaos on {target.record.run_id}"], SRUN_TIMEOUT_S)
-        if not down.ok:
-            raise UsageError(f"chaos: could not take {node} down ({slurm_controller.one_line(down.complaint)}); "
-                             "setting a node DOWN needs the SLURM administrator's rights: use --kill-rank or "
-                             "--stop-rank instead")
+        _chaos(target).set_down(node, f"orchestrator chaos on {target.record.run_id}")
         return f"node {node}", f"; {node} stays DOWN until resumed: scontrol update nodename={node} state=resume"
     return act

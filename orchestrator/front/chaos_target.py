@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from orchestrator.backends.slurm.node import slurm_controller
+from orchestrator.backends import backend
 from orchestrator.core import fs_checks
 from orchestrator.core.errors import UsageError
 from orchestrator.core.payload import Payload, PayloadError
@@ -56,8 +56,9 @@ class Target:
         return self.record.run_id if self.point is None else f"{self.record.run_id} point {self.point}"
 
     @property
-    def slurm(self) -> bool:
-        return self.record.executor == "slurm"
+    def scheduled(self) -> bool:
+        """Its ranks run on a scheduler's nodes (reached through it), not on this machine."""
+        return backend(self.record.executor).scheduled
 
     @property
     def state(self) -> State:
@@ -69,7 +70,7 @@ class Target:
     def payload_path(self) -> Path:
         """The payload the ranks run: a local point's is written when the point starts."""
         folder = RunFolder(self.folder)
-        return folder.point_payload if self.point is not None and not self.slurm else folder.payload
+        return folder.point_payload if self.point is not None and not self.scheduled else folder.payload
 
     @property
     def job(self) -> str:
@@ -92,7 +93,7 @@ def point_state(record: RunRecord, index: int) -> State:
     """One sweep point's state. SLURM: the scheduler's for its array task (``point_states``, set
     once the sweep has several points), else the run's. Locally the points run in order: those
     before the current one completed, those after it have not started."""
-    if record.executor == "slurm":
+    if backend(record.executor).scheduled:
         return State.parse(record.point_states.get(str(index), record.state))
     if record.state != State.RUNNING:
         return record.state
@@ -197,18 +198,3 @@ def read_history(target: Target) -> History:
     if data and data.get("attempts") and not history.attempts:  # load takes a file it cannot use for none
         raise damaged
     return history
-
-
-# ---- SLURM: the numeric job id ---------------------------------------------------------------
-def numeric_job_id(job: str) -> str:
-    """The job's numeric SLURM id: itself, or for an array task ('A_T') the controller's answer
-    (``slurm_controller.resolve_job_id``). UsageError when it names none (srun cannot be pointed
-    at the task)."""
-    found, why = slurm_controller.resolve_job_id(job, QUERY_TIMEOUT_S)
-    if found:
-        return found
-    if slurm_controller.ARRAY_TASK.match(job) is None:
-        raise _refused(f"the run's SLURM job is recorded as {fs_checks.shown(job)}, which is no job id")
-    said = f": {why}" if why else ""
-    raise _refused(f"neither scontrol nor squeue named the numeric job id of array task {job}{said} (srun needs it "
-                   "on SLURM 22.05); the task may have just ended: check 'orchestrator status', then try again")

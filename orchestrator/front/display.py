@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from orchestrator.backends import backend, planner
 from orchestrator.core.errors import OrchestratorError
 from orchestrator.spec.validators import printable
 from orchestrator.front.startup import start_line
@@ -34,7 +35,8 @@ def code_line(launch: LaunchPlan) -> str:
     c = launch.code
     if c is None:
         why = "code.snapshot: false" if not launch.spec.code.snapshot else \
-            "the debug executor" if launch.executor == "debug" else "the entrypoint is an installed package"
+            f"the {launch.executor} executor" if backend(launch.executor).in_process else \
+            "the entrypoint is an installed package"
         return f"code: the ranks import the live files ({why})"
     from orchestrator.code.snapshot import human_size
 
@@ -120,13 +122,9 @@ def print_plan(launch: LaunchPlan, console: Console | None = None, node: int | N
 
 
 def sbatch_env_lines(launch: LaunchPlan) -> list[str]:
-    """For SLURM: the SBATCH_* defaults of this environment that sbatch will apply to the job
-    (account, partition, QOS...), so a job's partition or account is never a mystery."""
-    if launch.executor != "slurm":
-        return []
-    from orchestrator.backends.slurm.slurm_env import sbatch_env_line
-
-    return [sbatch_env_line(launch.sbatch_scripts)]
+    """What of this environment the submission picks up (on SLURM the SBATCH_* defaults sbatch
+    applies to the job: account, partition, QOS...), so a job's partition or account is never a mystery."""
+    return planner(launch.executor).environment_lines(launch)
 
 
 def recovery_line(launch: LaunchPlan) -> str:
@@ -136,10 +134,7 @@ def recovery_line(launch: LaunchPlan) -> str:
                                                                if r.node_check else "")) if r.health_check else "no health gate"
     if not r.max_restarts:
         return f"recovery: {gate}; no restarts after a failure (recovery.max_restarts: 0)"
-    from orchestrator.backends.slurm.slurm_plan import recovery_how
-
-    how = "restarts the ranks in place, forked from the run's warm zygote" if launch.executor != "slurm" \
-        else recovery_how(r)
+    how = planner(launch.executor).recovery_how(r)
     if r.survivors == "keep":
         how = ("after a crash forks only the lost ranks again, beside the survivors, when every survivor can rejoin "
                "(jobs.Healer; recovery.survivors: keep), else " + how)

@@ -236,7 +236,7 @@ def _refuse_before_starting(stages: Sequence[Stage]) -> None:
 def _submit_all(stages: Sequence[Stage], say: Callable[[str], None]) -> list[StageResult]:
     """SLURM: parents first, each child submitted with the job ids of the parents it waits for."""
     from orchestrator.api import planned
-    from orchestrator.backends.slurm.executor import SlurmExecutor
+    from orchestrator.backends.factory import scheduler
 
     records = observe(stages)
     observed = _states(records)
@@ -251,7 +251,8 @@ def _submit_all(stages: Sequence[Stage], say: Callable[[str], None]) -> list[Sta
                              job_ids.get(s.name, []), _after(s))
         if decision.action == "submit":
             _check_known_jobs(s, decision, parents)
-            record = SlurmExecutor().submit(planned(s.spec, "slurm", stage_for=("slurm",))[0], after=decision.depends)
+            executor = s.spec.executor  # one for every stage (checked when the pipeline was read)
+            record = scheduler(executor).submit(planned(s.spec, executor, stage_for=(executor,))[0], after=decision.depends)
             job_ids[s.name] = list(record.job_ids)
             result = StageResult(s.name, s.run_id, "submitted", record.state, decision.reason, list(record.job_ids),
                                  _after(s))

@@ -70,15 +70,15 @@ def planned(spec: SpecLike, executor: str | None = None, *,
 
 
 def array_limit(spec: JobSpec) -> tuple[int | None, str | None]:
-    """A SLURM sweep's MaxArraySize as submit splits it (``executors.slurm.max_array_size``), so
+    """A SLURM sweep's MaxArraySize as submit splits it (``ScheduledExecutor.array_limit``), so
     ``plan`` shows the arrays submit makes; (None, why) when no cluster answers (no SLURM here, a
     controller down): the plan then assumes SLURM's default and says so."""
     if not backend(spec.executor).scheduled or not spec.sweep:
         return None, None
-    from orchestrator.backends.slurm.executor import max_array_size
+    from orchestrator.backends.factory import scheduler
 
     try:
-        return max_array_size(), None
+        return scheduler(spec.executor).array_limit(), None
     except (OrchestratorError, OSError) as exc:
         return None, " ".join(str(exc).split())[:200]
 

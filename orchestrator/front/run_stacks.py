@@ -2,7 +2,7 @@
 live ranks the way the run's executor reaches them, or read from the files saved at its end.
 
 Local ranks are signalled from here (``orchestrator.node.stack_requests``); a SLURM run's ranks are
-on other nodes, reached through ``srun --overlap`` (``orchestrator.backends.slurm.node.stacks_probe``). ``--native``
+on other nodes, reached by its scheduler's executor (``ScheduledExecutor.live_stacks``: ``srun --overlap``). ``--native``
 asks py-spy instead (local runs only). A run that has ended shows what
 ``orchestrator.core.stack_files`` saved at its end. Every failure is an ``OrchestratorError`` whose
 message names the next step.
@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from orchestrator.backends import backend
 from orchestrator.core import procs
 from orchestrator.core.errors import RunNotFinishedError, UsageError
 from orchestrator.core.run_folder import RunFolder
@@ -30,13 +31,10 @@ def live_stacks(record: RunRecord, folder: Path, ranks: list[int] | None, timeou
     and, when that is known, why they did not answer: srun's complaint on SLURM, or that local
     ranks run where this process cannot signal them. ``folder`` is where the ranks record
     themselves (the run folder, or the current sweep point's)."""
-    if record.executor == "slurm":
-        from orchestrator.core.payload import Payload
-        from orchestrator.backends.slurm.node.stacks_probe import request_slurm
+    if backend(record.executor).scheduled:
+        from orchestrator.backends.factory import scheduler
 
-        payload = Payload.load(RunFolder.of(folder).payload)
-        return request_slurm(folder, running_job(record, folder), payload.nodes, payload.python, ranks,
-                             timeout_s=max(timeout * 3, 10.0))
+        return scheduler(record.executor).live_stacks(record, folder, ranks, timeout)
     dumps, refused = request_local_explained(folder, ranks, timeout_s=timeout)
     known = rank_procs(folder)
     elsewhere = sorted({rp.host for rp in known.values() if not rp.here()})
@@ -74,7 +72,7 @@ def live_text(record: RunRecord, folder: Path, rank: int | None, timeout: float)
 
 def _silence(record: RunRecord, rp: RankProc | None, timeout: float) -> str:
     """Why a rank gave no dump: not asked (``why_not_signalled``), or asked and silent."""
-    if record.executor == "slurm" or rp is None or not rp.here():
+    if backend(record.executor).scheduled or rp is None or not rp.here():
         return "not started, ended, or not reachable"
     why = why_not_signalled(rp)
     if why is not None:
@@ -103,7 +101,7 @@ def py_spy(executor: str) -> str:
     import shutil
     import sys
 
-    if executor == "slurm":
+    if backend(executor).scheduled:
         raise UsageError("--native (py-spy) works for local runs only; on SLURM use 'orchestrator stacks' "
                          "without it (Python stacks from every node)")
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
@@ -139,11 +137,3 @@ def native_text(run_id: str, spy: str, folder: Path, rank: int | None) -> str:
     if not parts:
         raise RunNotFinishedError(f"no rank of {run_id} is running; try again once it has started")
     return "\n".join(parts)
-
-
-def running_job(record: RunRecord, folder: Path) -> str:
-    """The SLURM job (or array task) whose ranks record themselves in ``folder``."""
-    if record.sweep_size and folder.parent.name == "points":
-        index = int(folder.name)
-        return record.job_ids[index] if index < len(record.job_ids) else record.job_ids[-1]
-    return record.job_ids[0]

@@ -320,13 +320,14 @@ def _refresh(records: list) -> list:
 
 
 def _queued(jobs: Sequence[str]) -> set[str]:
-    """The jobs (array ids without the task) the scheduler still lists as pending, running,
-    suspended or completing."""
+    """The jobs (array ids without the task) a scheduler (each scheduled backend's) still lists as
+    pending, running, suspended or completing."""
     if not jobs:
         return set()
-    from orchestrator.backends.slurm.executor import squeue_states
+    from orchestrator.backends import BACKENDS
+    from orchestrator.backends.factory import scheduler
 
-    return {job.split("_")[0] for job in squeue_states(list(jobs), every_state=False)}
+    return {job for name, b in BACKENDS.items() if b.scheduled for job in scheduler(name).queued(jobs)}
 
 
 # ---- removing ---------------------------------------------------------------------------------

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Mapping, Optional
 
+from orchestrator.backends import planner
+
 if TYPE_CHECKING:
-    from orchestrator.core.payload import Payload
     from orchestrator.plan import LaunchPlan
 
 #: PyTorch's published figure for the rendezvous at scale: its TCPStore's libuv server connects
@@ -23,29 +24,11 @@ def start_line(launch: LaunchPlan) -> str:
     """``start-up: ...``: the steps, the rendezvous and the steady reads of this plan."""
     nodes, world, per_node = launch.nodes, launch.world_size, launch.ranks_per_node
     spec, payload = launch.spec, launch.payload
-    parts = [_steps(launch.executor, nodes, world, per_node, payload)]
+    parts = [planner(launch.executor).steps_line(nodes, world, per_node, payload)]
     if world > 1:
         parts.append(_rendezvous(spec.distributed.init_method, world, spec.distributed.init_timeout_s, spec.env))
     parts.append(_watchdog_reads(nodes, world, payload.watchdog.stall_s))
     return "start-up: " + "; ".join(parts)
-
-
-def _steps(executor: str, nodes: int, world: int, per_node: int, payload: Payload) -> str:
-    if executor != "slurm":
-        return f"{world} rank process(es) on this machine ({nodes} emulated node(s) of {per_node})"
-    from orchestrator.node.gate_step import runs_in_step
-    from orchestrator.node.health import TOKEN_WAIT_S
-
-    ranks = f"one srun step starts the {world} rank(s), {per_node} a node"
-    if not payload.recovery.health_check:
-        return ranks
-    checks = (f"checks itself, and that it sees the job agent's token in the folders the nodes share: one "
-              f"listing of a one-name folder, up to {TOKEN_WAIT_S:g}s for a filesystem slow to show it")
-    if runs_in_step(payload, spares_held=payload.recovery.spares > 0):
-        return (f"{ranks}; each node's first rank runs the health gate ({checks}), and no entrypoint starts "
-                f"before the job's agent has every node's verdict")
-    held = nodes + payload.recovery.spares
-    return f"one srun step runs the health gate on the {held} node(s) (each {checks}), then {ranks}"
 
 
 def _rendezvous(init_method: str, world: int, init_timeout_s: float, env: Mapping[str, str]) -> str:

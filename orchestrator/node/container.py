@@ -223,7 +223,7 @@ def problems(spec: SpecView) -> list[str]:
         if "," in item and _MOUNT_LIST[c.runtime]:
             out.append(f"container.mounts: {item!r} holds ',', which separates the mounts in {_MOUNT_LIST[c.runtime]}, "
                        "so the container would bind the wrong folders; bind a folder whose path has no ','")
-    if spec.executor == "slurm":  # where the container is used: the folders bound at their host paths
+    if spec.runs_on.scheduled:  # where the container is used: the folders bound at their host paths
         runs = os.path.abspath(os.path.expanduser(spec.runs_dir))  # the run folder's ':' or ',' would be here
         folders = _bound_folders(spec, runs, os.path.join(runs, ".code") if spec.code.snapshot else None)
         bound = {p for p, _ in _same_path_folders([(p, m) for _, p, m in folders])}  # none inside another one

@@ -124,9 +124,9 @@ def problems(spec: SpecView) -> list[str]:
 
 def _shape(spec: SpecView) -> tuple[int, int, str]:
     """(nodes, ranks per node) of the run the spec's executor makes, and how to name it."""
-    if spec.executor == "slurm":
+    if spec.runs_on.scheduled:
         return spec.nodes, spec.ranks_per_node, f"the job runs {spec.nodes} node(s) x {spec.ranks_per_node} rank(s)"
-    if spec.executor == "debug":
+    if spec.runs_on.in_process:
         return 1, 1, "the debug executor runs 1 rank"
     nodes, rpn = spec.local_shape()
     also = "" if (nodes, rpn) == (spec.nodes, spec.ranks_per_node) else \
@@ -136,7 +136,7 @@ def _shape(spec: SpecView) -> tuple[int, int, str]:
 
 def _gpu_run(spec: SpecView) -> bool:
     """Whether the ranks see GPUs: SLURM gives them with GRES; locally only local.devices does."""
-    if spec.executor == "slurm":
+    if spec.runs_on.scheduled:
         return spec.gpus_per_node > 0
     return bool(spec.local.devices)
 
@@ -240,7 +240,7 @@ def _accelerate_problems(spec: SpecView, nodes: int, rpn: int, where: str) -> li
 
 def _transformers_problems(spec: SpecView) -> list[str]:
     """TrainingArguments' ddp_backend must be the process group the ranks are set up for."""
-    backend = spec.resolved_backend if spec.executor == "slurm" else spec.local_backend()
+    backend = spec.resolved_backend if spec.runs_on.scheduled else spec.local_backend()
     return [f"{field}: {value!r}, but the ranks' backend is {backend} (distributed.backend, on this executor); "
             f"remove it (the Trainer then picks {backend}) or set distributed.backend: {value}"
             for field, value in _settings(spec, ("ddp_backend",)) if str(value).lower() != backend]

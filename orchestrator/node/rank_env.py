@@ -16,13 +16,12 @@ from typing import TYPE_CHECKING, Literal, Mapping, Optional, Union
 
 from orchestrator.core.netif import InterfaceChoice, Route, choose_interfaces, read_nccl_conf
 from orchestrator.core.platform_caps import loopback_interface
-from orchestrator.core.rendezvous import derive_port, init_url, rendezvous_file
+from orchestrator.core.rendezvous import init_url
 
 if TYPE_CHECKING:
     from orchestrator.core.payload import Payload
-    from orchestrator.backends.slurm.node.slurm_task import SlurmTask
 
-Source = Literal["slurm", "local", "env", "plan"]
+Source = Literal["scheduler", "launcher", "env", "plan"]  # a scheduler's task, our local launcher, torchrun's, plan
 #: A value known when the rank starts, or (in ``plan``'s SLURM table) the rule that produces it.
 Value = Union[int, str]
 
@@ -160,7 +159,7 @@ def rank_environment(rank: RankEnv, payload: Payload, attempt: Value, requeue_ma
     env.update(tracking.environment(payload))
     env.update(frameworks.environment(payload, env))
     env.update(payload.env)
-    if rank.source == "slurm":  # a SLURM rank knows what plan shows as a rule (``resolve_cpu_share``)
+    if rank.source == "scheduler":  # a SLURM rank knows what plan shows as a rule (``resolve_cpu_share``)
         env.update(task_cpu_values(env, os.environ))
     env.update(flight_recorder_aliases(env, torch_version))
     return env
@@ -179,11 +178,12 @@ def interface_choice(setting: str | None, payload: Payload, route: Route | None)
     return choose_interfaces(setting, payload.backend, payload.env, os.environ, conf, route)
 
 
-def planned_interfaces(payload: Payload, executor: str, rule: str) -> InterfaceChoice:
-    """The decision ``plan`` shows and puts in its rows. Locally the ranks' own (``LOCAL_ROUTE``,
-    whatever the spec names: every rank is on this machine). On SLURM each rank decides on its
-    node (``rank_env_from_slurm``); for 'auto', ``rule`` stands for the route it will find there."""
-    if executor != "slurm":
+def planned_interfaces(payload: Payload, on_this_machine: bool, rule: str) -> InterfaceChoice:
+    """The decision ``plan`` shows and puts in its rows. Locally (``on_this_machine``) the ranks'
+    own (``LOCAL_ROUTE``, whatever the spec names: every rank is on this machine). On SLURM each
+    rank decides on its node (``rank_env_from_slurm``); for 'auto', ``rule`` stands for the route
+    it will find there."""
+    if on_this_machine:
         return interface_choice("auto", payload, LOCAL_ROUTE)
     if payload.interface in (None, "auto"):
         return interface_choice("auto", payload, Route(rule, "auto: found on each node when the job starts"))
@@ -206,40 +206,8 @@ def local_rank_env(payload: Payload, rank: int, port: int, rendezvous: str | Non
                    local_world_size=payload.ranks_per_node, node_rank=node, nnodes=payload.nodes,
                    master_addr="127.0.0.1", master_port=port,
                    init_method=init_url(payload.init_method, "127.0.0.1", port, rendezvous),
-                   interface=payload.interface, visible_devices=visible, source="local",
+                   interface=payload.interface, visible_devices=visible, source="launcher",
                    interfaces=interface_choice("auto", payload, LOCAL_ROUTE))
-
-
-def rank_env_from_slurm(task: SlurmTask, payload: Payload, agent_port: int | None = None) -> RankEnv:
-    """The RankEnv of this srun task, from SLURM's variables and the job's payload: master = first
-    host of the step's node list, port derived from the job id and its attempt (or the one the job's
-    agent found free on the master's node: ``agent_port``), interface 'auto' = the one carrying
-    (or routing to) the master's address for gloo, NCCL's own choice or the user's or the site's
-    setting for NCCL (``netif.choose_interfaces``), a named one checked on this node, a GPU
-    binding SLURM made kept, and a file:// rendezvous file unique per job and restart."""
-    from orchestrator.core.netif import expand_names, master_route
-
-    job = task.job
-    port = int(payload.port) if payload.port != "auto" else agent_port or derive_port(job.raw_job_id, job.attempt)
-    hosts = task.hosts or job.hosts
-    master = hosts[0]
-    iface = payload.interface
-    if iface in (None, "auto"):
-        route = master_route(master, hosts[1:])
-        iface, interfaces = route.interface, interface_choice("auto", payload, route)
-    else:
-        if not str(iface).startswith("^"):  # an NCCL exclusion list is NCCL's to apply
-            iface = ",".join(expand_names(str(iface)))
-        interfaces = interface_choice(iface, payload, None)
-    rfile = rendezvous_file(payload.rendezvous_dir, job.job_id, job.attempt)
-    return RankEnv(
-        rank=task.procid, local_rank=task.localid, world_size=task.ntasks,
-        local_world_size=task.ntasks // max(1, task.nnodes), node_rank=task.nodeid, nnodes=task.nnodes,
-        master_addr=master, master_port=port, init_method=init_url(payload.init_method, master, port, rfile),
-        interface=str(iface), source="slurm", interfaces=interfaces,
-        visible_devices=slurm_visible_devices({"CUDA_VISIBLE_DEVICES": task.cuda_visible_devices}
-                                              if task.cuda_visible_devices is not None else {}),
-    )
 
 
 #: Variables a process reads when its interpreter (or a library it loads at start) starts: setting

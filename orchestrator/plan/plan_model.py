@@ -22,6 +22,7 @@ from orchestrator.spec.models import ExecutorName, JobSpec
 
 if TYPE_CHECKING:
     from orchestrator.core.netif import InterfaceChoice
+    from orchestrator.core.payload import RecoverySettings
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +141,15 @@ class BackendPlanner(Protocol):
 
     def array_note(self, n_points: int, max_array_size: int | None, why: str | None) -> str | None:
         """The plan's line on how a sweep is split into submissions (None: nothing to say)."""
+
+    def environment_lines(self, launch: LaunchPlan) -> list[str]:
+        """What of this environment the submission will pick up (a scheduler's defaults)."""
+
+    def recovery_how(self, recovery: RecoverySettings) -> str:
+        """What a restart is on this backend, as ``plan``'s recovery line says it."""
+
+    def steps_line(self, nodes: int, world: int, per_node: int, payload: Payload) -> str:
+        """How the ranks' processes start at this size, as ``plan``'s start-up line says it."""
 
 
 @contextlib.contextmanager

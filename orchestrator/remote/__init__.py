@@ -85,7 +85,7 @@ def remote_spec(args: Any, command: str) -> Any:
     from orchestrator.spec.loading import load_spec
 
     spec = load_spec(*args.spec, overrides=args.overrides, executor=args.executor or "slurm", home_elsewhere=True)
-    if spec.executor != "slurm":  # the login node refuses it too: it is shared, it only queues jobs
+    if not spec.runs_on.scheduled:  # the login node refuses it too: it is shared, it only queues jobs
         if command == "plan":
             raise UsageError(f"--remote plan shows the cluster's plan of a SLURM job, and --executor {spec.executor} "
                              "runs on this machine: drop --remote (or give --local) to plan it here")
@@ -144,11 +144,13 @@ def plan_host(args: Any) -> Optional[str]:
     if not host:
         return None
     if args.executor is not None:
-        return host if args.executor == "slurm" else None
+        from orchestrator.backends import backend
+
+        return host if backend(args.executor).scheduled else None
     from orchestrator.spec.loading import load_spec
 
     spec = load_spec(*args.spec, overrides=args.overrides, home_elsewhere=True)
-    return host if spec.executor == "slurm" else None
+    return host if spec.runs_on.scheduled else None
 
 
 def wait(ssh: Ssh, run: str) -> int:
@@ -168,8 +170,8 @@ def _status_row(ssh: Ssh, run: str, until: Callable[[Any], bool], pacing: Any = 
     """Poll the run's status there until ``until(state)``: each look is one SSH session and one
     scheduler query on the login node, so they are paced as every wait on SLURM is
     (``executors.slurm.SchedulerPacing``: 10 s, growing while the state stays the same, at most 60 s)."""
-    from orchestrator.backends.slurm.executor import SchedulerPacing
     from orchestrator.core.states import State
+    from orchestrator.executors.scheduler_pacing import SchedulerPacing
 
     pacing = pacing or SchedulerPacing()
     failures = 0

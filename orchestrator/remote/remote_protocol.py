@@ -379,8 +379,11 @@ def _checked_spec(spec: Any) -> dict:
     jobs (executor local or debug would run the user's code on the login node itself)."""
     if not isinstance(spec, dict):
         raise UsageError("the submission's header lacks its spec: update the orchestrator on your machine")
+    from orchestrator.backends import BACKENDS
+
     executor = spec.get("executor")
-    if executor != "slurm":
+    kind = BACKENDS.get(executor) if isinstance(executor, str) else None
+    if kind is None or not kind.scheduled:
         named = "the default (local)" if executor is None else _shown(executor)
         raise UsageError(f"refusing to run this spec on the login node: its executor is {named}, and a remote "
                          "submission only queues jobs on SLURM (nothing runs on a shared login node); set "

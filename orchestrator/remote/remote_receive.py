@@ -203,7 +203,7 @@ def _entered_checkout(submission: Submission, checkout: Path, blobs: Path) -> It
             update_checkout(checkout, submission.files, blobs, submission.commit, submission.diff)
         _enter(checkout, submission.cwd)
         spec = spec_from_dict(dict(submission.spec))
-        if spec.executor != "slurm":  # checked in the header already; this is the last door before a run
+        if not spec.runs_on.scheduled:  # checked in the header already; this is the last door before a run
             raise UsageError(f"refusing to run a spec with executor {spec.executor} on the login node")
         yield spec
     finally:

@@ -79,7 +79,7 @@ def identity_fields(spec: JobSpec, cwd: Optional[str] = None) -> dict[str, Any]:
         if dotted == "bool_args" and not _has_bool(data["args"], data["sweep"]):
             continue  # no true/false to pass: the command line is the same either way
         out[dotted] = value
-    if spec.executor == "local":  # the world the local executor will actually run
+    if spec.runs_on.emulated:  # the world the local executor will actually run
         out["local_shape"] = list(spec.local_shape())
     project = project_key(spec.entrypoint, cwd)
     if project is not None:

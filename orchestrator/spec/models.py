@@ -17,7 +17,9 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationI
                       model_validator)
 
 from orchestrator.spec import validators as v
+from orchestrator.backends.kinds import KINDS, Kind
 from orchestrator.core.payload import Defaults
+
 
 Scalar = Union[str, int, float, bool]
 ExecutorName = Literal["local", "slurm", "debug"]
@@ -869,22 +871,19 @@ class JobSpec(_Model):
                 _scalar(x, f"args.{key}")
         return value
 
-    @field_validator("env")
-    @classmethod
-    def _env(cls, value: dict[str, str]) -> dict[str, str]:
-        for name, item in value.items():
-            v.env_name(name)
-            v.env_value(name, item)
-        return value
-
     @field_validator("env", mode="before")
     @classmethod
-    def _env_values(cls, value: Any) -> Any:
+    def _env(cls, value: Any) -> Any:
+        """Every value text (YAML's 1 or true is refused, not turned into '1'), every name and value
+        one the ranks' environment can hold; anything else than a mapping of text is pydantic's to refuse."""
         if isinstance(value, dict):
             for name, item in value.items():
                 if not isinstance(item, str):
                     raise ValueError(f"the value of {v.shown(name)} is {v.shown(item)}, not text: quote it in "
                                      "YAML (NAME: '1'); every environment value is a string")
+                if isinstance(name, str):
+                    v.env_name(name)
+                    v.env_value(name, item)
         return value
 
     @field_validator("workdir")
@@ -939,6 +938,11 @@ class JobSpec(_Model):
     @property
     def world_size(self) -> int:
         return self.nodes * self.ranks_per_node
+
+    @property
+    def runs_on(self) -> Kind:
+        """What the executor is (the registry's facts), asked instead of comparing its name."""
+        return KINDS[self.executor]
 
     @property
     def resolved_backend(self) -> str:
@@ -1009,19 +1013,19 @@ def cross_field_problems(spec: JobSpec) -> list[str]:
     if spec.distributed.grad_compression != "none" and spec.strategy != "ddp":
         problems.append("distributed.grad_compression: compresses DDP's all-reduce; strategy dp has none, so "
                         "use strategy ddp or grad_compression: none")
-    if spec.recovery.survivors == "keep" and spec.executor == "slurm" and not spec.recovery.in_allocation:
+    if spec.recovery.survivors == "keep" and spec.runs_on.scheduled and not spec.recovery.in_allocation:
         problems.append("recovery.survivors: keep replaces a rank inside the job, and recovery.in_allocation is "
                         "false; set in_allocation: true (the default), or survivors: restart")
-    if spec.recovery.survivors == "keep" and spec.executor == "slurm" and spec.container is not None:
+    if spec.recovery.survivors == "keep" and spec.runs_on.scheduled and spec.container is not None:
         problems.append("recovery.survivors: keep on SLURM starts a replaced rank on the host, not in a container, "
                         "for now; remove container, or set survivors: restart")
     if spec.recovery.survivors == "keep" and spec.recovery.max_restarts == 0:
         problems.append("recovery.survivors: keep acts on a restart, and recovery.max_restarts is 0; "
                         "set max_restarts (each rejoin counts as one)")
-    if spec.executor == "slurm":
+    if spec.runs_on.scheduled:
         problems += _file_init_problems(spec)
         problems += _node_local_problems(spec)
-    if spec.executor == "local":
+    if spec.runs_on.emulated:
         problems += _local_problems(spec)
     allow_exclusion = spec.resolved_backend == "nccl"
     for name in d.interface_names():

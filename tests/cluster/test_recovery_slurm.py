@@ -185,7 +185,7 @@ def test_a_hang_restarts_without_the_stragglers_node(cluster: dict[str, str]) ->
 
 def test_chaos_kills_a_rank_on_its_node_and_the_job_restarts_inside_itself(cluster: dict[str, str]) -> None:
     """`orchestrator chaos RUN --kill-rank 1` on a running 2-node job: rank 1 is SIGKILLed on its own
-    node (srun --overlap, orchestrator.backends.slurm.node.chaos_node), and the ranks' step restarts inside the job."""
+    node (srun --overlap, orchestrator.node.chaos_node), and the ranks' step restarts inside the job."""
     from orchestrator.front.chaos import Injection, inject
 
     launch, ckpt = _flaky(cluster, "rec-chaos", "none", {"max_restarts": 2}, steps=40, sleep=0.3)

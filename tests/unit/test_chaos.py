@@ -29,7 +29,9 @@ from typing import Any, Iterator, Optional
 
 import pytest
 
-from orchestrator.backends.slurm.node import chaos_node, slurm_controller
+from orchestrator.backends.slurm.node import slurm_controller
+from orchestrator.backends.slurm.chaos_slurm import SlurmChaos
+from orchestrator.node import chaos_node
 from orchestrator.core import ownership, procs
 from orchestrator.core.errors import UsageError
 from orchestrator.core.payload import Payload
@@ -221,13 +223,13 @@ def test_the_node_said_sent_so_a_failed_srun_afterwards_is_still_a_success(
                                        stderr="srun: error: node2: task 0: Terminated\nsrun: Job step aborted")
 
     monkeypatch.setattr(slurm_controller, "run", aborted)
-    assert chaos._on_node(target, "812", sys.executable, "node2", 1, "KILL") is None
+    assert SlurmChaos().signal(target.folder, "812", sys.executable, "node2", 1, "KILL") is None
 
     def refused(argv: Any, *args: Any, **kwargs: Any) -> slurm_controller.Answer:
         return slurm_controller.Answer(tuple(argv), 1, stderr="rank 1 is not running (it ended)")
 
     monkeypatch.setattr(slurm_controller, "run", refused)
-    assert chaos._on_node(target, "812", sys.executable, "node2", 1, "KILL") == "rank 1 is not running (it ended)"
+    assert SlurmChaos().signal(target.folder, "812", sys.executable, "node2", 1, "KILL") == "rank 1 is not running (it ended)"
 
 
 def test_the_node_side_says_it_sent_the_signal(tmp_path: Path, victim: subprocess.Popen,
@@ -314,8 +316,9 @@ def test_a_slurm_sweep_point_is_reached_through_its_numeric_job_id(
 
 
 def test_the_numeric_id_comes_from_squeue_when_scontrol_does_not_name_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    from orchestrator.front.chaos_target import numeric_job_id
+    from orchestrator.backends.slurm.chaos_slurm import SlurmChaos
 
+    numeric_job_id = SlurmChaos().job_id
     calls = _fake_slurm(monkeypatch, "", squeue="703\n")
     assert numeric_job_id("700_1") == "703"
     assert ["squeue", "-h", "-o", "%A", "-j", "700_1"] in calls

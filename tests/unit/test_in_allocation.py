@@ -56,7 +56,7 @@ def test_a_step_task_reads_the_steps_nodes_and_the_attempt_the_agent_gave() -> N
 
 def test_the_ranks_master_is_the_steps_first_node(tmp_path: Path) -> None:
     from orchestrator.plan import plan
-    from orchestrator.node.rank_env import rank_env_from_slurm
+    from orchestrator.backends.slurm.node.slurm_task import rank_env_from_slurm
 
     spec = spec_from_dict({"name": "m", "entrypoint": "jobs.train:main", "executor": "slurm", "nodes": 2,
                            "cpu_ranks_per_node": 1, "runs_dir": str(tmp_path), "recovery": {"max_restarts": 1,

@@ -24,7 +24,8 @@ from orchestrator.core.netif import (GLOO_IFNAME, NCCL_IFNAME, NCCL_OWN_CHOICE, 
 from orchestrator.core.payload import Payload
 from orchestrator.plan import plan
 from orchestrator.backends.slurm.slurm_plan import SLURM_RULES
-from orchestrator.node.rank_env import local_rank_env, rank_env_from_slurm, rank_environment
+from orchestrator.backends.slurm.node.slurm_task import rank_env_from_slurm
+from orchestrator.node.rank_env import local_rank_env, rank_environment
 from orchestrator.backends.slurm.node.slurm_task import SlurmTask
 
 ETH0 = Route("eth0", "routes to the master node1")

@@ -128,7 +128,7 @@ def test_rank_env_roundtrip() -> None:
 
     env = RankEnv(rank=3, local_rank=1, world_size=4, local_world_size=2, node_rank=1, nnodes=2,
                   master_addr="10.0.0.1", master_port=23456, init_method="env://", interface="eth0",
-                  visible_devices="1", source="slurm",
+                  visible_devices="1", source="scheduler",
                   interfaces=choose_interfaces("eth0", "nccl", {}, {}, NcclConf(), None))
     back = RankEnv.from_environ(env.to_environ())
     assert back.rank == 3 and back.node_rank == 1 and back.interface == "eth0" and back.source == "env"
@@ -172,7 +172,7 @@ def test_examples_validate() -> None:
 
 
 def test_slurm_rank_env_from_slurm_variables(tmp_path) -> None:
-    from orchestrator.node.rank_env import rank_env_from_slurm
+    from orchestrator.backends.slurm.node.slurm_task import rank_env_from_slurm
 
     launch = plan(spec_from_dict({"name": "s", "entrypoint": "jobs.train:main", "nodes": 2, "gpus_per_node": 2,
                                   "distributed": {"backend": "gloo", "interface": "lo", "init_method": "file",
@@ -184,7 +184,7 @@ def test_slurm_rank_env_from_slurm_variables(tmp_path) -> None:
     assert (rank.rank, rank.local_rank, rank.node_rank, rank.world_size) == (3, 1, 1, 4)
     assert rank.master_addr == "gpu07" and rank.master_port == derive_port("4242", 1)
     assert rank.init_method == f"file://{tmp_path}/rendezvous-4242-1"
-    assert rank.visible_devices == "0,1" and rank.source == "slurm"  # the node's GPUs; LOCAL_RANK=1 picks
+    assert rank.visible_devices == "0,1" and rank.source == "scheduler"  # the node's GPUs; LOCAL_RANK=1 picks
     with pytest.raises(RuntimeError, match="interface ib9 does not exist"):
         rank_env_from_slurm(SlurmTask.from_environ(env), dataclasses.replace(launch.payload, interface="ib9"))
 
@@ -279,7 +279,7 @@ def test_a_slurm_rank_resolves_the_rule_from_what_srun_gave_it(monkeypatch: pyte
 
     launch = _slurm(gpus_per_node=2)
     rank = RankEnv(rank=1, local_rank=1, world_size=2, local_world_size=2, node_rank=0, nnodes=1, master_addr="h",
-                   master_port=20001, init_method="env://", interface="lo", visible_devices=None, source="slurm")
+                   master_port=20001, init_method="env://", interface="lo", visible_devices=None, source="scheduler")
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setenv("SLURM_CPUS_PER_TASK", "7")
     assert rank_environment(rank, launch.payload, 0)["OMP_NUM_THREADS"] == "7"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from orchestrator.core import platform_caps
 from orchestrator.core.netif import InterfaceChoice
@@ -22,6 +22,10 @@ from orchestrator.node.rank_env import (installed_torch_version, local_rank_env,
 from orchestrator.core.rendezvous import derive_port, rendezvous_file
 from orchestrator.code.snapshot import Snapshot
 from orchestrator.spec.models import ExecutorName, JobSpec
+
+if TYPE_CHECKING:
+    from orchestrator.core.payload import RecoverySettings
+    from orchestrator.plan.plan_model import LaunchPlan
 
 
 class LocalPlanner:
@@ -90,7 +94,7 @@ class LocalPlanner:
                 f"(OMP_NUM_THREADS={default} each)")
 
     def interfaces(self, payload: Payload) -> InterfaceChoice:
-        return planned_interfaces(payload, self.name, "")
+        return planned_interfaces(payload, True, "")
 
     def launch_fields(self, spec: JobSpec, run_id: str, run_dir: str, shown: Payload, n_points: int,
                       max_array_size: int | None) -> dict[str, Any]:
@@ -99,6 +103,15 @@ class LocalPlanner:
 
     def array_note(self, n_points: int, max_array_size: int | None, why: str | None) -> str | None:
         return None  # a local sweep runs its points one after the other
+
+    def environment_lines(self, launch: LaunchPlan) -> list[str]:
+        return []  # no scheduler's defaults to pick up
+
+    def recovery_how(self, recovery: RecoverySettings) -> str:
+        return "restarts the ranks in place, forked from the run's warm zygote"
+
+    def steps_line(self, nodes: int, world: int, per_node: int, payload: Payload) -> str:
+        return f"{world} rank process(es) on this machine ({nodes} emulated node(s) of {per_node})"
 
 
 def local_rows(run_id: str, payload: Payload) -> list[RankRow]:

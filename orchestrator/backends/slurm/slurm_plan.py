@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from orchestrator.node.container import container_settings, srun_tail
 from orchestrator.core.interpreter import module_argv
@@ -26,6 +26,9 @@ from orchestrator.core.run_folder import RunFolder
 from orchestrator.backends.slurm.node.slurm_task import ATTEMPT_VARIABLE
 from orchestrator.code.snapshot import Snapshot
 from orchestrator.spec.models import JobSpec, allocated_nodes
+
+if TYPE_CHECKING:
+    from orchestrator.plan.plan_model import LaunchPlan
 
 #: SLURM's default MaxArraySize is 1001, so one array holds at most 1000 tasks.
 DEFAULT_MAX_ARRAY_SIZE = 1001
@@ -52,7 +55,7 @@ def slurm_rows(spec: JobSpec, payload: Payload) -> list[RankRow]:
     rfile = rendezvous_file(payload.rendezvous_dir, SLURM_RULES["job"], SLURM_RULES["restart"])
     marker = str(RunFolder.of(payload.run_dir).requeue_marker(SLURM_RULES["job"], SLURM_RULES["restart"]))  # type: ignore[arg-type]
     torch_version = installed_torch_version(payload.env)
-    interfaces = planned_interfaces(payload, "slurm", SLURM_RULES["interface"])
+    interfaces = planned_interfaces(payload, False, SLURM_RULES["interface"])
     # One template per local rank, copied per node (a C-level dict copy): linear, and several times
     # faster than building each row's dict in a plan of tens of thousands of ranks.
     templates = []
@@ -122,7 +125,7 @@ class SlurmPlanner:
                 f"granted a node equally among its {rpn} rank(s) (srun --cpus-per-task, OMP_NUM_THREADS)")
 
     def interfaces(self, payload: Payload) -> InterfaceChoice:
-        return planned_interfaces(payload, "slurm", SLURM_RULES["interface"])
+        return planned_interfaces(payload, False, SLURM_RULES["interface"])
 
     def launch_fields(self, spec: JobSpec, run_id: str, run_dir: str, shown: Payload, n_points: int,
                       max_array_size: int | None) -> dict[str, Any]:
@@ -148,6 +151,32 @@ class SlurmPlanner:
                  f"SLURM's default MaxArraySize={size}, assumed: {why or 'no cluster answered'}; submit "
                  "splits by the cluster's own")
         return f"sweep: {n_points} point(s) in {arrays} job array(s) of at most {max(1, size - 1)} task(s) ({where})"
+
+    def environment_lines(self, launch: LaunchPlan) -> list[str]:
+        """The SBATCH_* defaults of this environment that sbatch will apply to the job (account,
+        partition, QOS...), so a job's partition or account is never a mystery."""
+        from orchestrator.backends.slurm.slurm_env import sbatch_env_line
+
+        return [sbatch_env_line(launch.sbatch_scripts)]
+
+    def recovery_how(self, recovery: RecoverySettings) -> str:
+        return recovery_how(recovery)
+
+    def steps_line(self, nodes: int, world: int, per_node: int, payload: Payload) -> str:
+        """One srun step for the ranks, and where the health gate runs (in it, or a step before)."""
+        from orchestrator.node.gate_step import runs_in_step
+        from orchestrator.node.health import TOKEN_WAIT_S
+
+        ranks = f"one srun step starts the {world} rank(s), {per_node} a node"
+        if not payload.recovery.health_check:
+            return ranks
+        checks = (f"checks itself, and that it sees the job agent's token in the folders the nodes share: one "
+                  f"listing of a one-name folder, up to {TOKEN_WAIT_S:g}s for a filesystem slow to show it")
+        if runs_in_step(payload, spares_held=payload.recovery.spares > 0):
+            return (f"{ranks}; each node's first rank runs the health gate ({checks}), and no entrypoint starts "
+                    f"before the job's agent has every node's verdict")
+        held = nodes + payload.recovery.spares
+        return f"one srun step runs the health gate on the {held} node(s) (each {checks}), then {ranks}"
 
 
 # ---- SLURM rendering -----------------------------------------------------------------------

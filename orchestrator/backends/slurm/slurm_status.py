@@ -18,6 +18,7 @@ from orchestrator.core.recovery import HISTORY_FILE, Attempt, History
 from orchestrator.backends.slurm.node.slurm_controller import check_slurm_conf, controller_problem
 from orchestrator.backends.slurm.node.slurm_controller import run as run_slurm
 from orchestrator.core.states import Action, EndReason, Outcome, State
+from orchestrator.executors.scheduler_pacing import FORGOTTEN
 
 #: sacct/squeue state -> our state. One table, tested; nothing is folded into FAILED.
 STATE_MAP: dict[str, State] = {
@@ -158,7 +159,7 @@ OUTCOME_STATE: dict[str, State] = {
 
 
 #: The words of the reason ``end_from_agent`` gives for an unknown end (refresh clears it once known).
-UNKNOWN_END = "is no longer known to SLURM"
+UNKNOWN_END = f"{FORGOTTEN} SLURM"
 
 
 def end_from_agent(job: str, attempts: Sequence[Attempt], end: Mapping[str, Any] | None,

@@ -30,7 +30,7 @@ from typing import Mapping, Sequence
 from orchestrator.backends.slurm.node.agent_standby import Forked, Standbys, beside_step, rank_args
 from orchestrator.backends.slurm.node import slurm_controller
 from orchestrator.backends.slurm.node.agent_state import AgentContext
-from orchestrator.backends.slurm.node.chaos_node import SENT
+from orchestrator.node.chaos_node import SENT
 from orchestrator.backends.slurm.node.slurm_task import STAND_IN_OPTION, STEP_NODES_OPTION
 from orchestrator.core.interpreter import lean_module_argv
 from orchestrator.core.recovery import HARDWARE_SIGNALS, Failure
@@ -201,7 +201,7 @@ class StandIns:
                 not self.rejoins.may_rejoin([rank], self.codes(None), False, True):
             return False
         head, program = beside_step(self.rank_argv, self.host(rank), "--quiet")
-        argv = [*head, *lean_module_argv(program[0], "orchestrator.backends.slurm.node.chaos_node", c.run_dir,
+        argv = [*head, *lean_module_argv(program[0], "orchestrator.node.chaos_node", c.run_dir,
                                          str(rank), "KILL")]
         done = slurm_controller.run(argv, KILL_SRUN_TIMEOUT_S, env=self.environ, quiet_stdin=True,
                                     done=lambda a: SENT in a.stdout)  # sent: never ask again

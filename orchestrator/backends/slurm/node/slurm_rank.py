@@ -18,9 +18,10 @@ import sys
 from orchestrator.node import malloc
 from orchestrator.node.launcher import exit_code_of, run_rank
 from orchestrator.core.payload import Payload
-from orchestrator.node.rank_env import installed_torch_version, rank_env_from_slurm, rank_environment
+from orchestrator.node.rank_env import installed_torch_version, rank_environment
 from orchestrator.core.rendezvous import remove_earlier_files
-from orchestrator.backends.slurm.node.slurm_task import SlurmTask, gate_attempt, master_port, point_base, stand_in
+from orchestrator.backends.slurm.node.slurm_task import (SlurmTask, gate_attempt, master_port, point_base, rank_env_from_slurm,
+                                                      stand_in)
 
 
 def keep_running_on_time_limit_notice(rank: int, notice: signal.Signals = signal.SIGUSR2) -> None:

@@ -6,10 +6,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Optional
+from typing import TYPE_CHECKING, Mapping, Optional
 
 from orchestrator.core.hostlist import expand
+from orchestrator.core.rendezvous import derive_port, init_url, rendezvous_file
 from orchestrator.core.run_folder import RunFolder
+from orchestrator.node.rank_env import RankEnv, interface_choice, slurm_visible_devices
+
+if TYPE_CHECKING:
+    from orchestrator.core.payload import Payload
 
 #: What the job's agent tells the ranks of a step: the job's attempt (``SlurmJob.attempt``).
 ATTEMPT_VARIABLE = "ORCH_JOB_ATTEMPT"
@@ -133,3 +138,35 @@ def gate_attempt(args: list[str]) -> Optional[int]:
     """``--gate K``: the attempt (as recovery.json counts) whose health gate this task takes part in
     before its entrypoint (None: the gate ran as a step of its own, or not at all)."""
     return int(args[args.index(GATE_OPTION) + 1]) if GATE_OPTION in args else None
+
+
+def rank_env_from_slurm(task: SlurmTask, payload: Payload, agent_port: int | None = None) -> RankEnv:
+    """The RankEnv of this srun task, from SLURM's variables and the job's payload: master = first
+    host of the step's node list, port derived from the job id and its attempt (or the one the job's
+    agent found free on the master's node: ``agent_port``), interface 'auto' = the one carrying
+    (or routing to) the master's address for gloo, NCCL's own choice or the user's or the site's
+    setting for NCCL (``netif.choose_interfaces``), a named one checked on this node, a GPU
+    binding SLURM made kept, and a file:// rendezvous file unique per job and restart."""
+    from orchestrator.core.netif import expand_names, master_route
+
+    job = task.job
+    port = int(payload.port) if payload.port != "auto" else agent_port or derive_port(job.raw_job_id, job.attempt)
+    hosts = task.hosts or job.hosts
+    master = hosts[0]
+    iface = payload.interface
+    if iface in (None, "auto"):
+        route = master_route(master, hosts[1:])
+        iface, interfaces = route.interface, interface_choice("auto", payload, route)
+    else:
+        if not str(iface).startswith("^"):  # an NCCL exclusion list is NCCL's to apply
+            iface = ",".join(expand_names(str(iface)))
+        interfaces = interface_choice(iface, payload, None)
+    rfile = rendezvous_file(payload.rendezvous_dir, job.job_id, job.attempt)
+    return RankEnv(
+        rank=task.procid, local_rank=task.localid, world_size=task.ntasks,
+        local_world_size=task.ntasks // max(1, task.nnodes), node_rank=task.nodeid, nnodes=task.nnodes,
+        master_addr=master, master_port=port, init_method=init_url(payload.init_method, master, port, rfile),
+        interface=str(iface), source="scheduler", interfaces=interfaces,
+        visible_devices=slurm_visible_devices({"CUDA_VISIBLE_DEVICES": task.cuda_visible_devices}
+                                              if task.cuda_visible_devices is not None else {}),
+    )

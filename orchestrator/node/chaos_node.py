@@ -1,5 +1,5 @@
 """One rank of a run ended, frozen or slowed on purpose, on its own node: ``python -m
-orchestrator.backends.slurm.node.chaos_node RUN_DIR RANK KILL|STOP`` or ``RUN_DIR RANK SLOW FACTOR SECONDS``, the node's side of ``orchestrator chaos`` (run there by ``srun --overlap``,
+orchestrator.node.chaos_node RUN_DIR RANK KILL|STOP`` or ``RUN_DIR RANK SLOW FACTOR SECONDS``, the node's side of ``orchestrator chaos`` (run there by ``srun --overlap``,
 or called in-process for a local run). The rank is found by its own record (``<run>/ranks/rank-N.json``)
 and signalled only while its PID still names it (``procs.signal_if_same``). Once sent, it says so on
 stdout (``SENT``) before anything else can happen: ``orchestrator chaos`` takes that line as the
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     slow = len(args) == 5 and args[2] == "SLOW"
     if not (slow or len(args) == 3 and args[2] in SIGNALS) or not args[1].isdigit():
-        print("usage: python -m orchestrator.backends.slurm.node.chaos_node RUN_DIR RANK KILL|STOP|SLOW FACTOR SECONDS "
+        print("usage: python -m orchestrator.node.chaos_node RUN_DIR RANK KILL|STOP|SLOW FACTOR SECONDS "
               "(run by orchestrator chaos)", file=sys.stderr)
         return 2
     why = slow_rank(args[0], int(args[1]), float(args[3]), float(args[4])) if slow else \

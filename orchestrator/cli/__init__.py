@@ -16,13 +16,13 @@ import sys
 from typing import Callable, Sequence
 
 from orchestrator import __version__
+from orchestrator.backends import BACKENDS
 from orchestrator.cli.cli_commands import (cmd_cancel, cmd_chaos, cmd_demo, cmd_diff, cmd_gc, cmd_list, cmd_logs,
                                        cmd_pipeline, cmd_plan, cmd_preflight, cmd_remote_files, cmd_remote_receive, cmd_report, cmd_run, cmd_top,
                                        cmd_schema, cmd_status, cmd_stacks, cmd_submit, cmd_sync, cmd_validate)
 from orchestrator.cli.cli_streams import _not_utf8_line, _os_error_line, _process_streams
 from orchestrator.core.errors import OrchestratorError, UsageError
 
-EXECUTORS = ("local", "slurm", "debug")
 
 
 def _spec_args(p: argparse.ArgumentParser, executor: bool = True) -> None:
@@ -30,7 +30,7 @@ def _spec_args(p: argparse.ArgumentParser, executor: bool = True) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override one field, e.g. --set distributed.port=29500 (repeatable; applied after files)")
     if executor:
-        p.add_argument("--executor", choices=EXECUTORS, help="override the spec's executor")
+        p.add_argument("--executor", choices=list(BACKENDS), help="override the spec's executor")
 
 
 _PARSER: list[argparse.ArgumentParser] = []
@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("pipeline", help="submit a graph of specs to SLURM at once (locally: run them in order); "
                                         "stages that completed are skipped")
     p.add_argument("file", help="the pipeline file (YAML): stages: {NAME: {spec: FILE, after: [STAGE], set: [K=V]}}")
-    p.add_argument("--executor", choices=EXECUTORS, help="override every stage's executor")
+    p.add_argument("--executor", choices=list(BACKENDS), help="override every stage's executor")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--plan", action="store_true", help="what would be submitted, skipped or waited for; start nothing")
     mode.add_argument("--status", action="store_true", help="each stage's run, state and what it waits for")

@@ -24,7 +24,11 @@ from orchestrator.core.errors import RunNotFoundError
 from orchestrator.core.run_folder import RunFolder
 from orchestrator.core.states import State
 
-EXECUTORS = ("local", "slurm", "debug")
+def _known_executors() -> tuple[str, ...]:
+    """The backends a record may name (the registry's facts: ``backends.kinds.KINDS``)."""
+    from orchestrator.backends.kinds import KINDS
+
+    return tuple(KINDS)
 
 
 #: The write errors that say the filesystem takes no more writes, whatever is written.
@@ -244,8 +248,8 @@ def _record_problem(data: Any) -> str | None:
     for key, types in _FIELD_TYPES.items():
         if key in data and (not isinstance(data[key], types) or isinstance(data[key], bool)):
             return f"has a {type(data[key]).__name__} for {key!r}"
-    if data["executor"] not in EXECUTORS:
-        return f"names an unknown executor {data['executor'][:40]!r} (known: {', '.join(EXECUTORS)})"
+    if data["executor"] not in _known_executors():
+        return f"names an unknown executor {data['executor'][:40]!r} (known: {', '.join(_known_executors())})"
     try:
         State.parse(data.get("state", State.PENDING))
     except ValueError:

@@ -11,10 +11,10 @@ import math
 import re
 import weakref
 from itertools import product
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
-                      model_validator)
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, WithJsonSchema,
+                      field_validator, model_validator)
 
 from orchestrator.spec import validators as v
 from orchestrator.backends.kinds import KINDS, Kind
@@ -22,7 +22,14 @@ from orchestrator.core.payload import Defaults
 
 
 Scalar = Union[str, int, float, bool]
-ExecutorName = Literal["local", "slurm", "debug"]
+def _known_executor(name: str) -> str:
+    if name not in KINDS:
+        raise ValueError(f"unknown executor {name[:40]!r}: use {', '.join(list(KINDS)[:-1])} or {list(KINDS)[-1]}")
+    return name
+
+
+#: A backend's name, as the registry knows it (``backends.kinds``: a new backend is added there).
+ExecutorName = Annotated[str, AfterValidator(_known_executor), WithJsonSchema({"type": "string", "enum": list(KINDS)})]
 
 #: sbatch options the orchestrator sets itself; `slurm.extra_sbatch` may not override them.
 RESERVED_SBATCH = frozenset(

@@ -86,7 +86,7 @@ CATALOGUE: list[tuple[str, dict, str]] = [
     ("unknown-top-key", {"gpu_per_node": 2}, "gpu_per_node: unknown key; did you mean 'gpus_per_node'?"),
     ("unknown-nested-key", {"distributed": {"backnd": "gloo"}}, "distributed.backnd: unknown key; did you mean 'backend'?"),
     ("unknown-slurm-key", {"slurm": {"partiton": "gpu"}}, "slurm.partiton: unknown key; did you mean 'partition'?"),
-    ("executor-unknown", {"executor": "k8s"}, "executor: got 'k8s'"),
+    ("executor-unknown", {"executor": "k8s"}, "executor: unknown executor 'k8s': use local, slurm or debug"),
     ("keep-last-zero", {"checkpoint": {"keep_last": 0}}, "checkpoint.keep_last: "),
     ("local-devices-dup", {"local": {"devices": [0, 0]}}, "local.devices: "),
     ("runs-dir-percent", {"runs_dir": "/data/%j"}, "runs_dir: "),

@@ -61,8 +61,6 @@ MARK_SLACK_S = 2.0
 #: The beginnings a marker line can have: a partial line that could still become one is held back
 #: until its end (``AttemptStream``).
 _MARK_STARTS = ("=== attempt ", "[launcher] rank ")
-#: What ``Run.wait`` prints its lines with.
-PREFIX = "[orchestrator] "
 
 
 class AttemptNotFoundError(RunNotFoundError):

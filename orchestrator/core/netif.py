@@ -26,12 +26,6 @@ def interface_exists(name: str) -> bool:
     return bool(name) and "/" not in name and name not in {".", ".."} and os.path.exists(f"/sys/class/net/{name}")
 
 
-def interface_for(master_addr: str, peers: Sequence[str] = ()) -> str:
-    """The interface carrying this host's own address for the master, or the one routing to it
-    (``master_route``)."""
-    return master_route(master_addr, peers).interface
-
-
 def master_route(master_addr: str, peers: Sequence[str] = ()) -> Route:
     """The interface carrying this host's own address for the master, or the one routing to it.
 

@@ -96,13 +96,6 @@ def private_root(environ: Optional[Mapping[str, str]] = None) -> Path:
     raise NotOurs("no node-local folder of this user's can be used: " + "; ".join(refused or ["none found"]))
 
 
-def private_dir(name: str, environ: Optional[Mapping[str, str]] = None) -> Path:
-    """A folder of ours inside the private root (made 0700 and checked, like the root)."""
-    if not name or "/" in name or name in (".", ".."):
-        raise ValueError(f"not a plain folder name: {name!r}")
-    return ensure_private(private_root(environ) / name)
-
-
 def write_private(path: Path, data: bytes) -> None:
     """Replace ``path`` atomically through an exclusive temporary that never follows a link."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")

@@ -385,11 +385,6 @@ def while_cancelled(error: str) -> str:
     return f"cancelled; while the ranks stopped, {error}"
 
 
-def move_aside(run_dir: str | Path) -> Path | None:
-    """Rename an existing, finished run folder to <run_dir>.<n> so a fresh run can start."""
-    return start_over(run_dir)[0]
-
-
 def start_over(run_dir: str | Path, checkpoint_dir: str | Path | None = None) -> tuple[Path | None, Path | None]:
     """Move aside everything an earlier attempt left that a fresh run would find (``run --fresh``):
     the run folder, and the checkpoint folder when it is not inside the run folder (an explicit

@@ -17,12 +17,13 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any, Collection, Iterable, Mapping, Optional
+from typing import Collection, Iterable, Mapping, Optional
 
 from orchestrator.node import join_hook, stack_requests
 from orchestrator.core import progress, stack_files, stacks
 from orchestrator.node.watchdog import Watch
 from orchestrator.core.run_folder import RunFolder
+from orchestrator.core.end_verdict import EndVerdict
 
 
 def look(watch: Watch, run_dir: str | Path, log_paths: Mapping[int, Path], now: Optional[float] = None) -> None:
@@ -126,19 +127,26 @@ def capture_local(run_dir: str | Path, reason: str, ranks: Optional[list[int]] =
     return dumps
 
 
-def write_end(run_dir: str | Path, **verdict: Any) -> None:
+def write_end(run_dir: str | Path, reason: str, *, error: str = "", failed_rank: Optional[int] = None,
+              waits: Optional[Mapping[str, str]] = None, warning: str = "",
+              unhealthy: Optional[Mapping[str, str]] = None) -> None:
+    """The agent's verdict (``core.end_verdict.EndVerdict``), written whole to <run>/end.json: the
+    one writer of that file."""
     from orchestrator.core.atomic_files import write_json_atomic
 
-    write_json_atomic(RunFolder.of(run_dir).end, {"time": time.time(), **verdict})
+    verdict = EndVerdict(reason=str(reason), time=time.time(), error=error or "", failed_rank=failed_rank,
+                         waits=dict(waits or {}), warning=warning or "", unhealthy=dict(unhealthy or {}))
+    write_json_atomic(RunFolder.of(run_dir).end, verdict.to_json())
 
 
-def read_end(run_dir: str | Path) -> Optional[dict[str, Any]]:
+def read_end(run_dir: str | Path) -> Optional[EndVerdict]:
     """end.json, read as hostile input (``orchestrator.core.safe_read``: a FIFO there once hung a
-    SLURM status refresh); None when missing, unreadable or no record of ours."""
+    SLURM status refresh; ``EndVerdict.from_json``: each field of its type, or absent); None when
+    missing, unreadable or no verdict of ours. The one reader of that file."""
     from orchestrator.core import safe_read
 
     try:
         data = safe_read.read_json(RunFolder.of(run_dir).end)
     except (safe_read.Unreadable, OSError):
         return None
-    return data if isinstance(data, dict) else None
+    return EndVerdict.from_json(data)

@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     from orchestrator.plan import LaunchPlan
     from orchestrator.spec.models import AfterSpec, JobSpec
 
-When = Literal["ok", "any", "notok"]
 #: sbatch's word for each ``when``.
 SBATCH_TYPE: dict[str, str] = {"ok": "afterok", "any": "afterany", "notok": "afternotok"}
 #: What each ``when`` waits for, as users read it.

@@ -187,8 +187,8 @@ def test_a_stop_that_no_requeue_follows_never_ends_completed(tmp_path: Path, cas
     err = _ended(proc, 90)
     assert proc.returncode == 3, err
     end = read_end(tmp_path / "run")
-    assert end and end["reason"] == "not_requeued" and why in end["error"], (end, err)
-    assert "submit the spec again to resume" in end["error"]
+    assert end and end.reason == "not_requeued" and why in end.error, (end, err)
+    assert "submit the spec again to resume" in end.error
     if case == "refused":
         assert len(_calls(tmp_path)) >= 3, _calls(tmp_path)  # retried
 

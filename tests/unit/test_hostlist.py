@@ -11,7 +11,7 @@ from orchestrator.node import container
 from orchestrator.core import hostlist
 from orchestrator.spec import validators
 from orchestrator.backends.slurm import slurm_checks
-from orchestrator.backends.slurm.node.slurm_job import _hostnames
+from orchestrator.backends.slurm.node.slurm_controller import controller_hosts as _hostnames
 from orchestrator.backends.slurm.node.slurm_task import expand_nodelist
 
 AGREED = [  # what scontrol show hostnames prints, checked by hand on SLURM 22.05

@@ -29,7 +29,7 @@ def _by_ip_command(ip: str) -> str | None:
 
 def _fast(ip: str) -> str | None:
     try:
-        return netif.interface_for(ip)
+        return netif.master_route(ip).interface
     except RuntimeError:
         return None
 
@@ -85,18 +85,18 @@ def test_a_master_that_is_loopback_here_uses_the_interface_that_reaches_the_othe
     name, addr = _network_interface()
     _hosts(monkeypatch, {"node1": "127.0.1.1", "node2": addr, "gone": "127.0.0.1"})
     # one node: loopback is right; several: never loopback, the peers' interface
-    assert netif.interface_for("node1") == "lo"
-    assert netif.interface_for("node1", ["node2"]) == name
-    assert netif.interface_for("node1", ["unknown", "gone", "node2"]) == name  # the first that resolves elsewhere
+    assert netif.master_route("node1").interface == "lo"
+    assert netif.master_route("node1", ["node2"]).interface == name
+    assert netif.master_route("node1", ["unknown", "gone", "node2"]).interface == name  # the first that resolves elsewhere
     # on the other nodes the master is a network address: unchanged
-    assert netif.interface_for("node2", ["node1"]) == name
+    assert netif.master_route("node2", ["node1"]).interface == name
 
 
 def test_a_master_that_is_loopback_with_no_reachable_peer_is_refused_with_the_fix(
         monkeypatch: pytest.MonkeyPatch) -> None:
     _hosts(monkeypatch, {"node1": "127.0.1.1", "node2": "127.0.1.1"})
     with pytest.raises(RuntimeError, match=r"127\.0\.1\.1 \(loopback\).*set distributed.interface"):
-        netif.interface_for("node1", ["node2", "node3"])
+        netif.master_route("node1", ["node2", "node3"])
 
 
 # ---- the forms NCCL_SOCKET_IFNAME takes, made into names gloo takes --------------------------

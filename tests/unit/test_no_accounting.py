@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from orchestrator.spec.after import resolve, slurm_dependencies
 from orchestrator.core.errors import SubmissionError
+from orchestrator.core.end_verdict import EndVerdict
 from orchestrator.backends.slurm.node import slurm_controller
 from orchestrator.backends.slurm import executor as slurm, slurm_status
 from orchestrator.backends.slurm.executor import (OUTCOME_STATE, SlurmExecutor, account_hint, end_from_agent,
@@ -60,10 +61,10 @@ def test_the_agents_recorded_outcome_is_the_jobs_end(outcome: str, state: State)
 def test_the_time_limits_sigterm_is_a_timeout_not_a_cancel() -> None:
     """At the limit the agent gets SIGTERM, which it records as 'cancelled'; end.json says time_limit."""
     attempts = [_ended("7", "cancelled")]
-    assert end_from_agent("7", attempts, {"reason": "time_limit"}, False, HISTORY)[0] == State.TIMEOUT
+    assert end_from_agent("7", attempts, EndVerdict("time_limit"), False, HISTORY)[0] == State.TIMEOUT
     # orchestrator cancel asked: a cancel, whatever the notice before it
-    assert end_from_agent("7", attempts, {"reason": "time_limit"}, True, HISTORY)[0] == State.CANCELLED
-    assert end_from_agent("7", attempts, {"reason": "stall"}, False, HISTORY)[0] == State.CANCELLED
+    assert end_from_agent("7", attempts, EndVerdict("time_limit"), True, HISTORY)[0] == State.CANCELLED
+    assert end_from_agent("7", attempts, EndVerdict("stall"), False, HISTORY)[0] == State.CANCELLED
 
 
 def test_a_cancelled_job_that_never_ran_is_cancelled() -> None:
@@ -104,7 +105,7 @@ OUTCOMES = st.sampled_from([*OUTCOME_STATE, "requeued", "lost", "weird", None])
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["7", "8"]), OUTCOMES, st.sampled_from(["", "restart", "requeue", "stop"]),
                           st.booleans()), max_size=6),
-       st.sampled_from([None, {}, {"reason": "time_limit"}, {"reason": "did_nothing"}]), st.booleans())
+       st.sampled_from([None, EndVerdict("time_limit"), EndVerdict("did_nothing")]), st.booleans())
 def test_never_completed_unless_the_agent_recorded_it(rows, end, cancel) -> None:
     attempts = [Attempt(n + 1, 1.0, [], job=job, ended=2.0 if ended else None, outcome=outcome, action=action)
                 for n, (job, outcome, action, ended) in enumerate(rows)]

@@ -49,9 +49,9 @@ def test_a_straggler_named_for_the_window_ends_the_attempt_blaming_its_node(tmp_
     time.sleep(0.35)
     assert watch.straggler() == "straggler"
     assert ctx.state.straggler_node == "node2"
-    end = forensics.read_end(ctx.run_dir) or {}
-    assert end["reason"] == "straggler" and end["failed_rank"] == 1
-    assert "straggler: rank 1 on node2 spends 40 ms a step outside collectives" in end["error"]
+    end = forensics.read_end(ctx.run_dir)
+    assert end is not None and end.reason == "straggler" and end.failed_rank == 1
+    assert "straggler: rank 1 on node2 spends 40 ms a step outside collectives" in end.error
     ctx.state.enter(Phase.ENDING)
     monkeypatch.setattr(agent_recovery.slurm_controller, "nodes_gone", lambda hosts: set())
     failure = AgentRecovery(ctx, Requeuer(ctx)).classify()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import shlex
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 from orchestrator.node.container import package_source
 from orchestrator.core.hostlist import expand
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 PYTHON_CHECK = "import sys; assert sys.version_info >= (3, 10), sys.version"
 
 
-def node_check_argv(spec: SpecView, launch_srun: Sequence[str] | None = None) -> list[list[str]]:
+def node_check_argv(spec: SpecView) -> list[list[str]]:
     """Two one-task sruns on one node: the mounts' sources and the image exist there (on the
     host), then the image's python runs and is >= 3.10 (inside, as the ranks will run)."""
     c = spec.container

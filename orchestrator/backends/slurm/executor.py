@@ -313,13 +313,13 @@ def agent_verdict(rec: RunRecord, state: State) -> dict:
         if not end:
             continue
         changes: dict = {}
-        if end.get("warning") and state == State.COMPLETED:
-            changes["warning"] = str(end["warning"])
+        if end.warning and state == State.COMPLETED:
+            changes["warning"] = end.warning
         if state != State.COMPLETED:
-            if end.get("error"):
-                changes.update(error=str(end["error"]), failed_rank=end.get("failed_rank"))
-            if isinstance(end.get("waits"), dict) and end["waits"]:
-                changes["waits"] = {str(k): str(v) for k, v in end["waits"].items()}
+            if end.error:
+                changes.update(error=end.error, failed_rank=end.failed_rank)
+            if end.waits:
+                changes["waits"] = dict(end.waits)
         if changes:
             return changes
     return {}

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Sequence
 
 from orchestrator.core import ownership
 from orchestrator.core.errors import SubmissionError
 from orchestrator.core.records import RunRecord, point_dir
 from orchestrator.core.recovery import HISTORY_FILE, Attempt, History
+from orchestrator.core.end_verdict import EndVerdict
 from orchestrator.backends.slurm.node.slurm_controller import check_slurm_conf, controller_problem
 from orchestrator.backends.slurm.node.slurm_controller import run as run_slurm
 from orchestrator.core.states import Action, EndReason, Outcome, State
@@ -162,7 +163,7 @@ OUTCOME_STATE: dict[str, State] = {
 UNKNOWN_END = f"{FORGOTTEN} SLURM"
 
 
-def end_from_agent(job: str, attempts: Sequence[Attempt], end: Mapping[str, Any] | None,
+def end_from_agent(job: str, attempts: Sequence[Attempt], end: EndVerdict | None,
                    cancel_requested: bool, history: str | Path) -> tuple[State, str]:
     """The end state of ``job`` from its run folder alone, for when the scheduler no longer lists it
     and there is no accounting to ask: (state, '') or (UNKNOWN, why, for status). ``history``:
@@ -178,7 +179,7 @@ def end_from_agent(job: str, attempts: Sequence[Attempt], end: Mapping[str, Any]
     last = mine[-1] if mine else None
     if last is not None and last.ended is not None and last.action not in (Action.RESTART, Action.REQUEUE):
         state = OUTCOME_STATE.get(last.outcome or "")
-        if state == State.CANCELLED and not cancel_requested and (end or {}).get("reason") == EndReason.TIME_LIMIT:
+        if state == State.CANCELLED and not cancel_requested and end is not None and end.reason == EndReason.TIME_LIMIT:
             state = State.TIMEOUT
         if state is not None:
             return state, ""

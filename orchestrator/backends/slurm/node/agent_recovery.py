@@ -195,15 +195,15 @@ class AgentRecovery:
         from orchestrator.node import forensics
 
         c, s = self.ctx, self.state
-        end = forensics.read_end(c.run_dir) or {}
-        error = str(end.get("error") or "")
-        if s.phase is Phase.ENDING and end.get("reason") == EndReason.STRAGGLER:
+        end = forensics.read_end(c.run_dir)
+        error = end.error if end is not None else ""
+        if s.phase is Phase.ENDING and end is not None and end.reason == EndReason.STRAGGLER:
             return Failure(FailureKind.STRAGGLER, error.splitlines()[0] if error else FailureKind.STRAGGLER.value,
                            (s.straggler_node,) if s.straggler_node else ())
         if s.phase is Phase.ENDING:
-            blamed = hang_blamed(end.get("failed_rank"), c.rank_hosts, c.payload.ranks_per_node, s.straggler_outside)
-            return Failure(FailureKind.HANG, error.splitlines()[0] if error else f"watchdog: {end.get('reason')}",
-                           blamed)
+            rank, reason = (end.failed_rank, end.reason) if end is not None else (None, "no verdict recorded")
+            blamed = hang_blamed(rank, c.rank_hosts, c.payload.ranks_per_node, s.straggler_outside)
+            return Failure(FailureKind.HANG, error.splitlines()[0] if error else f"watchdog: {reason}", blamed)
         gone = s.lost_nodes | slurm_controller.nodes_gone(c.rank_hosts)
         if gone:
             return Failure(FailureKind.NODE_FAILURE, f"lost node(s) {', '.join(sorted(gone))}", tuple(sorted(gone)))

@@ -193,8 +193,8 @@ class StandIns:
         from orchestrator.node import forensics
 
         c = self.ctx
-        end = forensics.read_end(c.run_dir) or {}
-        rank, message = end.get("failed_rank"), str(end.get("error") or end.get("reason") or "watchdog")
+        end = forensics.read_end(c.run_dir)
+        rank, message = (end.failed_rank, end.error or end.reason) if end is not None else (None, "watchdog")
         if self.hung:  # a straggler was killed: its peers wait for its replacement, no one else is to blame
             return time.monotonic() < self.hung_at + KILL_SRUN_TIMEOUT_S
         if not isinstance(rank, int) or not 0 <= rank < c.world or \

@@ -86,9 +86,6 @@ STOPPED_GAP_S = 5.0
 #: alive this long after gets SIGKILL (scancel --signal=KILL reaches the job's steps, not this
 #: agent), and srun this long after that: every rank is gone within ~10 s of the decision.
 END_GRACE_S = 5.0
-#: The controller's host-list reading (kept under its old name).
-_hostnames = slurm_controller.controller_hosts
-scontrol_job = slurm_controller.show_job
 
 
 class JobAgent:

@@ -34,6 +34,7 @@ MOVED = {
     "orchestrator.chaos": "orchestrator.front.chaos",
     "orchestrator.chaos_node": "orchestrator.node.chaos_node",
     "orchestrator.backends.slurm.node.chaos_node": "orchestrator.node.chaos_node",
+    "orchestrator.node.gate_step": "orchestrator.backends.slurm.node.gate_step",
     "orchestrator.cli_commands": "orchestrator.cli.cli_commands",
     "orchestrator.cli_streams": "orchestrator.cli.cli_streams",
     "orchestrator.code_redirect": "orchestrator.node.code_redirect",

@@ -118,7 +118,7 @@ def staging_dirs(run_dir: str | Path) -> list[Path]:
 def node_local_file(run_dir: str | Path, name: str) -> Path:
     """A file of this run in the staging folders' place (this user's private folder on the node's
     own memory: what the health gate inside the ranks' step tells a node's other tasks,
-    ``orchestrator.node.gate_step``). Raises OSError where no private folder can be had."""
+    ``orchestrator.backends.slurm.node.gate_step``). Raises OSError where no private folder can be had."""
     return node_local.private_root() / f"{_staging_prefix(run_dir)}-{name}"
 
 

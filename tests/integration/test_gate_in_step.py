@@ -1,4 +1,4 @@
-"""The health gate inside the ranks' own srun step (orchestrator.node.gate_step with the agent's
+"""The health gate inside the ranks' own srun step (orchestrator.backends.slurm.node.gate_step with the agent's
 orchestrator.backends.slurm.node.agent_gate), without a cluster: the real job agent and the real
 rank command on two stand-in nodes. A stand-in srun starts one task per node with SLURM's task
 variables (each its own SLURMD_NODENAME), as srun would; scontrol and scancel are recording stubs.
@@ -80,7 +80,7 @@ def test_a_healthy_job_runs_one_step_and_every_rank_starts_after_the_gate(tmp_pa
     calls = (tmp_path / "srun-calls").read_text().splitlines()
     assert len(calls) == 1 and "--gate" in calls[0], calls  # one srun: the ranks', with the gate in it
     assert sorted(p.name for p in out.iterdir()) == [f"started-{r}" for r in range(len(NODES) * PER_NODE)]
-    from orchestrator.node.gate_step import node_signal
+    from orchestrator.backends.slurm.node.gate_step import node_signal
 
     for node in NODES:  # each node's copy of the decision, gone once its other task read it
         here = node_signal(str(run), 1, node, {"SLURM_JOB_ID": "91", "SLURM_STEP_ID": "0"})
@@ -110,7 +110,7 @@ def test_a_node_failing_the_gate_starts_no_entrypoint_and_is_blamed(tmp_path: Pa
     assert "ECC errors" in attempt.health["gnode2"] and "gnode1" not in attempt.health
     end = json.loads((run / "end.json").read_text())
     assert end["reason"] == "unhealthy" and "gnode2" in end["error"], end
-    from orchestrator.node.gate_step import node_signal
+    from orchestrator.backends.slurm.node.gate_step import node_signal
 
     for node in NODES:  # the node-local copies, gone though no entrypoint ran
         assert not node_signal(str(run), 1, node, {"SLURM_JOB_ID": "91", "SLURM_STEP_ID": "0"}).exists()

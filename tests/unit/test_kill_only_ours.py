@@ -169,7 +169,7 @@ def test_a_step_whose_creation_waits_does_not_run_the_gates_clock(monkeypatch: p
 
     from orchestrator.backends.slurm.node import agent_gate
     from orchestrator.backends.slurm.node.agent_srun_messages import note_step_creation
-    from orchestrator.node import gate_step
+    from orchestrator.backends.slurm.node import gate_step
 
     state = AgentState()
     note_step_creation("srun: Job step creation temporarily disabled, retrying (Requested nodes are busy)\n", state)

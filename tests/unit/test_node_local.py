@@ -13,7 +13,7 @@ import pytest
 
 from orchestrator.core import node_local
 from orchestrator.core.node_local import NotOurs
-from orchestrator.node import gate_step
+from orchestrator.backends.slurm.node import gate_step
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
 OTHER_UID = 65534  # nobody

@@ -164,7 +164,7 @@ class SlurmPlanner:
 
     def steps_line(self, nodes: int, world: int, per_node: int, payload: Payload) -> str:
         """One srun step for the ranks, and where the health gate runs (in it, or a step before)."""
-        from orchestrator.node.gate_step import runs_in_step
+        from orchestrator.backends.slurm.node.gate_step import runs_in_step
         from orchestrator.node.health import TOKEN_WAIT_S
 
         ranks = f"one srun step starts the {world} rank(s), {per_node} a node"

@@ -1,4 +1,4 @@
-"""The job agent's side of the health gate inside the ranks' step (``orchestrator.node.gate_step``):
+"""The job agent's side of the health gate inside the ranks' step (``orchestrator.backends.slurm.node.gate_step``):
 it reads the nodes' verdicts as they come, and writes the one decision every task waits for.
 
 Its looks come 10-20 ms apart, each one listing of the attempt's health folder (a name a node): one
@@ -21,7 +21,8 @@ from orchestrator.backends.slurm.node.agent_state import AgentContext
 from orchestrator.backends.slurm.node.slurm_task import GATE_OPTION
 from orchestrator.core.recovery import Failure
 from orchestrator.core.states import FailureKind
-from orchestrator.node import gate_step, health, shared_folders
+from orchestrator.backends.slurm.node import gate_step
+from orchestrator.node import health, shared_folders
 
 _POLL_FIRST_S, _POLL_GROWTH, _POLL_MAX_S = 0.01, 1.5, 0.02
 

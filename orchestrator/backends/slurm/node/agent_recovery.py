@@ -20,11 +20,11 @@ from orchestrator.core.interpreter import lean_module_argv
 from orchestrator.core.recovery import HARDWARE_SIGNALS, Failure, decide
 from orchestrator.core.run_folder import RunFolder
 from orchestrator.core.states import Action, EndReason, FailureKind, Outcome
-from orchestrator.node.gate_step import DECIDE_WITHIN_S
+from orchestrator.backends.slurm.node.gate_step import DECIDE_WITHIN_S
 
 #: The health gate's srun: the token wait (health.TOKEN_WAIT_S) and node_check (NODE_CHECK_TIMEOUT_S)
 #: fit in it, and a node where the task cannot start is reported as not reporting. The same bound as
-#: the gate's inside the ranks' step (``orchestrator.node.gate_step``).
+#: the gate's inside the ranks' step (``orchestrator.backends.slurm.node.gate_step``).
 HEALTH_SRUN_TIMEOUT_S = DECIDE_WITHIN_S
 
 
@@ -97,7 +97,8 @@ class AgentRecovery:
         import json
         import shutil
 
-        from orchestrator.node import gate_step, health, shared_folders
+        from orchestrator.backends.slurm.node import gate_step
+        from orchestrator.node import health, shared_folders
 
         c = self.ctx
         assert c.attempt is not None

@@ -55,7 +55,8 @@ import time
 from dataclasses import replace
 from typing import Mapping
 
-from orchestrator.node import container, gate_step
+from orchestrator.backends.slurm.node import gate_step
+from orchestrator.node import container
 from orchestrator.backends.slurm.node import slurm_controller
 from orchestrator.backends.slurm.node.agent_decisions import (AUTO, UNFINISHED_EXIT, a_failure, attempt_in_job, exit_code,  # noqa: F401
                                           grace_spent, preempted, requeue_deadline, srun_signal_death,

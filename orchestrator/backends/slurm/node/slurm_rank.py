@@ -81,7 +81,7 @@ def main(args: list[str]) -> int:
     gate = gate_attempt(args)
     stop: str | None = None
     if gate is not None:  # the health gate inside this step: nothing of the user's runs before it passes
-        from orchestrator.node import gate_step
+        from orchestrator.backends.slurm.node import gate_step
 
         stop = gate_step.check_part(payload, gate, task.localid, os.environ)
     try:
@@ -101,7 +101,7 @@ def _start(task: SlurmTask, payload: Payload, args: list[str], gate: int | None,
     except Exception as exc:  # before the entrypoint (a named interface missing on this node...)
         failed = exc
     if gate is not None and stop is None:
-        from orchestrator.node import gate_step
+        from orchestrator.backends.slurm.node import gate_step
 
         stop = gate_step.decision_part(payload, gate, task.localid, os.environ)
     if stop is not None:

@@ -130,7 +130,7 @@ def master_port(args: list[str]) -> Optional[int]:
     return int(args[args.index("--master-port") + 1]) if "--master-port" in args else None
 
 
-#: The ranks' srun option that has the step run the health gate first (``orchestrator.node.gate_step``).
+#: The ranks' srun option that has the step run the health gate first (``orchestrator.backends.slurm.node.gate_step``).
 GATE_OPTION = "--gate"
 
 

@@ -7,7 +7,6 @@ is set DOWN with ``scontrol``. What to break and whether it may be broken is the
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 from typing import Optional, Sequence
@@ -26,10 +25,9 @@ QUERY_TIMEOUT_S = 30.0
 
 def on_its_node(job: str, host: str) -> tuple[list[str], dict[str, str]]:
     """The head of an ``srun --overlap`` of one task on ``host`` inside job ``job`` (numeric), and its
-    environment: ours without the SLURM variables of wherever chaos runs (a job of its own, say)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_")) or k == "SLURM_CONF"}
-    env["SLURM_EXPORT_ENV"] = "ALL"
-    return ["srun", "--overlap", f"--jobid={job}", f"--nodelist={host}", "--nodes=1", "--ntasks=1", "--quiet"], env
+    environment (``slurm_controller.outside_step_environment``)."""
+    return (["srun", "--overlap", f"--jobid={job}", f"--nodelist={host}", "--nodes=1", "--ntasks=1", "--quiet"],
+            slurm_controller.outside_step_environment())
 
 
 class SlurmChaos:

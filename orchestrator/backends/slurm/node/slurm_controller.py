@@ -338,6 +338,16 @@ def shrink_job(job_id: str, keep: Sequence[str], timeout_s: float, cwd: str | No
     return run(["scontrol", "update", f"JobId={job_id}", f"NodeList={','.join(keep)}"], timeout_s, cwd=cwd)
 
 
+def outside_step_environment() -> dict[str, str]:
+    """The environment of an ``srun --overlap`` into a job from outside it (``stacks``, ``chaos``):
+    ours without the SLURM variables of wherever this runs (a job of its own, say), SLURM_CONF
+    kept, and ``SLURM_EXPORT_ENV=ALL``: the step needs this PATH and Python on the node, also where
+    sites default to --export=NONE."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_")) or k == "SLURM_CONF"}
+    env["SLURM_EXPORT_ENV"] = "ALL"
+    return env
+
+
 def scontrol_text(*args: str, timeout_s: float = 30.0) -> str:
     """``scontrol ARGS``'s output; a SubmissionError that says what to do when it fails."""
     answer = run(["scontrol", *args], timeout_s)

@@ -8,7 +8,6 @@ the shared run folder, where the caller reads them. Standard library only.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -46,12 +45,8 @@ def request_slurm(run_dir: str | Path, job_id: str, nodes: int, python: str, ran
         return {}, "no rank has recorded itself yet (the job may still be starting)"
     before = stack_requests.sizes(run_dir, chosen)
     job_id = slurm_controller.numeric_job_id(job_id)  # a sweep point's '<array>_<task>': srun takes numbers
-    env = {k: v for k, v in os.environ.items() if not (k.startswith("SLURM_") and k != "SLURM_CONF")
-           and not k.startswith("SBATCH_") and not k.startswith("SRUN_")}
-    # The probe needs this PATH and Python on the node, also where sites default to --export=NONE.
-    env["SLURM_EXPORT_ENV"] = "ALL"
-    out = slurm_controller.run(probe_argv(run_dir, job_id, nodes, python, ranks, hosts), timeout_s, env=env,
-                               quiet_stdin=True)
+    out = slurm_controller.run(probe_argv(run_dir, job_id, nodes, python, ranks, hosts), timeout_s,
+                               env=slurm_controller.outside_step_environment(), quiet_stdin=True)
     if out.returncode is None:
         problem = f"srun --overlap could not reach the job's nodes ({out.error})"
     else:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import shutil
@@ -23,6 +22,7 @@ from orchestrator.core.states import State
 
 if TYPE_CHECKING:
     from orchestrator.spec.models import JobSpec
+    from orchestrator.core.rank_error import RankError
 
 
 class Executor(Protocol):
@@ -359,24 +359,11 @@ def _store_code(launch: LaunchPlan) -> None:
                               "a folder you can write, or code.snapshot: false to run the live files") from None
 
 
-def first_error(run_dir: str | Path) -> dict | None:
-    """The earliest traceback written by a failing rank of the run or of any sweep point."""
-    errors = []
-    for folder in _point_dirs(Path(run_dir)):
-        for path in folder.error_files():
-            try:
-                err = json.loads(path.read_text(encoding="utf-8"))
-            except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-                continue
-            if isinstance(err, dict) and isinstance(err.get("rank"), int):
-                errors.append(err)
-    return min(errors, key=lambda e: e.get("time", 0) if isinstance(e.get("time"), (int, float)) else 0) if errors else None
+def first_error(run_dir: str | Path) -> RankError | None:
+    """The earliest exception recorded by a failing rank of the run or of any sweep point."""
+    from orchestrator.core import rank_error
 
-
-def raised(err: dict) -> str:
-    """A rank's recorded error (``first_error``) as the record says it: the rank, the exception, and
-    the traceback (the user's part, when the rank trimmed one)."""
-    return f"rank {err['rank']} raised {err['type']}: {err['message']}\n{err.get('user_traceback') or err['traceback']}"
+    return rank_error.earliest(path for folder in _point_dirs(Path(run_dir)) for path in folder.error_files())
 
 
 def while_cancelled(error: str) -> str:

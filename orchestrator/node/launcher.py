@@ -31,6 +31,7 @@ from orchestrator.node.rank_env import OrchVar
 from orchestrator.core.atomic_files import write_json_atomic
 from orchestrator.core.rendezvous import remove_rendezvous_file
 from orchestrator.core.run_folder import RunFolder
+from orchestrator.core import rank_error
 
 
 def call_entrypoint(entrypoint: str, argv: list[str], source_dir: str | None = None, as_main: bool = True,
@@ -149,11 +150,9 @@ def run_rank(payload: Payload, rank: int, own_process: bool = True) -> Any:
             returned.append(True)  # sys.exit(0) is a normal return
             raise
         trimmed = user_traceback(exc)
-        write_json_atomic(RunFolder(run_dir).error(rank), {
-            "rank": rank, "time": time.time(), "attempt": int(os.environ.get(OrchVar.ATTEMPT, "0")),
-            "type": type(exc).__name__, "message": message_of(exc),
-            "traceback": traceback.format_exc(), "user_traceback": trimmed,
-        })
+        rank_error.write(RunFolder(run_dir).error(rank), rank_error.RankError(
+            rank=rank, time=time.time(), attempt=int(os.environ.get(OrchVar.ATTEMPT, "0")), type=type(exc).__name__,
+            message=message_of(exc), traceback=traceback.format_exc(), user_traceback=trimmed))
         if not isinstance(exc, (SystemExit, KeyboardInterrupt)):
             sys.stderr.write(f"{FAILED_MARK.format(rank=rank)}{type(exc).__name__}: {message_of(exc)}\n{trimmed}")
             sys.stderr.flush()

@@ -326,7 +326,7 @@ def test_a_rank_that_fails_before_its_entrypoint_is_recorded_with_its_rank_and_r
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
     assert "rank 1 failed: RuntimeError: interface nosuchif9 does not exist" in out.stderr
     err = first_error(tmp_path / "run")
-    assert err is not None and err["rank"] == 1 and "before the entrypoint" in err["message"], err
+    assert err is not None and err.rank == 1 and "before the entrypoint" in err.message, err
     assert json.loads((tmp_path / "run" / "errors" / "rank-1.json").read_text())["attempt"] == 0
 
 

@@ -19,7 +19,7 @@ from orchestrator.core.recovery import Failure
 from orchestrator.core.rendezvous import derive_port, pick_port, port_is_free, rendezvous_file
 from orchestrator.core.run_folder import RunFolder
 from orchestrator.core.states import FailureKind
-from orchestrator.executors.base import first_error, raised
+from orchestrator.executors.base import first_error
 from orchestrator.node.rank_env import installed_torch_version, local_rank_env, rank_environment
 from orchestrator.node.watchdog import Watch
 from orchestrator.plan import LaunchPlan
@@ -101,10 +101,10 @@ def first_failure(failed: list[int], codes: list[int | None], run_dir: Path,
     if by_signal:
         rank = by_signal[0]
         message = f"rank {rank} was killed by signal {procs.signal_name(-(codes[rank] or 0))}"
-    elif err is not None and err["rank"] in failed:
-        rank = err["rank"]
-        message = raised(err)
-        hint = hidden_gpu_hint(err["message"], devices)
+    elif err is not None and err.rank in failed:
+        rank = err.rank
+        message = err.said()
+        hint = hidden_gpu_hint(err.message, devices)
         message += f"\n{hint}" if hint else ""
     else:
         rank = failed[0]

@@ -29,7 +29,7 @@ from orchestrator.backends.slurm import submitit_adapter
 from orchestrator.spec.after import dependency_options, resolve, slurm_dependencies
 from orchestrator.spec.validators import printable
 from orchestrator.core.errors import SubmissionError
-from orchestrator.executors.base import (CANCEL_SLACK_S, first_error, prepare_attempt, raised, stop_grace_s,
+from orchestrator.executors.base import (CANCEL_SLACK_S, first_error, prepare_attempt, stop_grace_s,
                                          while_cancelled)
 from orchestrator.backends.slurm.slurm_env import check_submission_env, clean_submission_env, script_options
 from orchestrator.plan import LaunchPlan
@@ -204,8 +204,8 @@ class SlurmExecutor:
                     changes["ended"] = time.time()
                     err = first_error(rec.run_dir)
                     if err and state != State.COMPLETED:
-                        changes.update(failed_rank=err["rank"], error=while_cancelled(raised(err))
-                                       if state == State.CANCELLED else raised(err))
+                        changes.update(failed_rank=err.rank, error=while_cancelled(err.said())
+                                       if state == State.CANCELLED else err.said())
                     changes.update(agent_verdict(rec, state))
                 if len(per_job) > 1:
                     changes["point_states"] = {str(i): s for i, s in enumerate(per_job)}

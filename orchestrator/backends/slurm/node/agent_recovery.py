@@ -16,6 +16,7 @@ from orchestrator.backends.slurm.node.agent_gate import gate_verdict
 from orchestrator.backends.slurm.node.agent_decisions import attempt_outcome, cancelled, failed_exit, hang_blamed, step_hosts
 from orchestrator.backends.slurm.node.agent_requeue import SCONTROL_RETRY_S, Requeuer
 from orchestrator.backends.slurm.node.agent_state import AgentContext, Phase, say
+from orchestrator.core import rank_error
 from orchestrator.core.interpreter import lean_module_argv
 from orchestrator.core.recovery import HARDWARE_SIGNALS, Failure, decide
 from orchestrator.core.run_folder import RunFolder
@@ -212,25 +213,10 @@ class AgentRecovery:
             host, rank, what = s.killed
             return Failure(FailureKind.CRASH, f"rank {rank} on {host} was killed by a signal ({what})",
                            (host,) if what in HARDWARE_SIGNALS else ())
-        err = self._first_traceback()
+        err = rank_error.earliest(RunFolder.of(c.run_dir).error_files())
         if err is not None:
-            return Failure(FailureKind.CRASH,
-                           f"rank {err.get('rank')} raised {err.get('type')}: {err.get('message')}".splitlines()[0])
+            return Failure(FailureKind.CRASH, err.headline())
         return Failure(FailureKind.CRASH, error.splitlines()[0] if error else (s.first_end or "a rank failed").strip())
-
-    def _first_traceback(self) -> dict | None:
-        """The earliest error a rank of this attempt recorded (<run>/errors/rank-N.json)."""
-        import json
-
-        found = []
-        for path in RunFolder.of(self.ctx.run_dir).error_files():
-            try:
-                data = json.loads(path.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                continue
-            if isinstance(data, dict):
-                found.append(data)
-        return min(found, key=lambda d: d.get("time") or 0) if found else None
 
     def _restart_inside(self, message: str, failure: Failure) -> bool:
         """Restart the ranks' step inside this job (recovery.in_allocation) when the allocation still

@@ -32,11 +32,11 @@ from orchestrator.backends.slurm.node import slurm_controller
 from orchestrator.backends.slurm.node.agent_state import AgentContext
 from orchestrator.node.chaos_node import SENT
 from orchestrator.backends.slurm.node.slurm_task import STAND_IN_OPTION, STEP_NODES_OPTION
+from orchestrator.core import rank_error
 from orchestrator.core.interpreter import lean_module_argv
 from orchestrator.core.recovery import HARDWARE_SIGNALS, Failure
 from orchestrator.core.rejoins import Rejoins
 from orchestrator.core.run_folder import RunFolder
-from orchestrator.core.safe_read import Unreadable, read_json
 from orchestrator.core.states import FailureKind
 from orchestrator.node.rank_env import OrchVar
 
@@ -115,13 +115,9 @@ class StandIns:
         if gone:
             return Failure(FailureKind.NODE_FAILURE, f"lost node(s) {', '.join(gone)}", tuple(gone))
         host = self.host(rank)
-        try:
-            error = read_json(RunFolder.of(self.ctx.run_dir).error(rank))
-        except Unreadable:
-            error = None
-        if isinstance(error, dict) and error.get("message") is not None:
-            return Failure(FailureKind.CRASH, f"rank {rank} raised {error.get('type')}: {error.get('message')}"
-                           .splitlines()[0])
+        error = rank_error.read(RunFolder.of(self.ctx.run_dir).error(rank))
+        if error is not None:
+            return Failure(FailureKind.CRASH, error.headline())
         code = codes[rank] or 0
         if code > 128:
             name = signal.Signals(code - 128).name if code - 128 in signal.valid_signals() else f"signal {code - 128}"

@@ -50,14 +50,14 @@ def failed_before_entrypoint(payload: Payload, rank: int, attempt: int, exc: Bas
     import traceback
 
     from orchestrator.core.failures import FAILED_MARK, message_of
-    from orchestrator.core.atomic_files import write_json_atomic
+    from orchestrator.core import rank_error
     from orchestrator.core.run_folder import RunFolder
 
     message = f"{message_of(exc)} (on {socket.gethostname()}, before the entrypoint started)"
     try:
-        write_json_atomic(RunFolder.of(payload.run_dir).error(rank), {
-            "rank": rank, "time": time.time(), "attempt": attempt, "type": type(exc).__name__, "message": message,
-            "traceback": traceback.format_exc(), "user_traceback": f"{type(exc).__name__}: {message}\n"})
+        rank_error.write(RunFolder.of(payload.run_dir).error(rank), rank_error.RankError(
+            rank=rank, time=time.time(), attempt=attempt, type=type(exc).__name__, message=message,
+            traceback=traceback.format_exc(), user_traceback=f"{type(exc).__name__}: {message}\n"))
     except OSError:
         pass  # the line below still says it
     sys.stderr.write(f"{FAILED_MARK.format(rank=rank)}{type(exc).__name__}: {message}\n")

@@ -49,6 +49,12 @@ from orchestrator.core.errors import RunNotFoundError
 from orchestrator.core.recovery import HISTORY_FILE, HISTORY_MAX_BYTES, Attempt, History
 
 LOCAL_MARK = re.compile(r"=== attempt (\d+) started .*===")
+
+
+def local_marker(attempt: int) -> str:
+    """The line that starts attempt ``attempt`` in a local rank's log (``LOCAL_MARK`` reads it): the
+    supervisor writes it before each attempt's ranks start, a rejoin before its new generation."""
+    return f"=== attempt {attempt} started {time.ctime()} ===\n"
 SLURM_MARK = re.compile(r"\[launcher\] rank (\d+/\d+) \(local \d+\) on \S+, job (\S+) attempt (\d+), master ")
 #: The time in a local marker (``time.ctime()``: English names whatever the locale).
 _CTIME = re.compile(r"=== attempt \d+ started \w{3} (\w{3}) +(\d{1,2}) (\d\d):(\d\d):(\d\d) (\d{4}) ===")

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
+from orchestrator.core.attempt_logs import local_marker
 from orchestrator.core.atomic_files import write_json_atomic
 from orchestrator.core.recovery import Decision, Failure, History, decide
 from orchestrator.core.run_folder import RunFolder
@@ -101,7 +102,7 @@ class Rejoins:
             how = "replaced" if rank in lost else "kept its process"
             try:
                 with open(path, "ab") as log:
-                    log.write(f"=== attempt {attempt} started {time.ctime()} ===\n[orchestrator] rank {rank} {how}: "
+                    log.write(f"{local_marker(attempt)}[orchestrator] rank {rank} {how}: "
                               f"rank(s) {', '.join(map(str, lost))} rejoin the survivors (generation "
                               f"{self.generation}, state from rank {source})\n".encode())
             except OSError:

@@ -39,11 +39,11 @@ def _marker_template(module: str, start: str) -> ast.JoinedStr:
 
 
 def local_marker(attempt: int) -> str:
-    """What the local supervisor writes before attempt ``attempt`` (backends/local/supervisor.py)."""
-    template = _marker_template("orchestrator/backends/local/supervisor.py", "=== attempt ")
-    return eval(compile(ast.Expression(template), "supervisor", "eval"),  # noqa: S307 - our own source
-                {"self": SimpleNamespace(record=SimpleNamespace(attempts=attempt)),
-                 "time": SimpleNamespace(ctime=lambda: "Mon Jun  3 10:00:00 2024")})
+    """What the local supervisor (and a rejoin) writes before attempt ``attempt``
+    (``attempt_logs.local_marker``), from its own f-string."""
+    template = _marker_template("orchestrator/core/attempt_logs.py", "=== attempt ")
+    return eval(compile(ast.Expression(template), "local_marker", "eval"),  # noqa: S307 - our own source
+                {"attempt": attempt, "time": SimpleNamespace(ctime=lambda: "Mon Jun  3 10:00:00 2024")})
 
 
 def slurm_marker(rank: int, restart: int, job: str = "77", host: str = "node2") -> str:

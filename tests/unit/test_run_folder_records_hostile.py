@@ -302,7 +302,7 @@ T1 = 1_717_401_600.25  # attempt 1 started; its ranks a moment later, its failur
 
 
 def _local_marker_at(attempt: int, when: float, zone_s: int = 0) -> str:
-    """The supervisor's marker (its own f-string, backends/local/supervisor.py) written at ``when``
+    """The supervisor's marker (its own f-string, ``attempt_logs.local_marker``) written at ``when``
     by a supervisor whose clock reads ``zone_s`` ahead of UTC."""
     from tests.unit.test_attempt_views import _marker_template
 
@@ -310,11 +310,10 @@ def _local_marker_at(attempt: int, when: float, zone_s: int = 0) -> str:
     import time as real_time
     from types import SimpleNamespace
 
-    template = _marker_template("orchestrator/backends/local/supervisor.py", "=== attempt ")
+    template = _marker_template("orchestrator/core/attempt_logs.py", "=== attempt ")
     text = real_time.asctime(real_time.gmtime(when + zone_s))  # what ctime() prints in that zone
-    return eval(compile(ast.Expression(template), "supervisor", "eval"),  # noqa: S307 - our own source
-                {"self": SimpleNamespace(record=SimpleNamespace(attempts=attempt)),
-                 "time": SimpleNamespace(ctime=lambda: text)})
+    return eval(compile(ast.Expression(template), "local_marker", "eval"),  # noqa: S307 - our own source
+                {"attempt": attempt, "time": SimpleNamespace(ctime=lambda: text)})
 
 
 def _two_attempts() -> History:

@@ -35,6 +35,7 @@ from orchestrator.backends.local.attempt import first_failure, health_gate, mark
 from orchestrator.backends.local.survivors import Rejoins, kill_rank, replace, say
 from orchestrator.plan import LaunchPlan
 from orchestrator.core.rendezvous import remove_earlier_files
+from orchestrator.core.attempt_logs import local_marker
 from orchestrator.core.records import RunRecord, disk_trouble
 from orchestrator.core.recovery import Failure, History, decide
 from orchestrator.core.run_folder import RunFolder
@@ -242,7 +243,7 @@ class Supervisor:
         for rank, env in enumerate(envs):
             log_path = folder.log(rank)
             with open(log_path, "ab") as log:
-                log.write(f"=== attempt {self.record.attempts} started {time.ctime()} ===\n".encode())
+                log.write(local_marker(self.record.attempts).encode())
                 offsets.append(log.tell())  # echo from here: this attempt's output only
             forks.append({"rank": rank, "env": {**os.environ, **env}, "payload": str(payload_path), "log": str(log_path),
                           "fresh": fresh, "ddp": ddp})

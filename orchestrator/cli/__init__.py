@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--remote", metavar="HOST",
                         help="run submit, plan, status, list, logs, stacks, cancel or report on this login node "
                              "over SSH "
-                             "(default: remote.host in ~/.config/orchestrator/config.yaml); see README 'Remote'")
+                             "(default: remote.host in ~/.config/orchestrator/config.yaml); see docs/manual/remote.md")
     parser.add_argument("--local", action="store_true", help="ignore remote.host from the config file")
     parser.add_argument("--client-version", help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

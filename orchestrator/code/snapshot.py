@@ -8,7 +8,7 @@ hashed), ``store`` builds the tree the ranks import from (``code_redirect`` poin
 there).
 
 The *project*: the git work tree holding the entrypoint (a module entrypoint: holding the folder
-the CLI runs in), else the entrypoint's folder. What is frozen of it (the rule the README states):
+the CLI runs in), else the entrypoint's folder. What is frozen of it (the rule docs/manual/code-snapshots.md states):
 
 - in git, every tracked file, and untracked files git does not ignore *when they are code*;
 - outside git, the files that are code;

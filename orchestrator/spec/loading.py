@@ -1,6 +1,6 @@
 """Spec files and ``--set`` overrides, turned into a JobSpec.
 
-Precedence, lowest first (documented once, here and in the README):
+Precedence, lowest first (documented once, here and in docs/manual/specs.md):
 
 1. the model's defaults;
 2. each spec file, in the order given, deep-merged (later files win key by key);

@@ -17,7 +17,7 @@ import stat
 import unicodedata
 from typing import Any
 
-# ---- limits (documented in the README; every one names itself in its error) ---------------
+# ---- limits (documented in docs/manual/specs.md; every one names itself in its error) ---------------
 #: The longest string any spec field may hold (PATH_MAX on Linux).
 MAX_TEXT = 4096
 #: The largest world on any executor: far above today's biggest jobs, small enough that

@@ -27,11 +27,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
-class RunFiles:
-    """The run's own files: its record, plan, code, payload, spec, result and verdict; its
-    checkpoints, rendezvous files and sweep points."""
+@dataclass(frozen=True)
+class RunFolder:
+    """Every path of a run folder, by section, and what a new attempt does to the previous one's
+    files. A naming table (one property a path), over the class limit on purpose: it was split into
+    five mixins recombined here only to meet the count (issue 52), which hid nothing and helped no
+    reader (tests/unit/test_architecture.py: BIG_CLASSES)."""
 
     root: Path
+
+    # ---- The run's own files: its record, plan, code, payload, spec, result and verdict; its checkpoints,
+    # rendezvous files and sweep points.
 
     @property
     def points(self) -> Path:
@@ -91,11 +97,8 @@ class RunFiles:
         """Default folder of file:// rendezvous files."""
         return self.root / "rendezvous"
 
-class HealFiles:
-    """``recovery.survivors: keep``'s files (``jobs.heal``, ``backends.local.survivors``): the
-    launcher's generations of the ranks' group, their stores, and what each rank says of itself."""
-
-    root: Path
+    # ---- ``recovery.survivors: keep``'s files (``jobs.heal``, ``backends.local.survivors``): the launcher's
+    # generations of the ranks' group, their stores, and what each rank says of itself.
 
     @property
     def heal(self) -> Path:
@@ -121,11 +124,8 @@ class HealFiles:
         return self.heal / "ready" / f"rank-{rank}"
 
 
-class ControlFiles:
-    """Who holds the run and what steers its attempts (orchestrator.core.ownership, the SLURM
-    agent): lock, lease, cancel request, submitit's folder, requeue markers, earlier attempts."""
-
-    root: Path
+    # ---- Who holds the run and what steers its attempts (orchestrator.core.ownership, the SLURM agent): lock,
+    # lease, cancel request, submitit's folder, requeue markers, earlier attempts.
 
     @property
     def lock(self) -> Path:
@@ -157,10 +157,7 @@ class ControlFiles:
         return self.root / "attempts"
 
 
-class RankFiles:
-    """Per rank: its log, traceback, heartbeat, identity, join markers and stacks."""
-
-    root: Path
+    # ---- Per rank: its log, traceback, heartbeat, identity, join markers and stacks.
 
     @property
     def logs(self) -> Path:
@@ -216,10 +213,7 @@ class RankFiles:
         return self.root / "nccl-trace" / "rank-"
 
 
-class OutputFiles:
-    """What jobs write (metrics, allreduce's table, predictions), and what ``report`` makes of it."""
-
-    root: Path
+    # ---- What jobs write (metrics, allreduce's table, predictions), and what ``report`` makes of it.
 
     @property
     def metrics(self) -> Path:
@@ -254,14 +248,6 @@ class OutputFiles:
     def predictions(self) -> Path:
         """jobs.infer's predictions, unless its --output says otherwise."""
         return self.root / "predictions.jsonl"
-
-
-@dataclass(frozen=True)
-class RunFolder(RunFiles, ControlFiles, RankFiles, OutputFiles, HealFiles):
-    """Every path of a run folder, by section (the classes above), and what a new attempt does to
-    the previous one's files."""
-
-    root: Path
 
     @classmethod
     def of(cls, path: "str | Path | RunFolder") -> RunFolder:

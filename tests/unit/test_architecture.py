@@ -258,10 +258,12 @@ def test_the_generic_planner_imports_no_backend() -> None:
 
 
 #: Issue 34's limits: a module a reader can hold in mind, a class with one job. Nothing is over them
-#: (RunFolder, SpecView and api.Run were, at 47, 23 and 22: each is now its sections, one class each).
+#: (SpecView and api.Run were, at 23 and 22: each is now its sections, one class each).
 MAX_LINES, MAX_METHODS = 500, 15
 LONG_MODULES = {"orchestrator.spec.models": None}  # the spec's field definitions: exempt (None: no limit)
-BIG_CLASSES: dict[str, int] = {}
+#: Over the limit on purpose, each said why: RunFolder is a naming table (one property a path); its
+#: five mixins, recombined only to meet the count, were undone (issue 52).
+BIG_CLASSES: dict[str, int] = {"orchestrator.core.run_folder.RunFolder": 53}
 
 
 def test_no_module_or_class_grows_past_its_limit() -> None:

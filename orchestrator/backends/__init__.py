@@ -54,7 +54,7 @@ def _nothing() -> None:
 class Backend(Kind):
     """What one backend is (``kinds.Kind``: its facts) and how it plans and checks a submission."""
 
-    make_planner: Callable[[], BackendPlanner] = _local_planner
+    make_planner: Callable[[], BackendPlanner]
     preflight: Callable[[], None] = _nothing  # before a submission stores anything
 
 

@@ -20,7 +20,7 @@ from orchestrator.backends import BACKENDS
 from orchestrator.cli.cli_commands import (cmd_cancel, cmd_chaos, cmd_demo, cmd_diff, cmd_gc, cmd_list, cmd_logs,
                                        cmd_pipeline, cmd_plan, cmd_preflight, cmd_remote_files, cmd_remote_receive, cmd_report, cmd_run, cmd_top,
                                        cmd_schema, cmd_status, cmd_stacks, cmd_submit, cmd_sync, cmd_validate)
-from orchestrator.cli.cli_streams import _not_utf8_line, _os_error_line, _process_streams
+from orchestrator.cli.cli_streams import not_utf8_line, os_error_line, process_streams
 from orchestrator.core.errors import OrchestratorError, UsageError
 
 
@@ -260,7 +260,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unsupported:
         print(f"error: {unsupported}", file=sys.stderr)
         return 2
-    with _process_streams():
+    with process_streams():
         words = list(sys.argv[1:] if argv is None else argv)
         client = words[1] if words[:1] == ["--client-version"] and len(words) > 1 else None
         if client is not None and client != __version__:  # before parsing: a newer client's options are unknown here
@@ -286,14 +286,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("interrupted", file=sys.stderr)
             return 130
         except OSError as exc:  # the environment, not a bug: one line naming the path and the fix
-            # (a BrokenPipeError too: our own stdout and stderr never raise it, see _process_streams,
+            # (a BrokenPipeError too: our own stdout and stderr never raise it, see process_streams,
             # so this pipe is another one, a subprocess's or a socket's)
-            print(f"error: {_os_error_line(exc)}", file=sys.stderr)
+            print(f"error: {os_error_line(exc)}", file=sys.stderr)
             return 1
         except ValueError as exc:
             if "surrogates not allowed" not in str(exc):  # only text that is not UTF-8; the rest are bugs
                 raise
-            print(f"error: {_not_utf8_line()}", file=sys.stderr)
+            print(f"error: {not_utf8_line()}", file=sys.stderr)
             return 1
 
 

@@ -32,7 +32,7 @@ _ERRNO_FIX = {
 }
 
 
-def _os_error_line(exc: OSError) -> str:
+def os_error_line(exc: OSError) -> str:
     """One line for an OSError that escaped a subcommand: the path(s), the errno's meaning, the fix."""
     import errno
 
@@ -50,7 +50,7 @@ def _os_error_line(exc: OSError) -> str:
     return f"{line}; {fix}" if fix else line
 
 
-def _not_utf8_line() -> str:
+def not_utf8_line() -> str:
     from orchestrator.core.fs_checks import shown
 
     try:
@@ -127,7 +127,7 @@ def _wrapped(stream: Any) -> Any:
 
 
 @contextlib.contextmanager
-def _process_streams() -> Iterator[None]:
+def process_streams() -> Iterator[None]:
     """While main() runs as the process itself (its stdout and stderr are the process's own, not
     a test's StringIO), write them through _wrapped."""
     saved = sys.stdout, sys.stderr

@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 from typing import Iterable, Optional
 
-from orchestrator.code.snapshot_model import LEFT_NOT_CODE, LEFT_OUTPUT, LEFT_RUN, OUTPUT_DIRS, SnapshotError, _relative
+from orchestrator.code.snapshot_model import LEFT_NOT_CODE, LEFT_OUTPUT, LEFT_RUN, OUTPUT_DIRS, SnapshotError, relative_inside
 
 GIT_TIMEOUT_S = 30.0
 
@@ -137,7 +137,7 @@ def _checkouts_folder() -> Optional[str]:
 def _written_here(folder: str, projects: Optional[str]) -> bool:
     """``folder`` (resolved) is a checkout ``remote_receive`` made and its record is as the tool
     writes it: a plain file (never a link), owned by this user. Its content is checked when read
-    (``_read_shipped`` refuses a damaged record of a real checkout: submit again)."""
+    (``read_shipped`` refuses a damaged record of a real checkout: submit again)."""
     if projects is None or os.path.dirname(folder) != projects:
         return False
     try:
@@ -147,7 +147,7 @@ def _written_here(folder: str, projects: Optional[str]) -> bool:
     return stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid()
 
 
-def _read_shipped(root: str) -> dict:
+def read_shipped(root: str) -> dict:
     try:
         data = json.loads((Path(root) / SHIPPED_NAME).read_text(encoding="utf-8"))
         assert isinstance(data.get("files"), dict)
@@ -163,7 +163,7 @@ def _installed(path: str) -> bool:
 
     real = os.path.realpath(path)
     folders = {os.path.realpath(p) for key, p in sysconfig.get_paths().items() if key in ("stdlib", "platstdlib", "purelib", "platlib")}
-    return any(_relative(real, folder) is not None for folder in folders)
+    return any(relative_inside(real, folder) is not None for folder in folders)
 
 
 def _git_toplevel(folder: str) -> Optional[str]:
@@ -184,7 +184,7 @@ def _git_ignores(root: str, path: str) -> bool:
     return out.returncode == 0
 
 
-def _git_files(root: str, excluded: Iterable[str] = ()) -> tuple[list[str], list[str]]:
+def git_files(root: str, excluded: Iterable[str] = ()) -> tuple[list[str], list[str]]:
     """(tracked files, untracked files git does not ignore), never listing inside ``excluded``
     (relative folders: the runs folder, which git may not ignore and which grows with every run);
     a git submodule's own files under its folder."""
@@ -200,22 +200,22 @@ def _git_files(root: str, excluded: Iterable[str] = ()) -> tuple[list[str], list
         folder = os.path.join(root, name)
         if os.path.isdir(folder) and not os.path.islink(folder) and os.path.exists(os.path.join(folder, ".git")):
             tracked.discard(name)  # a submodule (a gitlink): its files, not the link
-            sub_tracked, sub_others = _git_files(folder)
+            sub_tracked, sub_others = git_files(folder)
             tracked.update(f"{name}/{sub}" for sub in sub_tracked)
             others.update(f"{name}/{sub}" for sub in sub_others)
     return sorted(tracked), sorted(others - tracked)
 
 
-def _kept_link(target: str, rel: str, root: str) -> str:
+def kept_link(target: str, rel: str, root: str) -> str:
     """A symlink's target as the tree keeps it: a relative one that leads out of the project is
     made absolute (in the tree it would lead somewhere else)."""
     if os.path.isabs(target):
         return target
     resolved = os.path.normpath(os.path.join(root, os.path.dirname(rel), target))
-    return target if _relative(resolved, root) is not None else resolved
+    return target if relative_inside(resolved, root) is not None else resolved
 
 
-def _git_state(root: str) -> tuple[Optional[str], str]:
+def git_state(root: str) -> tuple[Optional[str], str]:
     head = _git(root, "rev-parse", "--verify", "-q", "HEAD")
     if not head:
         return None, ""
@@ -227,16 +227,16 @@ def _is_run_folder(folder: str) -> bool:
     return os.path.isfile(os.path.join(folder, "record.json")) and os.path.isfile(os.path.join(folder, "payload.json"))
 
 
-def _link_why(full: str, root: str, excluded: list[str]) -> Optional[str]:
+def link_why(full: str, root: str, excluded: list[str]) -> Optional[str]:
     """A symlink leading to a file or folder of the project is kept as a link (``lib -> realpkg``:
     ``import lib`` in the tree then finds the frozen package, not the live one); one leading out
     of it, or into the runs folder, is left out (the tree's live link finds the same target)."""
     target = os.path.realpath(full)
-    inside = _relative(target, root) is not None and not any(_relative(target, x) is not None for x in excluded)
+    inside = relative_inside(target, root) is not None and not any(relative_inside(target, x) is not None for x in excluded)
     return None if inside else LEFT_NOT_CODE
 
 
-def _in_run_folder(root: str, rel: str, memo: dict[str, bool]) -> bool:
+def in_run_folder(root: str, rel: str, memo: dict[str, bool]) -> bool:
     """``rel`` lies in a run folder of the project (one of its folders holds record.json and payload.json)."""
     parts = rel.split("/")[:-1]
     for i in range(1, len(parts) + 1):
@@ -248,7 +248,7 @@ def _in_run_folder(root: str, rel: str, memo: dict[str, bool]) -> bool:
     return False
 
 
-def _walk(root: str, excluded: Iterable[str] = (), *, prune: bool = True,
+def walk_files(root: str, excluded: Iterable[str] = (), *, prune: bool = True,
           left: Optional[dict[str, list[str]]] = None) -> list[str]:
     """Every file under ``root`` but inside ``excluded`` and virtual environments, and (``prune``)
     hidden, output and run folders, which go to ``left``; symlinked folders are kept as links."""
@@ -279,7 +279,7 @@ def _walk(root: str, excluded: Iterable[str] = (), *, prune: bool = True,
     return sorted(names)
 
 
-def _ignore_patterns(path: Path) -> list[str]:
+def ignore_patterns(path: Path) -> list[str]:
     """The ignore file's patterns, one a line: blank lines and ``#`` comments dropped, and each
     line's trailing blanks, as git drops them (``\\ `` keeps an escaped one). Leading blanks are
     dropped too: an indented line means what it would unindented (git would read them as part of
@@ -312,7 +312,7 @@ class _Rule:
     regex: re.Pattern[str]
 
 
-def _ignored(rel: str, patterns: list[str]) -> bool:
+def is_ignored(rel: str, patterns: list[str]) -> bool:
     """Whether ``rel`` (a file's posix path under the root) is ignored by ``patterns``, read as git
     reads a .gitignore at the root: for the file and for each folder above it, the *last* pattern
     that matches decides (``!pattern`` takes a path back in); and a file under an ignored folder is

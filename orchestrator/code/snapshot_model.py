@@ -16,7 +16,7 @@ from typing import Mapping, Optional
 from orchestrator.core.errors import OrchestratorError
 
 STORE_NAME = ".code"
-_CHUNK = 1 << 20
+CHUNK = 1 << 20
 #: Sources: always code, whatever their size.
 SOURCE_SUFFIXES = frozenset({".py", ".pyi", ".pyx", ".pxd", ".pxi", ".c", ".cc", ".cpp", ".cxx", ".h", ".hpp",
                              ".cu", ".cuh"})
@@ -99,7 +99,7 @@ class Snapshot:
 
     @property
     def tree(self) -> str:
-        return str(Path(self.view, *_mirror_names(self.root)))
+        return str(Path(self.view, *mirror_names(self.root)))
 
     @property
     def manifest_path(self) -> str:
@@ -136,7 +136,7 @@ class Snapshot:
 
     def in_tree(self, live_path: str) -> Optional[str]:
         """Where a live path inside the project lies in the snapshot's tree (None: outside it)."""
-        rel = _relative(live_path, self.root)
+        rel = relative_inside(live_path, self.root)
         return None if rel is None else (self.tree if rel == "." else str(Path(self.tree) / rel))
 
     def pythonpath(self, value: str) -> str:
@@ -146,7 +146,7 @@ class Snapshot:
         folders = {"."} | {rel.rsplit("/", 1)[0] for rel in self.entries if "/" in rel}
         folders |= {f.rsplit("/", i)[0] for f in list(folders) for i in range(1, f.count("/") + 1)}
         for item in value.split(os.pathsep):
-            rel = _relative(os.path.realpath(item), self.root) if item and os.path.isabs(item) else None
+            rel = relative_inside(os.path.realpath(item), self.root) if item and os.path.isabs(item) else None
             moved = self.in_tree(os.path.realpath(item)) if rel in folders else None  # a folder the snapshot holds
             if moved is not None and moved not in out:
                 out.append(moved)
@@ -169,7 +169,7 @@ def snapshot_id(entries: Mapping[str, Entry]) -> str:
     return hashlib.sha256(lines.encode("utf-8", "surrogateescape")).hexdigest()[:20]
 
 
-def _mirror_names(root: str) -> list[str]:
+def mirror_names(root: str) -> list[str]:
     """The last folders of ``root``'s path: its mirrored ancestors and itself."""
     parts = [p for p in Path(root).parts[1:]] or ["_"]
     return parts[-(MIRRORED_LEVELS + 1):]
@@ -185,12 +185,12 @@ def is_code(rel: str, size: int) -> Optional[str]:
     return LEFT_NOT_CODE
 
 
-def _output_part(rel: str) -> bool:
+def output_part(rel: str) -> bool:
     """A path under a hidden, output or cache folder (its folders only, not its own name)."""
     return any(p.startswith(".") or p in OUTPUT_DIRS for p in rel.split("/")[:-1])
 
 
-def _relative(path: str, root: str) -> Optional[str]:
+def relative_inside(path: str, root: str) -> Optional[str]:
     """``path`` relative to ``root`` in posix form, or None when it is not inside."""
     try:
         rel = os.path.relpath(path, root)

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Iterable, Mapping, Optional
 
 from orchestrator.core.errors import OrchestratorError
-from orchestrator.code.snapshot_files import (_git_files, _git_state, _ignore_patterns, _ignored, _in_run_folder, _kept_link,
-                                         _link_why, _read_shipped, _walk, project_root,
+from orchestrator.code.snapshot_files import (git_files, git_state, ignore_patterns, is_ignored, in_run_folder, kept_link,
+                                         link_why, read_shipped, walk_files, project_root,
                                          stray_shipped_records)
-from orchestrator.code.snapshot_model import (_CHUNK, LEFT_CHANGING, LEFT_IGNORED, LEFT_OUTPUT, LEFT_RUN, STORE_NAME, Entry,
-                                         Snapshot, SnapshotError, _output_part, _relative, human_size, is_code)
+from orchestrator.code.snapshot_model import (CHUNK, LEFT_CHANGING, LEFT_IGNORED, LEFT_OUTPUT, LEFT_RUN, STORE_NAME, Entry,
+                                         Snapshot, SnapshotError, output_part, relative_inside, human_size, is_code)
 
 _READ_TRIES = 3
 
@@ -70,10 +70,10 @@ def runs_dir_problem(runs_dir: str, runs: str, root: str, required: Iterable[str
     if os.path.realpath(root) == runs_real:  # a runs folder *above* the project excludes nothing of it
         return (f"{shown} is the project's root ({root}); the runs folder is never frozen, so the code snapshot "
                 f"would hold nothing of the project; {fix}")
-    if _relative(runs_real, os.path.realpath(root)) is None:
+    if relative_inside(runs_real, os.path.realpath(root)) is None:
         return None
     for path in required:
-        if _relative(os.path.realpath(path), runs_real) is not None:
+        if relative_inside(os.path.realpath(path), runs_real) is not None:
             return (f"{shown} holds the entrypoint {path}; the runs folder is never frozen, so the ranks could not "
                     f"run it from the code snapshot; {fix}")
     return None
@@ -105,33 +105,33 @@ def scan(root: str, how: str, store_dir: str, *, ignore_file: str = ".orchignore
     root = os.path.realpath(root)
     home = _home_dir()
     forms = {f for x in [*exclude, store_dir, *([home] if home else [])] for f in (os.path.abspath(x), os.path.realpath(x))}
-    excluded = sorted(p for p in forms if _relative(p, root) is not None)  # a link named runs/ too, not only its target
+    excluded = sorted(p for p in forms if relative_inside(p, root) is not None)  # a link named runs/ too, not only its target
     exclude_patterns, include = tuple(exclude_patterns), tuple(include_patterns)
-    ignore = [*_ignore_patterns(Path(root) / ignore_file), *exclude_patterns]
+    ignore = [*ignore_patterns(Path(root) / ignore_file), *exclude_patterns]
     left: dict[str, list[str]] = {}
     shipped: dict = {}
     if how == "git":
-        tracked, others = _git_files(root, [_relative(p, root) or "" for p in excluded])
+        tracked, others = git_files(root, [relative_inside(p, root) or "" for p in excluded])
     elif how == "shipped":
-        shipped = _read_shipped(root)
+        shipped = read_shipped(root)
         tracked, others = sorted(shipped["files"]), []
     else:
-        tracked, others = [], _walk(root, excluded, prune=not include, left=left)
+        tracked, others = [], walk_files(root, excluded, prune=not include, left=left)
     cache = _read_index(store_dir, root)
     for rel, item in shipped.get("files", {}).items():  # hashed when received: trusted while the inode is the same
         if len(item) > 4 and rel not in cache:
             cache[rel] = [item[1], None, item[4], item[0]]
     entries: dict[str, Entry] = {}
     files: list[tuple[str, os.stat_result]] = []
-    required_rel = {_relative(os.path.realpath(path), root): path for path in required}
+    required_rel = {relative_inside(os.path.realpath(path), root): path for path in required}
     # the entrypoint is what the ranks run: frozen whatever its name (a script with no .py suffix)
     chosen = [(rel, True) for rel in tracked] + [(rel, rel in required_rel) for rel in others]
     run_folders: dict[str, bool] = {}
     for rel, declared in sorted(chosen):  # first every file's size: a project over the limit is refused before it is read
         full = os.path.join(root, rel)
-        if any(_relative(full, x) is not None for x in excluded):
+        if any(relative_inside(full, x) is not None for x in excluded):
             continue
-        if _ignored(rel, ignore):
+        if is_ignored(rel, ignore):
             left.setdefault(LEFT_IGNORED, []).append(rel)
             continue
         try:
@@ -141,17 +141,17 @@ def scan(root: str, how: str, store_dir: str, *, ignore_file: str = ".orchignore
         except OSError as exc:
             raise SnapshotError(f"cannot read {full} for the code snapshot: {exc.strerror}; fix its permissions, "
                                 f"list it in {os.path.join(root, ignore_file)}, or set code.snapshot: false") from None
-        if not declared and _in_run_folder(root, rel, run_folders):
+        if not declared and in_run_folder(root, rel, run_folders):
             left.setdefault(LEFT_RUN, []).append(rel)
             continue
-        if not declared and not _ignored(rel, list(include)):
-            why = LEFT_OUTPUT if _output_part(rel) else \
-                _link_why(full, root, excluded) if stat.S_ISLNK(st.st_mode) else is_code(rel, st.st_size)
+        if not declared and not is_ignored(rel, list(include)):
+            why = LEFT_OUTPUT if output_part(rel) else \
+                link_why(full, root, excluded) if stat.S_ISLNK(st.st_mode) else is_code(rel, st.st_size)
             if why is not None:
                 left.setdefault(why, []).append(rel)
                 continue
         if stat.S_ISLNK(st.st_mode):
-            target = _kept_link(os.readlink(full), rel, root)
+            target = kept_link(os.readlink(full), rel, root)
             entries[rel] = Entry(sha=hashlib.sha256(os.fsencode(target)).hexdigest(), size=0, mode=0o777, link=target)
         elif stat.S_ISREG(st.st_mode):  # not a socket, a fifo or a folder
             files.append((rel, st))
@@ -172,7 +172,7 @@ def scan(root: str, how: str, store_dir: str, *, ignore_file: str = ".orchignore
             raise SnapshotError(f"{path} is not in the code snapshot (git ignores it, or {ignore_file} or "
                                 "code.exclude lists it): the ranks could not run it; track it, or set "
                                 "code.snapshot: false")
-    commit, diff = _git_state(root) if how == "git" else (shipped.get("commit"), shipped.get("diff") or "")
+    commit, diff = git_state(root) if how == "git" else (shipped.get("commit"), shipped.get("diff") or "")
     missing = frozenset(e.sha for e in entries.values()
                         if e.link is None and not os.path.isfile(os.path.join(blobs, e.sha[:2], e.sha)))
     return Snapshot(root=root, how=how, entries=entries, store_dir=str(store_dir), commit=commit, diff=diff,
@@ -205,13 +205,13 @@ def _hash_files(root: str, files: list[tuple[str, os.stat_result]], cache: Mappi
             sha, st = read
             key = (st.st_size, st.st_mtime_ns, st.st_ino)
             if blobs is not None:
-                staged[sha] = _blob_stat(blobs / sha[:2] / sha)
+                staged[sha] = blob_stat(blobs / sha[:2] / sha)
         entries[rel] = Entry(sha=sha, size=key[0], mode=0o755 if st.st_mode & 0o111 else 0o644)
         hashed[rel] = key
     return hashed, staged
 
 
-def _blob_stat(path: Path) -> tuple[int, int, int]:
+def blob_stat(path: Path) -> tuple[int, int, int]:
     try:
         st = os.stat(path)
     except OSError:
@@ -254,7 +254,7 @@ def _copy_hashing(f, blobs: Optional[Path], path: str):
             blobs.mkdir(parents=True, exist_ok=True)
             handle, tmp = tempfile.mkstemp(dir=blobs, prefix=".tmp-")
             out = os.fdopen(handle, "wb")
-        while chunk := f.read(_CHUNK):
+        while chunk := f.read(CHUNK):
             digest.update(chunk)
             size += len(chunk)
             if out is not None:

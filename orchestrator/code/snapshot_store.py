@@ -15,9 +15,9 @@ import threading
 from pathlib import Path
 from typing import Iterable, Mapping, Optional
 
-from orchestrator.code.snapshot_model import (_CHUNK, MIRROR_MAX_ENTRIES, STORE_NAME, Entry, Snapshot, SnapshotError,
-                                         _mirror_names)
-from orchestrator.code.snapshot_scan import _blob_stat, write_index
+from orchestrator.code.snapshot_model import (CHUNK, MIRROR_MAX_ENTRIES, STORE_NAME, Entry, Snapshot, SnapshotError,
+                                         mirror_names)
+from orchestrator.code.snapshot_scan import blob_stat, write_index
 
 _TREE_STAMP = ".orchestrator-tree"
 
@@ -54,7 +54,7 @@ def store(snap: Snapshot) -> str:
 def _store_blob(source: Path, sha: str, target: Path) -> None:
     try:
         with open(source, "rb") as f:
-            put_blob(target, sha, iter(lambda: f.read(_CHUNK), b""),
+            put_blob(target, sha, iter(lambda: f.read(CHUNK), b""),
                      SnapshotError(f"{source} changed while it was being frozen; run or submit again"))
     except FileNotFoundError:
         raise SnapshotError(f"{source} was removed while it was being frozen; run or submit again") from None
@@ -138,7 +138,7 @@ def _build_view(snap: Snapshot, blobs: Path) -> None:
     tmp = Path(tempfile.mkdtemp(dir=view.parent, prefix=f".tmp-{view.name}-"))
     trash: Optional[Path] = None
     try:
-        tree = tmp.joinpath(*_mirror_names(snap.root))
+        tree = tmp.joinpath(*mirror_names(snap.root))
         tree.mkdir(parents=True)
         for rel, entry in sorted(snap.entries.items()):
             dest = tree / rel
@@ -151,7 +151,7 @@ def _build_view(snap: Snapshot, blobs: Path) -> None:
         for folder in [tmp, *(p for p in tmp.rglob("*") if p.is_dir() and not p.is_symlink())]:
             os.chmod(folder, 0o755)
         if view.is_dir():
-            built = Path(view, *_mirror_names(snap.root))
+            built = Path(view, *mirror_names(snap.root))
             if built.is_dir() and not _damaged(snap.entries, built):
                 return  # another start built it meanwhile, and ranks may be in it: keep it (ours is removed)
             # damaged: set aside, replaced at once
@@ -165,10 +165,10 @@ def _build_view(snap: Snapshot, blobs: Path) -> None:
     finally:
         for leftover in (tmp, trash):
             if leftover is not None and leftover.exists():
-                _remove_tree(leftover)
+                remove_tree(leftover)
 
 
-def _remove_tree(path: Path) -> None:
+def remove_tree(path: Path) -> None:
     def writable(func, p, _exc):  # noqa: ANN001 - shutil's onerror signature
         try:
             os.chmod(os.path.dirname(p), 0o755)
@@ -183,7 +183,7 @@ def _copy_verified(snap: Snapshot, rel: str, entry: Entry, blobs: Path, dest: Pa
     """Copy blob ``entry.sha`` to ``dest`` (read-only), checking its hash on the way: a damaged
     blob is stored again from the project while the project still holds that content."""
     blob = blobs / entry.sha[:2] / entry.sha
-    if entry.sha in snap.staged and _blob_stat(blob) == snap.staged[entry.sha]:  # written by this scan, untouched since
+    if entry.sha in snap.staged and blob_stat(blob) == snap.staged[entry.sha]:  # written by this scan, untouched since
         try:
             shutil.copyfile(blob, dest)
             os.chmod(dest, 0o555 if entry.mode & 0o111 else 0o444)
@@ -194,7 +194,7 @@ def _copy_verified(snap: Snapshot, rel: str, entry: Entry, blobs: Path, dest: Pa
         digest = hashlib.sha256()
         try:
             with open(blob, "rb") as src, open(dest, "wb") as out:
-                while chunk := src.read(_CHUNK):
+                while chunk := src.read(CHUNK):
                     digest.update(chunk)
                     out.write(chunk)
         except FileNotFoundError:
@@ -227,7 +227,7 @@ def _link_live(snap: Snapshot) -> None:
         folders.update("/".join(parts[:i]) for i in range(1, len(parts) + 1))
     for rel in sorted(folders):
         _link_missing(tree / rel if rel else tree, Path(snap.root) / rel if rel else Path(snap.root), skip, None)
-    names = _mirror_names(snap.root)
+    names = mirror_names(snap.root)
     live, mirrored = Path(snap.root), tree
     for _ in names[:-1]:
         live, mirrored, keep = live.parent, mirrored.parent, live.name
@@ -259,7 +259,7 @@ def _hash_file(path: str | Path) -> Optional[str]:
     digest = hashlib.sha256()
     try:
         with open(path, "rb") as f:
-            while chunk := f.read(_CHUNK):
+            while chunk := f.read(CHUNK):
                 digest.update(chunk)
     except OSError:
         return None

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
 from orchestrator.code.snapshot_model import STORE_NAME, human_size, load_manifest
-from orchestrator.code.snapshot_store import _remove_tree
+from orchestrator.code.snapshot_store import remove_tree
 from orchestrator.core.fs_checks import kind, shown
 from orchestrator.core.safe_read import Unreadable, read_json
 
@@ -364,7 +364,7 @@ def _remove_view(store: Path, name: str) -> int:
     except OSError:
         return 0
     size = _size(trash)
-    _remove_tree(trash)
+    remove_tree(trash)
     return size
 
 

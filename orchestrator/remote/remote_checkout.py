@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
 from orchestrator.core.errors import UsageError
-from orchestrator.remote.remote_protocol import (_PROJECT, NO_PROJECT, Shipped, Submission, _path_problem, _shown,
+from orchestrator.remote.remote_protocol import (PROJECT, NO_PROJECT, Shipped, Submission, path_problem, shown_received,
                                           file_entries)
 from orchestrator.code.snapshot_files import SHIPPED_NAME
 
@@ -33,7 +33,7 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def checkout_name(projects: Path, submission: Submission) -> str:
-    """The checkout this submission uses (only read here; ``_adopt`` records a choice):
+    """The checkout this submission uses (only read here; ``adopt`` records a choice):
 
     - the one its project adopted earlier (``.aliases/<project>`` names it), while it exists;
     - else its project's own, when it exists;
@@ -76,10 +76,10 @@ def _read_alias(projects: Path, project: str) -> Optional[str]:
             name = f.read(256).decode("ascii", "replace").strip()
     except OSError:
         return None
-    return name if _PROJECT.fullmatch(name) and name != NO_PROJECT else None
+    return name if PROJECT.fullmatch(name) and name != NO_PROJECT else None
 
 
-def _adopt(projects: Path, project: str, checkout: str) -> None:
+def adopt(projects: Path, project: str, checkout: str) -> None:
     """Record that ``project`` uses the older checkout ``checkout`` from now on (a file replaced
     whole, in a folder opened without following links), so a later submission finds it again
     even after the host name, and so the older name, changed."""
@@ -108,14 +108,14 @@ def _adopt(projects: Path, project: str, checkout: str) -> None:
           "(named by your machine's host name then); later submissions keep using it", file=sys.stderr, flush=True)
 
 
-def _lock(path: Path) -> int:
+def lock_file(path: Path) -> int:
     """An exclusive lock on ``path`` (made if missing, never through a link, never truncated)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX)
     return fd
 
 
-def _enter(checkout: Path, cwd: str) -> None:
+def enter_checkout(checkout: Path, cwd: str) -> None:
     """Make ``cwd`` in the checkout (never through a link) and change into it."""
     root = _open_checkout(checkout)
     folders = _Folders(root)
@@ -123,7 +123,7 @@ def _enter(checkout: Path, cwd: str) -> None:
         try:
             where = folders.at([] if cwd == "." else cwd.split("/"), create=True)
         except _Blocked as blocked:
-            raise UsageError(f"refusing the folder you submitted from, {_shown(cwd)}: "
+            raise UsageError(f"refusing the folder you submitted from, {shown_received(cwd)}: "
                              f"{blocked.describe(checkout)}") from None
         assert where is not None
         os.fchdir(where)
@@ -263,7 +263,7 @@ def _previously_shipped(root: int) -> set[str]:
             files = json.loads(f.read()).get("files")
     except (OSError, ValueError, AttributeError, RecursionError):
         return set()
-    return {rel for rel in files if _path_problem(rel) is None} if isinstance(files, dict) else set()
+    return {rel for rel in files if path_problem(rel) is None} if isinstance(files, dict) else set()
 
 
 def _place(folder: int, name: str, entry: Shipped, blobs: Path, shown: Path) -> int:

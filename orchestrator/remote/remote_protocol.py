@@ -64,7 +64,7 @@ _HEADER_KEYS = frozenset({"protocol", "version", "spec", "project", "legacy_proj
                           "diff", "allow_runs_in_home", "plan"})
 _PLAN_KEYS = frozenset({"json", "node", "rank"})
 _SHA = re.compile(r"[0-9a-f]{64}")
-_PROJECT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,119}")
+PROJECT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,119}")
 _COMMIT = re.compile(r"[0-9a-f]{7,64}")
 _BLOB_LINE = re.compile(rb"([0-9a-f]{64}) (-?[0-9]{1,20})\n")
 
@@ -126,7 +126,7 @@ def _header(line: bytes) -> Submission:
         raise UsageError(f"this login node speaks protocol {PROTOCOL}; install the same orchestrator version on both")
     unknown = sorted(set(header) - _HEADER_KEYS)
     if unknown:
-        raise UsageError(f"the submission's header has unknown field(s) {_shown(', '.join(unknown))}: install the "
+        raise UsageError(f"the submission's header has unknown field(s) {shown_received(', '.join(unknown))}: install the "
                          "same orchestrator version on both")
     files = file_entries(header.get("files"))
     _check_links(files)
@@ -149,14 +149,14 @@ def _json(line: bytes) -> Any:
         raise UsageError("the submission's header is not JSON: update the orchestrator on your machine") from None
 
 
-def _shown(value: Any, limit: int = 120) -> str:
+def shown_received(value: Any, limit: int = 120) -> str:
     """A received value as the error line shows it: quoted, escaped, cut short (it may hold anything)."""
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + "..."
 
 
 def file_entries(files: Any) -> dict[str, Shipped]:
-    """The manifest's entries, each checked (``_path_problem``, ``_entry``), and checked together:
+    """The manifest's entries, each checked (``path_problem``, ``_entry``), and checked together:
     one size per content, a bounded total, nothing beneath a shipped file or link."""
     if not isinstance(files, dict):
         raise UsageError("the submission's header lacks its files: update the orchestrator on your machine")
@@ -166,13 +166,13 @@ def file_entries(files: Any) -> dict[str, Shipped]:
     entries: dict[str, Shipped] = {}
     sizes: dict[str, int] = {}
     for rel, item in files.items():
-        problem = _path_problem(rel)
+        problem = path_problem(rel)
         if problem is not None:
-            raise UsageError(f"refusing the shipped path {_shown(rel)}: {problem}; paths must be relative and stay "
+            raise UsageError(f"refusing the shipped path {shown_received(rel)}: {problem}; paths must be relative and stay "
                              "inside the project")
         entry = _entry(rel, item)
         if entry.link is None and sizes.setdefault(entry.sha, entry.size) != entry.size:
-            raise UsageError(f"the shipped entry for {_shown(rel)} is malformed: its content has another size in "
+            raise UsageError(f"the shipped entry for {shown_received(rel)} is malformed: its content has another size in "
                              "another entry; submit again")
         entries[rel] = entry
     if sum(sizes.values()) > MAX_TOTAL_BYTES:
@@ -182,7 +182,7 @@ def file_entries(files: Any) -> dict[str, Shipped]:
     return entries
 
 
-def _path_problem(rel: Any) -> Optional[str]:
+def path_problem(rel: Any) -> Optional[str]:
     """Why ``rel`` cannot name a place inside the checkout (None: it can)."""
     if not isinstance(rel, str) or not rel:
         return "it is empty" if rel == "" else "it is not text"
@@ -206,28 +206,28 @@ def _path_problem(rel: Any) -> Optional[str]:
 
 def _entry(rel: str, item: Any) -> Shipped:
     """One manifest entry, as ``snapshot.Entry.to_json`` writes it, with every field checked."""
-    bad = f"the shipped entry for {_shown(rel)} is malformed"
+    bad = f"the shipped entry for {shown_received(rel)} is malformed"
     if not isinstance(item, list) or len(item) not in (3, 4):
         raise UsageError(f"{bad} (expected [sha256, size, mode] or [sha256, 0, '0o777', target]): update the "
                          "orchestrator on your machine")
     sha, size, mode = item[:3]
     link = item[3] if len(item) == 4 else None
     if not isinstance(sha, str) or not _SHA.fullmatch(sha):
-        raise UsageError(f"{bad}: its hash {_shown(sha)} is not 64 lowercase hex digits; submit again")
+        raise UsageError(f"{bad}: its hash {shown_received(sha)} is not 64 lowercase hex digits; submit again")
     if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_FILE_BYTES:
-        raise UsageError(f"{bad}: its size {_shown(size)} is not a whole number of bytes from 0 to {MAX_FILE_BYTES}")
+        raise UsageError(f"{bad}: its size {shown_received(size)} is not a whole number of bytes from 0 to {MAX_FILE_BYTES}")
     if link is None:
         if mode not in FILE_MODES:
-            raise UsageError(f"{bad}: its mode {_shown(mode)} is not one of {', '.join(FILE_MODES)}")
+            raise UsageError(f"{bad}: its mode {shown_received(mode)} is not one of {', '.join(FILE_MODES)}")
         return Shipped(sha=sha, size=size, mode=mode)
     if mode != LINK_MODE or size != 0:
         raise UsageError(f"{bad}: a link has mode {LINK_MODE} and size 0")
     if not isinstance(link, str) or not link or "\0" in link:
-        raise UsageError(f"{bad}: its link target {_shown(link)} is not a non-empty text without NUL")
+        raise UsageError(f"{bad}: its link target {shown_received(link)} is not a non-empty text without NUL")
     try:
         raw = os.fsencode(link)
     except UnicodeError:
-        raise UsageError(f"{bad}: its link target {_shown(link)} is not a name this system can hold") from None
+        raise UsageError(f"{bad}: its link target {shown_received(link)} is not a name this system can hold") from None
     if len(raw) > MAX_PATH_BYTES or hashlib.sha256(raw).hexdigest() != sha:
         raise UsageError(f"{bad}: its link target is over {MAX_PATH_BYTES} bytes, or not what its hash says")
     return Shipped(sha=sha, size=0, mode=mode, link=link)
@@ -240,14 +240,14 @@ def _check_tree(entries: Mapping[str, Shipped]) -> None:
     for rel in entries:
         parts = rel.split("/")
         if parts[-1] == SHIPPED_NAME:
-            raise UsageError(f"refusing the shipped path {_shown(rel)}: the login node keeps its own record of what "
+            raise UsageError(f"refusing the shipped path {shown_received(rel)}: the login node keeps its own record of what "
                              "was shipped under that name; rename that file, or list it in the ignore file")
         for depth in range(1, len(parts)):
             above = "/".join(parts[:depth])
             holder = entries.get(above)
             if holder is not None:
                 kind = "link" if holder.link is not None else "file"
-                raise UsageError(f"refusing the shipped path {_shown(rel)}: {_shown(above)} is shipped as a {kind}, "
+                raise UsageError(f"refusing the shipped path {shown_received(rel)}: {shown_received(above)} is shipped as a {kind}, "
                                  "and nothing is written beneath one; ship one or the other")
 
 
@@ -257,7 +257,7 @@ def _check_links(entries: Mapping[str, Shipped]) -> None:
     budget = [_LINK_WORK]
     for rel, target in sorted(links.items()):
         if not _stays_inside(rel, links, budget):
-            raise UsageError(f"refusing the shipped link {_shown(rel)} -> {_shown(target)}: it leads out of the "
+            raise UsageError(f"refusing the shipped link {shown_received(rel)} -> {shown_received(target)}: it leads out of the "
                              "project, and the login node's checkout is not where your project is; make it a "
                              "relative link that stays inside the project, or leave it out of the snapshot (the "
                              "ignore file or code.exclude) and use the path on the cluster itself")
@@ -304,11 +304,11 @@ def _checked_cwd(cwd: Any, entries: Mapping[str, Shipped]) -> str:
     a shipped file or link: the jobs would start elsewhere than they did on the laptop)."""
     if cwd == ".":
         return cwd
-    problem = _path_problem(cwd)
+    problem = path_problem(cwd)
     if problem is None and not entries:
         problem = "nothing was shipped, so the only folder there is '.'"
     if problem is not None:
-        raise UsageError(f"refusing the folder you submitted from, {_shown(cwd)}: {problem}; submit from inside "
+        raise UsageError(f"refusing the folder you submitted from, {shown_received(cwd)}: {problem}; submit from inside "
                          "the project")
     parts = cwd.split("/")
     for depth in range(1, len(parts) + 1):
@@ -316,8 +316,8 @@ def _checked_cwd(cwd: Any, entries: Mapping[str, Shipped]) -> str:
         holder = entries.get(above)
         if holder is not None:
             kind = "link" if holder.link is not None else "file"
-            raise UsageError(f"refusing the folder you submitted from, {_shown(cwd)}: it passes through "
-                             f"{_shown(above)}, a shipped {kind}; submit from a folder of the project itself")
+            raise UsageError(f"refusing the folder you submitted from, {shown_received(cwd)}: it passes through "
+                             f"{shown_received(above)}, a shipped {kind}; submit from a folder of the project itself")
     return cwd
 
 
@@ -326,8 +326,8 @@ def _checked_project(project: Any, entries: Mapping[str, Shipped]) -> Optional[s
     a hidden name that could be a lock file, or the shared checkout of nothing)."""
     if project is None and not entries:
         return None
-    if not isinstance(project, str) or not _PROJECT.fullmatch(project) or project == NO_PROJECT:
-        raise UsageError(f"the submission names no valid project ({_shown(project)}; letters, digits, '_', '.', '-', "
+    if not isinstance(project, str) or not PROJECT.fullmatch(project) or project == NO_PROJECT:
+        raise UsageError(f"the submission names no valid project ({shown_received(project)}; letters, digits, '_', '.', '-', "
                          "not starting with '.' or '-', up to 120): update the orchestrator on your machine")
     return project
 
@@ -338,9 +338,9 @@ def _checked_legacy(legacy: Any, project: Optional[str]) -> Optional[str]:
     project's (never a folder outside ``remote/projects``, nor another project's)."""
     if legacy is None:
         return None
-    if project is None or not isinstance(legacy, str) or not _PROJECT.fullmatch(legacy) or legacy == NO_PROJECT \
+    if project is None or not isinstance(legacy, str) or not PROJECT.fullmatch(legacy) or legacy == NO_PROJECT \
             or legacy.rpartition("-")[0] != project.rpartition("-")[0]:
-        raise UsageError(f"the submission's older checkout name {_shown(legacy)} is not its project's name with "
+        raise UsageError(f"the submission's older checkout name {shown_received(legacy)} is not its project's name with "
                          "another hash: update the orchestrator on your machine")
     return legacy
 
@@ -348,7 +348,7 @@ def _checked_legacy(legacy: Any, project: Optional[str]) -> Optional[str]:
 def _checked_flag(value: Any, name: str) -> bool:
     if isinstance(value, bool):
         return value
-    raise UsageError(f"the submission's {name} is {_shown(value)}, not true or false: update the orchestrator on "
+    raise UsageError(f"the submission's {name} is {shown_received(value)}, not true or false: update the orchestrator on "
                      "your machine")
 
 
@@ -361,13 +361,13 @@ def _checked_plan(plan: Any) -> Optional[PlanRequest]:
 
     bad = "update the orchestrator on your machine"
     if not isinstance(plan, dict) or set(plan) - _PLAN_KEYS:
-        raise UsageError(f"the submission's plan options {_shown(plan)} are not json, node and rank: {bad}")
+        raise UsageError(f"the submission's plan options {shown_received(plan)} are not json, node and rank: {bad}")
     as_json = _checked_flag(plan.get("json", False), "plan option json")
     picked = {}
     for key in ("node", "rank"):
         value = plan.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < MAX_WORLD):
-            raise UsageError(f"plan --{key} {_shown(value)}: give a whole number from 0 to {MAX_WORLD - 1}")
+            raise UsageError(f"plan --{key} {shown_received(value)}: give a whole number from 0 to {MAX_WORLD - 1}")
         picked[key] = value
     if picked["node"] is not None and picked["rank"] is not None:
         raise UsageError(f"plan takes one of --node and --rank, not both: {bad}")
@@ -384,7 +384,7 @@ def _checked_spec(spec: Any) -> dict:
     executor = spec.get("executor")
     kind = BACKENDS.get(executor) if isinstance(executor, str) else None
     if kind is None or not kind.scheduled:
-        named = "the default (local)" if executor is None else _shown(executor)
+        named = "the default (local)" if executor is None else shown_received(executor)
         raise UsageError(f"refusing to run this spec on the login node: its executor is {named}, and a remote "
                          "submission only queues jobs on SLURM (nothing runs on a shared login node); set "
                          "executor: slurm, or run it on your machine without --remote")
@@ -395,7 +395,7 @@ def _checked_commit(commit: Any) -> Optional[str]:
     """The laptop's git commit, or None: recorded in the checkout and shown by ``diff``, so only a commit id."""
     if commit is None or (isinstance(commit, str) and _COMMIT.fullmatch(commit)):
         return commit
-    raise UsageError(f"the submission's commit {_shown(commit)} is not a git commit id: update the orchestrator on "
+    raise UsageError(f"the submission's commit {shown_received(commit)} is not a git commit id: update the orchestrator on "
                      "your machine")
 
 
@@ -406,7 +406,7 @@ def _checked_text(value: Any, name: str) -> str:
     raise UsageError(f"the submission's {name} is not text: update the orchestrator on your machine")
 
 
-def _receive_blobs(stdin: IO[bytes], blobs: Path, wanted: Mapping[str, int]) -> None:
+def receive_blobs(stdin: IO[bytes], blobs: Path, wanted: Mapping[str, int]) -> None:
     """Each blob asked for, once, with the size the header gave it; then ``END``."""
     left = dict(wanted)
     while True:

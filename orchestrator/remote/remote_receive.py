@@ -47,9 +47,9 @@ from pathlib import Path
 from typing import IO, Any, Iterator, Mapping, Optional
 
 from orchestrator.core.errors import OrchestratorError, UsageError
-from orchestrator.remote.remote_checkout import _adopt, _enter, _lock, checkout_name, update_checkout
+from orchestrator.remote.remote_checkout import adopt, enter_checkout, lock_file, checkout_name, update_checkout
 from orchestrator.remote.remote_protocol import (MAX_FILE_BYTES, MAX_FILES, MAX_HEADER_BYTES, MAX_NAME_BYTES, NO_PROJECT,
-                                          PlanRequest, Submission, _receive_blobs, _shown, read_header)
+                                          PlanRequest, Submission, receive_blobs, shown_received, read_header)
 
 __all__ = ["INTERNAL_ERROR", "MAX_FILE_BYTES", "MAX_FILES", "MAX_HEADER_BYTES", "MAX_NAME_BYTES", "NO_PROJECT",
            "SITE_STORAGE", "checkout_name", "remote_home", "runs_in_home_problem", "send_files", "serve",
@@ -91,7 +91,7 @@ def serve(stdin: IO[bytes], stdout: IO[bytes]) -> int:
         missing = {sha: size for sha, size in sorted(submission.blob_sizes().items())
                    if not (blobs / sha[:2] / sha).is_file()}
         say({"missing": list(missing)})
-        _receive_blobs(stdin, blobs, missing)
+        receive_blobs(stdin, blobs, missing)
         with contextlib.redirect_stdout(sys.stderr):  # the CLI's own lines are for the user, not the protocol
             if submission.plan is not None:
                 planned = _plan(submission, checkout, blobs, submission.plan)  # plan's own output captured
@@ -109,7 +109,7 @@ def serve(stdin: IO[bytes], stdout: IO[bytes]) -> int:
         refuse(f"on the login node: {exc}")
         return 1
     except Exception as exc:  # a bug, not the input: still one line for the client, never a traceback
-        refuse(f"{INTERNAL_ERROR} ({type(exc).__name__}: {_shown(str(exc))}); please report this line")
+        refuse(f"{INTERNAL_ERROR} ({type(exc).__name__}: {shown_received(str(exc))}); please report this line")
         return 1
 
 
@@ -140,7 +140,7 @@ def runs_in_home_problem(spec: Mapping[str, Any], cwd: Path, home: str, env: Map
         real = os.path.realpath(landing)
         if real != home_real and not real.startswith(home_real.rstrip("/") + "/"):
             continue
-        return (f"{field}: {_shown(value)} is relative, so {what} would be written under your home on the login "
+        return (f"{field}: {shown_received(value)} is relative, so {what} would be written under your home on the login "
                 f"node ({landing}), whose quota is small on most clusters; {_storage_hint(field, leaf, env)}; or "
                 f"keep them in your home on purpose: {field}: ~/{value.strip('/')}, or remote.allow_runs_in_home: "
                 "true in the orchestrator config on your machine")
@@ -195,13 +195,13 @@ def _entered_checkout(submission: Submission, checkout: Path, blobs: Path) -> It
 
     projects = checkout.parent
     projects.mkdir(parents=True, exist_ok=True)
-    lock = _lock(projects / f".{checkout.name}.lock") if submission.files else None
+    lock = lock_file(projects / f".{checkout.name}.lock") if submission.files else None
     try:
         if submission.files:
             if submission.project is not None and checkout.name != submission.project:
-                _adopt(projects, submission.project, checkout.name)
+                adopt(projects, submission.project, checkout.name)
             update_checkout(checkout, submission.files, blobs, submission.commit, submission.diff)
-        _enter(checkout, submission.cwd)
+        enter_checkout(checkout, submission.cwd)
         spec = spec_from_dict(dict(submission.spec))
         if not spec.runs_on.scheduled:  # checked in the header already; this is the last door before a run
             raise UsageError(f"refusing to run a spec with executor {spec.executor} on the login node")

@@ -44,7 +44,7 @@ def no_acct(cluster_without_accounting: dict[str, str], tmp_path: Path,
     """The cluster without accounting, a folder of specs, and a record of every scheduler command
     this process runs. What this process learned about the cluster's accounting is forgotten
     first: each test finds out again, as a fresh ``orchestrator`` process would."""
-    monkeypatch.setattr(slurm_status, "_ACCOUNTING_OFF", {})
+    monkeypatch.setattr(slurm_status, "ACCOUNTING_OFF", {})
     calls: list[list[str]] = []
     real = subprocess.run
 

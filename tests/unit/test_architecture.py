@@ -304,3 +304,16 @@ def test_the_floor_plan_draws_every_folder() -> None:
               if p.is_dir() and p.name != "__pycache__" and "__pycache__" not in p.parts}
     drawn = _floor_plan()
     assert drawn == actual, f"drawn, not there: {sorted(drawn - actual)}; there, not drawn: {sorted(actual - drawn)}"
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    """A name with a leading underscore is its module's own (issue 52: 33 were imported across 11
+    module pairs): one another module needs is public, under a name that says what it is."""
+    wrong = []
+    for module, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in PACKAGES:
+                private = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+                if private:
+                    wrong.append(f"{module} imports {', '.join(private)} from {node.module}")
+    assert not wrong, "\n".join(wrong)

@@ -1,5 +1,5 @@
 """The ignore file's and ``code.exclude``'s patterns mean what the same lines mean in a .gitignore
-(``orchestrator.code.snapshot_files._ignored``): the last matching line decides, ``!`` takes a
+(``orchestrator.code.snapshot_files.is_ignored``): the last matching line decides, ``!`` takes a
 path back in, and a file under an ignored folder stays out whatever a later ``!`` says, as git
 never looks inside an ignored folder. The property test compares the matcher with
 ``git check-ignore --no-index`` itself on generated trees and pattern lists."""
@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.code.snapshot import LEFT_IGNORED, scan
-from orchestrator.code.snapshot_files import _ignore_patterns, _ignored
+from orchestrator.code.snapshot_files import ignore_patterns, is_ignored
 
 # Folder and file names are disjoint, so any list of paths is a tree (no name is both); a folder
 # named like a file ("d.bin") tests a glob that matches folders too.
@@ -72,7 +72,7 @@ def patterns(draw: st.DrawFn) -> str:
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(trees(), st.lists(patterns(), min_size=1, max_size=5))
 def test_the_ignore_rules_agree_with_git_check_ignore(paths: list[str], lines: list[str]) -> None:
-    ours = {p for p in paths if _ignored(p, lines)}
+    ours = {p for p in paths if is_ignored(p, lines)}
     assert ours == git_ignored(paths, lines), lines
 
 
@@ -91,7 +91,7 @@ def test_the_ignore_rules_agree_with_git_check_ignore(paths: list[str], lines: l
 ])
 def test_negation_and_folders_as_git_reads_them(lines: list[str], ignored: set[str]) -> None:
     paths = ["keep.bin", "drop.bin", "x.py", "a/keep.bin", "a/drop.bin", "a/x.py", "d.bin/x.py", "d.bin/drop.bin"]
-    assert {p for p in paths if _ignored(p, lines)} == ignored
+    assert {p for p in paths if is_ignored(p, lines)} == ignored
     assert git_ignored(paths, lines) == ignored  # the expectation is git's own
 
 
@@ -112,6 +112,6 @@ def test_a_negated_line_in_the_ignore_file_freezes_only_the_file_it_names(tmp_pa
 def test_the_ignore_file_drops_comments_blanks_and_trailing_blanks(tmp_path: Path) -> None:
     ignore = tmp_path / ".orchignore"
     ignore.write_text("# a comment\n\n   \n*.bin   \n  !keep.bin\nname\\ \n\\#literal\n")
-    assert _ignore_patterns(ignore) == ["*.bin", "!keep.bin", "name\\ ", "\\#literal"]
-    assert _ignored("name ", _ignore_patterns(ignore)) and not _ignored("name", _ignore_patterns(ignore))
-    assert _ignored("#literal", _ignore_patterns(ignore))
+    assert ignore_patterns(ignore) == ["*.bin", "!keep.bin", "name\\ ", "\\#literal"]
+    assert is_ignored("name ", ignore_patterns(ignore)) and not is_ignored("name", ignore_patterns(ignore))
+    assert is_ignored("#literal", ignore_patterns(ignore))

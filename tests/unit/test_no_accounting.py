@@ -149,7 +149,7 @@ def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
     conf.write_text("ClusterName=orch\n")
     monkeypatch.setenv("SLURM_CONF", str(conf))
     monkeypatch.setenv("ORCHESTRATOR_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(slurm_status, "_ACCOUNTING_OFF", {})
+    monkeypatch.setattr(slurm_status, "ACCOUNTING_OFF", {})
     scheduler = NoAccounting({})
     monkeypatch.setattr(slurm_controller, "subprocess", SimpleNamespace(run=scheduler.run, TimeoutExpired=subprocess.TimeoutExpired))
     return SimpleNamespace(conf=conf, scheduler=scheduler, runs=tmp_path / "runs")

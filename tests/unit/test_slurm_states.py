@@ -1,4 +1,4 @@
-from orchestrator.backends.slurm.executor import _PRIORITY, STATE_MAP, combine, map_state
+from orchestrator.backends.slurm.executor import PRIORITY, STATE_MAP, combine, map_state
 from orchestrator.core.states import State
 
 DISTINCT = ["PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL",
@@ -29,7 +29,7 @@ def test_combined_state_of_an_array() -> None:
 
 
 def test_every_state_has_a_priority() -> None:
-    assert sorted(_PRIORITY) == sorted(State) and len(_PRIORITY) == len(set(_PRIORITY))
+    assert sorted(PRIORITY) == sorted(State) and len(PRIORITY) == len(set(PRIORITY))
 
 
 def test_pending_array_ids_expand() -> None:

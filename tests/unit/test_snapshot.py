@@ -310,7 +310,7 @@ def test_a_repo_with_no_commit_yet_has_no_commit_and_no_diff(tmp_path: Path) -> 
 def test_git_files_lists_tracked_and_untracked_never_the_runs_folder(tmp_path: Path) -> None:
     repo = git_repo(tmp_path / "proj", {"train.py": "x", ".gitignore": "*.log\n"})
     write(repo, {"runs/.code/trees/abc/train.py": "x", "runs/job-1/log.txt": "y", "new.py": "", "out.log": "l"})
-    tracked, untracked = snapshot_files._git_files(str(repo.resolve()), ["runs"])
+    tracked, untracked = snapshot_files.git_files(str(repo.resolve()), ["runs"])
     assert tracked == [".gitignore", "train.py"]
     assert untracked == ["new.py"]
 
@@ -548,7 +548,7 @@ def test_a_file_appended_to_by_a_thread_during_the_scan_never_raises(no_outer_gi
     """The same with no help to tear the reads: frozen as one consistent read, or left out."""
     proj, store_dir = no_outer_git / "proj", no_outer_git / "store"
     write(proj, {"train.py": "", "log.txt": "# start\n" * 50_000})
-    monkeypatch.setattr(snapshot_scan, "_CHUNK", 4096)
+    monkeypatch.setattr(snapshot_scan, "CHUNK", 4096)
     with Appender(proj / "log.txt", monkeypatch, slow_reads=False):
         snaps = [scan(str(proj), "folder", str(store_dir), stage=True) for _ in range(3)]
     for snap in snaps:

@@ -40,8 +40,8 @@ from orchestrator.backends.slurm.node.slurm_controller import check_slurm_conf, 
 from orchestrator.backends.slurm.node.slurm_controller import run as run_slurm
 from orchestrator.backends.slurm.slurm_plan import DEFAULT_MAX_ARRAY_SIZE, array_chunks, job_command
 from orchestrator.backends.slurm.slurm_status import (  # noqa: F401  (re-exported: the status half of this executor)
-    _ACCOUNTING_OFF, _PRIORITY, ACCOUNTING_DISABLED, OUTCOME_STATE, STATE_MAP, UNKNOWN_END, _pairs, _queue_states,
-    _sacct, accounting_off, agent_end, combine, end_from_agent, expand_array_id, map_state, sacct_states,
+    ACCOUNTING_OFF, PRIORITY, ACCOUNTING_DISABLED, OUTCOME_STATE, STATE_MAP, UNKNOWN_END, pairs, queue_states,
+    sacct_rows, accounting_off, agent_end, combine, end_from_agent, expand_array_id, map_state, sacct_states,
     sacct_unusable, squeue_states)
 from orchestrator.core.states import State
 
@@ -245,7 +245,7 @@ class SlurmExecutor:
                 seen = news
                 pacing.folder_changed(now)
             if pacing.due(now) or (not hard and now >= hard_at):
-                states = _queue_states(bases)
+                states = queue_states(bases)
                 if states == []:  # the scheduler no longer lists the job
                     break
                 if not hard and (now >= hard_at or "RUNNING" not in (states or ())):

@@ -35,7 +35,7 @@ STATE_MAP: dict[str, State] = {
     "REQUEUED": State.REQUEUED,
 }
 #: When a run has several jobs (array tasks), the most telling state wins. Every State is here.
-_PRIORITY: list[State] = [State.NODE_FAIL, State.OUT_OF_MEMORY, State.FAILED, State.TIMEOUT, State.PREEMPTED,
+PRIORITY: list[State] = [State.NODE_FAIL, State.OUT_OF_MEMORY, State.FAILED, State.TIMEOUT, State.PREEMPTED,
                           State.CANCELLED, State.REQUEUED, State.RUNNING, State.PENDING, State.UNKNOWN,
                           State.COMPLETED]
 
@@ -47,15 +47,15 @@ def map_state(raw: str) -> State:
 
 
 def combine(states: list[State]) -> State:
-    return State(min(states, key=_PRIORITY.index)) if states else State.UNKNOWN
+    return State(min(states, key=PRIORITY.index)) if states else State.UNKNOWN
 
 
-def _pairs(stdout: str) -> list[tuple[str, str]]:
+def pairs(stdout: str) -> list[tuple[str, str]]:
     """'12|RUNNING' lines -> [('12', 'RUNNING')]."""
     return [tuple(part.strip() for part in line.split("|", 1)) for line in stdout.splitlines() if "|" in line]  # type: ignore[misc]
 
 
-def _queue_states(bases: list[str]) -> list[str] | None:
+def queue_states(bases: list[str]) -> list[str] | None:
     """One squeue call: the states of the jobs it still lists (pending, running, completing...);
     [] once it lists none of them (ended, or purged from the controller: "Invalid job id"); None
     when squeue could not answer (missing, timed out, or another error): they may still be there."""
@@ -87,7 +87,7 @@ def squeue_states(bases: list[str], every_state: bool = True) -> dict[str, State
             return {}
         raise SubmissionError(controller_problem("squeue", out.stderr) or
                               f"squeue failed ({out.stderr.strip()}); is SLURM_CONF set and the controller running?")
-    return {jid: map_state(raw) for jid, raw in _pairs(out.stdout)}
+    return {jid: map_state(raw) for jid, raw in pairs(out.stdout)}
 
 
 # ---- a cluster without accounting -----------------------------------------------------------
@@ -97,7 +97,7 @@ ACCOUNTING_DISABLED = "accounting storage is disabled"
 #: Clusters this process found without accounting: (SLURM_CONF, its mtime) -> why. Keyed by the
 #: file's mtime too, because a cluster rebuilt at the same path (deploy/cluster.sh up) writes a new
 #: slurm.conf and may have accounting again.
-_ACCOUNTING_OFF: dict[tuple[str, int], str] = {}
+ACCOUNTING_OFF: dict[tuple[str, int], str] = {}
 
 
 def _cluster_key() -> tuple[str, int]:
@@ -112,7 +112,7 @@ def _cluster_key() -> tuple[str, int]:
 def accounting_off() -> str | None:
     """Why this cluster has no accounting to ask (sacct disabled or missing), once that was seen
     by this process; None while sacct has answered (or has not been asked yet)."""
-    return _ACCOUNTING_OFF.get(_cluster_key())
+    return ACCOUNTING_OFF.get(_cluster_key())
 
 
 def sacct_unusable(returncode: int | None, stderr: str) -> str | None:
@@ -126,26 +126,26 @@ def sacct_unusable(returncode: int | None, stderr: str) -> str | None:
     return None
 
 
-def _sacct(bases: list[str]) -> list[tuple[str, str]] | None:
+def sacct_rows(bases: list[str]) -> list[tuple[str, str]] | None:
     """sacct's (job id, state) rows for these jobs; None when this cluster keeps no accounting
     (noted for the rest of the process: sacct is not asked again)."""
     check_slurm_conf()
     cmd = ["sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j", ",".join(bases)]
     out = run_slurm(cmd)
     if out.missing:
-        _ACCOUNTING_OFF[_cluster_key()] = sacct_unusable(None, "") or ""
+        ACCOUNTING_OFF[_cluster_key()] = sacct_unusable(None, "") or ""
         return None
     if out.returncode is None:
         raise SubmissionError(f"sacct could not run ({out.error}); run this on a SLURM login node")
     why = sacct_unusable(out.returncode, out.stderr)
     if why:
-        _ACCOUNTING_OFF[_cluster_key()] = why
+        ACCOUNTING_OFF[_cluster_key()] = why
         return None
     if out.returncode != 0:
         raise SubmissionError(controller_problem("sacct", out.stderr) or
                               f"sacct failed ({out.stderr.strip()}); is SLURM_CONF set and the controller "
                               "(and slurmdbd) running?")
-    return _pairs(out.stdout)
+    return pairs(out.stdout)
 
 
 #: What an attempt's outcome (``recovery.Attempt.outcome``, written by the job's agent) says about
@@ -232,7 +232,7 @@ def sacct_states(job_ids: list[str]) -> dict[str, State]:
     if not job_ids:
         return {}
     bases = sorted({j.split("_")[0] for j in job_ids})
-    rows = None if accounting_off() else _sacct(bases)
+    rows = None if accounting_off() else sacct_rows(bases)
     if rows is None:
         return squeue_states(bases)
     states = {task: map_state(raw) for jid, raw in rows for task in expand_array_id(jid)}

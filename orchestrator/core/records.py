@@ -24,6 +24,7 @@ from orchestrator.core.errors import RunNotFoundError
 from orchestrator.core.run_folder import RunFolder
 from orchestrator.core.states import State
 
+
 def _known_executors() -> tuple[str, ...]:
     """The backends a record may name (the registry's facts: ``backends.kinds.KINDS``)."""
     from orchestrator.backends.kinds import KINDS

@@ -20,9 +20,11 @@ from orchestrator.spec import validators as v
 from orchestrator.backends.kinds import KINDS, Kind
 from orchestrator.core.payload import Defaults
 
-
 Scalar = Union[str, int, float, bool]
+
+
 def _known_executor(name: str) -> str:
+    """A spec's ``executor``: a backend the registry knows (``backends.kinds.KINDS``)."""
     if name not in KINDS:
         raise ValueError(f"unknown executor {name[:40]!r}: use {', '.join(list(KINDS)[:-1])} or {list(KINDS)[-1]}")
     return name

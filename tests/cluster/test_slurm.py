@@ -161,8 +161,11 @@ def test_killed_rank_fails_the_job_fast(cluster: dict[str, str]) -> None:
     ex = SlurmExecutor()
     pids = subprocess.run(["ip", "netns", "pids", "orch-node2"], capture_output=True, text=True).stdout.split()
     def is_rank_3(pid: str) -> bool:  # the title names the rank; setproctitle may reuse environ's memory
-        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-        environ = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+            environ = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
+        except OSError:  # it ended since the listing (a probe, another stream's task): not the rank
+            return False
         return "orchestrator.backends.slurm.node.slurm_rank" in cmd and ("rank 3/4" in cmd or "SLURM_PROCID=3" in environ)
 
     tasks = [p for p in pids if Path(f"/proc/{p}/cmdline").exists() and is_rank_3(p) and not belongs_to_another_stream(p)]

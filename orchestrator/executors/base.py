@@ -6,7 +6,6 @@ import os
 import sys
 import shutil
 import signal
-import subprocess
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Protocol, Sequence
@@ -21,6 +20,8 @@ from orchestrator.core.records import RunRecord, register, write_json_atomic, wr
 from orchestrator.core.states import State
 
 if TYPE_CHECKING:
+    import subprocess
+
     from orchestrator.spec.models import JobSpec
     from orchestrator.core.rank_error import RankError
 

@@ -37,8 +37,6 @@ from orchestrator.core.states import State
 POINT_REF = re.compile(r"^(?P<run>.*[^/])/+points/+(?P<index>\d{1,9})/*$")
 #: The most of a run file chaos reads (a payload is a few kB; a damaged file may be anything).
 MAX_READ = 64 << 20
-#: How long chaos waits for the controller to name a task's job id.
-QUERY_TIMEOUT_S = 30.0
 
 Refresh = Callable[[Sequence[RunRecord]], list]
 

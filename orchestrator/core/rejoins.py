@@ -97,6 +97,14 @@ class Rejoins:
             self.folder.keep_failures()
         except OSError as exc:
             say(f"the failed attempt's tracebacks were not kept: {exc}")
+        for rank in lost:  # a stand-in has not joined yet: its predecessor's markers go (the watchdog reads them)
+            for marker in (self.folder.joined(rank), self.folder.calling(rank)):
+                try:
+                    marker.unlink()
+                except FileNotFoundError:
+                    pass
+                except OSError as exc:
+                    say(f"rank {rank}'s join marker {marker} stays ({exc}): its stand-in counts as joined")
         self.began_at, self.complete = time.time(), False
         for rank, path in enumerate(logs):  # every rank's log marks the new attempt (logs --attempt)
             how = "replaced" if rank in lost else "kept its process"

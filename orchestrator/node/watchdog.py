@@ -50,6 +50,26 @@ class Watch:
         for rank in joined:
             self.joined.setdefault(rank, now)
 
+    def restart(self, ranks: Sequence[int], at: float) -> None:
+        """``ranks`` start again beside the others (recovery.survivors: keep) at ``at``: a new stall
+        clock, and those ranks are new processes, not past their start until they join or report
+        (their first group's join and reports were their predecessors'). Without this, a stand-in
+        still importing was judged by the stall clock and blamed for a hang (site cluster, 2026-12-05)."""
+        self.started = self.reports_since = at
+        for rank in ranks:
+            self.joined.pop(rank, None)
+            self.heartbeat.pop(rank, None)
+            self.log_grew.pop(rank, None)
+
+    def progressed_since_join(self, rank: int, after_s: float) -> bool:
+        """The rank showed progress (a report, or output) at least ``after_s`` after it joined its
+        group: past its own start (model, data, DDP), not just past init_process_group."""
+        joined = self.joined.get(rank)
+        if joined is None:
+            return False
+        seen = self.heartbeat.get(rank) if rank in self.heartbeat else self.log_grew.get(rank)
+        return seen is not None and seen >= joined + after_s
+
     def last_progress(self, rank: int) -> float:
         """When the rank last progressed: its heartbeat if it sends them, else its log's growth;
         its join counts too; the start when nothing has happened yet."""

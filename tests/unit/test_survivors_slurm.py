@@ -183,33 +183,63 @@ def test_standbys_start_once_every_rank_trains_with_or_without_a_stall_watchdog(
     pool = agent_standby.Standbys()
     since = ctx.state.started = time.time()
     ProgressWriter(ctx.run_dir, 0).report(1, force=True)
-    warm_up_once_training(ctx, pool, RANK_ARGV, dict, {})
+    warm_up_once_training(ctx, pool, RANK_ARGV, dict, None)
     assert started == []  # rank 1, 2 and 3 have not stepped yet
     for rank in (1, 2, 3):
         ProgressWriter(ctx.run_dir, rank).report(1, force=True)
-    warm_up_once_training(ctx, pool, RANK_ARGV, dict, {})
+    warm_up_once_training(ctx, pool, RANK_ARGV, dict, None)
     assert started == []  # looked less than a second ago
     pool.looked_at = 0.0
-    warm_up_once_training(ctx, pool, RANK_ARGV, dict, {})
+    warm_up_once_training(ctx, pool, RANK_ARGV, dict, None)
     assert started == ["node1", "node2", "node3"] and since
     pool.looked_at = 0.0
-    warm_up_once_training(ctx, pool, RANK_ARGV, dict, {})
+    warm_up_once_training(ctx, pool, RANK_ARGV, dict, None)
     assert started == ["node1", "node2", "node3"]  # once
 
 
-def test_standbys_start_for_an_unmodified_script_after_its_ranks_joined_or_a_minute() -> None:
-    """A script without the rank API reports no progress: its ranks' joins (the join hook) say it
-    trains, or a minute of running does; never before every rank has joined."""
+def test_standbys_start_for_an_unmodified_script_once_it_shows_progress_after_its_join_or_a_minute() -> None:
+    """A script without the rank API reports no progress: new output from every rank AFTER_JOIN_S
+    after its join (past its own start: model, data, DDP) says it trains, or a minute of running
+    does. A join alone does not: standbys importing then starved a rank's start past stall_s on
+    the site cluster (2026-12-05)."""
     from orchestrator.backends.slurm.node.agent_standby import AFTER_JOIN_S, AFTER_START_S, training
+    from orchestrator.node.watchdog import Watch
 
     none: list[float | None] = [None, None]
-    assert not training(none, none, 100.0, 101.0)
-    assert not training(none, [101.0, None], 100.0, 120.0)  # rank 1 never joined
-    assert not training(none, [101.0, 102.0], 100.0, 102.0 + AFTER_JOIN_S - 0.1)
-    assert training(none, [101.0, 102.0], 100.0, 102.0 + AFTER_JOIN_S)
-    assert training(none, none, 100.0, 100.0 + AFTER_START_S)
-    assert training([101.0, 101.5], none, 100.0, 101.6)
-    assert not training([99.0, 101.5], none, 100.0, 101.6)  # rank 0's report is the attempt before's
+    watch = Watch(2, 100.0, stall_s=10.0, init_timeout_s=300.0)
+
+    def past() -> list[bool]:
+        return [watch.progressed_since_join(r, AFTER_JOIN_S) for r in range(2)]
+
+    assert not training(none, past(), 100.0, 101.0)
+    watch.observe(101.0, {0: 10, 1: 10}, {}, [0])
+    watch.observe(102.0, {0: 20, 1: 20}, {}, [0, 1])  # output around the join: the join's own
+    assert not training(none, past(), 100.0, 120.0)
+    watch.observe(102.0 + AFTER_JOIN_S + 1, {0: 30, 1: 20}, {}, [0, 1])
+    assert not training(none, past(), 100.0, 120.0)  # rank 1 silent since its join
+    watch.observe(102.0 + AFTER_JOIN_S + 2, {0: 30, 1: 40}, {}, [0, 1])
+    assert training(none, past(), 100.0, 120.0)
+    assert training(none, [False, False], 100.0, 100.0 + AFTER_START_S)
+    assert training([101.0, 101.5], [False, False], 100.0, 101.6)
+    assert not training([99.0, 101.5], [False, False], 100.0, 101.6)  # rank 0's report is the attempt before's
+
+
+def test_a_rank_started_again_beside_the_others_is_not_past_its_start_until_it_joins() -> None:
+    """Watch.restart (survivors: keep): the stand-in is a new process; its predecessor's join and
+    reports no longer make the stall clock run, so a stand-in still importing is not a hang; the
+    init deadline bounds it, from the rejoin."""
+    from orchestrator.node.watchdog import Watch
+
+    watch = Watch(2, 100.0, stall_s=10.0, init_timeout_s=30.0)
+    watch.observe(101.0, {0: 1, 1: 1}, {0: 101.0, 1: 101.0}, [0, 1])
+    assert watch.stalled(112.0)
+    watch.restart([1], 112.0)
+    watch.observe(113.0, {0: 1, 1: 1}, {0: 101.0, 1: 105.0}, [0])  # rank 1's old report and no join
+    assert not watch.past_start(1) and watch.past_start(0)
+    assert not watch.stalled(140.0)  # rank 1 still starting: not a hang
+    assert watch.never_joined(142.1) == [1]  # the init deadline, counted from the rejoin
+    watch.observe(141.0, {0: 1, 1: 2}, {}, [0, 1])
+    assert not watch.stalled(150.0) and watch.stalled(151.0)
 
 
 def test_a_standby_holds_the_cpus_of_all_its_nodes_ranks_and_the_jobs_stop_grace() -> None:

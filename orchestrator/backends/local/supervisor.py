@@ -264,13 +264,14 @@ class Supervisor:
             state = self._watch(run_dir, offsets)
             while self.rejoins.lost and self.rejoin is not None and self.rejoin(self.failure):
                 try:
-                    replace(self.rejoins, group, self.procs, forks, self.record.attempts)
+                    lost = replace(self.rejoins, group, self.procs, forks, self.record.attempts)
                 except SubmissionError as exc:  # the zygote is gone: this attempt fails, every rank restarts
                     self.times.setdefault("failed_at", time.time())
                     self.record.update(failed_rank=None, error=str(exc))
                     self.failure, self.rejoins.lost = Failure(FailureKind.CRASH, str(exc)), []
                     break
-                self.times["ranks_at"] = self.watch.started = self.rejoins.began_at or time.time()  # a new stall clock
+                self.times["ranks_at"] = self.rejoins.began_at or time.time()
+                self.watch.restart(lost, self.times["ranks_at"])  # a new stall clock; the stand-ins are starting
                 self.record.update(rank_pids=[p.pid for p in self.procs],
                                    rank_starts=[procs.start_time(p.pid) or 0 for p in self.procs])
                 state = self._watch(run_dir, offsets)

@@ -21,12 +21,15 @@ __all__ = ["Rejoins", "kill_rank", "mark_rejoin", "replace", "say"]
 
 
 def replace(rejoins: Rejoins, group: ZygoteGroup, ranks: list[ForkedRank], forks: list[dict[str, Any]],
-            attempt: int) -> None:
+            attempt: int) -> list[int]:
     """Announce the next generation and fork each lost rank again into the running set (in
-    ``ranks``, the set's processes by rank), every rank's log marking attempt ``attempt``."""
-    for rank in rejoins.announce([fork["log"] for fork in forks], attempt):
+    ``ranks``, the set's processes by rank), every rank's log marking attempt ``attempt``; the
+    ranks replaced."""
+    lost = rejoins.announce([fork["log"] for fork in forks], attempt)
+    for rank in lost:
         ranks[rank] = group.add({**forks[rank], "env": {**forks[rank]["env"],
                                                          OrchVar.HEAL_GENERATION: str(rejoins.generation)}})
+    return lost
 
 
 def kill_rank(proc: ForkedRank) -> None:

@@ -25,12 +25,15 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from orchestrator.backends.slurm.node.agent_srun_messages import note_srun_line
-from orchestrator.backends.slurm.node.agent_standby import Forked, Standbys, preload_for, rank_args, training
+from orchestrator.backends.slurm.node.agent_standby import AFTER_JOIN_S, Forked, Standbys, preload_for, rank_args, training
 from orchestrator.backends.slurm.node.agent_state import AgentContext, say
 from orchestrator.backends.slurm.node.slurm_task import STAND_IN_OPTION, STEP_NODES_OPTION
+
+if TYPE_CHECKING:
+    from orchestrator.node.watchdog import Watch
 
 #: How long a standby may still be reporting its last set's ends before a new set is forked.
 SET_END_WAIT_S = 5.0
@@ -70,11 +73,11 @@ LOOK_S = 1.0
 
 
 def warm_up_once_training(ctx: AgentContext, standbys: Standbys, rank_argv: Sequence[str],
-                          environ: Callable[[], Mapping[str, str]], joined: Mapping[int, float]) -> None:
+                          environ: Callable[[], Mapping[str, str]], watch: Watch | None) -> None:
     """Start the job's standbys on the ranks' nodes and the spares once the ranks are past their
-    start (``agent_standby.training``, ``joined``: when each rank joined its process group; looked
-    at once a second): for a restart inside the job, or a rank replaced beside the others
-    (survivors: keep). Nothing for a job that restarts no rank inside it."""
+    start (``agent_standby.training``; ``watch``: the attempt's joins and progress; looked at once a
+    second): for a restart inside the job, or a rank replaced beside the others (survivors: keep).
+    Nothing for a job that restarts no rank inside it."""
     from orchestrator.backends.slurm.node.agent_survivors import spare_hosts
     from orchestrator.core.progress import read_progress
 
@@ -89,7 +92,8 @@ def warm_up_once_training(ctx: AgentContext, standbys: Standbys, rank_argv: Sequ
     if standbys.started_on(hosts):
         return
     reported = [report.time if report is not None else None for report in read_progress(ctx.run_dir, ctx.world)]
-    if training(reported, [joined.get(rank) for rank in range(ctx.world)], ctx.state.started, time.time()):
+    past_start = [watch is not None and watch.progressed_since_join(rank, AFTER_JOIN_S) for rank in range(ctx.world)]
+    if training(reported, past_start, ctx.state.started, time.time()):
         standbys.warm_up(hosts, rank_argv, environ(), preload_for(p.entrypoint), p.ranks_per_node, p.stop_grace_s)
 
 

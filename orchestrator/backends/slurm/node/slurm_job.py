@@ -310,8 +310,7 @@ class JobAgent:
             if running and self.keep is not None and not self.keep.given_up and self.keep.failed(code):
                 self._rejoin(self.keep.failed(code))
             elif running:
-                joins = self.watch.watch.joined if self.watch.watch is not None else {}
-                warm_up_once_training(self.ctx, self.standbys, self.rank_argv, self.srun_environment, joins)
+                warm_up_once_training(self.ctx, self.standbys, self.rank_argv, self.srun_environment, self.watch.watch)
             if s.phase is Phase.RUNNING and not self.requeuer.stopping() and not gating and time.monotonic() >= next_look:
                 next_look = time.monotonic() + LOOK_S
                 if os.path.lexists(self.ctx.cancel_request):
@@ -358,10 +357,10 @@ class JobAgent:
                 c.attempt.nodes = list(c.rank_hosts)  # the ranks' nodes, a spare in a lost one's place
                 c.history.save()
                 self.state.first_end = self.state.killed = None  # the next failure is the next attempt's
-                keep.replace(c.attempt.number)
+                lost = keep.replace(c.attempt.number)
                 c.attempt.times["ranks_at"] = keep.rejoins.began_at or time.time()
                 if self.watch is not None and self.watch.watch is not None:
-                    self.watch.watch.started = c.attempt.times["ranks_at"]  # a new stall clock
+                    self.watch.watch.restart(lost, c.attempt.times["ranks_at"])  # a new stall clock
                 return
             c.attempt.inside_job = False
         keep.given_up = True

@@ -136,10 +136,10 @@ def signal_ranks(run_dir: str | Path, ranks: Iterable[int] | None = None) -> lis
     """Send each rank's stack signal to each rank (all, or those given) that runs here
     (``RankProc.here``), is still that rank and may be signalled (``why_not_signalled``).
     Returns the ranks signalled."""
-    return _signal(run_dir, ranks)[0]
+    return signal_explained(run_dir, ranks)[0]
 
 
-def _signal(run_dir: str | Path, ranks: Iterable[int] | None) -> tuple[list[int], dict[int, str]]:
+def signal_explained(run_dir: str | Path, ranks: Iterable[int] | None) -> tuple[list[int], dict[int, str]]:
     """The ranks signalled, and why each other rank of this host (of those asked) was not."""
     wanted = None if ranks is None else set(ranks)
     sent: list[int] = []
@@ -160,6 +160,12 @@ def _signal(run_dir: str | Path, ranks: Iterable[int] | None) -> tuple[list[int]
 #: Why a rank was not asked, when its process has ended (or never recorded a start time).
 ENDED = "not running (ended, or not started yet)"
 
+#: Why a rank was not asked, when its process is stopped (SIGSTOP, a terminal's ^Z, a debugger):
+#: it would answer only once continued, so a caller waited its whole timeout for nothing (4 s of
+#: every ``chaos --stop-rank`` hang's verdict on the site cluster).
+STOPPED = "stopped (SIGSTOP, ^Z or a debugger): it answers nothing until it is continued (kill -CONT)"
+STOPPED_STATES = ("T", "t")
+
 #: Why no rank is asked where no process table can be read: a PID alone may name anything.
 UNCONFIRMED = ("this system cannot confirm that a rank's recorded PID still names that rank (no /proc, and "
                "psutil is not installed or cannot read processes here: pip install psutil), so no rank is sent "
@@ -176,6 +182,8 @@ def why_not_signalled(rp: RankProc) -> str | None:
         return UNCONFIRMED
     if not procs.same_process(rp.pid, rp.start_ticks):
         return ENDED
+    if (stat := procs.stat(rp.pid)) is not None and stat.state in STOPPED_STATES:
+        return STOPPED  # its handler runs only once it is continued: no answer to wait for
     handled = procs.catches(rp.pid, rp.signal)
     if handled is False:
         return ("its process no longer has the launcher's stack handler (it exec'd another program?): not "
@@ -240,7 +248,7 @@ def request_local_explained(run_dir: str | Path, ranks: Iterable[int] | None = N
     known = rank_procs(run_dir)
     chosen = sorted(known if ranks is None else [r for r in ranks if r in known])
     before = sizes(run_dir, chosen)
-    sent, refused = _signal(run_dir, chosen)
+    sent, refused = signal_explained(run_dir, chosen)
     if not sent:
         return {}, refused
     after = wait_written(run_dir, {r: before[r] for r in sent}, timeout_s)

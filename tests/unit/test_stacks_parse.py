@@ -4,7 +4,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -12,6 +15,8 @@ import textwrap
 import time
 from pathlib import Path
 
+from orchestrator.backends.slurm.node import stacks_probe
+from orchestrator.core import procs
 from orchestrator.node import stack_requests
 from orchestrator.core import stacks
 from orchestrator.core.stacks import Where, in_collective, main_thread, parse, user_frame, where
@@ -183,6 +188,23 @@ def test_a_real_dump_through_the_launchers_signal(tmp_path: Path) -> None:
         first = stack_requests.request_local(tmp_path)
         second = stack_requests.request_local(tmp_path, [5])
         assert proc.poll() is None, "the process must keep running"
+        os.kill(proc.pid, signal.SIGSTOP)  # stopped: not asked, nothing waited for, and it says why
+        deadline = time.monotonic() + 10
+        while procs.stat(proc.pid).state not in stack_requests.STOPPED_STATES:  # type: ignore[union-attr]
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        asked = time.monotonic()
+        dumps, refused = stack_requests.request_local_explained(tmp_path)
+        assert time.monotonic() - asked < 1.0 and dumps == {} and refused == {5: stack_requests.STOPPED}
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            stacks_probe.main([str(tmp_path)])  # the SLURM node's probe says so on its stdout
+        assert stacks_probe.answers(out.getvalue()) == (set(), {5: stack_requests.STOPPED})
+        os.kill(proc.pid, signal.SIGCONT)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            stacks_probe.main([str(tmp_path)])
+        assert stacks_probe.answers(out.getvalue()) == ({5}, {})
     finally:
         proc.kill()
         proc.wait()

@@ -51,8 +51,33 @@ def request_slurm(run_dir: str | Path, job_id: str, nodes: int, python: str, ran
         problem = f"srun --overlap could not reach the job's nodes ({out.error})"
     else:
         problem = out.stderr.strip() if out.returncode != 0 else ""
-    after = stack_requests.wait_written(run_dir, before, timeout_s=1.0)  # the probes waited; this is the shared FS
+    asked, refused = answers(out.stdout or "")
+    if refused:
+        problem = "\n".join([*([problem] if problem else []), *(f"rank {r}: not asked: {why}" for r, why in sorted(refused.items()))])
+    waited = {r: before[r] for r in chosen if r not in refused or r in asked}  # a rank no probe asked sends nothing
+    after = {**before, **stack_requests.wait_written(run_dir, waited, timeout_s=1.0)}  # the probes waited; this is the shared FS
     return {r: stack_requests.read_from(run_dir, r, before[r], after[r]) for r in chosen}, problem
+
+
+#: How a probe tells the caller, one line on its stdout per rank of its node: ``asked N`` or
+#: ``refused N WHY`` (``stack_requests.why_not_signalled``: a stopped rank, one that exec'd).
+ASKED, REFUSED = "asked", "refused"
+
+
+def answers(stdout: str) -> tuple[set[int], dict[int, str]]:
+    """The ranks the probes asked, and why each refused one was not (their stdout, all nodes')."""
+    asked: set[int] = set()
+    refused: dict[int, str] = {}
+    for line in stdout.splitlines():
+        word, _, rest = line.strip().partition(" ")
+        number, _, why = rest.partition(" ")
+        if not (number.isascii() and number.isdigit()):
+            continue
+        if word == ASKED:
+            asked.add(int(number))
+        elif word == REFUSED:
+            refused[int(number)] = why
+    return asked, refused
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,7 +90,12 @@ def main(argv: list[str] | None = None) -> int:
     ranks = [int(args[i + 1]) for i, a in enumerate(args) if a == "--rank" and i + 1 < len(args)] or None
     mine = [r for r, rp in stack_requests.rank_procs(run_dir).items() if rp.here() and (ranks is None or r in ranks)]
     before = stack_requests.sizes(run_dir, mine)
-    sent = stack_requests.signal_ranks(run_dir, mine)
+    sent, refused = stack_requests.signal_explained(run_dir, mine)
+    for rank in sent:
+        print(f"{ASKED} {rank}", flush=True)
+    for rank, why in sorted(refused.items()):
+        if why != stack_requests.ENDED:
+            print(f"{REFUSED} {rank} {why}", flush=True)
     if sent:
         stack_requests.wait_written(run_dir, {r: before[r] for r in sent})
     return 0

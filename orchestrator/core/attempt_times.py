@@ -57,6 +57,10 @@ def progress_marks(run_dir: str | Path, world_size: int, since: float) -> dict[s
         return {}
     marks = {"last_step_at": max(r.time for r in reports), "last_step": float(min(r.step for r in reports))}
     firsts = [r for r in reports if r.first_time is not None and r.first_step is not None]
+    kept = [r for r in reports if r.kept_time is not None and r.kept_step is not None]
+    if kept:  # survivors that rejoined: the attempt before trained until their last step there
+        marks["kept_last_step_at"] = max(r.kept_time for r in kept if r.kept_time is not None)
+        marks["kept_last_step"] = float(min(r.kept_step for r in kept if r.kept_step is not None))
     if len(firsts) == world_size:  # every rank stepped: the attempt's first step is done
         marks["first_step_at"] = max(r.first_time for r in firsts if r.first_time is not None)
         marks["first_step"] = float(min(r.first_step for r in firsts if r.first_step is not None))
@@ -137,7 +141,7 @@ def goodput(history: Sequence[Attempt], submitted: float, now: float) -> Optiona
     Only the attempts since ``submitted`` count: a run submitted again keeps its earlier
     submissions' attempts in its history (their training is not this submission's, and the time
     between them and the new submission is nobody's recovery)."""
-    attempts = [a for a in history if a.started and _of_this_submission(a, submitted)]
+    attempts = with_kept_steps([a for a in history if a.started and _of_this_submission(a, submitted)])
     trained = [a for a in attempts if back_at(a) is not None]
     if not trained:
         return None
@@ -165,6 +169,24 @@ def goodput(history: Sequence[Attempt], submitted: float, now: float) -> Optiona
         return None  # a history whose times overflow measures nothing ("goodput nan%")
     return Goodput(wall_s=wall, productive_s=max(0.0, productive - lost), queue_s=max(0.0, first.started - submitted),
                    recovery_s=recovery, lost_s=lost, startup_s=startup)
+
+
+def with_kept_steps(attempts: Sequence[A]) -> list[A]:
+    """Each failed attempt's last step as its survivors saw it (the next attempt's ``kept_last_step_at``,
+    recovery.survivors: keep) where that is later than its last report written and not after the
+    failure: the time between is training, not recovery."""
+    import dataclasses
+
+    out = list(attempts)
+    for i in range(len(out) - 1):
+        t, after = out[i].times, out[i + 1].times
+        kept_at, kept = after.get("kept_last_step_at"), after.get("kept_last_step")
+        if kept_at is None or kept is None or kept_at <= t.get("last_step_at", -math.inf) \
+                or kept_at > t.get("failed_at", math.inf) or kept_at < out[i].started:
+            continue
+        out[i] = dataclasses.replace(cast(Any, out[i]), times={  # a dataclass: recovery.Attempt
+            **t, "last_step_at": kept_at, "last_step": max(kept, t.get("last_step", kept))})
+    return out
 
 
 def with_live_marks(attempts: Sequence[A], run_dir: str | Path, world_size: int) -> list[A]:

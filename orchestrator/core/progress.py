@@ -74,6 +74,13 @@ class Progress:
     #: A step's seconds outside collectives (data, forward), its mean since the last report: what names a
     #: straggler, where every rank's rate falls together (``orchestrator.core.stragglers``).
     busy_s: Optional[float] = None
+    #: A survivor's last step in the attempt before this one (recovery.survivors: keep), at its own
+    #: time: the reports are written at most once a second, so the last one written may be a second
+    #: older than the failure's last step (goodput counted that second as recovery, per failure).
+    kept_time: Optional[float] = None
+    kept_step: Optional[int] = None
+    #: The rank's resident memory when it reported (``top``'s RSS where the rank's host is not this one).
+    rss_mb: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -138,6 +145,8 @@ class ProgressWriter:
         self._last_write = 0.0
         self._last_step: Optional[int] = None
         self._first: Optional[tuple[float, int]] = None
+        self._seen: Optional[tuple[float, int]] = None  # the last step reported to this writer, written or not
+        self._kept: Optional[tuple[float, int]] = None  # ``_seen`` when this rank rejoined (``rejoined``)
         self._busy: Optional[float] = None
         self._busy_steps, self._busy_sum, self._busy_n = 0, 0.0, 0
         self._staging: Optional[Path] = None
@@ -153,6 +162,7 @@ class ProgressWriter:
         if busy_s is not None and self._busy_steps > BUSY_WARMUP:
             self._busy_sum, self._busy_n = self._busy_sum + busy_s, self._busy_n + 1
         now = time.time()
+        self._seen = (now, int(step))
         if not force and now - self._last_write < self.min_interval_s:
             return False
         if self._busy_n:  # no step since the last report (a stopped rank): its last figure stands
@@ -166,7 +176,9 @@ class ProgressWriter:
         report = Progress(rank=self.rank, time=now, step=int(step), total=total, steps_per_s=steps_per_s,
                           samples_per_s=steps_per_s * samples if steps_per_s and samples else None,
                           attempt=self.attempt, first_time=self._first[0], first_step=self._first[1],
-                          busy_s=round(self._busy, 6) if self._busy is not None else None)
+                          busy_s=round(self._busy, 6) if self._busy is not None else None,
+                          kept_time=self._kept[0] if self._kept else None, kept_step=self._kept[1] if self._kept else None,
+                          rss_mb=own_rss_mb())
         if self.place is None or not self._stage(report, now, force):
             _write_atomic(self.path, asdict(report))
         return True
@@ -220,7 +232,20 @@ def rejoined() -> None:
     """A survivor rejoined its peers (``jobs.heal``): its next report is the new attempt's first, where
     it resumed, as a restarted rank's would be (else status counts all its work so far as lost)."""
     for writer in _WRITERS:
-        writer._first = None
+        writer._first, writer._kept = None, writer._seen
+
+
+def own_rss_mb() -> Optional[float]:
+    """This process's resident memory in MiB (/proc/self/statm: a read, no psutil); None elsewhere."""
+    try:
+        with open("/proc/self/statm", "rb") as fh:
+            resident = int(fh.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return round(resident * _PAGE / 2**20, 1)
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def leave() -> None:
@@ -445,7 +470,8 @@ def _parse(d: Any) -> Optional[Progress]:
                           total=_opt_int(d.get("total")), steps_per_s=_opt_float(d.get("steps_per_s")),
                           samples_per_s=_opt_float(d.get("samples_per_s")), attempt=int(d.get("attempt", 0)),
                           first_time=_opt_float(d.get("first_time")), first_step=_opt_int(d.get("first_step")),
-                          busy_s=_opt_float(d.get("busy_s")))
+                          busy_s=_opt_float(d.get("busy_s")), kept_time=_opt_float(d.get("kept_time")),
+                          kept_step=_opt_int(d.get("kept_step")), rss_mb=_opt_float(d.get("rss_mb")))
     except (KeyError, ValueError, TypeError, OverflowError):
         return None
     return report

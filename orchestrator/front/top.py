@@ -3,8 +3,9 @@
 One row per rank (a job of more than ``PER_RANK_MAX`` ranks: one row per node, its slowest rank):
 its node, step of total, steps/s and samples/s, its own time a step outside collectives (the
 rank API's ``busy_s``: ``orchestrator.core.stragglers`` names the straggler from it), seconds since
-its last progress report, and its memory (RSS, for the ranks this host can see); above them the run's state, its attempt, the last
-recovery and the goodput, as ``status`` counts them. The rank furthest behind is marked when it
+its last progress report, and its memory (RSS: read now for the ranks this host can see, else the
+rank API's last report); above them the run's state, its attempt, the last recovery and the
+goodput, as ``status`` counts them. The rank furthest behind is marked when it
 trails the others' median step (a rank that reports no progress is shown without figures).
 It reads what status reads: the per-node progress files (O(nodes)), the ranks' records and
 recovery.json; it never asks the ranks anything, so it works the same locally, on SLURM and
@@ -26,6 +27,8 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence
 from orchestrator.core.records import RunRecord
 
 if TYPE_CHECKING:
+    from orchestrator.core.progress import Progress
+    from orchestrator.node.stack_requests import RankProc
     from rich.console import RenderableType  # rich is imported when top draws, not before
 
 #: Above this many ranks, one row per node (its slowest rank) instead of one per rank.
@@ -63,7 +66,7 @@ def rows(run_dir: str, world_size: int, now: float) -> list[Row]:
         out.append(Row(rank=rank, node=rp.host if rp is not None else "?", step=p.step if p else None,
                        total=p.total if p else None, steps_per_s=p.steps_per_s if p else None,
                        samples_per_s=p.samples_per_s if p else None,
-                       since_s=max(0.0, now - p.time) if p else None, rss_mb=_rss_mb(rp),
+                       since_s=max(0.0, now - p.time) if p else None, rss_mb=_rss_mb(rp, p),
                        busy_s=p.busy_s if p else None))
     return mark_straggler(mark_behind(out), straggler_factor(run_dir))
 
@@ -127,13 +130,20 @@ def _slower(a: Row, b: Row) -> bool:
                                                                           -(b.since_s or 0.0))
 
 
-def _rss_mb(rp: object) -> Optional[float]:
-    if rp is None or not rp.here():  # type: ignore[attr-defined]
+def _rss_mb(rp: Optional[RankProc], report: Optional[Progress]) -> Optional[float]:
+    """Read now where this host sees the rank's process (still that rank: its recorded start time);
+    else its last progress report's figure (the rank API's, on SLURM and through --remote); None for
+    neither, or for a PID that names another process now."""
+    if rp is None or not rp.here():
+        return report.rss_mb if report is not None else None
+    from orchestrator.core import procs
+
+    if not procs.same_process(rp.pid, rp.start_ticks):
         return None
     try:
         import psutil
 
-        return psutil.Process(rp.pid).memory_info().rss / 2**20  # type: ignore[attr-defined]
+        return float(psutil.Process(rp.pid).memory_info().rss / 2**20)
     except Exception:  # gone, or not ours to read
         return None
 

@@ -137,3 +137,39 @@ def test_a_running_jobs_goodput_adds_up_while_it_runs(tmp_path: Path) -> None:
     g = goodput(live, submitted=now - 41, now=clock.time())
     assert g is not None and g.recovery_s > 10.0 and g.lost_s == 0.0
     assert abs(g.productive_s + g.queue_s + g.startup_s + g.recovery_s + g.lost_s - g.wall_s) <= 2.0
+
+
+def test_a_survivors_last_step_the_throttled_reports_missed_counts_as_training(tmp_path: Path) -> None:
+    """Reports are written at most once a second: the failed attempt's last one written (129.0 here)
+    may be older than its last step. A survivor that rejoins (``progress.rejoined``) carries that step
+    and its time into the next attempt's reports (``kept_last_step_at``); goodput counts the time up
+    to it as training and only the rest as recovery. A kept step after the failure (another clock,
+    another attempt) is not believed."""
+    import time as clock
+
+    from orchestrator.core import progress
+
+    writer = ProgressWriter(tmp_path, 0, min_interval_s=60.0)
+    writer.report(24, force=True)
+    last = clock.time()
+    writer.report(26)  # not written: within the interval
+    assert progress.read_progress(tmp_path, 1)[0].step == 24  # type: ignore[union-attr]
+    progress.rejoined()
+    writer.report(27, force=True)  # the new attempt's first report carries the kept step
+    marks = progress_marks(tmp_path, 1, since=0.0)
+    assert marks["kept_last_step"] == 26.0 and last <= marks["kept_last_step_at"] <= clock.time()
+    assert progress.read_progress(tmp_path, 1)[0].rss_mb  # type: ignore[union-attr]
+
+    first, second = _two_attempts()
+    before = goodput([first, second], submitted=90.0, now=200.0)
+    second.times.update({"kept_last_step_at": 129.8, "kept_last_step": 25.0})
+    after = goodput([first, second], submitted=90.0, now=200.0)
+    assert before is not None and after is not None
+    assert round(after.productive_s - before.productive_s, 6) == round((129.8 - 129.0) - after.lost_s + before.lost_s, 6)
+    assert round(before.recovery_s - after.recovery_s, 6) == 0.8  # the failure seen at 130.0
+    assert round(after.wall_s - (after.productive_s + after.queue_s + after.startup_s + after.recovery_s
+                                 + after.lost_s), 6) == round(before.wall_s - (before.productive_s + before.queue_s
+                                                                              + before.startup_s + before.recovery_s
+                                                                              + before.lost_s), 6)
+    second.times.update({"kept_last_step_at": 131.0})  # after the failure seen: not this attempt's step
+    assert goodput([first, second], submitted=90.0, now=200.0) == before

@@ -3,6 +3,8 @@ big job's rows per node. The live run is tests/integration/test_top.py."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -37,3 +39,23 @@ def test_a_big_job_shows_each_nodes_slowest_rank() -> None:
     table = [_row(r, 10 - (r == 5), node=f"node{r // 4}", since=0.1 * r) for r in range(8)]
     shown = per_node(table)
     assert [(r.node, r.rank) for r in shown] == [("node0", 3), ("node1", 5)]  # node0: the oldest report
+
+
+def test_a_rank_on_another_host_shows_the_memory_its_reports_carry(tmp_path: Path) -> None:
+    """On SLURM (and through --remote) the ranks' processes are not this host's to read: their RSS
+    comes from the rank API's progress reports (/proc/self/statm), where it used to show '-'."""
+    import json
+    import os
+
+    from orchestrator.core.progress import ProgressWriter
+    from orchestrator.front.top import rows
+    from orchestrator.node import stack_requests
+
+    for rank, host in ((0, "node-elsewhere"), (1, os.uname().nodename)):
+        path = stack_requests.rank_record_path(tmp_path, rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"rank": rank, "host": host, "pid": os.getpid(), "start_ticks": 1}))
+        ProgressWriter(tmp_path, rank).report(5, force=True)
+    shown = rows(str(tmp_path), 2, now=0.0)
+    assert shown[0].node == "node-elsewhere" and shown[0].rss_mb is not None and shown[0].rss_mb > 1
+    assert shown[1].rss_mb is None  # this host: read now, and the recorded process (other start time) is not ours

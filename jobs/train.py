@@ -136,13 +136,17 @@ def train(ctx: DistContext, args: argparse.Namespace, stop: StopFlag) -> dict[st
                 sampler.set_start(step_in_epoch * args.batch_size)
                 loader_rng.manual_seed(args.seed + epoch)
                 t0, seen = time.perf_counter(), 0
-                own_from = t0  # this rank's own work since here: data, forward (busy_s, outside collectives)
+                own_from = t0  # this rank's own work since here, outside collectives (busy_s)
                 for x, y in loader:
                     x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
                     opt.zero_grad(set_to_none=True)
                     loss = nn.functional.cross_entropy(model(x), y)
                     busy_s = time.perf_counter() - own_from
                     loss.backward()  # DDP's all-reduce: every rank waits here for the slowest
+                    # This rank's own work runs from here to the next backward (the optimizer, the loop's
+                    # own pace, the next batch, its forward), the collectives between left out: a rank
+                    # slowed anywhere outside them is the one its peers wait for.
+                    own_from = time.perf_counter()
                     opt.step()
                     step_in_epoch, step, seen = step_in_epoch + 1, step + 1, seen + len(y)
                     jobs.heartbeat(step, total_steps, samples=len(y), busy_s=busy_s)
@@ -153,6 +157,7 @@ def train(ctx: DistContext, args: argparse.Namespace, stop: StopFlag) -> dict[st
                         metrics.train(step, loss_value, epoch=epoch, total_steps=total_steps, lr=opt.param_groups[0]["lr"])
                         print(f"[train] epoch {epoch + 1}/{args.epochs} step {step}/{total_steps} loss {loss_value:.4f}",
                               flush=True)
+                    waited = time.perf_counter()
                     if stop.should_stop(ctx.device, step=step, every=args.stop_check_every):
                         stopped = stop.signal_name or "peer"
                         break
@@ -161,7 +166,7 @@ def train(ctx: DistContext, args: argparse.Namespace, stop: StopFlag) -> dict[st
                         break
                     if ckpt.due(step):
                         save()
-                    own_from = time.perf_counter()
+                    own_from += time.perf_counter() - waited  # the stop check's all-reduce and a save: collectives
                 elapsed = time.perf_counter() - t0
                 metrics.throughput(epoch, seen, elapsed)
                 if stopped is None:

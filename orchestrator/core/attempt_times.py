@@ -123,7 +123,7 @@ class Goodput:
         return self.productive_s / self.wall_s if self.wall_s > 0 else 0.0
 
     def line(self) -> str:
-        return (f"goodput {self.fraction:.0%}: {self.productive_s:.0f}s training of {self.wall_s:.0f}s since submit "
+        return (f"goodput {self.fraction:.1%}: {self.productive_s:.0f}s training of {self.wall_s:.0f}s since submit "
                 f"(queue {self.queue_s:.0f}s, start-up {self.startup_s:.0f}s, recovery {self.recovery_s:.0f}s, "
                 f"lost work {self.lost_s:.0f}s)")
 

@@ -98,6 +98,22 @@ class Watch:
             all(self.past_start(r) for r in range(self.world_size))
         return not self.stall_s and init_done
 
+    def stall_due(self) -> Optional[float]:
+        """When ``stalled`` turns true if no rank progresses before then (wall clock); None while no
+        stall clock runs. The supervisors look again then, not up to a look's interval later."""
+        if not self.stall_s or self.world_size <= 0:
+            return None
+        if self.init_timeout_s is not None and self.world_size > 1 and \
+                not all(self.past_start(r) for r in range(self.world_size)):
+            return None
+        return max(self.last_progress(r) for r in range(self.world_size)) + self.stall_s
+
+    def next_look(self, now: float, interval_s: float) -> float:
+        """The delay before the next look (``interval_s`` at most): sooner when the stall clock runs
+        out first, so a hang is judged within a few ms of ``stall_s``, not up to a second after."""
+        due = self.stall_due()
+        return interval_s if due is None else max(0.01, min(interval_s, due - now + 0.01))
+
     def stalled(self, now: float) -> bool:
         """No rank progressed for stall_s. Until every rank is past its start (joined its process
         group, or reported progress: ``past_start``) the init deadline is the one watching (a

@@ -51,7 +51,7 @@ def test_goodput_counts_training_and_sets_queue_recovery_and_lost_work_apart() -
     # 6 s from the failure seen, and the second from the last step (129) to it (130)
     assert (g.wall_s, g.queue_s, g.startup_s, g.recovery_s, g.lost_s) == (70.0, 10.0, 5.0, 7.0, 3.0)
     assert g.productive_s == 24.0 + 23.0 - 3.0
-    assert g.line().startswith(f"goodput {44 / 70:.0%}: 44s training of 70s since submit")
+    assert g.line().startswith(f"goodput {44 / 70:.1%}: 44s training of 70s since submit")
 
 
 def test_a_run_submitted_again_counts_only_this_submissions_attempts() -> None:

@@ -143,6 +143,21 @@ def test_watch_progress_and_stall() -> None:
     assert w.last_progress(1) == 126.0
 
 
+def test_the_supervisors_look_again_when_the_stall_clock_runs_out() -> None:
+    """Not up to a look's interval later: a hang is judged at stall_s (10 ms after), and a look
+    that finds new progress pushes the next one back; no stall clock, the plain interval."""
+    w = Watch(world_size=2, started=100.0, stall_s=20.0, init_timeout_s=30.0)
+    assert w.stall_due() is None and w.next_look(101.0, 1.0) == 1.0  # no rank past its start yet
+    w.observe(105.0, {0: 1, 1: 1}, {0: 104.0, 1: 104.5}, [0, 1])
+    assert w.stall_due() == 125.0
+    assert w.next_look(110.0, 1.0) == 1.0 and round(w.next_look(124.5, 1.0), 6) == 0.51
+    assert not w.stalled(125.0 - 1e-6) and w.stalled(124.5 + w.next_look(124.5, 1.0))
+    assert w.next_look(130.0, 1.0) == 0.01  # overdue: look at once (never a busy loop)
+    w.observe(124.9, {0: 1, 1: 1}, {0: 124.9, 1: 104.5}, [0, 1])
+    assert w.stall_due() == 144.9
+    assert Watch(world_size=2, started=100.0, init_timeout_s=30.0).next_look(101.0, 1.0) == 1.0
+
+
 def test_watch_init_deadline() -> None:
     w = Watch(world_size=4, started=0.0, init_timeout_s=10.0)
     w.observe(1.0, {}, {}, [0, 3])

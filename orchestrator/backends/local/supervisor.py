@@ -358,9 +358,9 @@ class Supervisor:
                 self._kill_all(grace=self.launch.payload.stop_grace_s)  # as SLURM's time limit: TERM, KillWait, KILL
                 return State.TIMEOUT
             if time.monotonic() >= next_look:  # the watchdog reads files: once a second is plenty
-                next_look = time.monotonic() + LOOK_S
                 self._look_at_requests()
                 verdict, kind = self._watchdog(run_dir), FailureKind.HANG
+                next_look = time.monotonic() + self.watch.next_look(time.time(), LOOK_S)  # or when stall_s runs out
                 if verdict is None and (found := self.stragglers.look(run_dir, self.watch.started, time.time())):
                     verdict, kind = State.FAILED, FailureKind.STRAGGLER  # every rank restarts: a new process each
                     self.record.update(failed_rank=found.rank, error=self.stragglers.message(found))

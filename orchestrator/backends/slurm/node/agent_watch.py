@@ -71,6 +71,13 @@ class AgentWatch:
             s.straggler_outside = stacks.where(dump).collective is None
         return verdict.reason
 
+    def next_look_s(self, interval_s: float) -> float:
+        """Seconds to the next look: ``interval_s``, or less when the stall clock runs out sooner
+        (``Watch.next_look``, on the clock that leaves out the job's suspensions)."""
+        if self.watch is None:
+            return interval_s
+        return self.watch.next_look(time.time() - self.state.suspended_s, interval_s)
+
     def straggler(self) -> str | None:
         """The straggler over watchdog.straggler_window_s, when recovery.on lists straggler
         (``orchestrator.node.straggler_watch``): the verdict (end.json), its node blamed

@@ -319,6 +319,7 @@ class JobAgent:
                         "to checkpoint and exit")
                     continue
                 verdict = self.watch.look() or self.watch.straggler()
+                next_look = time.monotonic() + self.watch.next_look_s(LOOK_S)  # or when stall_s runs out
                 if verdict is not None:
                     if verdict != EndReason.STRAGGLER and self.keep is not None and not self.keep.given_up \
                             and self.keep.end_straggler():

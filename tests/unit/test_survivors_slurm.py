@@ -220,6 +220,14 @@ def test_standbys_start_for_an_unmodified_script_once_it_shows_progress_after_it
     watch.observe(102.0 + AFTER_JOIN_S + 2, {0: 30, 1: 40}, {}, [0, 1])
     assert training(none, past(), 100.0, 120.0)
     assert training(none, [False, False], 100.0, 100.0 + AFTER_START_S)
+    # without a stall watchdog nothing reads the ranks' output once all joined: the join and a while
+    from orchestrator.backends.slurm.node.agent_warm_start import past_their_start
+
+    quiet = Watch(2, 100.0, init_timeout_s=300.0)
+    quiet.observe(101.0, {}, {}, [0, 1])
+    assert past_their_start(quiet, 2, 101.0 + AFTER_JOIN_S - 0.1) == [False, False]
+    assert past_their_start(quiet, 2, 101.0 + AFTER_JOIN_S) == [True, True]
+    assert past_their_start(watch, 2, 200.0) == [True, True] and past_their_start(None, 2, 200.0) == [False, False]
     assert training([101.0, 101.5], [False, False], 100.0, 101.6)
     assert not training([99.0, 101.5], [False, False], 100.0, 101.6)  # rank 0's report is the attempt before's
 

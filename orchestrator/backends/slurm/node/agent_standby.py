@@ -195,21 +195,20 @@ def standby_argv(rank_argv: Sequence[str], host: str, modules: Sequence[str], ra
     return [*head, *module_argv(program[0], ZYGOTE, "--say-ready", f"--stop-grace={stop_grace_s:g}", *modules)]
 
 
-#: Without the rank API's progress, the standbys start once every rank showed progress (new output)
-#: this long after it joined its process group (an unmodified script past its own start: model,
-#: data, DDP), or this long after the ranks started (no group, or no sign at all): their imports then
-#: compete with training, not with the ranks' own start. A join alone is not enough: on the site
-#: cluster (2 cores, 2026-12-05) standbys started 5 s after the join starved rank 0's start past a
-#: 10 s ``stall_s``, twice, and the job stopped for want of progress.
+#: Without the rank API's progress, the standbys start once every rank is past its own start
+#: (``agent_warm_start.past_their_start``: with a stall watchdog, new output this long after its
+#: join; without, the join and this long), or this long after the ranks started (no group, or no
+#: sign at all): their imports then compete with training, not with the ranks' own start. On the
+#: site cluster (2 cores, 2026-12-05) standbys started 5 s after the join starved rank 0's start
+#: past a 10 s ``stall_s``, twice, and the job stopped for want of progress.
 AFTER_JOIN_S = 5.0
 AFTER_START_S = 60.0
 
 
 def training(reported: Sequence[float | None], past_start: Sequence[bool], since: float, now: float) -> bool:
     """Whether the ranks are past their start (``since``), so that standbys may import beside them:
-    every rank reported progress through the rank API since then, or every rank showed progress
-    AFTER_JOIN_S after it joined its group (``past_start``: ``Watch.progressed_since_join``), or
-    AFTER_START_S went by."""
+    every rank reported progress through the rank API since then, or every rank is past its own
+    start (``past_start``: ``agent_warm_start.past_their_start``), or AFTER_START_S went by."""
     if reported and all(t is not None and t >= since for t in reported):
         return True
     if past_start and all(past_start):

@@ -92,9 +92,21 @@ def warm_up_once_training(ctx: AgentContext, standbys: Standbys, rank_argv: Sequ
     if standbys.started_on(hosts):
         return
     reported = [report.time if report is not None else None for report in read_progress(ctx.run_dir, ctx.world)]
-    past_start = [watch is not None and watch.progressed_since_join(rank, AFTER_JOIN_S) for rank in range(ctx.world)]
-    if training(reported, past_start, ctx.state.started, time.time()):
+    if training(reported, past_their_start(watch, ctx.world, time.time()), ctx.state.started, time.time()):
         standbys.warm_up(hosts, rank_argv, environ(), preload_for(p.entrypoint), p.ranks_per_node, p.stop_grace_s)
+
+
+def past_their_start(watch: Watch | None, world: int, now: float) -> list[bool]:
+    """Each rank past its own start, as far as the watchdog can say: with ``watchdog.stall_s`` it
+    reads the ranks' output, and new output AFTER_JOIN_S after a rank's join says so (a join alone
+    does not: the standbys' imports would compete with the rest of its start, DDP's included, and
+    the stall clock runs from the join); without it the watchdog stops reading once every rank has
+    joined, no stall clock can be misled, and the join and AFTER_JOIN_S say so."""
+    if watch is None:
+        return [False] * world
+    if watch.stall_s:
+        return [watch.progressed_since_join(rank, AFTER_JOIN_S) for rank in range(world)]
+    return [rank in watch.joined and now >= watch.joined[rank] + AFTER_JOIN_S for rank in range(world)]
 
 
 class ForkedStep:

@@ -12,12 +12,12 @@ Standard library only at import time: a backend's modules are imported when firs
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
-
 from orchestrator.backends.kinds import KINDS, Kind
+from orchestrator.core.lean_record import record
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a rank imports this module)
 if TYPE_CHECKING:
+    from typing import Callable
     from orchestrator.plan.plan_model import BackendPlanner
 
 
@@ -50,7 +50,7 @@ def _nothing() -> None:
     return None
 
 
-@dataclass(frozen=True)
+@record
 class Backend(Kind):
     """What one backend is (``kinds.Kind``: its facts) and how it plans and checks a submission."""
 

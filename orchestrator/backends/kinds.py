@@ -4,10 +4,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from orchestrator.core.lean_record import record
 
 
-@dataclass(frozen=True)
+@record
 class Kind:
     """What one backend is. ``scheduled``: a batch scheduler queues its jobs, which have job ids,
     wait for each other (``after:``, pipelines), are requeued by it and are asked about (paced),

@@ -13,11 +13,14 @@ rank. What that cannot settle (an address that is not an interface's primary one
 
 from __future__ import annotations
 
-import ipaddress
 import os
-import socket
-from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence
+
+from orchestrator.core.lean_record import record
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a rank imports this module)
+if TYPE_CHECKING:
+    from typing import Mapping, Optional, Sequence
+
 
 _SIOCGIFADDR = 0x8915  # linux/sockios.h: an interface's (primary) IPv4 address
 
@@ -34,6 +37,8 @@ def master_route(master_addr: str, peers: Sequence[str] = ()) -> Route:
     loopback would then bind this node's ranks to ``lo`` and the others would never reach them.
     So when the master is loopback here and the job has other hosts (``peers``), the interface is
     the one that routes to the first of them that resolves to a network address."""
+    import ipaddress
+    import socket
     ip = _resolve(master_addr, "MASTER_ADDR")
     if ipaddress.ip_address(ip).is_loopback and peers:
         for peer in peers:
@@ -52,6 +57,7 @@ def master_route(master_addr: str, peers: Sequence[str] = ()) -> Route:
 
 
 def _resolve(host: str, what: str) -> str:
+    import socket
     try:
         return socket.gethostbyname(host)
     except OSError as exc:
@@ -75,6 +81,7 @@ def expand_names(setting: str) -> list[str]:
     starts so; an exact name matches itself), or ``=`` first for exact names only. gloo takes
     exact names only, so each rank is given these. Raises RuntimeError naming what is missing and
     what the node has."""
+    import socket
     exact = setting.startswith("=")
     have = sorted(os.listdir("/sys/class/net")) if os.path.isdir("/sys/class/net") else []
     out: list[str] = []
@@ -95,6 +102,7 @@ def expand_names(setting: str) -> list[str]:
 def interface_addresses() -> dict[str, str]:
     """Each interface's primary IPv4 address, in the kernel's index order (those without one are
     left out). Empty where the ioctl is not available."""
+    import socket
     try:
         import fcntl
         import struct
@@ -114,6 +122,7 @@ def interface_addresses() -> dict[str, str]:
 def route_source(ip: str) -> str | None:
     """The source address this host would use to reach ``ip`` (the kernel's route lookup), or None
     when no route leads there."""
+    import socket
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         try:
             s.connect((ip, 9))
@@ -152,7 +161,7 @@ NCCL_CONF_MAX_BYTES = 1 << 16
 NCCL_OWN_CHOICE = "NCCL_SOCKET_IFNAME is unset, so NCCL takes ib* first, else any interface but lo and docker*"
 
 
-@dataclass(frozen=True)
+@record
 class Route:
     """The interface this node's ranks reach the master on, and why it is that one (in ``plan``'s
     SLURM rows, the rule that finds it on each node). ``loopback_only``: every rank of the job
@@ -166,7 +175,7 @@ class Route:
     loopback_only: bool = False
 
 
-@dataclass(frozen=True)
+@record
 class NcclConf:
     """NCCL's configuration files as NCCL reads them when it starts (``nccl_conf_paths``), each as
     its ``NAME=value`` lines. NCCL sets a name from them only where the environment has none
@@ -230,7 +239,7 @@ def _home_dir() -> str | None:
         return None
 
 
-@dataclass(frozen=True)
+@record
 class SocketInterface:
     """One backend's socket interface: its variable, the value the job sets (None: the variable
     is left as the environment or the site's file has it, or unset), the interface the backend
@@ -242,7 +251,7 @@ class SocketInterface:
     why: str
 
 
-@dataclass(frozen=True)
+@record
 class InterfaceChoice:
     """What NCCL and gloo use on a rank, and why (``choose_interfaces``)."""
 

@@ -8,12 +8,18 @@ only: every rank reads it before the user's code (and before torch) is imported.
 
 from __future__ import annotations
 
-import dataclasses
+from collections.abc import Mapping
 import json
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, Mapping, Optional, Union
+
+from orchestrator.core import lean_record
+from orchestrator.core.lean_record import record
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a rank imports this module)
+if TYPE_CHECKING:
+    from typing import Any, Final, Optional, Union
+
 
 #: Bumped whenever a field is added, removed or changes meaning.
 PAYLOAD_VERSION = 6
@@ -38,7 +44,7 @@ class PayloadError(ValueError):
     """A payload this code cannot read: another version's, hand-edited, or truncated."""
 
 
-@dataclass(frozen=True)
+@record
 class CheckpointSettings:
     dir: str
     interval_steps: int
@@ -46,7 +52,7 @@ class CheckpointSettings:
     resume: bool
 
 
-@dataclass(frozen=True)
+@record
 class WatchdogSettings:
     stall_s: Optional[float]
     stacks_on_failure: bool
@@ -54,7 +60,7 @@ class WatchdogSettings:
     straggler_window_s: float = 30.0  # named this long without a break: a 'straggler' failure (recovery.on)
 
 
-@dataclass(frozen=True)
+@record
 class RecoverySettings:
     """The spec's ``recovery`` section (``orchestrator.core.recovery`` decides with it)."""
 
@@ -70,7 +76,7 @@ class RecoverySettings:
     standbys: bool = True  # SLURM: warm interpreters on the job's nodes fork the ranks of a restart inside it
 
 
-@dataclass(frozen=True)
+@record
 class CodeSettings:
     """The code snapshot the ranks import from (``orchestrator.code.snapshot``, ``orchestrator.node.code_redirect``)."""
 
@@ -79,7 +85,7 @@ class CodeSettings:
     tree: str  # the snapshot's folder
 
 
-@dataclass(frozen=True)
+@record
 class ContainerSettings:
     """The spec's ``container`` section (``orchestrator.node.container`` wraps the rank command with it)."""
 
@@ -90,7 +96,7 @@ class ContainerSettings:
     options: tuple[str, ...]
 
 
-@dataclass(frozen=True)
+@record
 class TrackingSettings:
     """Which trackers get their defaults (``orchestrator.node.tracking``); plan turns one off when the
     user set its variables already (the spec's env, or the submitting shell)."""
@@ -100,7 +106,7 @@ class TrackingSettings:
     mlflow: bool
 
 
-@dataclass(frozen=True)
+@record
 class Payload:
     """Every fact a rank, the local supervisor and the SLURM agent take from the spec, resolved."""
 
@@ -140,7 +146,6 @@ class Payload:
     code: Optional[CodeSettings] = None  # None: the ranks import the live files (code.snapshot: false)
     srun: Optional[tuple[str, ...]] = None  # SLURM: what the job's agent runs
     rank_log: Optional[str] = None  # SLURM: srun's --output pattern (%j %A %a %t)
-    extra: dict[str, Any] = field(default_factory=dict)  # reserved; always empty today
 
     def __post_init__(self) -> None:
         if self.version != PAYLOAD_VERSION:
@@ -154,12 +159,12 @@ class Payload:
     def for_point(self, index: int, argv: list[str], run_dir: str) -> Payload:
         """The payload of one sweep point: its arguments, its folder, its own checkpoints, its own
         run id (so each point is its own tracker run)."""
-        ckpt = dataclasses.replace(self.checkpoint, dir=os.path.join(self.checkpoint.dir, f"point-{index:04d}"))
-        return dataclasses.replace(self, argv=tuple(argv), run_dir=run_dir, checkpoint=ckpt,
+        ckpt = lean_record.replace(self.checkpoint, dir=os.path.join(self.checkpoint.dir, f"point-{index:04d}"))
+        return lean_record.replace(self, argv=tuple(argv), run_dir=run_dir, checkpoint=ckpt,
                                    run_id=f"{self.run_id}-point-{index:04d}")
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return dict(lean_record.as_dict(self))
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict())
@@ -172,9 +177,8 @@ class Payload:
         if version != PAYLOAD_VERSION:
             raise PayloadError(f"{where} is version {version!r}; this orchestrator reads version {PAYLOAD_VERSION}: "
                                "plan and submit the job again with this version")
-        names = {f.name for f in dataclasses.fields(cls)}
-        required = {f.name for f in dataclasses.fields(cls)
-                    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+        names = set(lean_record.field_names(cls)) | ({"extra"} if data.get("extra") == {} else set())
+        required = set(lean_record.required_names(cls))
         missing, unknown = sorted(required - set(data)), sorted(set(data) - names)
         if missing or unknown:
             raise PayloadError(f"{where} does not match this orchestrator's version {PAYLOAD_VERSION}"
@@ -182,6 +186,8 @@ class Payload:
                                + (f"; unknown: {', '.join(unknown)}" if unknown else "")
                                + ": plan and submit the job again")
         values = dict(data)
+        if values.get("extra") == {}:
+            del values["extra"]  # a field written empty until 2026-12-06, never read: a queued job's payload still loads
         try:
             values["argv"] = tuple(values["argv"])
             values["devices"] = None if values["devices"] is None else tuple(values["devices"])

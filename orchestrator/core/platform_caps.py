@@ -21,7 +21,13 @@ import functools
 import os
 import signal
 import sys
-from typing import IO, NamedTuple, Optional
+
+from orchestrator.core.lean_record import record
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a rank imports this module)
+if TYPE_CHECKING:
+    from typing import IO, Optional
+
 
 #: Where real-time signals exist (Linux), live stacks are asked for with this one past SIGRTMIN: no
 #: library or user script uses it by convention, and the SLURM probe and every rank agree on it.
@@ -31,7 +37,8 @@ WSL_HINT = ("the orchestrator needs a POSIX system and does not run on native Wi
             "(in PowerShell: wsl --install; then pip install ddp-orchestrator in the Linux shell)")
 
 
-class StackSignal(NamedTuple):
+@record
+class StackSignal:
     """The signal a rank dumps its Python stacks on, and what it does to a process that has no
     handler for it (``harmless``: its default action is to ignore it)."""
 

@@ -8,15 +8,20 @@ file no record (it is skipped), never a crash. Standard library only (ranks writ
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterable, Optional
+
+from orchestrator.core.lean_record import as_dict, record
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a rank imports this module)
+if TYPE_CHECKING:
+    from typing import Any, Iterable, Optional
+
 
 #: The most of one text field kept from the file (a traceback is kilobytes; a damaged file may be anything).
 MAX_TEXT = 1 << 20
 
 
-@dataclass(frozen=True)
+@record
 class RankError:
     """One rank's exception: its ``type`` and ``message``, the full ``traceback`` and the user's
     part of it (``user_traceback``: frames of ours cut), when (``time``) and in which attempt."""
@@ -60,7 +65,7 @@ def write(path: str | Path, error: RankError) -> None:
     """The record, replaced whole (a reader sees the old file or the new one)."""
     from orchestrator.core.atomic_files import write_json_atomic
 
-    write_json_atomic(path, asdict(error))
+    write_json_atomic(path, as_dict(error))
 
 
 def read(path: str | Path) -> Optional[RankError]:

@@ -6,7 +6,6 @@ Standard library only: ranks, the local supervisor, the SLURM agent and ``plan``
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import zlib
 from pathlib import Path
@@ -40,6 +39,8 @@ def derive_port(job_id: str, restart: int = 0) -> int:
 def port_is_free(port: int, host: str = "") -> bool:
     """Whether a listening socket could bind ``port`` on every address (as torch's TCPStore does):
     a port held on any one address of this host is not free."""
+    import socket
+
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         try:
             s.bind((host, port))

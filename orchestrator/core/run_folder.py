@@ -23,11 +23,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
+from orchestrator.core.lean_record import record
 
-@dataclass(frozen=True)
+
+@record
 class RunFolder:
     """Every path of a run folder, by section, and what a new attempt does to the previous one's
     files. A naming table (one property a path), over the class limit on purpose: it was split into

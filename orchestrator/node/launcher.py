@@ -17,21 +17,23 @@ import builtins
 import importlib
 import json
 import os
+from pathlib import Path
 import runpy
 import sys
 import time
-import traceback
 import types
-from pathlib import Path
-from typing import Any
 
-from orchestrator.node import malloc
-from orchestrator.core.payload import Payload
-from orchestrator.node.rank_env import OrchVar
+from orchestrator.core import rank_error
 from orchestrator.core.atomic_files import write_json_atomic
+from orchestrator.core.payload import Payload
 from orchestrator.core.rendezvous import remove_rendezvous_file
 from orchestrator.core.run_folder import RunFolder
-from orchestrator.core import rank_error
+from orchestrator.node import malloc
+from orchestrator.node.rank_env import OrchVar
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a rank imports this module)
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def call_entrypoint(entrypoint: str, argv: list[str], source_dir: str | None = None, as_main: bool = True,
@@ -149,10 +151,12 @@ def run_rank(payload: Payload, rank: int, own_process: bool = True) -> Any:
         if isinstance(exc, SystemExit) and exc.code in (None, 0):
             returned.append(True)  # sys.exit(0) is a normal return
             raise
+        from traceback import format_exc
+
         trimmed = user_traceback(exc)
         rank_error.write(RunFolder(run_dir).error(rank), rank_error.RankError(
             rank=rank, time=time.time(), attempt=int(os.environ.get(OrchVar.ATTEMPT, "0")), type=type(exc).__name__,
-            message=message_of(exc), traceback=traceback.format_exc(), user_traceback=trimmed))
+            message=message_of(exc), traceback=format_exc(), user_traceback=trimmed))
         if not isinstance(exc, (SystemExit, KeyboardInterrupt)):
             sys.stderr.write(f"{FAILED_MARK.format(rank=rank)}{type(exc).__name__}: {message_of(exc)}\n{trimmed}")
             sys.stderr.flush()

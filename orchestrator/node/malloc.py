@@ -21,7 +21,11 @@ and the running rank (already started by srun, or forked from the zygote) gets t
 from __future__ import annotations
 
 import os
-from typing import Mapping
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a rank imports this module)
+if TYPE_CHECKING:
+    from typing import Mapping
+
 
 #: name -> (default, glibc's mallopt parameter number from malloc.h)
 _SETTINGS = {"MALLOC_MMAP_THRESHOLD_": (str(32 << 20), -3), "MALLOC_TRIM_THRESHOLD_": (str(1 << 30), -1)}

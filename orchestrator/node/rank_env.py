@@ -11,19 +11,19 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Mapping, Optional, Union
 
+from orchestrator.core.lean_record import record
 from orchestrator.core.netif import InterfaceChoice, Route, choose_interfaces, read_nccl_conf
 from orchestrator.core.platform_caps import loopback_interface
 from orchestrator.core.rendezvous import init_url
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a rank imports this module)
 if TYPE_CHECKING:
+    from typing import Literal, Mapping, Optional, Union
     from orchestrator.core.payload import Payload
-
-Source = Literal["scheduler", "launcher", "env", "plan"]  # a scheduler's task, our local launcher, torchrun's, plan
-#: A value known when the rank starts, or (in ``plan``'s SLURM table) the rule that produces it.
-Value = Union[int, str]
+    Source = Literal["scheduler", "launcher", "env", "plan"]  # a scheduler's task, our local launcher, torchrun's, plan
+    #: A value known when the rank starts, or (in ``plan``'s SLURM table) the rule that produces it.
+    Value = Union[int, str]
 
 
 class OrchVar:
@@ -51,7 +51,7 @@ class OrchVar:
     HEAL_GENERATION = "ORCH_HEAL_GENERATION"  # on a rank forked to replace one: the group it joins
 
 
-@dataclass(frozen=True)
+@record
 class RankEnv:
     """The torchrun contract of one rank: its place in the job and how it finds its peers."""
 
@@ -167,7 +167,10 @@ def rank_environment(rank: RankEnv, payload: Payload, attempt: Value, requeue_ma
 
 #: Locally every rank runs on this machine and meets the master at 127.0.0.1, over the loopback
 #: interface ('lo' on Linux, 'lo0' on macOS).
-LOCAL_ROUTE = Route(loopback_interface(), "every rank runs on this machine", loopback_only=True)
+def local_route() -> Route:
+    """The route of ranks that all run on this machine: loopback (asked when needed: a SLURM rank
+    does not)."""
+    return Route(loopback_interface(), "every rank runs on this machine", loopback_only=True)
 
 
 def interface_choice(setting: str | None, payload: Payload, route: Route | None) -> InterfaceChoice:
@@ -180,11 +183,11 @@ def interface_choice(setting: str | None, payload: Payload, route: Route | None)
 
 def planned_interfaces(payload: Payload, on_this_machine: bool, rule: str) -> InterfaceChoice:
     """The decision ``plan`` shows and puts in its rows. Locally (``on_this_machine``) the ranks'
-    own (``LOCAL_ROUTE``, whatever the spec names: every rank is on this machine). On SLURM each
+    own (``local_route``, whatever the spec names: every rank is on this machine). On SLURM each
     rank decides on its node (``rank_env_from_slurm``); for 'auto', ``rule`` stands for the route
     it will find there."""
     if on_this_machine:
-        return interface_choice("auto", payload, LOCAL_ROUTE)
+        return interface_choice("auto", payload, local_route())
     if payload.interface in (None, "auto"):
         return interface_choice("auto", payload, Route(rule, "auto: found on each node when the job starts"))
     return interface_choice(payload.interface, payload, None)
@@ -193,7 +196,7 @@ def planned_interfaces(payload: Payload, on_this_machine: bool, rule: str) -> In
 def local_rank_env(payload: Payload, rank: int, port: int, rendezvous: str | None) -> RankEnv:
     """The contract of one local rank: emulated node ``rank // ranks_per_node``, master on this
     machine, the node's share of ``local.devices`` (none: every GPU hidden, a CPU dry run), the
-    socket interfaces for ranks that all meet over loopback (``LOCAL_ROUTE``)."""
+    socket interfaces for ranks that all meet over loopback (``local_route``)."""
     node, local = divmod(rank, payload.ranks_per_node)
     devices = list(payload.devices) if payload.devices else None
     if devices is None:
@@ -207,7 +210,7 @@ def local_rank_env(payload: Payload, rank: int, port: int, rendezvous: str | Non
                    master_addr="127.0.0.1", master_port=port,
                    init_method=init_url(payload.init_method, "127.0.0.1", port, rendezvous),
                    interface=payload.interface, visible_devices=visible, source="launcher",
-                   interfaces=interface_choice("auto", payload, LOCAL_ROUTE))
+                   interfaces=interface_choice("auto", payload, local_route()))
 
 
 #: Variables a process reads when its interpreter (or a library it loads at start) starts: setting

@@ -10,10 +10,10 @@ differs between backends is asked of the executor's planner (``orchestrator.back
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import Any, Mapping
 
+from orchestrator.core import lean_record
 from orchestrator import backends
 from orchestrator.node import tracking
 from orchestrator.node.container import container_settings
@@ -97,9 +97,9 @@ def _shown_payload(payload: Payload, sweep: bool) -> Payload:
     if not sweep:
         return payload
     index = "<point index, 4 digits>"
-    return dataclasses.replace(payload, run_dir=str(RunFolder.of(payload.run_dir).points / index),
+    return lean_record.replace(payload, run_dir=str(RunFolder.of(payload.run_dir).points / index),
                                run_id=f"{payload.run_id}-point-{index}",
-                               checkpoint=dataclasses.replace(payload.checkpoint,
+                               checkpoint=lean_record.replace(payload.checkpoint,
                                                               dir=os.path.join(payload.checkpoint.dir, f"point-{index}")))
 
 

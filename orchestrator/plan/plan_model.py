@@ -12,9 +12,9 @@ import contextlib
 import gc
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, Protocol
+from typing import TYPE_CHECKING, Annotated, Any, Iterator, Mapping, Optional, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator, PrivateAttr
 
 from orchestrator.core.payload import Payload
 from orchestrator.code.snapshot import Snapshot
@@ -39,6 +39,20 @@ class RankRow:
     env: dict[str, str]
 
 
+def _payload_of(value: object) -> Payload:
+    """A plan's payload: the record itself, or its dict (plan.json read back)."""
+    if isinstance(value, Payload):
+        return value
+    if isinstance(value, Mapping):
+        return Payload.from_dict(value, where="the plan's payload")
+    raise ValueError(f"a payload is a Payload or its JSON object, not {type(value).__name__}")
+
+
+#: The payload inside a pydantic model: a ``lean_record`` (no start-up cost on the ranks), which
+#: pydantic neither validates nor serialises by itself.
+PayloadField = Annotated[Payload, PlainValidator(_payload_of), PlainSerializer(lambda payload: payload.to_dict())]
+
+
 class SweepPoint(BaseModel):
     model_config = ConfigDict(frozen=True)
     index: int
@@ -61,7 +75,7 @@ class LaunchPlan(BaseModel):
     world_size: int
     backend: str
     notes: list[str] = Field(default_factory=list)
-    payload: Payload
+    payload: PayloadField
     #: How each rank's process starts: "fork" (from the local zygote that imported torch),
     #: "fresh" (a new interpreter, locally or by srun), or "in-process" (the debug executor).
     rank_start: str = "fresh"

@@ -6,13 +6,13 @@ The cluster tests run the same path on real SLURM daemons."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+from orchestrator.core import lean_record
 from orchestrator.core.recovery import History
 
 NODES = ("gnode1", "gnode2")
@@ -59,7 +59,7 @@ def _job(tmp: Path, node_check: str | None = None) -> tuple[subprocess.Completed
                           recovery=recovery))
     run_dir = Path(launch.run_dir)  # the ranks' srun names its payload there
     run_dir.mkdir(parents=True)
-    dataclasses.replace(launch.payload, rank_log=str(tmp / "rank-%t.log")).write(run_dir / "payload.json")
+    lean_record.replace(launch.payload, rank_log=str(tmp / "rank-%t.log")).write(run_dir / "payload.json")
     bin_dir = tmp / "bin"
     bin_dir.mkdir()
     (bin_dir / "srun").write_text(SRUN.format(python=sys.executable, calls=str(tmp / "srun-calls"), nodes=NODES, per_node=PER_NODE))

@@ -4,7 +4,6 @@ requeue decisions are checked for each slurm.requeue policy, through real signal
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
 import subprocess
@@ -14,12 +13,15 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.core import lean_record
+
 # The child plays all the ranks: it records that USR2 reached it and (like the rank API after a
 # collective checkpoint) writes the marker when asked to; USR2 ends it either way.
 # NOTICE names the signal it listens for (slurm.signal); CLEANUP_S: how long its clean-up takes
 # after the notice before it writes "child-cleaned-up" (STAY: it never ends on its own).
 CHILD = """
 import os, signal, sys, time
+
 out = sys.argv[1]
 if os.environ.get("LISTENING") == "1":  # the rank API's StopFlag on rank 0
     from orchestrator.core.run_folder import stop_flag_note
@@ -56,7 +58,7 @@ def _payload(tmp: Path, slurm: dict | None = None, spec: dict | None = None, **f
     launch = plan(JobSpec(name="agent", entrypoint="jobs.train:main", executor="slurm", runs_dir=str(tmp / "runs"),
                           slurm={"requeue": fields["requeue"], "max_requeues": fields["max_requeues"], **(slurm or {})},
                           **(spec or {})))
-    dataclasses.replace(launch.payload, run_dir=str(tmp / "run"), **fields).write(tmp / "payload.json")
+    lean_record.replace(launch.payload, run_dir=str(tmp / "run"), **fields).write(tmp / "payload.json")
 
 
 def _agent(tmp: Path, policy: str, checkpoint: bool, restart: int = 0, max_requeues: int = 2,
@@ -516,7 +518,7 @@ def test_without_cpus_per_task_each_rank_gets_its_share_of_the_nodes_cpus(tmp_pa
     assert rule == "--cpus-per-task=<SLURM_CPUS_ON_NODE / 2>"
     assert launch.payload.env["OMP_NUM_THREADS"] == ("3" if own_threads else "<SLURM_CPUS_ON_NODE / 2>")
     out = tmp_path / "srun.json"
-    dataclasses.replace(launch.payload, run_dir=str(tmp_path / "run"),
+    lean_record.replace(launch.payload, run_dir=str(tmp_path / "run"),
                         srun=(sys.executable, "-c", RECORD_ARGV_ENV, str(out), rule)).write(tmp_path / "payload.json")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -555,7 +557,7 @@ def test_the_health_gate_never_imports_from_the_submit_folder(tmp_path: Path) ->
                           runs_dir=str(tmp_path / "runs")))
     assert launch.payload.recovery.health_check  # on by default
     out = tmp_path / "srun.json"
-    dataclasses.replace(launch.payload, run_dir=str(tmp_path / "run"),
+    lean_record.replace(launch.payload, run_dir=str(tmp_path / "run"),
                         srun=(sys.executable, "-P", "-c", RECORD_ARGV_ENV, str(out))  # the ranks' stand-in: -P, as
                         ).write(tmp_path / "payload.json")  # the real rank's bootstrap drops '' too
     bin_dir = tmp_path / "bin"

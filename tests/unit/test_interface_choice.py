@@ -10,12 +10,12 @@ this machine's /etc or home folder.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
+from orchestrator.core import lean_record
 from orchestrator.core import netif
 from orchestrator.front.display import print_plan
 from orchestrator.spec.loading import spec_from_dict
@@ -197,7 +197,7 @@ def test_local_rows_name_lo_unless_the_user_or_the_site_named_one(_no_site_files
     monkeypatch.setenv(GLOO_IFNAME, "eth3")  # exported by the user: the ranks inherit it as it is
     assert all(r.env[NCCL_IFNAME] == "lo" and GLOO_IFNAME not in r.env for r in plan(spec).ranks)
     # env: in the payload (what the spec's env: becomes) is set as written, over lo
-    payload = dataclasses.replace(launch.payload, env={**launch.payload.env, NCCL_IFNAME: "ib9", GLOO_IFNAME: "eth4"})
+    payload = lean_record.replace(launch.payload, env={**launch.payload.env, NCCL_IFNAME: "ib9", GLOO_IFNAME: "eth4"})
     env = rank_environment(local_rank_env(payload, 0, 20001, None), payload, 0)
     assert env[NCCL_IFNAME] == "ib9" and env[GLOO_IFNAME] == "eth4"
 

@@ -7,6 +7,7 @@ this host's subnets, routed through its default route, unroutable), must get the
 from __future__ import annotations
 
 import ipaddress
+import socket
 import os
 import shutil
 
@@ -77,7 +78,7 @@ def _hosts(monkeypatch: pytest.MonkeyPatch, table: dict[str, str]) -> None:
             return table[name]
         raise OSError(f"unknown host {name}")
 
-    monkeypatch.setattr(netif.socket, "gethostbyname", resolve)
+    monkeypatch.setattr(socket, "gethostbyname", resolve)
 
 
 def test_a_master_that_is_loopback_here_uses_the_interface_that_reaches_the_other_nodes(

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 
@@ -8,6 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from orchestrator.core import lean_record
 from orchestrator.spec.loading import load_spec, spec_from_dict
 from orchestrator.plan import plan, render_argv, run_id_for
 from orchestrator.backends.slurm.slurm_plan import array_chunks
@@ -186,7 +186,7 @@ def test_slurm_rank_env_from_slurm_variables(tmp_path) -> None:
     assert rank.init_method == f"file://{tmp_path}/rendezvous-4242-1"
     assert rank.visible_devices == "0,1" and rank.source == "scheduler"  # the node's GPUs; LOCAL_RANK=1 picks
     with pytest.raises(RuntimeError, match="interface ib9 does not exist"):
-        rank_env_from_slurm(SlurmTask.from_environ(env), dataclasses.replace(launch.payload, interface="ib9"))
+        rank_env_from_slurm(SlurmTask.from_environ(env), lean_record.replace(launch.payload, interface="ib9"))
 
 
 def test_local_thread_default_counts_the_cpus_the_process_may_use() -> None:
@@ -289,7 +289,7 @@ def test_a_slurm_rank_resolves_the_rule_from_what_srun_gave_it(monkeypatch: pyte
     monkeypatch.delenv("OMP_NUM_THREADS")
     assert rank_environment(rank, launch.payload, 0)["OMP_NUM_THREADS"] == str(len(os.sched_getaffinity(0)))
     # plan's own rows keep the rule
-    assert rank_environment(dataclasses.replace(rank, source="plan"), launch.payload, 0)["OMP_NUM_THREADS"] == \
+    assert rank_environment(lean_record.replace(rank, source="plan"), launch.payload, 0)["OMP_NUM_THREADS"] == \
         "<SLURM_CPUS_ON_NODE / 2>"
 
 

@@ -292,7 +292,7 @@ def test_a_restart_forks_its_ranks_only_where_every_node_holds_a_live_idle_stand
     pool.by_host["node3"] = Warm(running={2})  # type: ignore[assignment]
     assert may_fork(ctx, pool, ["node1", "node3"]) == "the standby on node3 still ends its ranks"
     pool.by_host["node3"] = Warm()  # type: ignore[assignment]
-    from dataclasses import replace
+    from orchestrator.core.lean_record import replace
 
     for change, why in (({"standbys": False}, "recovery.standbys is off"),):
         ctx.payload = replace(ctx.payload, recovery=replace(ctx.payload.recovery, **change))

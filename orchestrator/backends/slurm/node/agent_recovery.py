@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import socket
 import time
-from dataclasses import replace
 from typing import Iterable, Mapping
 
+from orchestrator.core.lean_record import replace
 from orchestrator.backends.slurm.node import slurm_controller
 from orchestrator.backends.slurm.node.agent_gate import gate_verdict
 from orchestrator.backends.slurm.node.agent_decisions import attempt_outcome, cancelled, failed_exit, hang_blamed, step_hosts

@@ -52,9 +52,9 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import replace
 from typing import Mapping
 
+from orchestrator.core.lean_record import replace
 from orchestrator.backends.slurm.node import gate_step
 from orchestrator.node import container
 from orchestrator.backends.slurm.node import slurm_controller

@@ -4,17 +4,19 @@ every rank. Standard library only.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping, Optional
 
 from orchestrator.core.hostlist import expand
+from orchestrator.core.lean_record import record
 from orchestrator.core.rendezvous import derive_port, init_url, rendezvous_file
 from orchestrator.core.run_folder import RunFolder
 from orchestrator.node.rank_env import RankEnv, interface_choice, slurm_visible_devices
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a rank imports this module)
 if TYPE_CHECKING:
+    from typing import Mapping, Optional
     from orchestrator.core.payload import Payload
+
 
 #: What the job's agent tells the ranks of a step: the job's attempt (``SlurmJob.attempt``).
 ATTEMPT_VARIABLE = "ORCH_JOB_ATTEMPT"
@@ -26,7 +28,7 @@ def expand_nodelist(nodelist: str) -> list[str]:
     return expand(nodelist) if nodelist and nodelist != "(null)" else []
 
 
-@dataclass(frozen=True)
+@record
 class SlurmJob:
     """The job (or array task) this process belongs to."""
 
@@ -70,7 +72,7 @@ class SlurmJob:
                     .replace("%j", self.raw_job_id).replace("%t", str(rank)))
 
 
-@dataclass(frozen=True)
+@record
 class SlurmTask:
     """One srun task (one rank) of the job."""
 

@@ -1,6 +1,7 @@
 """Start-up and cancel of a many-node job against SLURM's own floor, on the deploy cluster (issue 36).
 
 Run (root): .venv/bin/python tests/benchmarks/bench_scale.py [--nodes 64] [--repeat 3] [--cluster DIR] [--gloo]
+            [--ranks-per-node R [--torchrun]]
 Without --cluster it brings a cluster of ``--nodes`` nodes with one CPU each up in its own folder
 (deploy/cluster.sh up --nodes N --cpus 1; stop the test cluster first: both use the same namespaces)
 and takes it down at the end.
@@ -30,6 +31,13 @@ it records its start, as a training script's first step does; the plain job's ba
 what torchrun would (MASTER_ADDR from ``scontrol show hostnames``, the rank from SLURM_PROCID) and
 GLOO_SOCKET_IFNAME, as a hand-written one must on these nodes. Each rank imports torch (about 2 s
 of CPU and 280 MB here): at 64 ranks on this machine's 2 cores and 24 GB, run it at 32 nodes.
+Each rank also notes when its entrypoint started ("submit -> all entrypoints reached").
+
+``--ranks-per-node R --torchrun`` (with ``--gloo``): R CPU ranks a node, the plain job being the
+usual hand-written one: ``srun`` one task a node running torchrun (``--nproc-per-node R``, c10d
+rendezvous on the first node), which imports torch itself and starts the node's ranks.
+
+The package is compiled first (``compileall``), as a pip install leaves it.
 """
 
 from __future__ import annotations
@@ -58,10 +66,10 @@ with open(os.path.join(out, 'rank-' + rank), 'w') as f:
 time.sleep(3600)
 """
 GLOO = """import os, sys, time
+t0 = time.time()  # the entrypoint reached
 out = sys.argv[sys.argv.index('--out') + 1]
 for name, slurm in (('RANK', 'SLURM_PROCID'), ('WORLD_SIZE', 'SLURM_NTASKS'), ('LOCAL_RANK', 'SLURM_LOCALID')):
     os.environ.setdefault(name, os.environ[slurm])  # plain srun: what torchrun would set
-t0 = time.time()
 import torch
 import torch.distributed as dist
 t1 = time.time()
@@ -71,8 +79,8 @@ dist.all_reduce(t)
 assert t[0].item() == dist.get_world_size()
 t2 = time.time()
 name = os.path.join(out, 'rank-' + os.environ['RANK'])
-with open(name + '.tmp', 'w') as f:  # when, who, then how long importing torch and joining took
-    f.write(f"{t2} {os.getpid()} {t1 - t0} {t2 - t1}")
+with open(name + '.tmp', 'w') as f:  # when, who, how long importing torch and joining took, when it started
+    f.write(f"{t2} {os.getpid()} {t1 - t0} {t2 - t1} {t0}")
 os.replace(name + '.tmp', name)
 time.sleep(3600)
 """
@@ -88,7 +96,7 @@ def wait_ranks(out: Path, n: int, timeout: float = 300) -> tuple[float, list[int
     while True:
         files = [p for p in out.glob("rank-*") if not p.name.endswith(".tmp")]
         values = [p.read_text().split() for p in files]
-        if len(files) >= n and all(len(v) in (2, 4) for v in values):
+        if len(files) >= n and all(len(v) in (2, 5) for v in values):
             return max(float(v[0]) for v in values), [int(v[1]) for v in values]
         if time.monotonic() > deadline:
             raise TimeoutError(f"only {len(files)} of {n} ranks started in {timeout:.0f} s (see {out}, and the job's "
@@ -96,12 +104,13 @@ def wait_ranks(out: Path, n: int, timeout: float = 300) -> tuple[float, list[int
         time.sleep(0.05)
 
 
-def phases(out: Path) -> dict[str, float]:
+def phases(out: Path, t0: float) -> dict[str, float]:
     """--gloo: the median rank's seconds importing torch, and joining the group + the first all-reduce."""
     values = [p.read_text().split() for p in out.glob("rank-*") if not p.name.endswith(".tmp")]
-    if not values or len(values[0]) < 4:
+    if not values or len(values[0]) < 5:
         return {}
-    return {"importing torch (median rank)": statistics.median(float(v[2]) for v in values),
+    return {"submit -> all entrypoints reached": max(float(v[4]) for v in values) - t0,
+            "importing torch (median rank)": statistics.median(float(v[2]) for v in values),
             "joining + first all-reduce (median rank)": statistics.median(float(v[3]) for v in values)}
 
 
@@ -161,19 +170,20 @@ def bare_loop_cpu(seconds: float) -> float:
         loop.wait()
 
 
-def ours(shared: Path, nodes: int, i: int, script: Path, window_s: float = AGENT_WINDOW_S) -> dict[str, float]:
+def ours(shared: Path, nodes: int, i: int, script: Path, window_s: float = AGENT_WINDOW_S,
+         ranks: int = 1) -> dict[str, float]:
     out = shared / f"ours-{i}"
     out.mkdir()
     spec = shared / f"spec-{i}.yaml"
     spec.write_text(yaml.safe_dump({"name": f"scale{i}", "executor": "slurm", "runs_dir": str(shared / "runs"),
-                                    "entrypoint": str(script), "nodes": nodes, "cpu_ranks_per_node": 1,
+                                    "entrypoint": str(script), "nodes": nodes, "cpu_ranks_per_node": ranks,
                                     "extra_args": ["--out", str(out)], "slurm": {"time": "00:10:00"},
                                     "watchdog": {"stall_s": 600}}))
     t0 = time.time()
     said = subprocess.run([PY, "-m", "orchestrator", "submit", str(spec)], check=True, capture_output=True,
                           text=True, cwd=shared).stdout  # "submitted ID: job(s) J; run folder DIR"
     command = time.time() - t0
-    last, pids = wait_ranks(out, nodes)
+    last, pids = wait_ranks(out, nodes * ranks)
     line = next(ln for ln in said.splitlines() if ln.startswith("submitted "))
     run_id, run_dir = line.split()[1].rstrip(":"), Path(line.rsplit("run folder ", 1)[1])
     agent_cpu = cpu_over(agent_pid(run_dir), window_s)
@@ -198,24 +208,30 @@ def ours(shared: Path, nodes: int, i: int, script: Path, window_s: float = AGENT
             "health gate": float(times.get("gate_s", 0.0)),
             "gate's decision -> last rank": last - float(times.get("ranks_at", last)),
             "cancel -> all ranks gone": gone - c0, "the cancel command, job out of the queue": returned - c0,
-            "agent CPU": agent_cpu, **phases(out)}
+            "agent CPU": agent_cpu, **phases(out, t0)}
 
 
-def plain(shared: Path, nodes: int, i: int, script: Path, prefix: str = "") -> dict[str, float]:
-    """``prefix``: what the batch script runs before srun (--gloo: GLOO_ENV)."""
+def plain(shared: Path, nodes: int, i: int, script: Path, prefix: str = "", ranks: int = 1,
+          torchrun: bool = False) -> dict[str, float]:
+    """``prefix``: what the batch script runs before srun (--gloo: GLOO_ENV). ``torchrun``: one srun
+    task a node starts torchrun, which starts the node's ``ranks`` (the usual hand-written job);
+    else srun starts every rank as a task of its own."""
     out = shared / f"plain-{i}"
     out.mkdir()
+    launch = (f"srun --ntasks-per-node=1 {PY} -m torch.distributed.run --nnodes={nodes} --nproc-per-node={ranks} "
+              f"--rdzv-backend=c10d --rdzv-endpoint=$MASTER_ADDR:29555 --rdzv-id=plain{i} {script} --out {out}"
+              if torchrun else f"srun {PY} {script} --out {out}")
     t0 = time.time()
-    job = subprocess.run(["sbatch", "--parsable", f"-N{nodes}", "--ntasks-per-node=1", "-o", str(shared / f"plain-{i}.log"),
-                          "--wrap", f"{prefix}srun {PY} {script} --out {out}"],
+    job = subprocess.run(["sbatch", "--parsable", f"-N{nodes}", f"--ntasks-per-node={ranks}",
+                          "-o", str(shared / f"plain-{i}.log"), "--wrap", f"{prefix}{launch}"],
                          check=True, capture_output=True,
                          text=True).stdout.strip().split(";")[0]
-    last, pids = wait_ranks(out, nodes)
+    last, pids = wait_ranks(out, nodes * ranks)
     c0 = time.time()
     subprocess.run(["scancel", job], check=True)
     gone = wait_gone(pids)
     wait_job_gone(job, timeout=300)
-    return {"submit -> all ranks": last - t0, "cancel -> all ranks gone": gone - c0, **phases(out)}
+    return {"submit -> all ranks": last - t0, "cancel -> all ranks gone": gone - c0, **phases(out, t0)}
 
 
 def main() -> None:
@@ -226,10 +242,14 @@ def main() -> None:
     ap.add_argument("--shared", type=Path, default=SHARED, help="a folder every node sees, not node-local")
     ap.add_argument("--agent-window", type=float, default=AGENT_WINDOW_S, help="seconds the agent's CPU is measured over")
     ap.add_argument("--gloo", action="store_true", help="the job's script imports torch and all-reduces once over gloo")
+    ap.add_argument("--ranks-per-node", type=int, default=1, help="CPU ranks a node (the cluster's nodes get as many CPUs)")
+    ap.add_argument("--torchrun", action="store_true", help="the plain job runs torchrun on each node (needs --gloo)")
     a = ap.parse_args()
+    if a.torchrun and not a.gloo:
+        ap.error("--torchrun runs a torch job: add --gloo")
     folder = a.cluster or CLUSTER
     if a.cluster is None:
-        subprocess.run(["bash", str(ROOT / "deploy" / "cluster.sh"), "up", "--nodes", str(a.nodes), "--cpus", "1",
+        subprocess.run(["bash", str(ROOT / "deploy" / "cluster.sh"), "up", "--nodes", str(a.nodes), "--cpus", str(a.ranks_per_node),
                         "--dir", str(folder)], check=True, cwd=ROOT, stdout=subprocess.DEVNULL, timeout=900)
     os.environ["SLURM_CONF"] = str(folder / "slurm.conf")
     # As a pip install leaves the package: compiled. Without it, and with PYTHONDONTWRITEBYTECODE in
@@ -243,21 +263,24 @@ def main() -> None:
         script = shared / "started.py"
         script.write_text(GLOO if a.gloo else SCRIPT)
         what = "a torch script, started once past its first gloo all-reduce" if a.gloo else "a script without torch"
-        print(f"{a.nodes} nodes, one rank a node ({what}), {a.repeat} round(s), seconds (median):")
+        side = "torchrun on each node" if a.torchrun else "srun's tasks"
+        print(f"{a.nodes} nodes, {a.ranks_per_node} rank(s) a node ({what}; the plain job: {side}), {a.repeat} "
+              "round(s), seconds (median):")
         for name, took in floors(a.nodes).items():
             print(f"  floor: {name:48} {took:6.2f}")
         mine: list[dict[str, float]] = []
         theirs: list[dict[str, float]] = []
         for i in range(a.repeat):  # alternated, so both see the same machine
-            theirs.append(plain(shared, a.nodes, i, script, GLOO_ENV if a.gloo else ""))
-            mine.append(ours(shared, a.nodes, i, script, a.agent_window))
+            theirs.append(plain(shared, a.nodes, i, script, GLOO_ENV if a.gloo else "", a.ranks_per_node, a.torchrun))
+            mine.append(ours(shared, a.nodes, i, script, a.agent_window, a.ranks_per_node))
         for key in ("submit -> all ranks", "cancel -> all ranks gone"):
             o, p = statistics.median(r[key] for r in mine), statistics.median(r[key] for r in theirs)
             print(f"  {key:28} orchestrator {o:6.2f}   sbatch+srun / scancel {p:6.2f}   +{o - p:.2f} s ({o / p:.2f}x)")
         for key in ("the command", "to the agent's first attempt", "health gate", "gate's decision -> last rank",
                     "the cancel command, job out of the queue"):
             print(f"    of ours: {key:40} {statistics.median(r[key] for r in mine):6.2f}")
-        for key in ("importing torch (median rank)", "joining + first all-reduce (median rank)"):
+        for key in ("submit -> all entrypoints reached", "importing torch (median rank)",
+                    "joining + first all-reduce (median rank)"):
             if key in mine[0] and key in theirs[0]:
                 o, p = statistics.median(r[key] for r in mine), statistics.median(r[key] for r in theirs)
                 print(f"  {key:42} orchestrator {o:6.2f}   sbatch+srun {p:6.2f}")

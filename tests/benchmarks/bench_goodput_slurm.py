@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+from bench_slurm import compile_package  # this folder is on sys.path: the benchmarks run as scripts
+
 from orchestrator import api
 from orchestrator.core.recovery import History, describe
 from orchestrator.front.chaos import Injection, inject
@@ -50,6 +52,8 @@ def main() -> None:
     a = ap.parse_args()
     if a.smoke:
         a.minutes = 0.75
+    else:
+        compile_package()  # as a pip install leaves it (bench_slurm.compile_package says why)
     epochs = max(2, round(a.minutes * 60 / (STEPS_PER_EPOCH * (a.step_delay + 0.05))))
     spec = {"name": f"bench-goodput-{int(time.time())}", "entrypoint": "jobs.train:main", "executor": "slurm",
             "nodes": 2, "cpu_ranks_per_node": 1, "runs_dir": a.runs_dir,

@@ -52,7 +52,7 @@ import time
 from pathlib import Path
 
 import yaml
-from bench_slurm import submitted_job, wait_job_gone  # this folder is on sys.path: the benchmarks run as scripts
+from bench_slurm import compile_package, submitted_job, wait_job_gone  # this folder is on sys.path: the benchmarks run as scripts
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
@@ -218,11 +218,12 @@ def plain(shared: Path, nodes: int, i: int, script: Path, prefix: str = "", rank
     else srun starts every rank as a task of its own."""
     out = shared / f"plain-{i}"
     out.mkdir()
-    launch = (f"srun --ntasks-per-node=1 {PY} -m torch.distributed.run --nnodes={nodes} --nproc-per-node={ranks} "
+    launch = (f"srun {PY} -m torch.distributed.run --nnodes={nodes} --nproc-per-node={ranks} "
               f"--rdzv-backend=c10d --rdzv-endpoint=$MASTER_ADDR:29555 --rdzv-id=plain{i} {script} --out {out}"
               if torchrun else f"srun {PY} {script} --out {out}")
     t0 = time.time()
-    job = subprocess.run(["sbatch", "--parsable", f"-N{nodes}", f"--ntasks-per-node={ranks}",
+    shape = ["--ntasks-per-node=1", f"--cpus-per-task={ranks}"] if torchrun else [f"--ntasks-per-node={ranks}"]
+    job = subprocess.run(["sbatch", "--parsable", f"-N{nodes}", *shape,
                           "-o", str(shared / f"plain-{i}.log"), "--wrap", f"{prefix}{launch}"],
                          check=True, capture_output=True,
                          text=True).stdout.strip().split(";")[0]
@@ -252,10 +253,7 @@ def main() -> None:
         subprocess.run(["bash", str(ROOT / "deploy" / "cluster.sh"), "up", "--nodes", str(a.nodes), "--cpus", str(a.ranks_per_node),
                         "--dir", str(folder)], check=True, cwd=ROOT, stdout=subprocess.DEVNULL, timeout=900)
     os.environ["SLURM_CONF"] = str(folder / "slurm.conf")
-    # As a pip install leaves the package: compiled. Without it, and with PYTHONDONTWRITEBYTECODE in
-    # the environment the jobs inherit, every rank compiles each of our modules again (~17 ms a rank).
-    subprocess.run([PY, "-m", "compileall", "-q", str(ROOT / "orchestrator"), str(ROOT / "jobs")], check=True,
-                   timeout=300, env={**os.environ, "PYTHONDONTWRITEBYTECODE": ""})
+    compile_package()
     try:
         a.shared.mkdir(parents=True, exist_ok=True)
         shared = a.shared / f"bench-{os.getpid()}"

@@ -47,8 +47,11 @@ def test_top_shows_every_rank_and_after_a_recovery_a_goodput_that_adds_up(tmp_pa
     while "rejoined in generation 1" not in (Path(launch.run_dir) / "logs" / "rank-0.log").read_text():
         assert time.monotonic() < deadline + 60, "no rejoin"
         time.sleep(0.1)
-    time.sleep(1.5)
     shown = _top(launch.run_dir)
+    seen = time.monotonic()  # the recovery ends at the new attempt's first step, a report later (~1 s)
+    while "last recovery: attempt 2 recovered in" not in shown and time.monotonic() < seen + 30:
+        time.sleep(0.5)
+        shown = _top(launch.run_dir)
     assert "attempt 2" in shown and "last recovery: attempt 2 recovered in" in shown, shown
     parts = re.search(r"(\d+)s training of (\d+)s since submit \(queue (\d+)s, start-up (\d+)s, recovery (\d+)s, "
                       r"lost work (\d+)s\)", shown)

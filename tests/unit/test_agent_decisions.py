@@ -14,6 +14,7 @@ from orchestrator.backends.slurm.node.agent_decisions import (ALWAYS, AUTO, NEVE
                                           failed_exit, grace_spent, hang_blamed, no_requeue_left, requeue_deadline,
                                           requeue_evidence, requeue_why, requeues_used, stacks_before_notice)
 from orchestrator.backends.slurm.node.agent_state import AgentState, Phase
+from orchestrator.backends.slurm.node.agent_stop import Stop, StopCause, cancel_requested, cancel_sent, noticed, terminated, told_apart
 from orchestrator.core.states import Action, FailureKind, Outcome
 
 
@@ -44,13 +45,15 @@ def test_requeues_are_counted_apart_from_restarts_and_bounded() -> None:
 
 
 def test_a_cancel_is_a_request_or_a_sigterm_that_is_no_preemption() -> None:
-    assert cancelled(5.0, [], None)
-    assert cancelled(None, ["SIGTERM"], False)
-    assert not cancelled(None, ["SIGTERM"], True)  # a preemption is a notice
-    assert not cancelled(None, ["SIGTERM"], None)  # not asked: nothing known
-    assert grace_spent(10.0, False, 40.0, 30.0) and not grace_spent(10.0, False, 39.0, 30.0)
-    assert not grace_spent(10.0, True, 1e9, 30.0)  # scancel was sent once: never again
-    assert not grace_spent(None, False, 1e9, 30.0)
+    assert cancelled(Stop(StopCause.CANCEL, 5.0))
+    assert cancelled(told_apart(terminated(None, 5.0), False, "", 6.0))
+    assert not cancelled(told_apart(terminated(None, 5.0), True, "", 6.0))  # a preemption is a notice
+    assert not cancelled(terminated(None, 5.0))  # not asked: nothing known
+    assert not cancelled(None) and not cancelled(noticed(None, 1.0))
+    asked = cancel_requested(None, 10.0)
+    assert grace_spent(asked, 40.0, 30.0) and not grace_spent(asked, 39.0, 30.0)
+    assert not grace_spent(cancel_sent(asked, 41.0), 1e9, 30.0)  # scancel was sent once: never again
+    assert not grace_spent(None, 1e9, 30.0) and not grace_spent(told_apart(terminated(None, 1.0), False, "", 2.0), 1e9, 30.0)
 
 
 @pytest.mark.parametrize("phase,code,stopping,notice", list(itertools.product(
@@ -90,6 +93,6 @@ def test_a_hang_blames_the_stragglers_node_only_outside_a_collective() -> None:
 
 def test_the_state_is_one_dataclass_without_sentinels() -> None:
     state = AgentState()
-    assert state.phase is Phase.RUNNING and state.cancel_at is None and not state.cancel_sent
+    assert state.phase is Phase.RUNNING and state.stop is None and not state.preemption_asked
     assert state.suspend_checked is None and state.action is Action.NONE
     assert all(v != float("inf") for v in vars(state).values() if isinstance(v, float))

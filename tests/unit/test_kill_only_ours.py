@@ -18,6 +18,7 @@ import pytest
 from orchestrator.backends.slurm.node import agent_requeue, slurm_controller, slurm_job
 from orchestrator.backends.slurm.node.agent_standby import Standbys
 from orchestrator.backends.slurm.node.agent_state import AgentState, Phase
+from orchestrator.backends.slurm.node.agent_stop import Stop, StopCause
 from orchestrator.backends.slurm.node.slurm_controller import Answer
 
 
@@ -111,7 +112,7 @@ def test_a_job_preempted_under_cancel_is_never_requeued_by_the_agent(monkeypatch
     asked = _answers(monkeypatch, {})
     said: list[str] = []
     state = AgentState()
-    state.preempted, state.preempt_mode = True, "CANCEL"
+    state.stop, state.preemption_asked = Stop(StopCause.PREEMPTION, 0.0, notice_at=0.0, preempt_mode="CANCEL"), True
     ctx = SimpleNamespace(state=state, say=said.append, job_id="125",
                           payload=SimpleNamespace(max_requeues=3), history=SimpleNamespace(requeues=lambda: 0,
                                                                                           restarts_by_requeue=lambda: 0),

@@ -15,6 +15,7 @@ import time
 from typing import Iterable, Mapping, Sequence
 
 from orchestrator.backends.slurm.node.agent_state import Killed
+from orchestrator.backends.slurm.node.agent_stop import Stop, StopCause
 from orchestrator.core.states import Action, FailureKind, Outcome, Phase
 
 #: The agent's exit code for a job that stopped early and was not requeued (SLURM: FAILED).
@@ -75,15 +76,21 @@ def stacks_before_notice(stacks_on_failure: bool, policy: str, used: int, limit:
     return stacks_on_failure and (policy == NEVER or used >= limit)
 
 
-def cancelled(cancel_at: float | None, received: list[str], preempted: bool | None) -> bool:
+def cancelled(stop: Stop | None) -> bool:
     """The attempt was cancelled: ``orchestrator cancel`` asked, or a SIGTERM that the controller
     said is no preemption (scancel)."""
-    return cancel_at is not None or ("SIGTERM" in received and preempted is False)
+    return stop is not None and stop.cancelling
 
 
-def grace_spent(cancel_at: float | None, cancel_sent: bool, now: float, grace_s: float) -> bool:
-    """A cancel's stop_grace_s ran out before the ranks ended (and the job was not scancelled yet)."""
-    return cancel_at is not None and not cancel_sent and now >= cancel_at + grace_s
+def grace_spent(stop: Stop | None, now: float, grace_s: float) -> bool:
+    """``orchestrator cancel``'s stop_grace_s ran out before the ranks ended (and the job was not
+    scancelled yet)."""
+    return stop is not None and stop.cause is StopCause.CANCEL and not stop.sent and now >= stop.at + grace_s
+
+
+def notice_at(stop: Stop | None) -> float | None:
+    """When the time limit's notice (or a preemption) came, if it did: the requeue's clock."""
+    return stop.notice_at if stop is not None else None
 
 
 def a_failure(code: int, phase: Phase, cancelled_or_stopping: bool, notice_at: float | None) -> bool:
@@ -115,7 +122,7 @@ def exit_code(phase: Phase, srun_code: int, stopped_early: bool) -> int | None:
 
 
 def attempt_outcome(*, was_cancelled: bool, failure: FailureKind | None, action: Action, phase: Phase,
-                    preempted: bool | None, code: int | None) -> Outcome:
+                    preempted: bool, code: int | None) -> Outcome:
     """How the attempt ended, for recovery.json."""
     if was_cancelled:
         return Outcome.CANCELLED

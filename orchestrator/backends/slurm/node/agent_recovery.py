@@ -14,6 +14,7 @@ from orchestrator.core.lean_record import replace
 from orchestrator.backends.slurm.node import slurm_controller
 from orchestrator.backends.slurm.node.agent_gate import gate_verdict
 from orchestrator.backends.slurm.node.agent_decisions import attempt_outcome, cancelled, failed_exit, hang_blamed, step_hosts
+from orchestrator.backends.slurm.node.agent_stop import StopCause
 from orchestrator.backends.slurm.node.agent_requeue import SCONTROL_RETRY_S, Requeuer
 from orchestrator.backends.slurm.node.agent_state import AgentContext, Phase, say
 from orchestrator.core import rank_error
@@ -70,9 +71,9 @@ class AgentRecovery:
         c, s = self.ctx, self.state
         if c.attempt is None or c.attempt.ended is not None:
             return
-        outcome = attempt_outcome(was_cancelled=cancelled(s.cancel_at, s.received, s.preempted),
-                                  failure=s.failure.kind if s.failure else None, action=s.action, phase=s.phase,
-                                  preempted=s.preempted, code=code)
+        outcome = attempt_outcome(was_cancelled=cancelled(s.stop), failure=s.failure.kind if s.failure else None,
+                                  action=s.action, phase=s.phase,
+                                  preempted=s.stop is not None and s.stop.cause is StopCause.PREEMPTION, code=code)
         why = s.failure.why if s.failure is not None else (s.not_requeued or s.requeued_why)
         try:
             c.history.finish(c.attempt, outcome, why, action=s.action, progress=c.attempt.progress,

@@ -11,9 +11,10 @@ import os
 import time
 
 from orchestrator.backends.slurm.node import slurm_controller
-from orchestrator.backends.slurm.node.agent_decisions import (ALWAYS, AUTO, UNFINISHED_EXIT, no_requeue_left, preempted, requeue_evidence,
-                                          requeue_why, requeues_used)
+from orchestrator.backends.slurm.node.agent_decisions import (ALWAYS, AUTO, UNFINISHED_EXIT, cancelled, no_requeue_left, notice_at,
+                                                               preempted, requeue_evidence, requeue_why, requeues_used)
 from orchestrator.backends.slurm.node.agent_state import AgentContext, Phase
+from orchestrator.backends.slurm.node.agent_stop import StopCause, cancel_requested, cancel_sent, told_apart
 from orchestrator.core.run_folder import RunFolder, stop_flag_note
 from orchestrator.core.states import Action, EndReason, State
 
@@ -43,7 +44,10 @@ class Requeuer:
     def stopping(self) -> bool:
         """Cancelled: by scancel (SIGTERM to this shell, not a preemption) or by ``orchestrator
         cancel`` (its request)."""
-        return ("SIGTERM" in self.state.received and not self.term_is_preemption()) or self.state.cancel_at is not None
+        s = self.state
+        if s.stop is not None and s.stop.cause is StopCause.SIGTERM:
+            self.term_is_preemption()  # a scancel or a preemption: asked once
+        return cancelled(s.stop)
 
     def term_is_preemption(self) -> bool:
         """SIGTERM to this shell is a scancel, the time limit, or a preemption (SLURM's GraceTime:
@@ -53,16 +57,17 @@ class Requeuer:
         22.05 signals only the job's steps on preemption, not this shell: then the ranks' end
         under ``always`` is when it is asked.)"""
         s, c = self.state, self.ctx
-        if s.preempted is None:
+        if not s.preemption_asked:
+            s.preemption_asked = True
             job = slurm_controller.show_job(c.job_id)
-            s.preempted = preempted(job)
-            if s.preempted:
-                s.notice_at = s.notice_at or s.term_at or time.monotonic()
-                s.preempt_mode = slurm_controller.partition_preempt_mode(job.get("Partition", ""))
-                mode = f" (partition PreemptMode={s.preempt_mode})" if s.preempt_mode else ""
-                c.say(f"job {c.job_id} is being preempted{mode} (SIGTERM, then SLURM's GraceTime): the ranks "
+            answer = preempted(job)
+            mode = slurm_controller.partition_preempt_mode(job.get("Partition", "")) if answer else ""
+            s.update_stop(lambda stop: told_apart(stop, answer, mode, time.monotonic()))
+            if answer:
+                shown = f" (partition PreemptMode={mode})" if mode else ""
+                c.say(f"job {c.job_id} is being preempted{shown} (SIGTERM, then SLURM's GraceTime): the ranks "
                       f"got SIGTERM; slurm.requeue: {c.policy} decides the requeue")
-        return s.preempted
+        return self.state.stop is not None and self.state.stop.cause is StopCause.PREEMPTION
 
     def finished_after_notice(self) -> bool:
         """The ranks ended having finished their work, though a notice came: they listened for a
@@ -84,7 +89,7 @@ class Requeuer:
         """The ranks ended because they were told to stop, not because the work was done: the rank
         API checkpointed after a stop signal (its marker), or, under ``always``, a script that
         snapshots itself left on the time limit's notice."""
-        return self.marker() or (self.ctx.policy == ALWAYS and self.state.notice_at is not None
+        return self.marker() or (self.ctx.policy == ALWAYS and notice_at(self.state.stop) is not None
                                  and not self.finished_after_notice())
 
     # -- the decisions, acted on --------------------------------------------------------------
@@ -92,17 +97,17 @@ class Requeuer:
         s, c = self.state, self.ctx
         if s.phase is not Phase.RUNNING or self.stopping():  # scancel / orchestrator cancel: never
             return
-        if ranks_ended and work_done and s.notice_at is not None:
+        if ranks_ended and work_done and notice_at(s.stop) is not None:
             c.say(f"{c.notice.name} came, but the ranks finished their work before stopping for it "
                   "(the rank API's stop flag never stopped them): the job is complete, not requeued")
             return
-        if ranks_ended and c.policy == ALWAYS and s.notice_at is None:
+        if ranks_ended and c.policy == ALWAYS and notice_at(s.stop) is None:
             self.term_is_preemption()  # did the ranks end because the job is being preempted?
         marker = c.policy == AUTO and self.marker()
-        if requeue_evidence(c.policy, s.notice_at, marker) and os.path.lexists(c.cancel_request):
-            s.cancel_at = time.monotonic()  # the ranks checkpointed on a cancel's SIGTERM
+        if requeue_evidence(c.policy, notice_at(s.stop), marker) and os.path.lexists(c.cancel_request):
+            s.update_stop(lambda stop: cancel_requested(stop, time.monotonic()))  # the ranks checkpointed on a cancel's SIGTERM
             return
-        why = requeue_why(c.policy, c.notice.name, s.notice_at, marker, ranks_ended, time.monotonic(),
+        why = requeue_why(c.policy, c.notice.name, notice_at(s.stop), marker, ranks_ended, time.monotonic(),
                           c.payload.signal_margin_s)
         if why is not None:
             self.requeue(why)
@@ -119,10 +124,9 @@ class Requeuer:
             c.say(f"{why}; {refused}")
             s.enter(Phase.NOT_REQUEUED)
             return
-        if s.preempted is None:  # SLURM 22.05 signals only the ranks' step on preemption: ask once
-            self.term_is_preemption()
-        if s.preempted and site_ends_preempted(s.preempt_mode):
-            s.not_requeued = (f"preempted under the partition's PreemptMode={s.preempt_mode}: the site's policy "
+        # SLURM 22.05 signals only the ranks' step on preemption: ask (once)
+        if self.term_is_preemption() and s.stop is not None and site_ends_preempted(s.stop.preempt_mode):
+            s.not_requeued = (f"preempted under the partition's PreemptMode={s.stop.preempt_mode}: the site's policy "
                               "ends the job (SLURM records it PREEMPTED), so it is not requeued; submit the spec "
                               "again to resume from the checkpoint")
             c.say(f"{why}; {s.not_requeued}")
@@ -172,8 +176,13 @@ class Requeuer:
             from orchestrator.node import forensics
 
             forensics.write_end(c.run_dir, reason=EndReason.CANCELLED, error=f"cancelled; scancel failed: {problem}")
-        self.state.cancel_sent = True  # asked once; SLURM ends the job (and this agent) from here
+        self.state.update_stop(lambda stop: cancel_sent(stop, time.monotonic()))  # asked once; SLURM ends the job (and this agent)
         return UNFINISHED_EXIT
+
+    def site_ends_it(self) -> bool:
+        """The job is preempted where the partition's PreemptMode ends it (SLURM records PREEMPTED)."""
+        stop = self.state.stop
+        return stop is not None and stop.cause is StopCause.PREEMPTION and site_ends_preempted(stop.preempt_mode)
 
     def unfinished(self) -> int:
         """A stop that no requeue follows is not a completed job: end non-zero (SLURM records
@@ -183,7 +192,7 @@ class Requeuer:
         from orchestrator.node import forensics
 
         c = self.ctx
-        if self.state.preempted and site_ends_preempted(self.state.preempt_mode):
+        if self.site_ends_it():
             forensics.write_end(c.run_dir, reason=EndReason.PREEMPTED, error=self.state.not_requeued)
             return UNFINISHED_EXIT
         why = self.state.not_requeued or f"slurm.requeue: {c.policy}"

@@ -18,6 +18,7 @@ from typing import Callable
 
 from orchestrator.core.payload import Payload
 from orchestrator.core.recovery import Attempt, Failure, History
+from orchestrator.backends.slurm.node.agent_stop import Stop
 from orchestrator.backends.slurm.node.slurm_task import SlurmJob
 from orchestrator.core.states import Action, Phase
 
@@ -28,6 +29,10 @@ MOVES: dict[Phase, frozenset[Phase]] = {
     Phase.REQUEUED: frozenset(), Phase.NOT_REQUEUED: frozenset(),
     Phase.ENDING: frozenset({Phase.REQUEUEING, Phase.RESTARTING}), Phase.RESTARTING: frozenset(),
 }
+
+#: The signals whose handler changes ``AgentState.stop``: SIGTERM and the time limit's notice
+#: (``slurm.signal``: SIGUSR1 or SIGUSR2).
+STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2})
 
 #: srun's first message about a task that ended badly: (host, task, what), the what of a signal.
 Killed = tuple[str, int, str]
@@ -41,13 +46,9 @@ class AgentState:
     phase: Phase = Phase.RUNNING
     received: list[str] = field(default_factory=list)  # the signals that came, by name
     started: float = 0.0  # wall time srun started the ranks
-    notice_at: float | None = None  # the time limit's notice (or a preemption) first came
+    stop: Stop | None = None  # why and since when the job is being stopped from outside (agent_stop)
+    preemption_asked: bool = False  # the controller was asked whether the job is preempted (once an attempt)
     notice_pending: bool = False  # stacks first, then the notice is forwarded (a rank may end on it)
-    term_at: float | None = None  # SIGTERM first came
-    preempted: bool | None = None  # whether that SIGTERM is a preemption (asked once)
-    preempt_mode: str = ""  # the preempting partition's PreemptMode, once a preemption is known
-    cancel_at: float | None = None  # `orchestrator cancel` asked (its request file was seen)
-    cancel_sent: bool = False  # the agent scancelled its job: asked once, SLURM ends the rest
     not_requeued: str = ""  # why a requeue that was due did not happen (Phase.NOT_REQUEUED)
     requeued_why: str = ""  # why this attempt requeued the job (the time limit, a preemption)
     action: Action = Action.NONE  # what this attempt led to
@@ -64,6 +65,16 @@ class AgentState:
     suspend_checked: float | None = None  # the controller was last asked about a suspension
     stopped_seen: bool = False  # the agent's loop saw a gap: it was stopped (a suspension), not yet asked
     step_waiting_since: float | None = None  # srun said the step's creation waits (busy nodes), not yet created
+
+    def update_stop(self, move: Callable[[Stop | None], Stop | None]) -> None:
+        """``stop`` replaced by ``move(stop)``, with the signals whose handler replaces it too held
+        back meanwhile: a notice or a SIGTERM handled between the read and the write would be lost
+        (a handler runs between any two bytecodes of the loop, or of another handler)."""
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            self.stop = move(self.stop)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
     def enter(self, phase: Phase) -> None:
         """Move to ``phase``; any move ``MOVES`` does not name is a bug, refused."""

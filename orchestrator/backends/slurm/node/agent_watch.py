@@ -170,9 +170,9 @@ class AgentWatch:
         from orchestrator.node.stop_judge import StopJudge
 
         c, s = self.ctx, self.state
-        assert s.cancel_at is not None
+        assert s.stop is not None  # orchestrator cancel asked: its grace counts from its request
         if self.stop_judge is None:
-            self.stop_judge = StopJudge(s.cancel_at, c.world)
+            self.stop_judge = StopJudge(s.stop.at, c.world)
         if not self.stop_judge.due(time.monotonic()):
             return False
         from orchestrator.backends.slurm.node.stacks_probe import request_slurm

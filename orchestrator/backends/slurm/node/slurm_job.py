@@ -59,17 +59,18 @@ from orchestrator.backends.slurm.node import gate_step
 from orchestrator.node import container
 from orchestrator.backends.slurm.node import slurm_controller
 from orchestrator.backends.slurm.node.agent_decisions import (AUTO, UNFINISHED_EXIT, a_failure, attempt_in_job, exit_code,  # noqa: F401
-                                          grace_spent, preempted, requeue_deadline, srun_signal_death,
+                                          grace_spent, notice_at, preempted, requeue_deadline, srun_signal_death,
                                           stacks_before_notice,
                                           suspended_s)
 from orchestrator.backends.slurm.node.agent_srun_messages import name_killed_rank, note_step_creation, relay_srun_messages  # noqa: F401
 from orchestrator.backends.slurm.node.agent_gate import StepGate
 from orchestrator.backends.slurm.node.agent_recovery import AgentRecovery, master_port
-from orchestrator.backends.slurm.node.agent_requeue import SCONTROL_RETRY_S, Requeuer, site_ends_preempted, wait_for_site_end
+from orchestrator.backends.slurm.node.agent_requeue import SCONTROL_RETRY_S, Requeuer, wait_for_site_end
 from orchestrator.backends.slurm.node.agent_standby import Standbys
 from orchestrator.backends.slurm.node.agent_survivors import StandIns, exit_code_of
 from orchestrator.backends.slurm.node.agent_warm_start import ForkedStep, forks_ranks, warm_up_once_training
 from orchestrator.backends.slurm.node.agent_state import MOVES, AgentContext, AgentState, Phase, say  # noqa: F401  (re-exported)
+from orchestrator.backends.slurm.node.agent_stop import StopCause, cancel_asked, cancel_requested, carried, noticed, terminated
 from orchestrator.backends.slurm.node.agent_watch import AgentWatch
 from orchestrator.core.payload import Payload
 from orchestrator.node.rank_env import cpu_share, has_cpu_share_rule, resolve_cpu_share
@@ -106,7 +107,7 @@ class JobAgent:
         self.state = AgentState(started=time.time())
         if before is not None:  # the attempt before, inside this job: what it received goes on counting
             self.state.received = list(before.received)
-            self.state.notice_at, self.state.term_at = before.notice_at, before.term_at
+            self.state.stop = carried(before.stop, sigterm_came="SIGTERM" in before.received)
         self.ctx = AgentContext(payload, slurm, History.load(payload.run_dir), self.state,
                                 slurm.requeue_marker(payload.run_dir), run.cancel_request,
                                 signal.Signals[payload.stop_signal])
@@ -127,11 +128,11 @@ class JobAgent:
     def _on_signal(self, signum: int, frame: object) -> None:
         s, notice = self.state, self.ctx.notice
         s.received.append(signal.Signals(signum).name)
-        if signum == signal.SIGTERM and s.term_at is None:
-            s.term_at = time.monotonic()  # a cancel or a preemption: Requeuer.term_is_preemption tells
+        if signum == signal.SIGTERM:
+            # a cancel or a preemption: Requeuer.term_is_preemption tells, or told already
+            s.update_stop(lambda stop: terminated(stop, time.monotonic(), preemption_denied=s.preemption_asked))
         if signum == notice:
-            if s.notice_at is None:
-                s.notice_at = time.monotonic()
+            s.update_stop(lambda stop: noticed(stop, time.monotonic()))
             if self.srun is not None and self.srun.poll() is None:
                 if stacks_before_notice(self.payload.watchdog.stacks_on_failure, self.ctx.policy,
                                         self.requeuer.used(), self.payload.max_requeues):
@@ -207,11 +208,11 @@ class JobAgent:
         if p.recovery.survivors == "keep" and c.world > 0:
             self.keep = StandIns(c, srun_argv, self.srun_environment(), self.standbys)
         code = self._srun([*srun_argv, *gate.argv()] if gate is not None else srun_argv, gate, warm)
-        if s.cancel_at is None and os.path.lexists(self.ctx.cancel_request):
-            s.cancel_at = time.monotonic()  # the ranks ended on the cancel's SIGTERM before a look saw it
-        if gate is not None and not gate.decided and s.cancel_at is None and s.term_at is None:
+        if not cancel_asked(s.stop) and os.path.lexists(self.ctx.cancel_request):
+            s.update_stop(lambda stop: cancel_requested(stop, time.monotonic()))  # the ranks ended on the cancel's SIGTERM before a look saw it
+        if gate is not None and not gate.decided and not cancel_asked(s.stop) and "SIGTERM" not in s.received:
             gate.look(step_ended=True)  # the step ended before every node reported
-        if gate is not None and gate.failure is not None and s.cancel_at is None:
+        if gate is not None and gate.failure is not None and not cancel_asked(s.stop):
             # No spare to take a node's place (the gate runs inside the step only without spares):
             # recovery decides, as after a gate step of its own.
             return self.recovery.gate_failed(gate.failure)
@@ -302,11 +303,11 @@ class JobAgent:
                     self.srun.send_signal(self.ctx.notice)
                 if self.keep is not None:
                     self.keep.signal(self.ctx.notice)
-            if grace_spent(s.cancel_at, s.cancel_sent, time.monotonic(), p.stop_grace_s):
+            if grace_spent(s.stop, time.monotonic(), p.stop_grace_s):
                 self.requeuer.end_cancelled(f"the ranks did not end within stop_grace_s ({p.stop_grace_s:g}s)")
-            elif s.cancel_at is not None and not s.cancel_sent and self.watch.stuck_after_cancel():
+            elif cancel_asked(s.stop) and s.stop is not None and not s.stop.sent and self.watch.stuck_after_cancel():
                 self._end_ranks()
-            running = s.phase is Phase.RUNNING and not self.requeuer.stopping() and not gating and s.cancel_at is None
+            running = s.phase is Phase.RUNNING and not self.requeuer.stopping() and not gating and not cancel_asked(s.stop)
             if running and self.keep is not None and not self.keep.given_up and self.keep.failed(code):
                 self._rejoin(self.keep.failed(code))
             elif running:
@@ -314,7 +315,7 @@ class JobAgent:
             if s.phase is Phase.RUNNING and not self.requeuer.stopping() and not gating and time.monotonic() >= next_look:
                 next_look = time.monotonic() + LOOK_S
                 if os.path.lexists(self.ctx.cancel_request):
-                    s.cancel_at = time.monotonic()
+                    s.update_stop(lambda stop: cancel_requested(stop, time.monotonic()))
                     say(f"orchestrator cancel: the ranks have stop_grace_s ({p.stop_grace_s:g}s) "
                         "to checkpoint and exit")
                     continue
@@ -375,13 +376,13 @@ class JobAgent:
         rq.if_due(ranks_ended=True, work_done=code == 0 and rq.finished_after_notice())
         if code != 0 and s.phase is Phase.RUNNING and not rq.stopping():
             name_killed_rank(self.ctx)
-        if a_failure(code, s.phase, s.cancel_at is not None or rq.stopping(), s.notice_at):
+        if a_failure(code, s.phase, cancel_asked(s.stop) or rq.stopping(), notice_at(s.stop)):
             if self.ctx.attempt is not None:
                 self.ctx.attempt.times.setdefault("failed_at", time.time())
             s.failure = self.recovery.classify()
             return self.recovery.recover(code)
-        if s.cancel_at is not None:
-            return rq.end_cancelled("the ranks ended") if not s.cancel_sent else UNFINISHED_EXIT
+        if s.stop is not None and cancel_asked(s.stop):
+            return rq.end_cancelled("the ranks ended") if not s.stop.sent else UNFINISHED_EXIT
         if code == 0 and s.phase is not Phase.ENDING:
             from orchestrator.node import forensics, join_hook
             from orchestrator.node.watchdog import did_nothing
@@ -389,9 +390,10 @@ class JobAgent:
             warning = did_nothing(self.ctx.world, [0], join_hook.joined_ranks(self.payload.run_dir, self.ctx.world))
             if warning:
                 forensics.write_end(self.payload.run_dir, reason=EndReason.DID_NOTHING, warning=warning)
-        if self.ctx.policy == AUTO and s.phase is Phase.RUNNING and s.notice_at is not None \
+        if self.ctx.policy == AUTO and s.phase is Phase.RUNNING and notice_at(s.stop) is not None \
                 and not (code == 0 and rq.finished_after_notice()):
-            what = "the preemption's SIGTERM" if s.preempted else self.ctx.notice.name
+            what = "the preemption's SIGTERM" if s.stop is not None and s.stop.cause is StopCause.PREEMPTION \
+                else self.ctx.notice.name
             say(f"{what} arrived but the ranks did not checkpoint through the rank API, so the job is "
                 "not requeued (slurm.requeue: auto); a script that resumes from its own snapshot "
                 "wants slurm.requeue: always")
@@ -474,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
             code = agent.run(srun)
             if agent.state.phase is not Phase.RESTARTING:
                 standbys.close()  # before waiting for the site's end: nothing of ours outlives the ranks
-                if agent.state.preempted and site_ends_preempted(agent.state.preempt_mode):
+                if agent.requeuer.site_ends_it():
                     job = agent.ctx.job_id  # SLURM records PREEMPTED, as the site's policy says
                     wait_for_site_end(say, lambda: slurm_controller.show_job(job).get("JobState", ""))
                 return code

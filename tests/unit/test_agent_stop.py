@@ -4,6 +4,7 @@ preemption), and its moves keep a known cause."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -83,22 +84,29 @@ def test_a_preemption_the_controller_names_before_any_signal_starts_its_clock_wh
 
 
 def test_a_notice_handled_while_the_loop_replaces_the_stop_is_not_lost() -> None:
-    """The loop's read-and-replace holds the stop signals back: the handler's own replace comes
-    after it (unheld, the handler runs inside ``move`` and ``move``'s result overwrites the notice)."""
+    """The signal handler only hands its fact over; the loop folds it in at its next read. A
+    handler that replaced the value itself, run inside the loop's own replace (a handler runs
+    between any two bytecodes), was overwritten by it: the notice, and its requeue, lost."""
     import os
     import signal
 
-    from orchestrator.backends.slurm.node.agent_state import AgentState
+    from orchestrator.backends.slurm.node.agent_state import NOTICE_FACT, SIGTERM_FACT, AgentState
 
     state = AgentState()
-    previous = signal.signal(signal.SIGUSR2, lambda *_: state.update_stop(lambda stop: noticed(stop, 9.0)))
+    previous = signal.signal(signal.SIGUSR2, lambda *_: state.signalled(NOTICE_FACT, 9.0))
     try:
         def move(stop: Stop | None) -> Stop | None:
-            os.kill(os.getpid(), signal.SIGUSR2)  # handled at the next bytecode, were it not held
-            sum(range(1000))
+            os.kill(os.getpid(), signal.SIGUSR2)  # handled inside this move
+            for _ in range(100):
+                if state.stop_facts:
+                    break
+                time.sleep(0.01)
             return cancel_requested(stop, 5.0)
 
         state.update_stop(move)
-        assert state.stop == Stop(StopCause.CANCEL, 5.0, notice_at=9.0)
+        assert state.stop_facts and state.stop == Stop(StopCause.CANCEL, 5.0, notice_at=9.0)
     finally:
         signal.signal(signal.SIGUSR2, previous)
+    state = AgentState(preemption_asked=True)  # the controller said: no preemption
+    state.signalled(SIGTERM_FACT, 3.0)
+    assert state.stop == Stop(StopCause.SCANCEL, 3.0) and cancelled(state.stop)

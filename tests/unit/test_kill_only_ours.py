@@ -112,7 +112,8 @@ def test_a_job_preempted_under_cancel_is_never_requeued_by_the_agent(monkeypatch
     asked = _answers(monkeypatch, {})
     said: list[str] = []
     state = AgentState()
-    state.stop, state.preemption_asked = Stop(StopCause.PREEMPTION, 0.0, notice_at=0.0, preempt_mode="CANCEL"), True
+    state.update_stop(lambda _: Stop(StopCause.PREEMPTION, 0.0, notice_at=0.0, preempt_mode="CANCEL"))
+    state.preemption_asked = True
     ctx = SimpleNamespace(state=state, say=said.append, job_id="125",
                           payload=SimpleNamespace(max_requeues=3), history=SimpleNamespace(requeues=lambda: 0,
                                                                                           restarts_by_requeue=lambda: 0),

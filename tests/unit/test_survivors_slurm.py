@@ -158,6 +158,42 @@ def test_a_hung_rank_is_recorded_as_the_hang_that_ended_it(tmp_path: Path) -> No
     assert keep.failure([3], keep.codes(None)).kind == "hang"
 
 
+def test_a_slow_rank_alone_moves_to_the_spare_and_its_node_is_left_behind(tmp_path: Path,
+                                                                          monkeypatch: Any) -> None:
+    """recovery.on: [straggler] with survivors: keep: the straggler is killed alone and starts again
+    on the spare, its node blamed and excluded; its peers keep their processes (the 3-node site
+    run of 2026-12-06 restarted every rank: the straggler's verdict ended the whole step)."""
+    from orchestrator.backends.slurm.node import agent_survivors, slurm_controller
+    from orchestrator.node import forensics
+
+    recovery = {"max_restarts": 3, "survivors": "keep", "spares": 1, "on": ["crash", "straggler"]}
+    ctx = agent_ctx(tmp_path, cpu_ranks_per_node=1, recovery=recovery)
+    keep = StandIns(ctx, RANK_ARGV, {})
+    forensics.write_end(ctx.run_dir, "straggler", error="straggler: rank 1 on node2 ... 1.6x the others",
+                        failed_rank=1)
+    monkeypatch.setattr(keep.rejoins, "may_rejoin", lambda *a: True)  # every rank on jobs.Healer
+    killed: list[list[str]] = []
+    monkeypatch.setattr(slurm_controller, "run", lambda argv, *a, **k: killed.append(argv) or
+                        slurm_controller.Answer(tuple(argv), 0, stdout=agent_survivors.SENT))
+    assert keep.end_straggler(slow=True)
+    assert len(killed) == 1 and "--nodelist=node2" in killed[0] and killed[0][-2:] == ["1", "KILL"]
+    failure = keep.failure([1], keep.codes(None))
+    assert (failure.kind, failure.blamed) == ("straggler", ("node2",)) and "1.6x" in failure.why
+    assert keep.move_off_lost_nodes([1]) and ctx.step == ("node1", "node3") and ctx.history.excluded == ["node2"]
+    assert keep.slow_nodes == set() and keep.host(1) == "node3" and keep.host(0) == "node1"
+
+    for fields, why in (({"cpu_ranks_per_node": 2}, "its node holds other ranks"), ({}, "no spare is free")):
+        ctx = agent_ctx(tmp_path / why.replace(" ", "-"), recovery=recovery, **fields)
+        if not fields:
+            ctx.slurm = SlurmJob(job_id="7", raw_job_id="7", array_job_id=None, array_task=None, restart=0,
+                                 hosts=("node1", "node2"))
+        keep = StandIns(ctx, RANK_ARGV, {})
+        forensics.write_end(ctx.run_dir, "straggler", error="straggler: rank 1", failed_rank=1)
+        monkeypatch.setattr(keep.rejoins, "may_rejoin", lambda *a: True)
+        assert not keep.end_straggler(slow=True) and why in ctx.say.__self__[-1]  # type: ignore[attr-defined]
+        assert keep.slow_nodes == set() and not keep.hung
+
+
 def test_standbys_start_once_every_rank_trains_with_or_without_a_stall_watchdog(tmp_path: Path,
                                                                                  monkeypatch: Any) -> None:
     """On every node of the ranks and on the spare, once each rank reported progress in this attempt

@@ -18,7 +18,7 @@ from typing import Callable
 
 from orchestrator.core.payload import Payload
 from orchestrator.core.recovery import Attempt, Failure, History
-from orchestrator.backends.slurm.node.agent_stop import Stop
+from orchestrator.backends.slurm.node.agent_stop import Stop, noticed, terminated
 from orchestrator.backends.slurm.node.slurm_task import SlurmJob
 from orchestrator.core.states import Action, Phase
 
@@ -30,9 +30,8 @@ MOVES: dict[Phase, frozenset[Phase]] = {
     Phase.ENDING: frozenset({Phase.REQUEUEING, Phase.RESTARTING}), Phase.RESTARTING: frozenset(),
 }
 
-#: The signals whose handler changes ``AgentState.stop``: SIGTERM and the time limit's notice
-#: (``slurm.signal``: SIGUSR1 or SIGUSR2).
-STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2})
+#: The facts a signal handler hands the agent's loop (``AgentState.signalled``).
+NOTICE_FACT, SIGTERM_FACT = "notice", "sigterm"
 
 #: srun's first message about a task that ended badly: (host, task, what), the what of a signal.
 Killed = tuple[str, int, str]
@@ -46,7 +45,9 @@ class AgentState:
     phase: Phase = Phase.RUNNING
     received: list[str] = field(default_factory=list)  # the signals that came, by name
     started: float = 0.0  # wall time srun started the ranks
-    stop: Stop | None = None  # why and since when the job is being stopped from outside (agent_stop)
+    _stop: Stop | None = None  # read as ``stop``
+    stop_facts: list[tuple[str, float]] = field(default_factory=list)  # the signal handler's (kind, monotonic time)
+    facts_folded: int = 0  # how many of ``stop_facts`` ``stop`` holds
     preemption_asked: bool = False  # the controller was asked whether the job is preempted (once an attempt)
     notice_pending: bool = False  # stacks first, then the notice is forwarded (a rank may end on it)
     not_requeued: str = ""  # why a requeue that was due did not happen (Phase.NOT_REQUEUED)
@@ -66,15 +67,27 @@ class AgentState:
     stopped_seen: bool = False  # the agent's loop saw a gap: it was stopped (a suspension), not yet asked
     step_waiting_since: float | None = None  # srun said the step's creation waits (busy nodes), not yet created
 
+    @property
+    def stop(self) -> Stop | None:
+        """Why and since when the job is being stopped from outside (``agent_stop``), with the
+        signals that came folded in first. Only the agent's loop folds and replaces the value; a
+        signal handler only appends its fact (``signalled``): a handler runs between any two
+        bytecodes of the loop, so one that replaced the value itself could be overwritten by the
+        loop's replace under way (a notice lost, and with it the requeue)."""
+        while self.facts_folded < len(self.stop_facts):
+            kind, at = self.stop_facts[self.facts_folded]
+            self.facts_folded += 1
+            self._stop = noticed(self._stop, at) if kind == NOTICE_FACT else \
+                terminated(self._stop, at, preemption_denied=self.preemption_asked)
+        return self._stop
+
+    def signalled(self, kind: str, at: float) -> None:
+        """The signal handler's one write: ``NOTICE_FACT`` or ``SIGTERM_FACT`` came at ``at``."""
+        self.stop_facts.append((kind, at))
+
     def update_stop(self, move: Callable[[Stop | None], Stop | None]) -> None:
-        """``stop`` replaced by ``move(stop)``, with the signals whose handler replaces it too held
-        back meanwhile: a notice or a SIGTERM handled between the read and the write would be lost
-        (a handler runs between any two bytecodes of the loop, or of another handler)."""
-        held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-        try:
-            self.stop = move(self.stop)
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        """``stop`` replaced by ``move(stop)``: from the agent's loop only."""
+        self._stop = move(self.stop)
 
     def enter(self, phase: Phase) -> None:
         """Move to ``phase``; any move ``MOVES`` does not name is a bug, refused."""

@@ -84,6 +84,7 @@ class StandIns:
         self.standbys = Standbys() if standbys is None else standbys  # the job's warm interpreters (agent_standby)
         self.hung: dict[int, Failure] = {}  # a straggler killed alone, until its replacement is started
         self.hung_at = 0.0
+        self.slow_nodes: set[str] = set()  # a slow rank's node (recovery.on: straggler): its rank moves to a spare
 
     def codes(self, step_code: int | None) -> list[int | None]:
         """Each rank's exit code (None: running): its replacement's, else its task's in the ranks'
@@ -134,12 +135,14 @@ class StandIns:
         return spare_hosts(self.ctx)
 
     def move_off_lost_nodes(self, failed: list[int]) -> bool:
-        """The failed ranks whose node is lost (srun: "Node failure on node2") start again on a spare
-        node of the job: the ranks' nodes (``ctx.step``) take the spare in the lost one's place (for
-        a later restart, the stack probes, the attempt's record), the lost node is excluded as
-        recovery would exclude it. False: the job holds no spare left (every rank ends)."""
+        """The failed ranks whose node is lost (srun: "Node failure on node2") or slow (a straggler's,
+        ``end_straggler``) start again on a spare node of the job: the ranks' nodes (``ctx.step``)
+        take the spare in that one's place (for a later restart, the stack probes, the attempt's
+        record), the node is excluded as recovery would exclude it. False: the job holds no spare
+        left (every rank ends)."""
         c = self.ctx
-        gone = [host for host in dict.fromkeys(self.host(r) for r in failed) if host in c.state.lost_nodes]
+        gone = [host for host in dict.fromkeys(self.host(r) for r in failed)
+                if host in c.state.lost_nodes or host in self.slow_nodes]
         free = self.spares()
         if len(free) < len(gone):
             c.say(f"node(s) {', '.join(gone)} lost and no spare left to take their ranks: every rank ends")
@@ -148,11 +151,13 @@ class StandIns:
         for node in gone:
             spare = free.pop(0)
             step[step.index(node)] = spare
-            c.say(f"node {node} lost: its ranks start again on the spare {spare}, beside the others")
+            what = "slow" if node in self.slow_nodes else "lost"
+            c.say(f"node {node} {what}: its ranks start again on the spare {spare}, beside the others")
         c.step = tuple(step)
         if gone and c.payload.recovery.exclude_failed_nodes:
             c.history.excluded = sorted(set(c.history.excluded) | set(gone))
         c.state.lost_nodes -= set(gone)
+        self.slow_nodes -= set(gone)
         return True
 
     def replace(self, attempt: int) -> list[int]:
@@ -179,13 +184,16 @@ class StandIns:
             self.steps[rank] = slurm_controller.start(argv, env)
         return lost
 
-    def end_straggler(self) -> bool:
+    def end_straggler(self, slow: bool = False) -> bool:
         """After a watchdog verdict that names a rank (the straggler its peers wait for, end.json):
         when it may be replaced beside the others, SIGKILL it alone on its node (``chaos_node``
-        through ``srun --overlap``); the rejoin follows its end, recorded as the hang. True while
-        that is under way (the agent then ends nobody, and a later verdict, which would blame a
-        survivor waiting for the replacement, changes nothing); False: every rank ends, as without
-        ``keep`` (also when the killed straggler's end was not seen within KILL_SRUN_TIMEOUT_S)."""
+        through ``srun --overlap``); the rejoin follows its end, recorded as the hang. ``slow``: the
+        verdict is a straggler's (``recovery.on: [straggler]``, a rank persistently slower than the
+        others): its node is blamed and the rank starts again on a spare, so only when it is its
+        node's one rank and a spare is free. True while that is under way (the agent then ends
+        nobody, and a later verdict, which would blame a survivor waiting for the replacement,
+        changes nothing); False: every rank ends, as without ``keep`` (also when the killed
+        straggler's end was not seen within KILL_SRUN_TIMEOUT_S)."""
         from orchestrator.node import forensics
 
         c = self.ctx
@@ -196,6 +204,11 @@ class StandIns:
         if not isinstance(rank, int) or not 0 <= rank < c.world or \
                 not self.rejoins.may_rejoin([rank], self.codes(None), False, True):
             return False
+        if slow and (c.payload.ranks_per_node != 1 or not self.spares()):
+            c.say(f"the straggler, rank {rank}, cannot move alone to a spare ("
+                  + ("its node holds other ranks" if c.payload.ranks_per_node != 1 else "no spare is free")
+                  + "): every rank restarts")
+            return False
         head, program = beside_step(self.rank_argv, self.host(rank), "--quiet")
         argv = [*head, *lean_module_argv(program[0], "orchestrator.node.chaos_node", c.run_dir,
                                          str(rank), "KILL")]
@@ -205,8 +218,13 @@ class StandIns:
             c.say(f"the straggler, rank {rank}, could not be killed alone "
                   f"({slurm_controller.one_line(done.complaint or 'no answer')}): every rank ends")
             return False
-        self.hung[rank], self.hung_at = Failure(FailureKind.HANG, message.splitlines()[0]), time.monotonic()
-        c.say(f"rank {rank}, the straggler, killed alone on {self.host(rank)}: it is replaced beside the others")
+        node = self.host(rank)
+        if slow:
+            self.slow_nodes.add(node)
+        self.hung[rank] = Failure(FailureKind.STRAGGLER if slow else FailureKind.HANG, message.splitlines()[0],
+                                  (node,) if slow else ())
+        self.hung_at = time.monotonic()
+        c.say(f"rank {rank}, the straggler, killed alone on {node}: it is replaced beside the others")
         return True
 
     def signal(self, signum: int) -> None:

@@ -42,6 +42,15 @@ class AgentWatch:
         self.watch: Watch | None = None
         self.stop_judge: StopJudge | None = None  # looks at the ranks' stacks while a cancel's stop is under way
         self.stragglers: StragglerWatch | None = None  # recovery.on: [straggler], made at the first look
+        self.stragglers_since = 0.0  # the ranks' figures count from here: the attempt's start, or a rejoin's
+
+    def restart(self, ranks: list[int], at: float) -> None:
+        """Ranks replaced beside the others at ``at`` (survivors: keep): their stall clocks start
+        again (``Watch.restart``) and the straggler looks start afresh (the window held the old
+        rank's figures: the replacement would be named for its predecessor's pace)."""
+        if self.watch is not None:
+            self.watch.restart(ranks, at)
+        self.stragglers, self.stragglers_since = None, at
 
     def look(self) -> str | None:
         """One look (once a second): the verdict's reason (the stacks saved, end.json written),
@@ -87,7 +96,7 @@ class AgentWatch:
             from orchestrator.node.straggler_watch import StragglerWatch
 
             self.stragglers = StragglerWatch(c.payload, c.world)
-        found = self.stragglers.look(c.run_dir, s.started, time.time())
+        found = self.stragglers.look(c.run_dir, max(s.started, self.stragglers_since), time.time())
         if found is None:
             return None
         hosts = c.rank_hosts

@@ -69,8 +69,9 @@ from orchestrator.backends.slurm.node.agent_requeue import SCONTROL_RETRY_S, Req
 from orchestrator.backends.slurm.node.agent_standby import Standbys
 from orchestrator.backends.slurm.node.agent_survivors import StandIns, exit_code_of
 from orchestrator.backends.slurm.node.agent_warm_start import ForkedStep, forks_ranks, warm_up_once_training
-from orchestrator.backends.slurm.node.agent_state import MOVES, AgentContext, AgentState, Phase, say  # noqa: F401  (re-exported)
-from orchestrator.backends.slurm.node.agent_stop import StopCause, cancel_asked, cancel_requested, carried, noticed, terminated
+from orchestrator.backends.slurm.node.agent_state import (MOVES, NOTICE_FACT, SIGTERM_FACT, AgentContext, AgentState, Phase,  # noqa: F401
+                                                          say)  # (MOVES, say: re-exported)
+from orchestrator.backends.slurm.node.agent_stop import StopCause, cancel_asked, cancel_requested, carried
 from orchestrator.backends.slurm.node.agent_watch import AgentWatch
 from orchestrator.core.payload import Payload
 from orchestrator.node.rank_env import cpu_share, has_cpu_share_rule, resolve_cpu_share
@@ -107,7 +108,7 @@ class JobAgent:
         self.state = AgentState(started=time.time())
         if before is not None:  # the attempt before, inside this job: what it received goes on counting
             self.state.received = list(before.received)
-            self.state.stop = carried(before.stop, sigterm_came="SIGTERM" in before.received)
+            self.state.update_stop(lambda _: carried(before.stop, sigterm_came="SIGTERM" in before.received))
         self.ctx = AgentContext(payload, slurm, History.load(payload.run_dir), self.state,
                                 slurm.requeue_marker(payload.run_dir), run.cancel_request,
                                 signal.Signals[payload.stop_signal])
@@ -129,10 +130,9 @@ class JobAgent:
         s, notice = self.state, self.ctx.notice
         s.received.append(signal.Signals(signum).name)
         if signum == signal.SIGTERM:
-            # a cancel or a preemption: Requeuer.term_is_preemption tells, or told already
-            s.update_stop(lambda stop: terminated(stop, time.monotonic(), preemption_denied=s.preemption_asked))
+            s.signalled(SIGTERM_FACT, time.monotonic())  # a cancel or a preemption: Requeuer.term_is_preemption tells
         if signum == notice:
-            s.update_stop(lambda stop: noticed(stop, time.monotonic()))
+            s.signalled(NOTICE_FACT, time.monotonic())
             if self.srun is not None and self.srun.poll() is None:
                 if stacks_before_notice(self.payload.watchdog.stacks_on_failure, self.ctx.policy,
                                         self.requeuer.used(), self.payload.max_requeues):
@@ -322,8 +322,8 @@ class JobAgent:
                 verdict = self.watch.look() or self.watch.straggler()
                 next_look = time.monotonic() + self.watch.next_look_s(LOOK_S)  # or when stall_s runs out
                 if verdict is not None:
-                    if verdict != EndReason.STRAGGLER and self.keep is not None and not self.keep.given_up \
-                            and self.keep.end_straggler():
+                    if self.keep is not None and not self.keep.given_up \
+                            and self.keep.end_straggler(slow=verdict == EndReason.STRAGGLER):
                         next_look = time.monotonic() + LOOK_S  # the straggler alone goes; its peers rejoin
                         continue
                     if self.ctx.attempt is not None:
@@ -359,10 +359,11 @@ class JobAgent:
                 c.attempt.nodes = list(c.rank_hosts)  # the ranks' nodes, a spare in a lost one's place
                 c.history.save()
                 self.state.first_end = self.state.killed = None  # the next failure is the next attempt's
+                self.state.straggler_node = None
                 lost = keep.replace(c.attempt.number)
                 c.attempt.times["ranks_at"] = keep.rejoins.began_at or time.time()
-                if self.watch is not None and self.watch.watch is not None:
-                    self.watch.watch.restart(lost, c.attempt.times["ranks_at"])  # a new stall clock
+                if self.watch is not None:
+                    self.watch.restart(lost, c.attempt.times["ranks_at"])  # a new stall clock, new straggler looks
                 return
             c.attempt.inside_job = False
         keep.given_up = True

@@ -12,7 +12,8 @@ from __future__ import annotations
 import math
 import numbers
 import os
-from typing import Any
+import sys
+from typing import Any, Optional
 
 from orchestrator.core.progress import NodePlace, ProgressWriter
 from orchestrator.node.rank_env import OrchVar
@@ -81,5 +82,25 @@ def _writer() -> ProgressWriter | None:
     key = (run_dir, int(os.environ.get("RANK", "0")), int(os.environ.get(OrchVar.ATTEMPT, "0")))
     writer = _writers.get(key)
     if writer is None:  # a new run (the debug executor runs several in one process) or attempt
-        writer = _writers[key] = ProgressWriter(*key, place=NodePlace.from_env())
+        writer = _writers[key] = ProgressWriter(*key, place=NodePlace.from_env(), gpu=gpu_figures)
     return writer
+
+
+def gpu_figures() -> tuple[Optional[float], Optional[float]]:
+    """This rank's GPU as ``top`` shows it: the device's utilisation (%, through NVML: the
+    nvidia-ml-py package; None without it) and the memory this process holds there (torch's caching
+    allocator, MiB). Nothing for a CPU rank, nor before the rank's own code has used CUDA: the
+    probe never initialises CUDA (a fork after that would break), and never fails the rank."""
+    torch = sys.modules.get("torch")
+    try:
+        if torch is None or not torch.cuda.is_initialized():
+            return None, None
+        device = torch.cuda.current_device()
+        memory = round(torch.cuda.memory_reserved(device) / 2**20, 1)
+    except Exception:  # noqa: BLE001 - a probe of what is shown, never a failure of the rank
+        return None, None
+    try:
+        utilisation: Optional[float] = float(torch.cuda.utilization(device))
+    except Exception:  # noqa: BLE001 - NVML absent (no nvidia-ml-py) or unsupported on this device
+        utilisation = None
+    return utilisation, memory

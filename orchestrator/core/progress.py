@@ -30,7 +30,7 @@ import stat
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from orchestrator.core import node_local
 
@@ -81,6 +81,10 @@ class Progress:
     kept_step: Optional[int] = None
     #: The rank's resident memory when it reported (``top``'s RSS where the rank's host is not this one).
     rss_mb: Optional[float] = None
+    #: A GPU rank's device when it reported: its utilisation (%, NVML) and the memory the rank's process
+    #: holds on it (MiB); None for a CPU rank (the rank API's probe, ``jobs.progress``).
+    gpu_util: Optional[float] = None
+    gpu_mem_mb: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -133,12 +137,17 @@ def _staging_prefix(run_dir: str | Path) -> str:
     return "orch-progress-" + hashlib.sha256(str(Path(run_dir).absolute()).encode()).hexdigest()[:16]
 
 
+#: A GPU rank's utilisation (%) and the memory its process holds on the device (MiB); None: unknown.
+GpuFigures = tuple[Optional[float], Optional[float]]
+
+
 class ProgressWriter:
     """Writes one rank's reports; calls between two writes cost a clock read."""
 
     def __init__(self, run_dir: str | Path, rank: int, attempt: int = 0, min_interval_s: float = 1.0,
-                 place: Optional[NodePlace] = None) -> None:
+                 place: Optional[NodePlace] = None, gpu: Optional[Callable[[], GpuFigures]] = None) -> None:
         self.run_dir = Path(run_dir)
+        self.gpu = gpu  # the rank's GPU figures, asked only when a report is written (once a second)
         self.path = progress_path(run_dir, rank)
         self.rank, self.attempt, self.min_interval_s = rank, attempt, min_interval_s
         self.place = place
@@ -178,10 +187,14 @@ class ProgressWriter:
                           attempt=self.attempt, first_time=self._first[0], first_step=self._first[1],
                           busy_s=round(self._busy, 6) if self._busy is not None else None,
                           kept_time=self._kept[0] if self._kept else None, kept_step=self._kept[1] if self._kept else None,
-                          rss_mb=own_rss_mb())
+                          rss_mb=own_rss_mb(), **self._gpu_figures())
         if self.place is None or not self._stage(report, now, force):
             _write_atomic(self.path, asdict(report))
         return True
+
+    def _gpu_figures(self) -> dict[str, Optional[float]]:
+        util, mem = self.gpu() if self.gpu is not None else (None, None)
+        return {"gpu_util": util, "gpu_mem_mb": mem}
 
     def _stage(self, report: Progress, now: float, force: bool) -> bool:
         """The report into the node's staging folder, and the node's file published if this rank
@@ -471,7 +484,8 @@ def _parse(d: Any) -> Optional[Progress]:
                           samples_per_s=_opt_float(d.get("samples_per_s")), attempt=int(d.get("attempt", 0)),
                           first_time=_opt_float(d.get("first_time")), first_step=_opt_int(d.get("first_step")),
                           busy_s=_opt_float(d.get("busy_s")), kept_time=_opt_float(d.get("kept_time")),
-                          kept_step=_opt_int(d.get("kept_step")), rss_mb=_opt_float(d.get("rss_mb")))
+                          kept_step=_opt_int(d.get("kept_step")), rss_mb=_opt_float(d.get("rss_mb")),
+                          gpu_util=_opt_float(d.get("gpu_util")), gpu_mem_mb=_opt_float(d.get("gpu_mem_mb")))
     except (KeyError, ValueError, TypeError, OverflowError):
         return None
     return report

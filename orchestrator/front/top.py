@@ -13,7 +13,10 @@ through ``--remote``. ``--once`` prints one snapshot and exits (for scripts, tes
 otherwise it refreshes every ``--interval`` seconds (at most 1) until the run ends or Ctrl-C
 (redrawn in a terminal; in a pipe or through ``--remote``'s ssh, one snapshot after another).
 
-What it cannot say yet: GPU utilisation; for scripts that report no ``busy_s``, no straggler.
+A GPU rank on the rank API also reports its device's utilisation and the memory it holds there
+(``jobs.progress.gpu_figures``): the two GPU columns appear when any rank reports them.
+What it cannot say: for scripts that report no ``busy_s``, no straggler; for a script off the rank
+API, no figures but its RSS.
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ class Row:
     since_s: Optional[float]  # since its last progress report
     rss_mb: Optional[float]
     busy_s: Optional[float] = None  # a step's time outside collectives (the rank API's busy_s)
+    gpu_util: Optional[float] = None  # its GPU's utilisation (%), a GPU rank on the rank API
+    gpu_mem_mb: Optional[float] = None  # the memory it holds on its GPU
     behind: bool = False
     straggler: Optional[float] = None  # its busy time over the others' median, when it is the straggler
 
@@ -67,7 +72,8 @@ def rows(run_dir: str, world_size: int, now: float) -> list[Row]:
                        total=p.total if p else None, steps_per_s=p.steps_per_s if p else None,
                        samples_per_s=p.samples_per_s if p else None,
                        since_s=max(0.0, now - p.time) if p else None, rss_mb=_rss_mb(rp, p),
-                       busy_s=p.busy_s if p else None))
+                       busy_s=p.busy_s if p else None, gpu_util=p.gpu_util if p else None,
+                       gpu_mem_mb=p.gpu_mem_mb if p else None))
     return mark_straggler(mark_behind(out), straggler_factor(run_dir))
 
 
@@ -181,13 +187,17 @@ def render(rec: RunRecord, now: float) -> RenderableType:
     shown = per_node(table_rows) if by_node else table_rows
     table = Table(title=f"{'slowest rank per node' if by_node else 'ranks'} (progress reports of the rank API)",
                   title_justify="left")
-    for name in ("rank", "node", "step", "steps/s", "samples/s", "own ms/step", "last report", "RSS MB", ""):
+    gpus = any(r.gpu_util is not None or r.gpu_mem_mb is not None for r in shown)
+    names = ("rank", "node", "step", "steps/s", "samples/s", "own ms/step", "last report", "RSS MB",
+             *(("GPU %", "GPU MB") if gpus else ()), "")
+    for name in names:
         table.add_column(name, justify="right" if name not in ("node", "") else "left")
     for r in shown:
         mark = f"STRAGGLER ({r.straggler:.1f}x the others)" if r.straggler else "furthest behind" if r.behind else ""
+        gpu = (_num(r.gpu_util, 0), _num(r.gpu_mem_mb, 0)) if gpus else ()
         table.add_row(str(r.rank), r.node, _step(r), _num(r.steps_per_s, 2), _num(r.samples_per_s, 0),
                       _num(r.busy_s * 1000 if r.busy_s is not None else None, 0),
-                      f"{r.since_s:.1f}s ago" if r.since_s is not None else "-", _num(r.rss_mb, 0), mark)
+                      f"{r.since_s:.1f}s ago" if r.since_s is not None else "-", _num(r.rss_mb, 0), *gpu, mark)
     if not any(r.step is not None for r in table_rows):
         note = Text("no progress reports yet (a script off the rank API sends none: see 'orchestrator logs')")
         return Group(*[Text(line) for line in header(rec, now)], table, note)

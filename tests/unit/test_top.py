@@ -59,3 +59,45 @@ def test_a_rank_on_another_host_shows_the_memory_its_reports_carry(tmp_path: Pat
     shown = rows(str(tmp_path), 2, now=0.0)
     assert shown[0].node == "node-elsewhere" and shown[0].rss_mb is not None and shown[0].rss_mb > 1
     assert shown[1].rss_mb is None  # this host: read now, and the recorded process (other start time) is not ours
+
+
+def test_a_gpu_rank_shows_its_devices_utilisation_and_memory_and_a_cpu_job_no_gpu_columns(tmp_path: Path) -> None:
+    """The rank API's probe rides on the progress report (so SLURM and --remote show it too); the
+    two GPU columns appear only when a rank reports them."""
+    import time
+
+    from rich.console import Console
+
+    from orchestrator.core.progress import ProgressWriter, read_progress
+    from orchestrator.core.records import RunRecord
+    from orchestrator.front.top import render, rows
+
+    ProgressWriter(tmp_path, 0, gpu=lambda: (87.0, 30512.4)).report(5, force=True)
+    ProgressWriter(tmp_path, 1, gpu=lambda: (None, 2048.0)).report(5, force=True)  # no NVML: memory only
+    reports = read_progress(tmp_path, 2)
+    assert [(r.gpu_util, r.gpu_mem_mb) for r in reports if r] == [(87.0, 30512.4), (None, 2048.0)]
+    assert [(r.gpu_util, r.gpu_mem_mb) for r in rows(str(tmp_path), 2, now=time.time())] == \
+        [(87.0, 30512.4), (None, 2048.0)]
+
+    def shown(run_dir: Path) -> str:
+        console = Console(width=200, record=True)
+        record = RunRecord(run_id="g", run_dir=str(run_dir), executor="local", state="RUNNING",
+                           world_size=2, created=time.time())
+        console.print(render(record, time.time()))
+        return console.export_text()
+
+    text = shown(tmp_path)
+    assert "GPU %" in text and "GPU MB" in text and "30512" in text and " 87 " in text, text
+    cpu = tmp_path / "cpu"
+    for rank in (0, 1):
+        ProgressWriter(cpu, rank).report(5, force=True)
+    assert "GPU" not in shown(cpu)
+
+
+def test_the_rank_apis_gpu_probe_says_nothing_on_a_cpu_rank_and_never_starts_cuda() -> None:
+    import torch
+
+    from jobs.progress import gpu_figures
+
+    assert gpu_figures() == (None, None)
+    assert not torch.cuda.is_initialized()

@@ -51,7 +51,8 @@ def slurm_marker(rank: int, restart: int, job: str = "77", host: str = "node2") 
     template = _marker_template("orchestrator/backends/slurm/node/slurm_rank.py", "[launcher] rank ")
     names = {"rank": SimpleNamespace(rank=rank, world_size=4, local_rank=rank % 2, master_addr="node1",
                                      master_port=29500, init_method="tcp"),
-             "socket": SimpleNamespace(gethostname=lambda: host), "job": SimpleNamespace(job_id=job, restart=restart, attempt=restart)}
+             "os": SimpleNamespace(uname=lambda: SimpleNamespace(nodename=host)),
+             "job": SimpleNamespace(job_id=job, restart=restart, attempt=restart)}
     return eval(compile(ast.Expression(template), "slurm_rank", "eval"), names) + "\n"  # noqa: S307
 
 

@@ -15,7 +15,7 @@ import time
 from typing import Iterable, Mapping, Sequence
 
 from orchestrator.backends.slurm.node.agent_state import Killed
-from orchestrator.backends.slurm.node.agent_stop import Stop, StopCause
+from orchestrator.backends.slurm.node.agent_stop import Stop, cancel_asked
 from orchestrator.core.states import Action, FailureKind, Outcome, Phase
 
 #: The agent's exit code for a job that stopped early and was not requeued (SLURM: FAILED).
@@ -85,7 +85,7 @@ def cancelled(stop: Stop | None) -> bool:
 def grace_spent(stop: Stop | None, now: float, grace_s: float) -> bool:
     """``orchestrator cancel``'s stop_grace_s ran out before the ranks ended (and the job was not
     scancelled yet)."""
-    return stop is not None and stop.cause is StopCause.CANCEL and not stop.sent and now >= stop.at + grace_s
+    return cancel_asked(stop) and stop is not None and not stop.sent and now >= stop.at + grace_s
 
 
 def notice_at(stop: Stop | None) -> float | None:

@@ -14,7 +14,7 @@ from orchestrator.core.lean_record import replace
 from orchestrator.backends.slurm.node import slurm_controller
 from orchestrator.backends.slurm.node.agent_gate import gate_verdict
 from orchestrator.backends.slurm.node.agent_decisions import attempt_outcome, cancelled, failed_exit, hang_blamed, step_hosts
-from orchestrator.backends.slurm.node.agent_stop import StopCause
+from orchestrator.backends.slurm.node.agent_stop import is_preemption
 from orchestrator.backends.slurm.node.agent_requeue import SCONTROL_RETRY_S, Requeuer
 from orchestrator.backends.slurm.node.agent_state import AgentContext, Phase, say
 from orchestrator.core import rank_error
@@ -73,7 +73,7 @@ class AgentRecovery:
             return
         outcome = attempt_outcome(was_cancelled=cancelled(s.stop), failure=s.failure.kind if s.failure else None,
                                   action=s.action, phase=s.phase,
-                                  preempted=s.stop is not None and s.stop.cause is StopCause.PREEMPTION, code=code)
+                                  preempted=is_preemption(s.stop), code=code)
         why = s.failure.why if s.failure is not None else (s.not_requeued or s.requeued_why)
         try:
             c.history.finish(c.attempt, outcome, why, action=s.action, progress=c.attempt.progress,

@@ -14,7 +14,7 @@ from orchestrator.backends.slurm.node import slurm_controller
 from orchestrator.backends.slurm.node.agent_decisions import (ALWAYS, AUTO, UNFINISHED_EXIT, cancelled, no_requeue_left, notice_at,
                                                                preempted, requeue_evidence, requeue_why, requeues_used)
 from orchestrator.backends.slurm.node.agent_state import AgentContext, Phase
-from orchestrator.backends.slurm.node.agent_stop import StopCause, cancel_requested, cancel_sent, told_apart
+from orchestrator.backends.slurm.node.agent_stop import StopCause, cancel_requested, cancel_sent, is_preemption, told_apart
 from orchestrator.core.run_folder import RunFolder, stop_flag_note
 from orchestrator.core.states import Action, EndReason, State
 
@@ -67,7 +67,7 @@ class Requeuer:
                 shown = f" (partition PreemptMode={mode})" if mode else ""
                 c.say(f"job {c.job_id} is being preempted{shown} (SIGTERM, then SLURM's GraceTime): the ranks "
                       f"got SIGTERM; slurm.requeue: {c.policy} decides the requeue")
-        return self.state.stop is not None and self.state.stop.cause is StopCause.PREEMPTION
+        return is_preemption(self.state.stop)
 
     def finished_after_notice(self) -> bool:
         """The ranks ended having finished their work, though a notice came: they listened for a
@@ -182,7 +182,7 @@ class Requeuer:
     def site_ends_it(self) -> bool:
         """The job is preempted where the partition's PreemptMode ends it (SLURM records PREEMPTED)."""
         stop = self.state.stop
-        return stop is not None and stop.cause is StopCause.PREEMPTION and site_ends_preempted(stop.preempt_mode)
+        return is_preemption(stop) and stop is not None and site_ends_preempted(stop.preempt_mode)
 
     def unfinished(self) -> int:
         """A stop that no requeue follows is not a completed job: end non-zero (SLURM records

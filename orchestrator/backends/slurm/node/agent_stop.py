@@ -106,3 +106,8 @@ def carried(stop: Stop | None, sigterm_came: bool) -> Stop | None:
 def cancel_asked(stop: Stop | None) -> bool:
     """``orchestrator cancel`` asked (its request was seen)."""
     return stop is not None and stop.cause is StopCause.CANCEL
+
+
+def is_preemption(stop: Stop | None) -> bool:
+    """The controller said the job is being preempted (and no cancel came first)."""
+    return stop is not None and stop.cause is StopCause.PREEMPTION

@@ -71,7 +71,7 @@ from orchestrator.backends.slurm.node.agent_survivors import StandIns, exit_code
 from orchestrator.backends.slurm.node.agent_warm_start import ForkedStep, forks_ranks, warm_up_once_training
 from orchestrator.backends.slurm.node.agent_state import (MOVES, NOTICE_FACT, SIGTERM_FACT, AgentContext, AgentState, Phase,  # noqa: F401
                                                           say)  # (MOVES, say: re-exported)
-from orchestrator.backends.slurm.node.agent_stop import StopCause, cancel_asked, cancel_requested, carried
+from orchestrator.backends.slurm.node.agent_stop import cancel_asked, cancel_requested, carried, is_preemption
 from orchestrator.backends.slurm.node.agent_watch import AgentWatch
 from orchestrator.core.payload import Payload
 from orchestrator.node.rank_env import cpu_share, has_cpu_share_rule, resolve_cpu_share
@@ -393,8 +393,7 @@ class JobAgent:
                 forensics.write_end(self.payload.run_dir, reason=EndReason.DID_NOTHING, warning=warning)
         if self.ctx.policy == AUTO and s.phase is Phase.RUNNING and notice_at(s.stop) is not None \
                 and not (code == 0 and rq.finished_after_notice()):
-            what = "the preemption's SIGTERM" if s.stop is not None and s.stop.cause is StopCause.PREEMPTION \
-                else self.ctx.notice.name
+            what = "the preemption's SIGTERM" if is_preemption(s.stop) else self.ctx.notice.name
             say(f"{what} arrived but the ranks did not checkpoint through the rank API, so the job is "
                 "not requeued (slurm.requeue: auto); a script that resumes from its own snapshot "
                 "wants slurm.requeue: always")

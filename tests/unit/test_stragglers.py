@@ -27,10 +27,10 @@ def test_the_named_rank_is_the_slowest_and_at_least_factor_times_the_others_medi
     found = straggler(busy, factor)
     worst = max(busy.values())
     median = statistics.median(sorted(busy.values())[:-1])
-    if found is None:
-        assert worst < factor * median
+    if found is None:  # alike, or too short a step to compare (MIN_BUSY_S)
+        assert worst < factor * median or worst < MIN_BUSY_S
     else:
-        assert busy[found.rank] == worst and worst >= factor * median
+        assert busy[found.rank] == worst and worst >= factor * median and worst >= MIN_BUSY_S
 
 
 def test_a_straggler_counts_by_its_mean_over_the_window_while_still_slower() -> None:

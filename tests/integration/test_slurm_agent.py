@@ -244,7 +244,7 @@ def test_always_requeues_after_the_ranks_clean_up_not_during_it(tmp_path: Path) 
 def test_always_requeues_ranks_that_never_end_before_the_margin_is_spent(tmp_path: Path) -> None:
     """Ranks that ignore the notice are requeued when the margin is nearly spent (signal_margin_s
     10: after 5 s), not left to the time limit, which would end the job TIMEOUT unrequeued."""
-    from orchestrator.backends.slurm.node.slurm_job import requeue_deadline
+    from orchestrator.backends.slurm.node.agent_decisions import requeue_deadline
 
     proc = _agent(tmp_path, "always", False, slurm={"signal_margin_s": 10}, child_env={"STAY": "1"})
     t0 = time.monotonic()

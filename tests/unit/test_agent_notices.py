@@ -45,7 +45,7 @@ def test_other_ranks_and_runs_outside_a_job_note_nothing(tmp_path: Path, monkeyp
 def test_the_time_a_job_spent_suspended_comes_from_its_start_and_run_time() -> None:
     import time
 
-    from orchestrator.backends.slurm.node.slurm_job import suspended_s
+    from orchestrator.backends.slurm.node.agent_decisions import suspended_s
 
     start = time.mktime(time.strptime("2026-11-27T10:00:00", "%Y-%m-%dT%H:%M:%S"))
     job = {"JobState": "RUNNING", "StartTime": "2026-11-27T10:00:00", "RunTime": "00:01:40"}

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator.backends.slurm.node.agent_state import AgentState
-from orchestrator.backends.slurm.node.slurm_job import MOVES, UNFINISHED_EXIT, Phase, exit_code
+from orchestrator.backends.slurm.node.agent_decisions import UNFINISHED_EXIT, exit_code
+from orchestrator.backends.slurm.node.agent_state import MOVES, AgentState, Phase
 
 
 def test_every_phase_is_reachable_from_running_and_final_phases_are_final() -> None:
@@ -59,7 +59,7 @@ def test_exit_code(phase: Phase, code: int, early: bool) -> None:
 
 
 def test_srun_names_the_task_a_signal_ended() -> None:
-    from orchestrator.backends.slurm.node.slurm_job import srun_signal_death
+    from orchestrator.backends.slurm.node.agent_decisions import srun_signal_death
 
     assert srun_signal_death("srun: error: orch-node2: task 3: Killed\n") == ("orch-node2", 3, "Killed")
     assert srun_signal_death("srun: error: n1: tasks 4,6: Segmentation fault (core dumped)") == \
@@ -69,7 +69,7 @@ def test_srun_names_the_task_a_signal_ended() -> None:
 
 
 def test_a_sigterm_is_a_preemption_when_the_controller_says_so() -> None:
-    from orchestrator.backends.slurm.node.slurm_job import preempted
+    from orchestrator.backends.slurm.node.agent_decisions import preempted
 
     assert preempted({"JobState": "RUNNING", "PreemptTime": "2026-11-24T18:01:02"})
     assert preempted({"JobState": "PREEMPTED", "PreemptTime": "None"})

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from orchestrator.backends.slurm.node.agent_decisions import ended_tasks
 from orchestrator.backends.slurm.node.agent_state import AgentContext, AgentState
-from orchestrator.backends.slurm.node.agent_survivors import StandIns, exit_code_of, stand_in_argv
+from orchestrator.backends.slurm.node.agent_survivors import StandIns, exit_code_of, spare_hosts, stand_in_argv
 from orchestrator.backends.slurm.node.slurm_task import SlurmJob, SlurmTask, stand_in
 from orchestrator.core.recovery import History
 from orchestrator.plan import plan
@@ -85,7 +85,7 @@ def test_each_ranks_exit_is_its_last_processs(tmp_path: Path) -> None:
     assert keep.codes(None) == [None] * 4 and keep.failed(None) == []
     ctx.state.task_ends.update({1: 3})
     assert keep.codes(None) == [None, 3, None, None] and keep.failed(None) == [1]
-    assert keep.host(1) == "node1" and keep.host(3) == "node2"
+    assert keep.ctx.host_of(1) == "node1" and keep.ctx.host_of(3) == "node2"
     assert exit_code_of(1, keep.codes(1), bool(keep.steps)) == 1  # nothing replaced: the step's own code
     keep.steps[1] = subprocess.Popen([sys.executable, "-c", "pass"])  # its replacement, which ends 0
     keep.steps[1].wait()
@@ -127,15 +127,15 @@ def agent_ctx(tmp: Path, **fields: Any) -> AgentContext:
 def test_the_ranks_of_a_lost_node_move_to_the_spare_and_the_node_is_left_behind(tmp_path: Path) -> None:
     ctx = _ctx3(tmp_path)
     keep = StandIns(ctx, RANK_ARGV, {})
-    assert keep.spares() == ["node3"] and keep.codes(None) == [None] * 4
+    assert spare_hosts(keep.ctx) == ["node3"] and keep.codes(None) == [None] * 4
     ctx.state.lost_nodes.add("node2")  # srun: "Node failure on node2", with no line for its tasks
     assert keep.codes(None) == [None, None, 137, 137] and keep.failed(None) == [2, 3]
     failure = keep.failure([2, 3], keep.codes(None))
     assert (failure.kind, failure.why, failure.blamed) == ("node_failure", "lost node(s) node2", ("node2",))
     assert keep.move_off_lost_nodes([2, 3])
-    assert ctx.step == ("node1", "node3") and keep.host(2) == keep.host(3) == "node3" and keep.host(0) == "node1"
+    assert ctx.step == ("node1", "node3") and keep.ctx.host_of(2) == keep.ctx.host_of(3) == "node3" and keep.ctx.host_of(0) == "node1"
     assert ctx.history.excluded == ["node2"] and "node2" not in ctx.state.lost_nodes
-    assert keep.spares() == []  # node2 is excluded, node3 runs ranks now
+    assert spare_hosts(keep.ctx) == []  # node2 is excluded, node3 runs ranks now
     ctx.state.lost_nodes.add("node3")  # and the spare goes too: nothing left to move to
     assert not keep.move_off_lost_nodes([2, 3]) and ctx.step == ("node1", "node3")
 
@@ -180,7 +180,7 @@ def test_a_slow_rank_alone_moves_to_the_spare_and_its_node_is_left_behind(tmp_pa
     failure = keep.failure([1], keep.codes(None))
     assert (failure.kind, failure.blamed) == ("straggler", ("node2",)) and "1.6x" in failure.why
     assert keep.move_off_lost_nodes([1]) and ctx.step == ("node1", "node3") and ctx.history.excluded == ["node2"]
-    assert keep.slow_nodes == set() and keep.host(1) == "node3" and keep.host(0) == "node1"
+    assert keep.slow_nodes == set() and keep.ctx.host_of(1) == "node3" and keep.ctx.host_of(0) == "node1"
 
     for fields, why in (({"cpu_ranks_per_node": 2}, "its node holds other ranks"), ({}, "no spare is free")):
         ctx = agent_ctx(tmp_path / why.replace(" ", "-"), recovery=recovery, **fields)

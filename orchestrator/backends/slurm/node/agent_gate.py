@@ -87,14 +87,10 @@ class StepGate:
         self.decided = True
         self.failure = gate_verdict(self.ctx, self.number, self.nodes, time.monotonic() - self.started,
                                     " (inside the ranks' step)")
-        if self.failure is None:
-            self._write(True, "")
-        else:
-            self._write(False, f"node(s) {', '.join(self.failure.blamed)} failed it; the job's batch log says why")
-
-    def _write(self, go: bool, why: str) -> None:
+        why = "" if self.failure is None else \
+            f"node(s) {', '.join(self.failure.blamed)} failed it; the job's batch log says why"
         try:
-            gate_step.write_decision(self.ctx.run_dir, self.number, go, why)
+            gate_step.write_decision(self.ctx.run_dir, self.number, self.failure is None, why)
         except OSError as exc:  # the tasks give up waiting (gate_step.TASK_WAIT_S) and end
             self.ctx.say(f"health gate: cannot write the decision under {self.folder}: {exc}")
 

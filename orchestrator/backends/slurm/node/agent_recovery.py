@@ -110,14 +110,13 @@ class AgentRecovery:
         for line in shared_folders.write_agent_token(c.run_dir, c.payload.checkpoint.dir, number, health.this_node()):
             c.say(f"health gate: {line}")
         p = c.payload
-        gpus = gate_step.gate_gpus(p)
         where = [f"--nodelist={','.join(hosts)}"] if set(hosts) != set(c.slurm.hosts) else []  # not an excluded one
         argv = ["srun", f"--nodes={len(hosts)}", f"--ntasks={len(hosts)}", "--ntasks-per-node=1", *where,
                 "--kill-on-bad-exit=0", "--cpus-per-task=1",
                 # never importing from the submit folder (a json.py), nor site's .pth files: the gate
                 # is the standard library and this package (the agent's: it runs the same python)
                 *lean_module_argv(p.python, "orchestrator.node.health", "--run-dir", c.run_dir, "--checkpoint-dir",
-                                  p.checkpoint.dir, "--attempt", str(number), "--gpus", str(gpus))]
+                                  p.checkpoint.dir, "--attempt", str(number), "--gpus", str(gate_step.gate_gpus(p)))]
         if p.interface:
             argv += ["--interface", p.interface]
         if p.recovery.node_check:

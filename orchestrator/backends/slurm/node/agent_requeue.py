@@ -119,17 +119,15 @@ class Requeuer:
         s.enter(Phase.REQUEUEING)
         limit, used = c.payload.max_requeues, self.used()
         refused = no_requeue_left(used, limit)
+        # SLURM 22.05 signals only the ranks' step on preemption: ask (once)
+        if not refused and self.term_is_preemption() and s.stop is not None \
+                and site_ends_preempted(s.stop.preempt_mode):
+            refused = (f"preempted under the partition's PreemptMode={s.stop.preempt_mode}: the site's policy "
+                       "ends the job (SLURM records it PREEMPTED), so it is not requeued; submit the spec "
+                       "again to resume from the checkpoint")
         if refused:
             s.not_requeued = refused
             c.say(f"{why}; {refused}")
-            s.enter(Phase.NOT_REQUEUED)
-            return
-        # SLURM 22.05 signals only the ranks' step on preemption: ask (once)
-        if self.term_is_preemption() and s.stop is not None and site_ends_preempted(s.stop.preempt_mode):
-            s.not_requeued = (f"preempted under the partition's PreemptMode={s.stop.preempt_mode}: the site's policy "
-                              "ends the job (SLURM records it PREEMPTED), so it is not requeued; submit the spec "
-                              "again to resume from the checkpoint")
-            c.say(f"{why}; {s.not_requeued}")
             s.enter(Phase.NOT_REQUEUED)
             return
         c.say(f"{why}: requeueing {c.job_id} (requeue {used + 1} of {limit})")
@@ -161,8 +159,7 @@ class Requeuer:
         # lost here would drop what slurm.exclude named (or the exclusion itself).
         job = slurm_controller.show_job(c.job_id, SCONTROL_RETRY_S, persist=True)
         names = sorted(set(slurm_controller.controller_hosts(job.get("ExcNodeList", ""))) | set(nodes))
-        answer = slurm_controller.set_excluded(c.job_id, names, SCONTROL_RETRY_S)
-        problem = answer.complaint
+        problem = slurm_controller.set_excluded(c.job_id, names, SCONTROL_RETRY_S).complaint
         c.say(f"the next attempt excludes {', '.join(names)}" if not problem else
               f"could not exclude {', '.join(names)} from the next attempt: {problem}")
 

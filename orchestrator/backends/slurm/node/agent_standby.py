@@ -22,10 +22,11 @@ import signal
 import subprocess
 import threading
 import time
-from typing import IO, Any, Mapping, Sequence
+from typing import IO, Any, Callable, Mapping, Sequence
 
 from orchestrator.backends.slurm.node import slurm_controller
 from orchestrator.backends.slurm.node.agent_state import say
+from orchestrator.backends.slurm.node.slurm_task import STAND_IN_OPTION, STEP_NODES_OPTION
 from orchestrator.core.interpreter import module_argv
 
 #: What a standby imports before it is needed: torch, what DDP's constructor imports, and the rank
@@ -63,22 +64,26 @@ class Forked:
         self.send_signal(signal.SIGKILL)
 
     def wait(self, timeout: float) -> int:
-        deadline = time.monotonic() + timeout
-        while (code := self.poll()) is None:
-            if time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired("standby rank", timeout)
-            time.sleep(0.02)
-        return code
+        return wait_for(self.poll, timeout, "standby rank")
+
+
+def wait_for(poll: Callable[[], int | None], timeout: float | None, what: str) -> int:
+    """``poll``'s exit code once it has one (asked every 20 ms); TimeoutExpired after ``timeout``."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while (code := poll()) is None:
+        if deadline is not None and time.monotonic() > deadline:
+            raise subprocess.TimeoutExpired(what, timeout or 0)
+        time.sleep(0.02)
+    return code
 
 
 class Standby:
-    """One node's warm interpreter, and the ranks it forked (by rank: their pids and exits)."""
+    """One node's warm interpreter, and the ranks it forked (by rank: their exits)."""
 
     def __init__(self, host: str, argv: Sequence[str], environ: Mapping[str, str]) -> None:
         self.host = host
         self.proc = slurm_controller.start(argv, environ, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.lock = threading.Lock()
-        self.pids: dict[int, int] = {}
         self.exits: dict[int, int] = {}
         self.running: set[int] = set()  # forked in the set that runs now
         self.in_set = False
@@ -88,13 +93,16 @@ class Standby:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def fork(self, rank: int, args: Sequence[str], environ: Mapping[str, str], log: str, payload: str) -> Forked:
-        """Fork rank ``rank`` (``slurm_rank`` with ``args``) with ``environ`` over this node's own."""
+    def fork(self, rank: int, rank_argv: Sequence[str], step_hosts: Sequence[str], environ: Mapping[str, str],
+             log: str) -> Forked:
+        """Fork rank ``rank`` (``slurm_rank`` with the ranks' own arguments in ``rank_argv``, as that
+        rank of the step on ``step_hosts``) with ``environ`` over this node's own."""
+        args = [*rank_args(rank_argv), *stand_in_args(rank, step_hosts)]
         with self.lock:
             self.exits.pop(rank, None)
             self.running.add(rank)
-            self.send({"rank": rank, "entry": "slurm", "args": list(args), "env": dict(environ), "log": log,
-                       "payload": payload})
+            self.send({"rank": rank, "entry": "slurm", "args": args, "env": dict(environ), "log": log,
+                       "payload": args[0]})
             if not self.in_set:  # a rank added to a set that runs needs no "go"
                 self.send({"go": True})
                 self.in_set = True
@@ -138,17 +146,14 @@ class Standby:
                 self.ready = True
                 say(f"warm standby ready on {self.host} (its imports took {msg['ready']:.1f}s): a restart's ranks "
                     "there, or a rank replaced there, are forked from it")
-            if not isinstance(msg, dict) or not isinstance(msg.get("rank"), int):
-                continue
+            if not (isinstance(msg, dict) and isinstance(msg.get("rank"), int) and isinstance(msg.get("exit"), int)):
+                continue  # a fork's {"rank", "pid"} says nothing the agent needs
             with self.lock:
-                if isinstance(msg.get("pid"), int):
-                    self.pids[msg["rank"]] = msg["pid"]
-                elif isinstance(msg.get("exit"), int):
-                    self.exits[msg["rank"]] = msg["exit"]
-                    self.running.discard(msg["rank"])
-                    if not self.running and self.in_set:  # the set is over: the next replacement starts another
-                        self.send({"end": True})
-                        self.in_set = False
+                self.exits[msg["rank"]] = msg["exit"]
+                self.running.discard(msg["rank"])
+                if not self.running and self.in_set:  # the set is over: the next replacement starts another
+                    self.send({"end": True})
+                    self.in_set = False
 
 
 #: The ranks' srun options a step of one task beside it sets itself (its one node and task, its log).
@@ -242,13 +247,6 @@ class Standbys:
         standby = self.by_host.get(host)
         return standby if standby is not None and standby.alive() else None
 
-    def free_on(self, hosts: Sequence[str]) -> list[str]:
-        """The ones of ``hosts`` without a live standby that runs no rank: one still importing counts
-        as free (a rank forked from it starts once its imports are done, sooner than a new
-        interpreter that imports them again beside it)."""
-        standbys = {host: self.on(host) for host in hosts}
-        return [host for host, s in standbys.items() if s is None or s.running]
-
     def drop(self) -> None:
         """Forget every standby at once, their sruns SIGKILLed (the agent's last resort has just
         SIGKILLed the job's steps, theirs among them: a step daemon that stopped answering may hold
@@ -256,9 +254,6 @@ class Standbys:
         for standby in self.by_host.values():
             standby.proc.kill()
         self.by_host.clear()
-
-    def started_on(self, hosts: Sequence[str]) -> bool:
-        return all(host in self.by_host for host in hosts)
 
     def close(self) -> None:
         for standby in self.by_host.values():
@@ -270,3 +265,9 @@ def rank_args(rank_argv: Sequence[str]) -> list[str]:
     """The rank entry's own arguments in the ranks' srun (its payload, ``--master-port``...)."""
     argv = list(rank_argv)
     return argv[argv.index(RANK_ENTRY) + 1:] if RANK_ENTRY in argv else []
+
+
+def stand_in_args(rank: int, step_hosts: Sequence[str]) -> list[str]:
+    """The options that make a task rank ``rank`` of the ranks' step on ``step_hosts``
+    (``slurm_task.stand_in``)."""
+    return [STAND_IN_OPTION, str(rank), STEP_NODES_OPTION, ",".join(step_hosts)]

@@ -123,6 +123,11 @@ class AgentContext:
         """The ranks' nodes: node i holds ranks i*ranks_per_node..."""
         return self.step or self.slurm.hosts
 
+    def host_of(self, rank: int) -> str:
+        """The node of rank ``rank`` (block placement over ``rank_hosts``; the last node past its end)."""
+        hosts = self.rank_hosts
+        return hosts[min(len(hosts) - 1, rank // max(1, self.payload.ranks_per_node))]
+
     @property
     def job_id(self) -> str:
         return self.slurm.job_id

@@ -27,11 +27,10 @@ import subprocess
 import time
 from typing import Mapping, Sequence
 
-from orchestrator.backends.slurm.node.agent_standby import Forked, Standbys, beside_step, rank_args
+from orchestrator.backends.slurm.node.agent_standby import Forked, Standbys, beside_step, stand_in_args
 from orchestrator.backends.slurm.node import slurm_controller
 from orchestrator.backends.slurm.node.agent_state import AgentContext
 from orchestrator.node.chaos_node import SENT
-from orchestrator.backends.slurm.node.slurm_task import STAND_IN_OPTION, STEP_NODES_OPTION
 from orchestrator.core import rank_error
 from orchestrator.core.interpreter import lean_module_argv
 from orchestrator.core.recovery import HARDWARE_SIGNALS, Failure
@@ -47,10 +46,6 @@ def stand_in_argv(rank_argv: Sequence[str], rank: int, host: str, log: str, step
     return [*head, *program, *stand_in_args(rank, step_hosts)]
 
 
-def stand_in_args(rank: int, step_hosts: Sequence[str]) -> list[str]:
-    return [STAND_IN_OPTION, str(rank), STEP_NODES_OPTION, ",".join(step_hosts)]
-
-
 #: The bound on the srun that kills a straggler on its node (a busy controller takes its time).
 KILL_SRUN_TIMEOUT_S = 20.0
 
@@ -58,10 +53,7 @@ KILL_SRUN_TIMEOUT_S = 20.0
 def exit_code_of(step_code: int, codes: list[int | None], replaced: bool) -> int:
     """The attempt's exit code: the ranks' step's (``step_code``), unless ranks were replaced: then 0
     when every rank's last process (``codes``, by rank) ended 0, else the first failure's code."""
-    if not replaced:
-        return step_code
-    failed = [code for code in codes if code not in (None, 0)]
-    return failed[0] if failed else 0
+    return next((code for code in codes if code), 0) if replaced else step_code
 
 
 def spare_hosts(ctx: AgentContext) -> list[str]:
@@ -94,7 +86,7 @@ class StandIns:
         for rank in range(self.ctx.world):
             if rank in self.steps:
                 codes.append(self.steps[rank].poll())
-            elif self.host(rank) in lost:  # its node is gone (srun need not say so of each task)
+            elif self.ctx.host_of(rank) in lost:  # its node is gone (srun need not say so of each task)
                 codes.append(ends.get(rank, 128 + signal.SIGKILL))
             else:
                 codes.append(ends.get(rank, 0 if step_code is not None else None))
@@ -112,10 +104,10 @@ class StandIns:
         rank = failed[0]
         if rank in self.hung:  # the watchdog's straggler, killed alone: its verdict is the story
             return self.hung[rank]
-        gone = sorted({self.host(r) for r in failed} & self.ctx.state.lost_nodes)
+        gone = sorted({self.ctx.host_of(r) for r in failed} & self.ctx.state.lost_nodes)
         if gone:
             return Failure(FailureKind.NODE_FAILURE, f"lost node(s) {', '.join(gone)}", tuple(gone))
-        host = self.host(rank)
+        host = self.ctx.host_of(rank)
         error = rank_error.read(RunFolder.of(self.ctx.run_dir).error(rank))
         if error is not None:
             return Failure(FailureKind.CRASH, error.headline())
@@ -126,14 +118,6 @@ class StandIns:
                            (host,) if name in HARDWARE_SIGNALS else ())
         return Failure(FailureKind.CRASH, f"rank {rank} on {host} ended with exit code {code}")
 
-    def host(self, rank: int) -> str:
-        """The node of rank ``rank``: node i of the ranks' step holds ranks i*ranks_per_node... (block)."""
-        hosts = self.ctx.rank_hosts
-        return hosts[min(len(hosts) - 1, rank // max(1, self.ctx.payload.ranks_per_node))]
-
-    def spares(self) -> list[str]:
-        return spare_hosts(self.ctx)
-
     def move_off_lost_nodes(self, failed: list[int]) -> bool:
         """The failed ranks whose node is lost (srun: "Node failure on node2") or slow (a straggler's,
         ``end_straggler``) start again on a spare node of the job: the ranks' nodes (``ctx.step``)
@@ -141,9 +125,9 @@ class StandIns:
         record), the node is excluded as recovery would exclude it. False: the job holds no spare
         left (every rank ends)."""
         c = self.ctx
-        gone = [host for host in dict.fromkeys(self.host(r) for r in failed)
+        gone = [host for host in dict.fromkeys(c.host_of(r) for r in failed)
                 if host in c.state.lost_nodes or host in self.slow_nodes]
-        free = self.spares()
+        free = spare_hosts(c)
         if len(free) < len(gone):
             c.say(f"node(s) {', '.join(gone)} lost and no spare left to take their ranks: every rank ends")
             return False
@@ -171,11 +155,10 @@ class StandIns:
         for rank in lost:
             c.state.task_ends.pop(rank, None)
             self.hung.pop(rank, None)
-            host = self.host(rank)
+            host = c.host_of(rank)
             standby = self.standbys.on(host)
             if standby is not None:
-                args = [*rank_args(self.rank_argv), *stand_in_args(rank, c.rank_hosts)]
-                self.steps[rank] = standby.fork(rank, args, env, logs[rank], args[0] if args else "")
+                self.steps[rank] = standby.fork(rank, self.rank_argv, c.rank_hosts, env, logs[rank])
                 c.say(f"rank {rank}: forked from {host}'s warm standby" + ("" if standby.ready else
                                                                           " (still importing: it starts once done)"))
                 continue
@@ -204,12 +187,13 @@ class StandIns:
         if not isinstance(rank, int) or not 0 <= rank < c.world or \
                 not self.rejoins.may_rejoin([rank], self.codes(None), False, True):
             return False
-        if slow and (c.payload.ranks_per_node != 1 or not self.spares()):
+        if slow and (c.payload.ranks_per_node != 1 or not spare_hosts(c)):
             c.say(f"the straggler, rank {rank}, cannot move alone to a spare ("
                   + ("its node holds other ranks" if c.payload.ranks_per_node != 1 else "no spare is free")
                   + "): every rank restarts")
             return False
-        head, program = beside_step(self.rank_argv, self.host(rank), "--quiet")
+        node = c.host_of(rank)
+        head, program = beside_step(self.rank_argv, node, "--quiet")
         argv = [*head, *lean_module_argv(program[0], "orchestrator.node.chaos_node", c.run_dir,
                                          str(rank), "KILL")]
         done = slurm_controller.run(argv, KILL_SRUN_TIMEOUT_S, env=self.environ, quiet_stdin=True,
@@ -218,7 +202,6 @@ class StandIns:
             c.say(f"the straggler, rank {rank}, could not be killed alone "
                   f"({slurm_controller.one_line(done.complaint or 'no answer')}): every rank ends")
             return False
-        node = self.host(rank)
         if slow:
             self.slow_nodes.add(node)
         self.hung[rank] = Failure(FailureKind.STRAGGLER if slow else FailureKind.HANG, message.splitlines()[0],

@@ -22,15 +22,13 @@ spare not yet warm, a lost node's); ranks in a container (the standby runs on th
 from __future__ import annotations
 
 import signal
-import subprocess
 import sys
 import time
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from orchestrator.backends.slurm.node.agent_srun_messages import note_srun_line
-from orchestrator.backends.slurm.node.agent_standby import AFTER_JOIN_S, Forked, Standbys, preload_for, rank_args, training
+from orchestrator.backends.slurm.node.agent_standby import AFTER_JOIN_S, Forked, Standbys, preload_for, training, wait_for
 from orchestrator.backends.slurm.node.agent_state import AgentContext, say
-from orchestrator.backends.slurm.node.slurm_task import STAND_IN_OPTION, STEP_NODES_OPTION
 
 if TYPE_CHECKING:
     from orchestrator.node.watchdog import Watch
@@ -53,7 +51,9 @@ def may_fork(ctx: AgentContext, standbys: Standbys, hosts: Sequence[str]) -> str
     missing = [host for host in hosts if standbys.on(host) is None]
     if missing:
         return f"no warm standby on {', '.join(missing)}"
-    busy = [host for host in hosts if host not in missing and host in standbys.free_on(hosts)]
+    # One still importing is no reason: a rank forked from it starts once its imports are done,
+    # sooner than a new interpreter that imports them again beside it.
+    busy = [host for host in hosts if (standby := standbys.on(host)) is None or standby.running]
     if busy:
         return f"the standby on {', '.join(busy)} still ends its ranks"
     return None
@@ -89,7 +89,7 @@ def warm_up_once_training(ctx: AgentContext, standbys: Standbys, rank_argv: Sequ
         return
     standbys.looked_at = time.monotonic()
     hosts = [*ctx.rank_hosts, *spare_hosts(ctx)]
-    if standbys.started_on(hosts):
+    if all(host in standbys.by_host for host in hosts):
         return
     reported = [report.time if report is not None else None for report in read_progress(ctx.run_dir, ctx.world)]
     if training(reported, past_their_start(watch, ctx.world, time.time()), ctx.state.started, time.time()):
@@ -123,20 +123,16 @@ class ForkedStep:
         self.hosts: dict[int, str] = {}
         self.seen: dict[int, int] = {}  # rank -> its exit, once noted
         self.killed = False
-        per_node = max(1, ctx.payload.ranks_per_node)
-        args = rank_args(rank_argv)
-        step_hosts = ctx.rank_hosts
         for rank in range(ctx.world):
-            host = step_hosts[min(len(step_hosts) - 1, rank // per_node)]
+            host = ctx.host_of(rank)
             standby = standbys.on(host)
             if standby is None:
                 raise OSError(f"the standby on {host} is gone")
             deadline = time.monotonic() + SET_END_WAIT_S
             while standby.running and time.monotonic() < deadline:  # its last set's ends still coming
                 time.sleep(0.02)
-            own = [*args, STAND_IN_OPTION, str(rank), STEP_NODES_OPTION, ",".join(step_hosts)]
             log = str(ctx.slurm.rank_log(ctx.payload.rank_log or "", rank))
-            self.ranks[rank] = standby.fork(rank, own, environ, log, own[0] if own else "")
+            self.ranks[rank] = standby.fork(rank, rank_argv, ctx.rank_hosts, environ, log)
             self.hosts[rank] = host
         cold = sorted({h for h in self.hosts.values() if not standbys.by_host[h].ready})
         say(f"{ctx.world} rank(s) forked from the warm standbys on {','.join(dict.fromkeys(self.hosts.values()))} "
@@ -159,8 +155,7 @@ class ForkedStep:
                     self.kill()
         if any(code is None for code in codes.values()):
             return None
-        failed = [self.seen[rank] for rank in self.seen if self.seen[rank] != 0]
-        return failed[0] if failed else 0
+        return next((code for code in self.seen.values() if code != 0), 0)
 
     def send_signal(self, signum: int) -> None:
         """To every rank still running (each standby passes it to the ranks it forked)."""
@@ -172,12 +167,7 @@ class ForkedStep:
         self.send_signal(signal.SIGKILL)
 
     def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while (code := self.poll()) is None:
-            if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired("the forked ranks", timeout or 0)
-            time.sleep(0.02)
-        return code
+        return wait_for(self.poll, timeout, "the forked ranks")
 
 
 def srun_words(host: str, rank: int, code: int) -> str:

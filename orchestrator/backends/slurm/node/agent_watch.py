@@ -99,8 +99,7 @@ class AgentWatch:
         found = self.stragglers.look(c.run_dir, max(s.started, self.stragglers_since), time.time())
         if found is None:
             return None
-        hosts = c.rank_hosts
-        s.straggler_node = hosts[min(len(hosts) - 1, found.rank // max(1, c.payload.ranks_per_node))] if hosts else None
+        s.straggler_node = c.host_of(found.rank) if c.rank_hosts else None
         self._verdict(EndReason.STRAGGLER, found.rank, self.stragglers.message(found, s.straggler_node), {})
         return EndReason.STRAGGLER
 

@@ -178,25 +178,13 @@ def forget_node_signals(run_dir: str, node: str) -> None:
 
 def _read_decision(path: Path) -> dict[str, Any] | None:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        return _valid_decision(json.loads(path.read_text(encoding="utf-8")))
     except (OSError, ValueError):
         return None
-    return _valid_decision(data)
 
 
 def _valid_decision(data: Any) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and isinstance(data.get("go"), bool) else None
-
-
-def _read_copy(path: Path) -> dict[str, Any] | None:
-    """The node-local copy, trusted only as a regular file of this user's (what the node's first
-    task wrote: ``node_local.read_private``); a link, a FIFO or a stranger's file is never read."""
-    from orchestrator.core import node_local
-
-    try:
-        return _valid_decision(json.loads(node_local.read_private(path)))
-    except (OSError, ValueError):
-        return None
 
 
 def _leave_copy(folder: Path, decision: dict[str, Any]) -> None:
@@ -211,11 +199,18 @@ def _leave_copy(folder: Path, decision: dict[str, Any]) -> None:
 
 
 def _take_copy(folder: Path, local_id: int, readers: int) -> dict[str, Any] | None:
-    """A node's other task: the copy, if there; the last of the ``readers`` to read it removes it
-    (so a job's end leaves nothing in the node's memory, however its ranks end)."""
+    """A node's other task: the copy, if there, in a folder of ours (never one another user made),
+    trusted only as a regular file of this user's (what the node's first task wrote:
+    ``node_local.read_private``; a link, a FIFO or a stranger's file is never read); the last of the
+    ``readers`` to read it removes it (so a job's end leaves nothing in the node's memory, however
+    its ranks end)."""
     from orchestrator.core import node_local
 
-    decision = _read_copy(folder / "decision.json")
+    try:
+        node_local.check_private(folder)
+        decision = _valid_decision(json.loads(node_local.read_private(folder / "decision.json")))
+    except (OSError, ValueError):
+        return None
     if decision is None:
         return None
     try:
@@ -232,12 +227,12 @@ def _take_copy(folder: Path, local_id: int, readers: int) -> dict[str, Any] | No
 
 def _wait_on_node(run_dir: str, attempt: int, local: Path | None, local_id: int = 1, readers: int = 1,
                   wait_s: float = TASK_WAIT_S) -> dict[str, Any] | None:
-    """A node's other task: the first task's copy on the node (a folder of ours: never one another
-    user made), else (once a second) the shared one."""
+    """A node's other task: the first task's copy on the node (``_take_copy``), else (once a second)
+    the shared one."""
     deadline = time.monotonic() + wait_s
     shared_at = time.monotonic() + 1.0
     while time.monotonic() < deadline:
-        decision = _take_copy(local, local_id, readers) if local is not None and _ours(local) else None
+        decision = _take_copy(local, local_id, readers) if local is not None else None
         if decision is None and time.monotonic() >= shared_at:
             shared_at = time.monotonic() + 1.0
             decision = wait_for_decision(run_dir, attempt, wait_s=0.0)
@@ -245,16 +240,6 @@ def _wait_on_node(run_dir: str, attempt: int, local: Path | None, local_id: int 
             return decision
         time.sleep(0.01)
     return None
-
-
-def _ours(folder: Path) -> bool:
-    from orchestrator.core import node_local
-
-    try:
-        node_local.check_private(folder)
-    except OSError:
-        return False
-    return True
 
 
 def decision_part(payload: Payload, attempt: int, local_id: int, environ: Mapping[str, str]) -> str | None:

@@ -131,9 +131,7 @@ def _once(argv: Sequence[str], timeout_s: float, env: Mapping[str, str] | None, 
                              stdin=subprocess.DEVNULL if quiet_stdin else None)
     except FileNotFoundError as exc:
         return Answer(tuple(argv), None, error=f"{argv[0]} not found ({exc})", missing=True)
-    except subprocess.TimeoutExpired as exc:
-        return Answer(tuple(argv), None, error=str(exc))
-    except OSError as exc:
+    except (subprocess.TimeoutExpired, OSError) as exc:
         return Answer(tuple(argv), None, error=str(exc))
     return Answer(tuple(argv), out.returncode, out.stdout or "", out.stderr or "")
 
@@ -292,12 +290,8 @@ def running_steps(job_id: str, timeout_s: float = AGENT_TIMEOUT_S) -> list[str] 
 
 def steps_of(job_id: str, listing: str) -> list[str]:
     """The numbered steps of ``job_id`` in squeue's ``-s -o %i`` lines."""
-    out = []
-    for line in listing.split():
-        job, _, step = line.strip().partition(".")
-        if job == job_id and step.isdigit():
-            out.append(f"{job}.{step}")
-    return out
+    prefix = f"{job_id}."
+    return [line for line in listing.split() if line.startswith(prefix) and line[len(prefix):].isdigit()]
 
 
 #: What ``scontrol requeue`` answers for a job that pends already: requeued (by an earlier try of

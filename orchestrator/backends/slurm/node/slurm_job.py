@@ -58,19 +58,16 @@ from orchestrator.core.lean_record import replace
 from orchestrator.backends.slurm.node import gate_step
 from orchestrator.node import container
 from orchestrator.backends.slurm.node import slurm_controller
-from orchestrator.backends.slurm.node.agent_decisions import (AUTO, UNFINISHED_EXIT, a_failure, attempt_in_job, exit_code,  # noqa: F401
-                                          grace_spent, notice_at, preempted, requeue_deadline, srun_signal_death,
-                                          stacks_before_notice,
-                                          suspended_s)
-from orchestrator.backends.slurm.node.agent_srun_messages import name_killed_rank, note_step_creation, relay_srun_messages  # noqa: F401
+from orchestrator.backends.slurm.node.agent_decisions import (AUTO, UNFINISHED_EXIT, a_failure, attempt_in_job, exit_code,
+                                                               grace_spent, notice_at, stacks_before_notice)
+from orchestrator.backends.slurm.node.agent_srun_messages import name_killed_rank, relay_srun_messages
 from orchestrator.backends.slurm.node.agent_gate import StepGate
 from orchestrator.backends.slurm.node.agent_recovery import AgentRecovery, master_port
 from orchestrator.backends.slurm.node.agent_requeue import SCONTROL_RETRY_S, Requeuer, wait_for_site_end
 from orchestrator.backends.slurm.node.agent_standby import Standbys
 from orchestrator.backends.slurm.node.agent_survivors import StandIns, exit_code_of
 from orchestrator.backends.slurm.node.agent_warm_start import ForkedStep, forks_ranks, warm_up_once_training
-from orchestrator.backends.slurm.node.agent_state import (MOVES, NOTICE_FACT, SIGTERM_FACT, AgentContext, AgentState, Phase,  # noqa: F401
-                                                          say)  # (MOVES, say: re-exported)
+from orchestrator.backends.slurm.node.agent_state import NOTICE_FACT, SIGTERM_FACT, AgentContext, AgentState, Phase, say
 from orchestrator.backends.slurm.node.agent_stop import cancel_asked, cancel_requested, carried, is_preemption
 from orchestrator.backends.slurm.node.agent_watch import AgentWatch
 from orchestrator.core.payload import Payload
@@ -225,7 +222,7 @@ class JobAgent:
         c = self.ctx
         if not c.slurm.hosts:  # SLURM named no nodes: nothing to choose from
             return srun_argv
-        step = self.recovery.choose_step() if not c.step else c.step
+        step = c.step or self.recovery.choose_step()
         if step is None:
             say(f"the job holds {len(c.slurm.hosts)} usable node(s) of the {c.payload.nodes} the ranks need; "
                 "srun runs on the whole allocation")

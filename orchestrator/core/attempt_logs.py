@@ -43,7 +43,7 @@ import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Mapping, Optional, Union
+from typing import Mapping, Optional, Union
 
 from orchestrator.core.errors import RunNotFoundError
 from orchestrator.core.recovery import HISTORY_FILE, HISTORY_MAX_BYTES, Attempt, History
@@ -183,17 +183,11 @@ class MarkerReader:
         return number
 
 
-def _lines(text: str) -> Iterator[str]:
+def _lines(text: str) -> list[str]:
     """The lines of ``text``, each with its newline (only ``\\n`` ends a line: a ``\\r`` of a
     progress bar does not)."""
-    start = 0
-    while start < len(text):
-        end = text.find("\n", start)
-        if end < 0:
-            yield text[start:]
-            return
-        yield text[start:end + 1]
-        start = end + 1
+    *complete, last = text.split("\n")
+    return [line + "\n" for line in complete] + ([last] if last else [])
 
 
 def _strip(line: str) -> str:

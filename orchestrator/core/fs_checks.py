@@ -69,10 +69,7 @@ def kernel_fs(path: str | os.PathLike) -> str | None:
         real = os.path.realpath(path)
     except (OSError, ValueError):
         return None
-    for root in KERNEL_FS:
-        if real == root or real.startswith(root + "/"):
-            return root
-    return None
+    return next((root for root in KERNEL_FS if real == root or real.startswith(root + "/")), None)
 
 
 def _dangling(path: str) -> str | None:
@@ -121,10 +118,8 @@ def problem(path: str | os.PathLike, folder: bool) -> str | None:
         if exc.errno == errno.ELOOP:
             return "cannot be reached: a symbolic link on its path loops (ELOOP)"
         return f"cannot be looked at: {errno_text(exc)}"
-    if folder and not stat.S_ISDIR(st.st_mode):
-        return f"is {kind(st.st_mode)}, not a folder"
-    if not folder and not stat.S_ISREG(st.st_mode):
-        return f"is {kind(st.st_mode)}, not a regular file"
+    if not (stat.S_ISDIR if folder else stat.S_ISREG)(st.st_mode):
+        return f"is {kind(st.st_mode)}, not {'a folder' if folder else 'a regular file'}"
     return None
 
 
@@ -160,7 +155,7 @@ def _looked_at(path: str) -> tuple[str, os.stat_result] | None:
             current = parent
 
 
-def _names(st: os.stat_result) -> tuple[str, str]:
+def owner_names(st: os.stat_result) -> tuple[str, str]:
     """(owner, group) of a stat result, as names where this machine knows them."""
     try:
         import grp
@@ -194,7 +189,7 @@ def no_permission(path: str | os.PathLike, action: str, exc: OSError | None = No
     bits = ("w" if writing else "r") + ("x" if folder else "")
     verb = {(False, False): "read", (False, True): "open", (True, False): "write", (True, True): "write in"}[
         (writing, folder)]
-    user, group = _names(st)
+    user, group = owner_names(st)
     mode = stat.filemode(st.st_mode)
     subject = "it is" if where == os.path.abspath(path) else f"its folder {shown(where)} is"
     why = f"cannot be {action}: no permission{code}; {subject} owned by {user} (group {group}, mode {mode})"

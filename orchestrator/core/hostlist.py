@@ -14,6 +14,7 @@ tests/cluster/test_hostlist_scontrol.py:
 
 from __future__ import annotations
 
+import math
 import re
 
 #: More hosts than any job here may use (65,536 ranks): a list naming more is refused before it
@@ -71,14 +72,8 @@ def _parts(item: str, text: str) -> list[tuple[str, list[tuple[str, str]]]]:
 
 def count(text: str) -> int:
     """How many hosts the list names, without expanding it; ValueError for an invalid list."""
-    total = 0
-    for item in _items(text):
-        n = 1
-        for _, ranges in _parts(item, text):
-            if ranges:
-                n *= sum(int(hi) - int(lo) + 1 for lo, hi in ranges)
-        total += n
-    return total
+    return sum(math.prod(sum(int(hi) - int(lo) + 1 for lo, hi in ranges) for _, ranges in _parts(item, text) if ranges)
+               for item in _items(text))
 
 
 def expand(text: str) -> list[str]:

@@ -47,15 +47,8 @@ class NotOurs(PermissionError):
 def candidates(environ: Optional[Mapping[str, str]] = None) -> list[Path]:
     """Where this user's private folder may be, best first (the module's docstring says why)."""
     env = os.environ if environ is None else environ
-    uid = os.geteuid()
-    found: list[Path] = []
-    for var in ("SLURM_TMPDIR", "XDG_RUNTIME_DIR"):
-        value = env.get(var, "")
-        if value and os.path.isabs(value):
-            found.append(Path(value) / f"orch-u{uid}")
-    found.append(Path("/dev/shm") / f"orch-u{uid}")
-    found.append(Path(tempfile.gettempdir()) / f"orch-u{uid}")
-    return found
+    sites = [value for value in (env.get("SLURM_TMPDIR", ""), env.get("XDG_RUNTIME_DIR", "")) if os.path.isabs(value)]
+    return [Path(root) / f"orch-u{os.geteuid()}" for root in (*sites, "/dev/shm", tempfile.gettempdir())]
 
 
 def check_private(path: Path) -> None:

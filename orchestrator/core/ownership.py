@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import functools
 import json
 import os
 import socket
@@ -31,16 +32,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from orchestrator.core.atomic_files import write_json_atomic
 from orchestrator.core.errors import SubmissionError
+from orchestrator.core.fs_checks import errno_text, is_denied, no_permission, shown
 from orchestrator.core.run_folder import RunFolder
 
 #: How often the lock holder renews its lease, and how old a lease may be before its holder
 #: counts as gone (generous: NFS attribute caches and clock skew between hosts).
 LEASE_RENEW_S = 5.0
 LEASE_TTL_S = 30.0
-
-_HOST: list[str] = []
-
 
 def _read(path: str) -> str:
     try:
@@ -50,15 +50,14 @@ def _read(path: str) -> str:
         return "?"
 
 
+@functools.cache
 def this_host() -> str:
     """Where this process's PIDs mean something: ``hostname|boot id|PID namespace``."""
-    if not _HOST:
-        try:
-            pidns = os.readlink("/proc/self/ns/pid")
-        except OSError:
-            pidns = "?"
-        _HOST.append(f"{socket.gethostname()}|{_read('/proc/sys/kernel/random/boot_id')}|{pidns}")
-    return _HOST[0]
+    try:
+        pidns = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        pidns = "?"
+    return f"{socket.gethostname()}|{_read('/proc/sys/kernel/random/boot_id')}|{pidns}"
 
 
 def host_name(host: str | None) -> str:
@@ -88,8 +87,6 @@ class RunLock:
     def renew(self, pid: int | None = None) -> None:
         """Write the lease: this host, the holder's pid, now. A failure is not fatal (a full disk
         must not stop training): the lock still holds, and only other hosts see a stale lease."""
-        from orchestrator.core.atomic_files import write_json_atomic
-
         try:
             write_json_atomic(RunFolder.of(self.run_dir).lease, {"host": this_host(), "pid": pid or os.getpid(),
                                                         "time": time.time()})
@@ -102,8 +99,7 @@ class RunLock:
             try:
                 fcntl.flock(self.fd, fcntl.LOCK_UN)
             finally:
-                os.close(self.fd)
-                self.fd = -1
+                self.handed_over()
 
     def handed_over(self) -> None:
         """Close this copy only: the child that got the descriptor holds the lock on."""
@@ -123,8 +119,6 @@ def _open_lock(run_dir: Path) -> int:
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
     except OSError as exc:
-        from orchestrator.core.fs_checks import is_denied, no_permission, shown
-
         if is_denied(exc):  # another user's run folder: theirs to open up, never to remove
             reason, fix = no_permission(path, "written" if os.path.lexists(path) else "created", exc)
             raise SubmissionError(f"the run's lock file {shown(path)} {reason}: {fix}") from None
@@ -244,9 +238,6 @@ def request_cancel(run_dir: str | Path, why: str) -> None:
     what they can change (``fs_checks.no_permission``), never advice to remove anything: the
     folder is fine, and not theirs. Only a path in the way (a file where the requests folder
     goes) is to be cleared; any other error is the filesystem's, and says so."""
-    from orchestrator.core.fs_checks import errno_text, is_denied, no_permission, shown
-    from orchestrator.core.atomic_files import write_json_atomic
-
     path = RunFolder.of(run_dir).cancel_request
     try:
         write_json_atomic(path, {"host": this_host(), "pid": os.getpid(), "time": time.time(), "why": why})

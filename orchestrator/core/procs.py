@@ -258,15 +258,16 @@ def alive(pid: int) -> bool:
     return st is not None and st.state not in _ENDED
 
 
-def _exists(pid: int) -> bool:
+def _exists(pid: int, probe: Callable[[int, int], None] = os.kill) -> bool:
+    """Whether ``probe(pid, 0)`` finds the process (or group): one we may not signal exists too."""
     if pid <= 0:
         return False
     try:
-        os.kill(pid, 0)
+        probe(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass
     return True
 
 
@@ -292,12 +293,7 @@ def signal_if_same(pid: int | None, start: int | None, sig: int) -> bool:
 
 def all_stats() -> list[ProcStat]:
     """Every process the table can read ([] where none can: ``can_identify``)."""
-    out = []
-    for pid in table().pids():
-        st = stat(pid)
-        if st is not None:
-            out.append(st)
-    return out
+    return [st for st in map(stat, table().pids()) if st is not None]
 
 
 def session_members(sid: int, leader_start: int) -> list[int]:
@@ -316,29 +312,14 @@ def session_members(sid: int, leader_start: int) -> list[int]:
 
 def signal_session(sid: int, leader_start: int, sig: int) -> int:
     """Signal every member of a session we created (see ``session_members``); returns how many."""
-    sent = 0
-    for pid in session_members(sid, leader_start):
-        try:
-            os.kill(pid, sig)
-            sent += 1
-        except ProcessLookupError:
-            pass
-    return sent
+    return sum(_kill(pid, sig) for pid in session_members(sid, leader_start))
 
 
 def group_alive(pgid: int) -> bool:
     """True while the process group ``pgid`` has a member (an unreaped zombie counts). No
     platform hands out a number still used as a process group id, so a group the caller saw
     alive, and watched without a gap, is still the one it saw."""
-    if pgid <= 0:
-        return False
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return _exists(pgid, os.killpg)
 
 
 def signal_group(pgid: int, sig: int) -> bool:
@@ -439,8 +420,10 @@ def stop_descendants(grace_s: float = 2.0, poll_s: float = 0.05) -> list[int]:
     return found
 
 
-def _kill(pid: int, sig: int) -> None:
+def _kill(pid: int, sig: int) -> bool:
+    """Send ``sig`` to PID; False when it is gone (or not ours to signal)."""
     try:
         os.kill(pid, sig)
     except (ProcessLookupError, PermissionError):
-        pass
+        return False
+    return True

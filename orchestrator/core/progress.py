@@ -182,19 +182,16 @@ class ProgressWriter:
         self._last_step, self._last_write = step, now
         if self._first is None:
             self._first = (now, int(step))
+        util, mem = self.gpu() if self.gpu is not None else (None, None)
         report = Progress(rank=self.rank, time=now, step=int(step), total=total, steps_per_s=steps_per_s,
                           samples_per_s=steps_per_s * samples if steps_per_s and samples else None,
                           attempt=self.attempt, first_time=self._first[0], first_step=self._first[1],
                           busy_s=round(self._busy, 6) if self._busy is not None else None,
                           kept_time=self._kept[0] if self._kept else None, kept_step=self._kept[1] if self._kept else None,
-                          rss_mb=own_rss_mb(), **self._gpu_figures())
+                          rss_mb=own_rss_mb(), gpu_util=util, gpu_mem_mb=mem)
         if self.place is None or not self._stage(report, now, force):
             _write_atomic(self.path, asdict(report))
         return True
-
-    def _gpu_figures(self) -> dict[str, Optional[float]]:
-        util, mem = self.gpu() if self.gpu is not None else (None, None)
-        return {"gpu_util": util, "gpu_mem_mb": mem}
 
     def _stage(self, report: Progress, now: float, force: bool) -> bool:
         """The report into the node's staging folder, and the node's file published if this rank
@@ -479,7 +476,7 @@ def _read_small(path: str | Path) -> bytes:
 
 def _parse(d: Any) -> Optional[Progress]:
     try:
-        report = Progress(rank=int(d["rank"]), time=float(d["time"]), step=int(d["step"]),
+        return Progress(rank=int(d["rank"]), time=float(d["time"]), step=int(d["step"]),
                           total=_opt_int(d.get("total")), steps_per_s=_opt_float(d.get("steps_per_s")),
                           samples_per_s=_opt_float(d.get("samples_per_s")), attempt=int(d.get("attempt", 0)),
                           first_time=_opt_float(d.get("first_time")), first_step=_opt_int(d.get("first_step")),
@@ -488,7 +485,6 @@ def _parse(d: Any) -> Optional[Progress]:
                           gpu_util=_opt_float(d.get("gpu_util")), gpu_mem_mb=_opt_float(d.get("gpu_mem_mb")))
     except (KeyError, ValueError, TypeError, OverflowError):
         return None
-    return report
 
 
 def _opt_int(value: Any) -> Optional[int]:

@@ -20,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.core.atomic_files import write_json_atomic, write_text_atomic  # noqa: F401  (re-exported)
-from orchestrator.core.errors import RunNotFoundError
+from orchestrator.core.errors import RunNotFoundError, UsageError
+from orchestrator.core.fs_checks import REGISTRY_FIX, append, kind, owner_names, read_file, shown
 from orchestrator.core.run_folder import RunFolder
+from orchestrator.core.safe_read import Damaged, NoPermission, read_regular
 from orchestrator.core.states import State
 
 
@@ -137,15 +139,17 @@ class RunRecord:
     def load(cls, run_dir: str | Path) -> RunRecord:
         """Read a record; a damaged one raises RunNotFoundError naming the file and the way out."""
         path = RunFolder.of(run_dir).record
-        try:
-            data = json.loads(_read_regular(path).decode("utf-8"))
-        except FileNotFoundError:
-            raise RunNotFoundError(f"{run_dir} has no record.json: it is not a run folder") from None
-        except PermissionError:
+        try:  # a link (another run's record), a FIFO or a device is refused without blocking on it
+            raw = read_regular(path, _MAX_RECORD_BYTES)
+        except NoPermission:
             raise no_permission(path) from None
-        except _NotRegular as exc:
-            raise _damaged(path, str(exc)) from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        except Damaged as exc:
+            raise _damaged(path, exc.why) from None
+        if raw is None:
+            raise RunNotFoundError(f"{run_dir} has no record.json: it is not a run folder")
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
             raise _damaged(path, f"unreadable ({type(exc).__name__})") from None
         problem = _record_problem(data)
         if problem:
@@ -169,14 +173,11 @@ class RunRecord:
         the run folder but not write it (a teammate's run) keeps what it learned in memory.
         Nothing new (a running job asked about again): nothing written, so ``status`` over a
         thousand open runs writes none of their records."""
-        if all(getattr(self, key) == value for key, value in changes.items()):
-            return self
-        for key, value in changes.items():
-            setattr(self, key, value)
-        try:
-            self.save()
-        except PermissionError:
-            pass
+        if any(getattr(self, key) != value for key, value in changes.items()):
+            try:
+                self.update(**changes)
+            except PermissionError:
+                pass  # kept in memory only
         return self
 
 
@@ -206,29 +207,6 @@ def _rewrite_in_place(path: Path, data: bytes) -> bool:
 
 
 _MAX_RECORD_BYTES = 16 * 1024 * 1024
-
-
-class _NotRegular(Exception):
-    pass
-
-
-def _read_regular(path: Path) -> bytes:
-    """A record's bytes, only from a regular file of its own: a symbolic link (another run's
-    record), a FIFO or a device is refused without blocking on it."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        if exc.errno == 40 or os.path.islink(path):  # ELOOP: O_NOFOLLOW met a symbolic link
-            raise _NotRegular("it is a symbolic link; a run's record must be its own file") from None
-        raise
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        from orchestrator.core.fs_checks import kind
-
-        raise _NotRegular(f"it is {kind(mode)}, not a regular file")
-    with os.fdopen(fd, "rb") as fh:
-        return fh.read(_MAX_RECORD_BYTES)
 _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "run_id": (str,), "run_dir": (str,), "executor": (str,), "state": (str,), "created": (int, float),
     "ended": (int, float, type(None)), "job_ids": (list,), "supervisor_pid": (int, type(None)),
@@ -266,8 +244,7 @@ def _record_problem(data: Any) -> str | None:
     waits = data.get("waits", {})
     if not all(isinstance(k, str) and k.isdecimal() and isinstance(v, str) for k, v in waits.items()):
         return "has a malformed 'waits' (rank -> where it waited)"
-    lists = [("job_ids", str), ("rank_pids", int), ("rank_starts", int)]
-    for key, item_type in lists:
+    for key, item_type in (("job_ids", str), ("rank_pids", int), ("rank_starts", int)):
         if any(not isinstance(x, item_type) or isinstance(x, bool) for x in data.get(key, [])):
             return f"has a malformed {key!r}"
     return None
@@ -277,20 +254,11 @@ def no_permission(path: str | Path, what: str = "the run's record") -> RunNotFou
     """A run file this user may not read: never "damaged" (nothing is wrong with it), and the fix
     is its owner's, or the group's."""
     path = Path(path)
-    owner = ""
     try:
-        import pwd
-
         st = os.stat(path)
-        try:
-            name = pwd.getpwuid(st.st_uid).pw_name
-        except KeyError:
-            name = f"uid {st.st_uid}"
-        owner = f" (owned by {name}, mode {stat.filemode(st.st_mode)})"
-    except (OSError, ImportError):
-        pass  # the folder itself cannot be searched
-    from orchestrator.core.fs_checks import shown
-
+        owner = f" (owned by {owner_names(st)[0]}, mode {stat.filemode(st.st_mode)})"
+    except OSError:
+        owner = ""  # the folder itself cannot be searched
     folder = shown(path.parent)
     return RunNotFoundError(
         f"no permission to read {what} {shown(path)}{owner}: ask its owner to let your group read the run "
@@ -313,8 +281,6 @@ def home() -> Path:
     """The registry's folder: ``$ORCHESTRATOR_HOME``, else ``$HOME/.local/share/orchestrator``.
     It need not exist yet; one that can never be absolute raises UsageError naming the fix (what
     it is on disk is checked where it is used: registered_runs, register)."""
-    from orchestrator.core.errors import UsageError
-
     env = os.environ.get("ORCHESTRATOR_HOME")
     if env:
         if not os.path.isabs(env):
@@ -335,8 +301,6 @@ def home() -> Path:
 def register(record: RunRecord) -> None:
     """Append the run to the registry. A registry or folder that cannot be written (read-only,
     full, a file or a FIFO in the way...) raises UsageError naming the path and the fix."""
-    from orchestrator.core.fs_checks import REGISTRY_FIX, append
-
     line = json.dumps({"run_id": record.run_id, "run_dir": record.run_dir,
                        "executor": record.executor, "created": record.created}) + "\n"
     append(home() / "registry.jsonl", line.encode("utf-8"), "the run registry", REGISTRY_FIX)
@@ -346,8 +310,6 @@ def registered_runs() -> list[dict[str, Any]]:
     """Latest entry per run folder, oldest first. No registry yet: none. A registry that is not
     a regular file (a FIFO, a device, a folder, under /proc), or that cannot be read, raises
     UsageError naming the path and the fix; it is never read blocking."""
-    from orchestrator.core.fs_checks import REGISTRY_FIX, read_file
-
     data = read_file(home() / "registry.jsonl", "the run registry", REGISTRY_FIX)
     if data is None:
         return []
@@ -371,10 +333,6 @@ def resolve_run(ref: str) -> Path:
         raise RunNotFoundError("no run given: pass a run id from 'orchestrator list' or a run folder")
     if len(ref) > 4096 or "\0" in ref:
         raise RunNotFoundError("that is not a run id or a run folder")
-    import stat
-
-    from orchestrator.core.fs_checks import kind, shown
-
     def usable(folder: Path) -> Path:
         """The folder, unless its record is a FIFO, a device or a socket: RunRecord.load says
         what else is wrong with a record; these it must never open."""

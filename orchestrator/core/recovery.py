@@ -331,9 +331,8 @@ def decide(settings: RecoverySettings, history: History, failure: Failure, progr
                         f"only {max(left, 0)} node(s) of the partition are left once "
                         f"{', '.join(sorted(set(history.excluded) | set(exclude)))} are excluded, and the job needs "
                         f"{nodes_needed}: no restart")
-    restart_no = used + 1
     where = f"; excluding {', '.join(exclude)}" if exclude else ""
-    return Decision(True, kind, f"{kind}: {failure.why}; restart {restart_no} of {settings.max_restarts}{where}",
+    return Decision(True, kind, f"{kind}: {failure.why}; restart {used + 1} of {settings.max_restarts}{where}",
                     exclude)
 
 

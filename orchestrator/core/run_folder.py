@@ -296,7 +296,7 @@ class RunFolder:
 
         from orchestrator.core.safe_read import Unreadable, read_json
 
-        errors = sorted(self.errors.glob("rank-*.json")) if self.errors.is_dir() else []
+        errors = sorted(self.error_files())
         if not errors and not self.end.is_file():
             return None
         if self.attempts_problem():

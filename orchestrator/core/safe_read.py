@@ -91,20 +91,14 @@ def read_regular(path: str | os.PathLike, max_bytes: int = RECORD_MAX_BYTES, fol
             raise Damaged(path, f"it is {kind(st.st_mode)}, not a regular file")
         if st.st_size > max_bytes:
             raise Damaged(path, f"it is {st.st_size} bytes, more than a record's {max_bytes}")
-        chunks, left = [], max_bytes + 1
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            data = fh.read(max_bytes + 1)
     except OSError as exc:
         if exc.errno in (errno.EACCES, errno.EPERM):
             raise _denied(path, exc) from None
         raise Damaged(path, f"it cannot be read ({exc.strerror or exc})") from None
     finally:
         os.close(fd)
-    data = b"".join(chunks)
     if len(data) > max_bytes:
         raise Damaged(path, f"it grew past a record's {max_bytes} bytes while it was read")
     return data

@@ -21,6 +21,7 @@ from orchestrator.backends.slurm.node import slurm_controller
 from orchestrator.cli import main
 from orchestrator.core.errors import RunNotFoundError
 from orchestrator.backends.slurm import executor as slurm
+from orchestrator.core.safe_read import NoPermission
 from orchestrator.core.records import RunRecord, register, resolve_run, write_json_atomic, write_text_atomic
 from orchestrator.core.states import State
 
@@ -57,10 +58,10 @@ def _record(tmp_path: Path, executor: str = "slurm") -> Path:
 
 
 def _refuse_reads(monkeypatch: pytest.MonkeyPatch) -> None:
-    def refused(path: Path) -> bytes:
-        raise PermissionError(errno.EACCES, "Permission denied", str(path))
+    def refused(path: Path, max_bytes: int) -> bytes:
+        raise NoPermission(path, "it cannot be read: no permission (EACCES)")
 
-    monkeypatch.setattr(records, "_read_regular", refused)
+    monkeypatch.setattr(records, "read_regular", refused)
 
 
 def test_a_record_one_may_not_read_says_no_permission_not_damaged(tmp_path: Path,

@@ -27,16 +27,10 @@ def _slurm_planner() -> BackendPlanner:
     return SlurmPlanner()
 
 
-def _local_planner() -> BackendPlanner:
+def _local_planner(debug: bool = False) -> BackendPlanner:
     from orchestrator.backends.local.local_plan import LocalPlanner
 
-    return LocalPlanner()
-
-
-def _debug_planner() -> BackendPlanner:
-    from orchestrator.backends.local.local_plan import LocalPlanner
-
-    return LocalPlanner(debug=True)
+    return LocalPlanner(debug)
 
 
 def _slurm_preflight() -> None:
@@ -59,7 +53,7 @@ class Backend(Kind):
 
 
 _PLANNERS: dict[str, Callable[[], BackendPlanner]] = {"local": _local_planner, "slurm": _slurm_planner,
-                                                       "debug": _debug_planner}
+                                                       "debug": lambda: _local_planner(debug=True)}
 _PREFLIGHTS: dict[str, Callable[[], None]] = {"slurm": _slurm_preflight}
 BACKENDS: dict[str, Backend] = {name: Backend(**vars(kind), make_planner=_PLANNERS[name],
                                               preflight=_PREFLIGHTS.get(name, _nothing))

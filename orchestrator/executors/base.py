@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import shutil
@@ -289,36 +290,27 @@ def prepare_attempt(launch: LaunchPlan, refresh: Refresh | None = None) \
     return record, lock, previous[0]
 
 
-def _asked_again(old: RunRecord, refresh: Refresh | None) -> RunRecord:
-    """A scheduled run's record as its scheduler states it now (``refresh``: the submitting
-    executor's, for a run of its own backend): the record says what the last look saw (PENDING at
-    submission), and a job that ended since, with nobody asking, must not refuse the next
-    submission of its spec. As recorded when the scheduler cannot be asked."""
-    if refresh is None:
-        return old
-    try:
-        return refresh([old])[0]
-    except OrchestratorError:
-        return old
-
-
 def _start_attempt(launch: LaunchPlan, run_dir: Path, run: RunFolder, record: RunRecord, had_lock: bool,
                    refresh: Refresh | None, previous: list[PreviousAttempt]) -> None:
     attempts = 1
     if run.record.exists() or run.record.is_symlink():
         old = RunRecord.load(run_dir)
-        if not old.state.terminal and backend(old.executor).scheduled:
-            old = _asked_again(old, refresh)
-        if not old.state.terminal and backend(old.executor).scheduled:
-            raise SubmissionError(
-                f"run {launch.run_id} is still {old.state} in {run_dir}; follow it with "
-                f"'orchestrator status {launch.run_id}' or stop it with 'orchestrator cancel {launch.run_id}'"
-            )
-        if not old.state.terminal and old.host in (None, ownership.this_host()) and \
-                _unlocked_supervisor(run_dir, old, had_lock):
-            raise SubmissionError(f"run {launch.run_id} is still {old.state} under supervisor pid {old.supervisor_pid} "
-                                  f"(started by an older version); stop it with 'orchestrator cancel {launch.run_id}'")
+        scheduled = backend(old.executor).scheduled
+        if not old.state.terminal and scheduled and refresh is not None:
+            # As its scheduler states it now (``refresh``: the submitting executor's): the record says
+            # what the last look saw (PENDING at submission), and a job that ended since, with nobody
+            # asking, must not refuse the next submission of its spec. As recorded when it cannot be asked.
+            with contextlib.suppress(OrchestratorError):
+                old = refresh([old])[0]
         if not old.state.terminal:
+            if scheduled:
+                raise SubmissionError(
+                    f"run {launch.run_id} is still {old.state} in {run_dir}; follow it with "
+                    f"'orchestrator status {launch.run_id}' or stop it with 'orchestrator cancel {launch.run_id}'")
+            if old.host in (None, ownership.this_host()) and _unlocked_supervisor(run_dir, old, had_lock):
+                raise SubmissionError(f"run {launch.run_id} is still {old.state} under supervisor pid "
+                                      f"{old.supervisor_pid} (started by an older version); stop it with "
+                                      f"'orchestrator cancel {launch.run_id}'")
             held = ownership.lease(run_dir)
             if old.host not in (None, ownership.this_host()) and held is not None and held.fresh():
                 raise SubmissionError(
@@ -399,9 +391,9 @@ def start_over(run_dir: str | Path, checkpoint_dir: str | Path | None = None) ->
             raise SubmissionError(f"checkpoint.dir {ckpt} is used by run {rec.run_id}, which is still active ({state}, "
                                   f"{rec.run_dir}); cancel it first (orchestrator cancel {rec.run_id}), or give this "
                                   "run a checkpoint.dir of its own")
-    moved = _rename_aside(src) if os.path.lexists(src) else None
+    moved = rename_aside(src) if os.path.lexists(src) else None
     try:
-        moved_ckpt = _rename_aside(ckpt) if ckpt is not None else None
+        moved_ckpt = rename_aside(ckpt) if ckpt is not None else None
     except BaseException:
         if moved is not None:  # all or nothing: a fresh run never starts beside the old checkpoints
             moved.rename(src)
@@ -409,7 +401,8 @@ def start_over(run_dir: str | Path, checkpoint_dir: str | Path | None = None) ->
     return moved, moved_ckpt
 
 
-def _rename_aside(src: Path) -> Path:
+def rename_aside(src: Path) -> Path:
+    """Move ``src`` to the first free <src>.<n> (n from 1); returns where it went."""
     n = 1
     while os.path.lexists(dst := src.with_name(f"{src.name}.{n}")):
         n += 1

@@ -149,8 +149,6 @@ class Follower:
     otherwise), the same line ``run`` shows."""
 
     def __init__(self, world_size: int, tty: bool | None = None) -> None:
-        import sys
-
         self.world_size = world_size
         self.tty = sys.stdout.isatty() if tty is None else tty
         self.echo: ConsoleEcho | PlainEcho = ConsoleEcho() if self.tty else PlainEcho()
@@ -158,8 +156,6 @@ class Follower:
         self._since = time.time()
 
     def write(self, text: str) -> None:
-        import sys
-
         if isinstance(self.echo, ConsoleEcho):
             self.echo.progress_bar.console.print(text, end="", markup=False, highlight=False)
         else:

@@ -298,7 +298,7 @@ def test_the_grant_agrees_with_the_agents_share_of_what_slurm_grants(per_gpu: in
 def test_validate_prints_warnings_on_stderr_and_exits_0(tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     answers = {("show", "partition", "-o"): TWO, ("show", "node", "-o"): NODES, ("show", "config"): config_text()}
-    monkeypatch.setattr(slurm_checks, "_scontrol", lambda *args: answers[args])
+    monkeypatch.setattr(slurm_checks, "scontrol_text", lambda *args: answers[args])
     monkeypatch.delenv("SBATCH_PARTITION", raising=False)
     spec = tmp_path / "spec.yaml"
     spec.write_text("name: site\nentrypoint: jobs.train:main\nexecutor: slurm\nnodes: 2\ngpus_per_node: 4\n"
@@ -309,7 +309,7 @@ def test_validate_prints_warnings_on_stderr_and_exits_0(tmp_path: Any, monkeypat
     lines = err.splitlines()
     assert len(lines) == 2 and all(line.startswith("warning: ") for line in lines), err
     assert "partition gpu-preempt cannot run this job" in lines[0] and "1 CPU in partition gpu:" in lines[1], err
-    monkeypatch.setattr(slurm_checks, "_scontrol", lambda *args: {**answers, ("show", "config"): config_text(
+    monkeypatch.setattr(slurm_checks, "scontrol_text", lambda *args: {**answers, ("show", "config"): config_text(
         enforce="ALL")}[args])
     assert main(["validate", str(spec), "--cluster"]) == 2
     assert "EnforcePartLimits=ALL" in capsys.readouterr().err

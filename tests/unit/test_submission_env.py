@@ -208,7 +208,7 @@ def test_validate_cluster_names_a_refused_variable(tmp_path: Path, monkeypatch: 
 
     answers = {"partition": "PartitionName=gpu Default=YES MaxTime=UNLIMITED Nodes=n1 State=UP\n",
                "node": "NodeName=n1 CPUTot=8 Gres=gpu:2 State=IDLE Partitions=gpu\n", "config": "MaxArraySize=1001\n"}
-    monkeypatch.setattr(slurm_checks, "_scontrol", lambda *args: answers[args[1]])
+    monkeypatch.setattr(slurm_checks, "scontrol_text", lambda *args: answers[args[1]])
     spec = _slurm_spec(tmp_path)
     slurm_checks.check_against_cluster(spec, environ={})  # fits (a CPU warning at most)
     with pytest.raises(SpecError) as err:

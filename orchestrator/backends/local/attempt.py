@@ -10,7 +10,7 @@ import socket
 import sys
 from pathlib import Path
 
-from orchestrator.backends.local.survivors import Rejoins, mark_rejoin
+from orchestrator.backends.local.survivors import Rejoins
 from orchestrator.core import procs
 from orchestrator.core.errors import SubmissionError
 from orchestrator.core.failures import hidden_gpu_hint
@@ -25,12 +25,14 @@ from orchestrator.node.watchdog import Watch
 from orchestrator.plan import LaunchPlan
 
 
-def rank_environments(launch: LaunchPlan, payload: Payload, attempt: int) -> tuple[int, list[dict[str, str]]]:
+def rank_environments(launch: LaunchPlan, payload: Payload, attempt: int,
+                      port_taken_ok: bool = False) -> tuple[int, list[dict[str, str]]]:
     """Every rank's environment for this attempt (``rank_env.rank_environment``, as ``plan`` shows
-    it): the planned port, or the next free one should it be taken, and a file:// rendezvous file
-    of this attempt. Returns the port and the environments."""
+    it): the planned port, or the next free one should it be taken (refused for a port the spec
+    names, unless ``port_taken_ok``: the debug executor's), and a file:// rendezvous file of this
+    attempt. Returns the port and the environments."""
     planned = int(payload.port) if payload.port != "auto" else derive_port(launch.run_id, 0)
-    if payload.port != "auto" and not port_is_free(planned):
+    if payload.port != "auto" and not port_taken_ok and not port_is_free(planned):
         raise SubmissionError(f"distributed.port {planned} is in use on this machine; pick another or use 'auto'")
     port = pick_port(planned)
     if port is None:
@@ -44,21 +46,16 @@ def rank_environments(launch: LaunchPlan, payload: Payload, attempt: int) -> tup
 
 
 def mark(times: dict[str, float], watch: Watch, rejoins: Rejoins, run_dir: str) -> None:
-    """The attempt's moments: ``mark_attempt``'s, or for one that began as a rejoin ``mark_rejoin``'s."""
-    if rejoins.began_at is not None:
-        mark_rejoin(times, run_dir, watch.world_size)
-    else:
-        mark_attempt(times, watch, run_dir)
-
-
-def mark_attempt(times: dict[str, float], watch: Watch, run_dir: str) -> None:
     """The attempt's moments (``orchestrator.core.attempt_times``) into ``times``: when every rank joined
-    (the watchdog saw it), the rank API's first and last steps. Nothing for an attempt that started no rank."""
+    (the watchdog saw it; not for an attempt that began as a rejoin, whose joins the watchdog saw
+    are the ranks' first group's), the rank API's first and last steps. Nothing for an attempt
+    that started no rank."""
     from orchestrator.core import attempt_times
 
     if "ranks_at" not in times:
         return
-    times.update(attempt_times.joined_at(watch.joined, watch.world_size))
+    if rejoins.began_at is None:
+        times.update(attempt_times.joined_at(watch.joined, watch.world_size))
     try:
         times.update(attempt_times.progress_marks(run_dir, watch.world_size, times["ranks_at"]))
     except OSError:

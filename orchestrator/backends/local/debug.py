@@ -12,8 +12,7 @@ from orchestrator.core import procs
 from orchestrator.core.errors import OrchestratorError
 from orchestrator.executors.base import prepare_run_dir, rank_log_path, refresh_by_supervisor
 from orchestrator.node.launcher import run_rank
-from orchestrator.node.rank_env import installed_torch_version, local_rank_env, rank_environment
-from orchestrator.core.rendezvous import derive_port, pick_port, rendezvous_file
+from orchestrator.backends.local.attempt import rank_environments
 from orchestrator.plan import LaunchPlan
 from orchestrator.core.records import RunRecord
 from orchestrator.core.states import TERMINAL, State
@@ -25,31 +24,19 @@ class DebugExecutor:
     anything the entrypoint set) and sys.path are restored however the run ends."""
 
     def run(self, launch: LaunchPlan) -> RunRecord:
-        saved_env, saved_path = dict(os.environ), list(sys.path)
-        saved_cwd = os.getcwd()
+        saved_env, saved_path, saved_cwd = dict(os.environ), list(sys.path), os.getcwd()
+        me = os.getpid()
         try:
-            return self._run(launch)
+            record, lock = prepare_run_dir(launch)  # this process is the attempt's supervisor: it holds the lock
+            with lock:
+                record = record.update(state=State.RUNNING, supervisor_pid=me, supervisor_start=procs.start_time(me))
+                return self._run_rank(launch, record)
         finally:
             _restore(saved_env, saved_path, saved_cwd)
 
-    def _run(self, launch: LaunchPlan) -> RunRecord:
-        me = os.getpid()
-        record, lock = prepare_run_dir(launch)  # this process is the attempt's supervisor: it holds the lock
-        with lock:
-            record = record.update(state=State.RUNNING, supervisor_pid=me, supervisor_start=procs.start_time(me))
-            return self._run_rank(launch, record)
-
     def _run_rank(self, launch: LaunchPlan, record: RunRecord) -> RunRecord:
         payload = launch.payload
-        port = pick_port(int(payload.port) if payload.port != "auto" else derive_port(launch.run_id, 0))
-        if port is None:
-            raise OrchestratorError("no free port in the auto range; set distributed.port to a free port")
-        attempt = record.attempts - 1
-        rfile = rendezvous_file(payload.rendezvous_dir, launch.run_id, attempt)
-        if payload.init_method == "file":
-            Path(payload.rendezvous_dir).mkdir(parents=True, exist_ok=True)
-        os.environ.update(rank_environment(local_rank_env(payload, 0, port, rfile), payload, attempt,
-                                           torch_version=installed_torch_version(payload.env)))
+        os.environ.update(rank_environments(launch, payload, record.attempts - 1, port_taken_ok=True)[1][0])
         # Every way out records an end state: an exception, sys.exit() in the entrypoint, Ctrl-C.
         changes: dict[str, Any]
         state, changes = State.FAILED, {"failed_rank": 0, "error": "the debug run ended without a result"}
@@ -67,7 +54,6 @@ class DebugExecutor:
                 raise
         except Exception as exc:
             changes = {"failed_rank": 0, "error": f"{type(exc).__name__}: {exc}"}
-            return record
         finally:
             record.update(state=state, ended=time.time(), **changes)
         return record

@@ -78,39 +78,36 @@ class ZygoteGroup:
 
     def start(self, ranks: list[dict[str, Any]], timeout_s: float = 300) -> list[ForkedRank]:
         """Fork this set of ranks; the zygote stays for another set (``end_set``, then ``start``)."""
-        assert self.proc.stdin is not None
         self.pids, self.codes, self.leftovers = {}, {}, None
-        try:
-            for msg in ranks:
-                self.proc.stdin.write((json.dumps(msg) + "\n").encode())
-            self.proc.stdin.write(b'{"go": true}\n')
-            self.proc.stdin.flush()
-        except BrokenPipeError as exc:
-            raise SubmissionError("the local launcher process died before starting the ranks") from exc
-        deadline = time.monotonic() + timeout_s
-        while len(self.pids) < len(ranks):
-            if time.monotonic() > deadline or (not self.pump(block_s=0.5) and self.proc.poll() is not None):
-                raise SubmissionError("the local launcher process did not start every rank; "
-                                      "set local.preload_torch: false to start ranks as fresh interpreters")
+        self._send([*ranks, {"go": True}], [msg["rank"] for msg in ranks], timeout_s,
+                   "the local launcher process died before starting the ranks",
+                   "the local launcher process did not start every rank; "
+                   "set local.preload_torch: false to start ranks as fresh interpreters")
         return [ForkedRank(self, msg["rank"]) for msg in ranks]
 
     def add(self, msg: dict[str, Any], timeout_s: float = 60) -> ForkedRank:
         """Fork one more rank into the running set: a replacement for one that ended, beside the
         survivors (``recovery.survivors: keep``). Its earlier exit is forgotten."""
-        assert self.proc.stdin is not None
         rank = msg["rank"]
         self.codes.pop(rank, None)
         self.pids.pop(rank, None)
+        self._send([msg], [rank], timeout_s, "the local launcher process died before starting the replacement rank",
+                   f"the local launcher process did not start the replacement for rank {rank}")
+        return ForkedRank(self, rank)
+
+    def _send(self, messages: list[dict[str, Any]], ranks: list[int], timeout_s: float, died: str,
+              not_started: str) -> None:
+        """Send ``messages`` to the zygote and wait until it reports the pid of every one of ``ranks``."""
+        assert self.proc.stdin is not None
         try:
-            self.proc.stdin.write((json.dumps(msg) + "\n").encode())
+            self.proc.stdin.write("".join(json.dumps(msg) + "\n" for msg in messages).encode())
             self.proc.stdin.flush()
         except BrokenPipeError as exc:
-            raise SubmissionError("the local launcher process died before starting the replacement rank") from exc
+            raise SubmissionError(died) from exc
         deadline = time.monotonic() + timeout_s
-        while rank not in self.pids:
+        while any(rank not in self.pids for rank in ranks):
             if time.monotonic() > deadline or (not self.pump(block_s=0.5) and self.proc.poll() is not None):
-                raise SubmissionError(f"the local launcher process did not start the replacement for rank {rank}")
-        return ForkedRank(self, rank)
+                raise SubmissionError(not_started)
 
     def pump(self, block_s: float = 0.0) -> bool:
         """Read whatever the zygote reported; True if anything arrived."""

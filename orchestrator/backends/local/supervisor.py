@@ -37,7 +37,7 @@ from orchestrator.plan import LaunchPlan
 from orchestrator.core.rendezvous import remove_earlier_files
 from orchestrator.core.attempt_logs import local_marker
 from orchestrator.core.records import RunRecord, disk_trouble
-from orchestrator.core.recovery import Failure, History, decide
+from orchestrator.core.recovery import Attempt, Failure, History, decide
 from orchestrator.core.run_folder import RunFolder
 from orchestrator.core.states import Action, EndReason, FailureKind, Outcome, State
 from orchestrator.node.stop_judge import StopJudge
@@ -180,25 +180,30 @@ class Supervisor:
         history = History.load(payload.run_dir)
         history.close_lost("the supervisor of this attempt was killed before it recorded the end")
         rejoins = self.rejoins = Rejoins(payload)
-        while True:
-            self.failure = None
-            attempt = history.begin(self.record.attempts, [socket.gethostname()], payload.checkpoint.dir)
-            self.times = attempt.times
 
-            def rejoin(failure: Failure | None) -> bool:
-                """A rank failed while the others ran on (recovery.survivors: keep): when recovery
-                allows a restart, the attempt ends here and the next one is its replacements
-                rejoining the survivors."""
-                nonlocal attempt
-                mark(self.times, self.watch, rejoins, payload.run_dir)
-                if failure is None or not rejoins.end_attempt(history, attempt, failure, self.times).restart:
-                    return False
+        def begin(again: bool) -> Attempt:
+            """The next attempt, in recovery.json (``again``: after one that ended here: the record counts it)."""
+            if again:
                 self.record.update(attempts=self.record.attempts + 1, failed_rank=None, error=None, waits={})
-                attempt = history.begin(self.record.attempts, [socket.gethostname()], payload.checkpoint.dir)
-                self.times, self.failure = attempt.times, None
-                return True
+            began = history.begin(self.record.attempts, [socket.gethostname()], payload.checkpoint.dir)
+            self.times, self.failure = began.times, None
+            return began
 
-            self.rejoin = rejoin
+        attempt = begin(again=False)
+
+        def rejoin(failure: Failure | None) -> bool:
+            """A rank failed while the others ran on (recovery.survivors: keep): when recovery
+            allows a restart, the attempt ends here and the next one is its replacements
+            rejoining the survivors."""
+            nonlocal attempt
+            mark(self.times, self.watch, rejoins, payload.run_dir)
+            if failure is None or not rejoins.end_attempt(history, attempt, failure, self.times).restart:
+                return False
+            attempt = begin(again=True)
+            return True
+
+        self.rejoin = rejoin
+        while True:
             state = self._run_point(index)
             mark(self.times, self.watch, rejoins, payload.run_dir)
             failure = self.failure
@@ -215,7 +220,7 @@ class Supervisor:
                 if decision.reason == EndReason.NO_PROGRESS:
                     self.record.update(error=f"{decision.message}\nthe last attempt's failure: {self.record.error}")
                 return state
-            self.record.update(attempts=self.record.attempts + 1, failed_rank=None, error=None, waits={})
+            attempt = begin(again=True)
 
     def _run_point(self, index: int | None) -> State:
         payload = self.launch.payload_for_point(index)
@@ -275,10 +280,13 @@ class Supervisor:
                 self.record.update(rank_pids=[p.pid for p in self.procs],
                                    rank_starts=[procs.start_time(p.pid) or 0 for p in self.procs])
                 state = self._watch(run_dir, offsets)
-            if state != State.COMPLETED:  # when _watch saw it; now, for an end it did not mark
-                self.times.setdefault("failed_at", time.time())
             if state == State.COMPLETED:
-                self._warn_if_did_nothing(run_dir)
+                warning = did_nothing(len(self.procs), [p.poll() for p in self.procs],
+                                      join_hook.joined_ranks(run_dir, len(self.procs)))
+                if warning:
+                    self.record.update(warning=warning)
+            else:  # when _watch saw it; now, for an end it did not mark
+                self.times.setdefault("failed_at", time.time())
             return state
         finally:
             self._kill_all(grace=GRACE_S)
@@ -299,11 +307,10 @@ class Supervisor:
 
     def _watch(self, run_dir: Path, offsets: list[int]) -> State:
         start = time.monotonic()
-        tails = LogTails(run_dir, offsets, self.echo) if self.echo else None
+        pump = LogTails(run_dir, offsets, self.echo).pump if self.echo else lambda: None  # the ranks' output, echoed
         next_look = 0.0
         while True:
-            if tails:
-                tails.pump()
+            pump()
             codes = [p.poll() for p in self.procs]
             failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
             if self.group is not None and self.group.lost:
@@ -337,19 +344,16 @@ class Supervisor:
                     self.rejoins.lost = failed  # the survivors run on: _run_point decides
                     return State.FAILED
                 self._kill_all(grace=GRACE_S)
-                if tails:
-                    tails.pump()
+                pump()
                 return State.CANCELLED if self._cancelled else State.FAILED
             if all(c == 0 for c in codes):
-                if tails:
-                    tails.pump()
+                pump()
                 return State.CANCELLED if self._cancelled else State.COMPLETED
             if self._cancelled:
                 # SIGTERM first: the ranks checkpoint and stop together, within stop_grace_s,
                 # unless their stacks show they never can (stuck in collectives)
                 self._kill_all(grace=self.launch.payload.stop_grace_s, judged_in=run_dir)
-                if tails:
-                    tails.pump()
+                pump()
                 return State.CANCELLED
             if self.timeout_s and time.monotonic() - start > self.timeout_s:
                 self.times.setdefault("failed_at", time.time())  # teardown counts from here
@@ -376,8 +380,7 @@ class Supervisor:
                         self.rejoins.lost = [straggler]
                         return verdict
                     self._kill_all(grace=GRACE_S)
-                    if tails:
-                        tails.pump()
+                    pump()
                     return verdict
             time.sleep(POLL_S)
 
@@ -418,13 +421,6 @@ class Supervisor:
             self.record.update(waits=forensics.waits_of(dumps))
         return dumps
 
-    def _warn_if_did_nothing(self, run_dir: Path) -> None:
-        codes = [p.poll() for p in self.procs]
-        joined = join_hook.joined_ranks(run_dir, len(self.procs))
-        warning = did_nothing(len(self.procs), codes, joined)
-        if warning:
-            self.record.update(warning=warning)
-
     def _kill_all(self, grace: float, judged_in: Path | None = None) -> None:
         """SIGTERM the sessions of the ranks still running, SIGKILL them after ``grace``. A rank
         the zygote has not reported as ended is its unreaped child, so its PID (and session id)
@@ -436,7 +432,7 @@ class Supervisor:
         collective meets its peers' other one), as the SLURM job's agent does."""
         running = [p for p in self.procs if p.poll() is None]
         for p in running:
-            _signal_group(p.pid, signal.SIGTERM)
+            procs.signal_group(p.pid, signal.SIGTERM)
         stop = StopJudge(time.monotonic(), len(self.procs)) if judged_in is not None and running else None
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline and any(p.poll() is None for p in running):
@@ -446,7 +442,7 @@ class Supervisor:
             time.sleep(POLL_S)
         for p in running:
             if p.poll() is None:
-                _signal_group(p.pid, signal.SIGKILL)
+                procs.signal_group(p.pid, signal.SIGKILL)
             try:
                 p.wait(timeout=5)
             except subprocess.TimeoutExpired:
@@ -471,10 +467,3 @@ class Supervisor:
             print(f"[orchestrator] the stacks were not saved: {exc}", file=sys.stderr, flush=True)
         self.record.update(error=message, waits=stuck.waits)
         return True
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass

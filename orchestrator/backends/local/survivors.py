@@ -1,7 +1,7 @@
 """``recovery.survivors: keep`` on the local executor: a rejoin's processes. The decisions are
 ``orchestrator.core.rejoins`` (shared with the SLURM agent); here each lost rank is forked again
-from the run's warm zygote into the running set, a straggler is killed alone, and a rejoined
-attempt's moments are read.
+from the run's warm zygote into the running set, and a straggler is killed alone (a rejoined
+attempt's moments: ``attempt.mark``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from orchestrator.node.rank_env import OrchVar
 if TYPE_CHECKING:
     from orchestrator.backends.local.forked import ForkedRank, ZygoteGroup
 
-__all__ = ["Rejoins", "kill_rank", "mark_rejoin", "replace", "say"]
+__all__ = ["Rejoins", "kill_rank", "replace", "say"]
 
 
 def replace(rejoins: Rejoins, group: ZygoteGroup, ranks: list[ForkedRank], forks: list[dict[str, Any]],
@@ -40,16 +40,3 @@ def kill_rank(proc: ForkedRank) -> None:
             proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
-
-
-def mark_rejoin(times: dict[str, float], run_dir: str, world_size: int) -> None:
-    """The moments of an attempt that began as a rejoin (its first and last steps; no joins: the
-    watchdog's are the ranks' first group's)."""
-    from orchestrator.core import attempt_times
-
-    if "ranks_at" not in times:
-        return
-    try:
-        times.update(attempt_times.progress_marks(run_dir, world_size, times["ranks_at"]))
-    except OSError:
-        pass

@@ -190,7 +190,7 @@ def _stop_groups(grace_s: float) -> list[int]:
             pass
     time.sleep(POLL_S if alive else 0)
     _reap()
-    _GROUPS[:] = [g for g in _GROUPS if procs.group_alive(g)]
+    _prune_groups()
     return seen
 
 

@@ -29,7 +29,7 @@ from orchestrator.backends.slurm import submitit_adapter
 from orchestrator.spec.after import dependency_options, resolve, slurm_dependencies
 from orchestrator.spec.validators import printable
 from orchestrator.core.errors import SubmissionError
-from orchestrator.executors.base import (CANCEL_SLACK_S, first_error, prepare_attempt, stop_grace_s,
+from orchestrator.executors.base import (CANCEL_SLACK_S, first_error, prepare_attempt, rename_aside, stop_grace_s,
                                          while_cancelled)
 from orchestrator.backends.slurm.slurm_env import check_submission_env, clean_submission_env, script_options
 from orchestrator.plan import LaunchPlan
@@ -38,7 +38,8 @@ from orchestrator.executors.previous_attempt import PreviousAttempt
 from orchestrator.core.run_folder import RunFolder
 from orchestrator.backends.slurm.node.slurm_controller import check_slurm_conf, controller_problem, one_line
 from orchestrator.backends.slurm.node.slurm_controller import run as run_slurm
-from orchestrator.backends.slurm.slurm_plan import DEFAULT_MAX_ARRAY_SIZE, array_chunks, job_command
+from orchestrator.backends.slurm.slurm_checks import parse_config
+from orchestrator.backends.slurm.slurm_plan import array_chunks, job_command
 from orchestrator.backends.slurm.slurm_status import (  # noqa: F401  (re-exported: the status half of this executor)
     ACCOUNTING_OFF, PRIORITY, ACCOUNTING_DISABLED, OUTCOME_STATE, STATE_MAP, UNKNOWN_END, pairs, queue_states,
     sacct_rows, accounting_off, agent_end, combine, end_from_agent, expand_array_id, map_state, sacct_states,
@@ -57,13 +58,7 @@ from orchestrator.executors.scheduler_pacing import (  # noqa: F401  (re-exporte
 def rotate_folder(folder: Path) -> Path | None:
     """Job ids restart at 1 on a rebuilt cluster; never let a new job meet an old job's files.
     Where the old files went (None: there were none)."""
-    if folder.is_dir() and any(folder.iterdir()):
-        n = 1
-        while (old := folder.with_name(f"{folder.name}.{n}")).exists():
-            n += 1
-        folder.rename(old)
-        return old
-    return None
+    return rename_aside(folder) if folder.is_dir() and any(folder.iterdir()) else None
 
 
 #: How long past stop_grace_s a cancel waits for the job's agent to end the job itself before it
@@ -81,9 +76,8 @@ def _scancel(*args: str, quiet: bool = False) -> None:
     out = run_slurm(["scancel", *args])
     if out.returncode is None and not quiet:
         raise SubmissionError(f"scancel could not run ({out.error}); run this on a SLURM login node")
-    problem = out.problem
-    if problem and not quiet:
-        raise SubmissionError(problem)
+    if out.problem and not quiet:
+        raise SubmissionError(out.problem)
 
 
 def max_array_size() -> int:
@@ -92,14 +86,9 @@ def max_array_size() -> int:
     if out.returncode is None:
         raise SubmissionError(f"cannot ask the cluster for its MaxArraySize ({out.error}); submit from a SLURM "
                               "login node with SLURM_CONF set")
-    problem = out.problem
-    if problem:
-        raise SubmissionError(problem)
-    for line in out.stdout.splitlines():
-        key, _, value = line.partition("=")
-        if key.strip() == "MaxArraySize" and value.strip().isascii() and value.strip().isdigit():
-            return int(value.strip())
-    return DEFAULT_MAX_ARRAY_SIZE
+    if out.problem:
+        raise SubmissionError(out.problem)
+    return parse_config(out.stdout).max_array_size
 
 
 class SlurmExecutor:
@@ -176,42 +165,8 @@ class SlurmExecutor:
         """The records of runs not ended, refreshed with one scheduler query for all of them (two
         when accounting has not heard of a new job yet); a job the scheduler no longer knows (no
         accounting, and past MinJobAge) takes its end from its agent's record (``agent_end``)."""
-        live = [r for r in records if not r.state.terminal]
-        states = sacct_states([j for r in live for j in r.job_ids])
-        out = []
-        for rec in records:
-            if not rec.state.terminal:
-                per_job, unknown = [], []
-                for index, job in enumerate(rec.job_ids):
-                    if job in states:
-                        per_job.append(states[job])
-                        continue
-                    tasks = [s for k, s in states.items() if k.startswith(job + "_")] if "_" not in job else []
-                    if tasks:
-                        per_job.append(combine(tasks))
-                        continue
-                    state, why = agent_end(rec, index, job)
-                    per_job.append(state)
-                    if why:
-                        unknown.append(why)
-                state = combine(per_job)
-                changes: dict = {"state": state}
-                if state == State.UNKNOWN and unknown:
-                    changes["error"] = unknown[0]
-                elif rec.state == State.UNKNOWN and UNKNOWN_END in (rec.error or ""):
-                    changes["error"] = None  # the unknown end's reason no longer holds
-                if state.terminal:
-                    changes["ended"] = time.time()
-                    err = first_error(rec.run_dir)
-                    if err and state != State.COMPLETED:
-                        changes.update(failed_rank=err.rank, error=while_cancelled(err.said())
-                                       if state == State.CANCELLED else err.said())
-                    changes.update(agent_verdict(rec, state))
-                if len(per_job) > 1:
-                    changes["point_states"] = {str(i): s for i, s in enumerate(per_job)}
-                rec = rec.update_seen(**changes)
-            out.append(rec)
-        return out
+        states = sacct_states([j for r in records if not r.state.terminal for j in r.job_ids])
+        return [rec if rec.state.terminal else _refreshed(rec, states) for rec in records]
 
     def cancel(self, record: RunRecord, timeout_s: float | None = None) -> RunRecord:
         """Stop the job with the ranks' stop_grace_s, then return only when the scheduler no longer
@@ -299,6 +254,39 @@ class SlurmExecutor:
             if run.slurm_log(job, rank).exists():
                 return run.slurm_log(job, rank)
         return run.slurm_log(record.job_ids[0], rank)
+
+
+def _refreshed(rec: RunRecord, states: dict[str, State]) -> RunRecord:
+    """``rec``, not ended, brought up to date from the scheduler's ``states`` (``sacct_states``)."""
+    per_job, unknown = [], []
+    for index, job in enumerate(rec.job_ids):
+        if job in states:
+            per_job.append(states[job])
+            continue
+        tasks = [s for k, s in states.items() if k.startswith(job + "_")] if "_" not in job else []
+        if tasks:
+            per_job.append(combine(tasks))
+            continue
+        state, why = agent_end(rec, index, job)
+        per_job.append(state)
+        if why:
+            unknown.append(why)
+    state = combine(per_job)
+    changes: dict = {"state": state}
+    if state == State.UNKNOWN and unknown:
+        changes["error"] = unknown[0]
+    elif rec.state == State.UNKNOWN and UNKNOWN_END in (rec.error or ""):
+        changes["error"] = None  # the unknown end's reason no longer holds
+    if state.terminal:
+        changes["ended"] = time.time()
+        err = first_error(rec.run_dir)
+        if err and state != State.COMPLETED:
+            changes.update(failed_rank=err.rank, error=while_cancelled(err.said())
+                           if state == State.CANCELLED else err.said())
+        changes.update(agent_verdict(rec, state))
+    if len(per_job) > 1:
+        changes["point_states"] = {str(i): s for i, s in enumerate(per_job)}
+    return rec.update_seen(**changes)
 
 
 def agent_verdict(rec: RunRecord, state: State) -> dict:

@@ -38,11 +38,6 @@ from orchestrator.spec.models import JobSpec, allocated_nodes
 from orchestrator.spec.validators import printable, slurm_time_minutes
 
 
-def _scontrol(*args: str) -> str:
-    """``scontrol ARGS``'s text (``orchestrator.backends.slurm.node.slurm_controller``: its timeout and error mapping)."""
-    return scontrol_text(*args)
-
-
 def _records(text: str) -> list[dict[str, str]]:
     return [dict(re.findall(r"(\w+)=(\S+)", line)) for line in text.splitlines() if line.strip()]
 
@@ -81,14 +76,10 @@ def gres_gpus(gres: str) -> dict[str | None, int]:
         words = [w for w in re.sub(r"\(.*\)$", "", item).split(":") if w and w != "no_consume"]
         if not words or words[0] != "gpu":
             continue
-        count, kind = 1, None
-        rest = words[1:]
-        if rest and _COUNT.fullmatch(rest[-1]):
-            number, unit = _COUNT.fullmatch(rest[-1]).groups()  # type: ignore[union-attr]
-            count = int(number) * _SCALE[unit]
-            rest = rest[:-1]
-        if rest:
-            kind = rest[0]
+        rest, count = words[1:], 1
+        if rest and (counted := _COUNT.fullmatch(rest[-1])):
+            count, rest = int(counted[1]) * _SCALE[counted[2]], rest[:-1]
+        kind = rest[0] if rest else None
         gpus[kind] = gpus.get(kind, 0) + count
     return gpus
 
@@ -145,15 +136,11 @@ def _hosts_problems(spec: JobSpec, nodes: list[Node]) -> tuple[list[str], set[st
     known = {n.name for n in nodes}
     sets: dict[str, set[str]] = {}
     for option in ("nodelist", "exclude"):
-        text = getattr(spec.slurm, option)
-        if not text:
-            sets[option] = set()
-            continue
+        text, sets[option] = getattr(spec.slurm, option), set()
         try:
-            hosts = expand_hostlist(text)
+            hosts = expand_hostlist(text) if text else []
         except ValueError as exc:
             problems.append(f"slurm.{option}: {exc}")
-            sets[option] = set()
             continue
         sets[option] = set(hosts)
         unknown = [h for h in dict.fromkeys(hosts) if h not in known]
@@ -220,16 +207,11 @@ class Partition:
 
 def parse_partitions(text: str) -> dict[str, Partition]:
     """``scontrol show partition -o`` -> {name: Partition}, in the order scontrol lists them."""
-    found: dict[str, Partition] = {}
-    for r in _records(text):
-        if "PartitionName" not in r:
-            continue
-        found[r["PartitionName"]] = Partition(
-            name=r["PartitionName"], default=r.get("Default") == "YES", max_time=r.get("MaxTime", "UNLIMITED"),
-            max_nodes=_count(r.get("MaxNodes")), min_nodes=_count(r.get("MinNodes")) or 0,
-            def_cpu_per_gpu=job_defaults(r.get("JobDefaults")).get("DefCpuPerGPU"),
-            whole_nodes=r.get("OverSubscribe", "").upper() == "EXCLUSIVE")
-    return found
+    return {r["PartitionName"]: Partition(
+        name=r["PartitionName"], default=r.get("Default") == "YES", max_time=r.get("MaxTime", "UNLIMITED"),
+        max_nodes=_count(r.get("MaxNodes")), min_nodes=_count(r.get("MinNodes")) or 0,
+        def_cpu_per_gpu=job_defaults(r.get("JobDefaults")).get("DefCpuPerGPU"),
+        whole_nodes=r.get("OverSubscribe", "").upper() == "EXCLUSIVE") for r in _records(text) if "PartitionName" in r}
 
 
 def requested_partitions(spec: JobSpec, partitions: dict[str, Partition],
@@ -446,9 +428,9 @@ def check_against_cluster(spec: JobSpec, environ: Mapping[str, str] | None = Non
     the variables submit refuses, ``slurm_env.env_problems``, are problems here too); default
     os.environ."""
     env = os.environ if environ is None else environ
-    config = parse_config(_scontrol("show", "config"))
-    problems, warnings = cluster_findings(spec, parse_partitions(_scontrol("show", "partition", "-o")),
-                                          parse_nodes(_scontrol("show", "node", "-o")), config, env)
+    config = parse_config(scontrol_text("show", "config"))
+    problems, warnings = cluster_findings(spec, parse_partitions(scontrol_text("show", "partition", "-o")),
+                                          parse_nodes(scontrol_text("show", "node", "-o")), config, env)
     problems = env_problems(env) + problems  # SLURM_CLUSTERS, SBATCH_CONTAINER: submit would stop on them
     if spec.sweep:
         limit, n = config.max_array_size, len(spec.sweep_points())

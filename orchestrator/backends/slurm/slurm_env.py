@@ -127,19 +127,13 @@ def submission_env(options: Iterable[str],
     return used, dropped
 
 
-def refused_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """{name: why and the fix} for each variable of ``_ENV_REFUSED`` set in this environment (an
-    empty value too: sbatch reads a variable that is set)."""
-    env = os.environ if environ is None else environ
-    return {name: why for name, why in _ENV_REFUSED.items() if name in env}
-
-
 def env_problems(environ: Mapping[str, str] | None = None) -> list[str]:
-    """One line per refused variable, naming it with its value (escaped, shortened) and the fix:
-    what ``check_submission_env`` raises and ``validate --cluster`` reports."""
+    """One line per variable of ``_ENV_REFUSED`` set in this environment (an empty value too: sbatch
+    reads a variable that is set), naming it with its value (escaped, shortened) and the fix: what
+    ``check_submission_env`` raises and ``validate --cluster`` reports."""
     env = os.environ if environ is None else environ
     return [f"{name}={printable(shown(env[name]))} in this environment: {why}"
-            for name, why in refused_env(env).items()]
+            for name, why in _ENV_REFUSED.items() if name in env]
 
 
 def check_submission_env(environ: Mapping[str, str] | None = None) -> None:

@@ -23,6 +23,7 @@ from orchestrator.plan.plan_model import Launcher, Layout, RankRow, paused_gc
 from orchestrator.node.rank_env import RankEnv, cpu_share_rule, installed_torch_version, planned_interfaces, rank_environment
 from orchestrator.core.rendezvous import init_url, rendezvous_file
 from orchestrator.core.run_folder import RunFolder
+from orchestrator.backends.slurm import submitit_adapter
 from orchestrator.backends.slurm.node.slurm_task import ATTEMPT_VARIABLE
 from orchestrator.code.snapshot import Snapshot
 from orchestrator.spec.models import JobSpec, allocated_nodes
@@ -84,12 +85,11 @@ class SlurmPlanner:
     """The SLURM backend's decisions in a plan (``plan_model.BackendPlanner``)."""
 
     def layout(self, spec: JobSpec) -> Layout:
-        iface = spec.distributed.interface_names()
         spares = spec.recovery.spares
         notes = [f"recovery.spares: {spares}: the job holds {allocated_nodes(spec)} nodes; the ranks run on {spec.nodes} "
                  f"of them (the first healthy ones) and a failed node is replaced by a spare inside the job"] if spares else []
         return Layout(nodes=spec.nodes, ranks_per_node=spec.ranks_per_node, backend=spec.resolved_backend,
-                      interface=",".join(iface) if iface else "auto", devices=None, notes=notes)
+                      interface=",".join(spec.distributed.interface_names()) or "auto", devices=None, notes=notes)
 
     def threads(self, spec: JobSpec, local_ranks: int) -> int | str:
         """``slurm.cpus_per_task``, or without it the rank's share of its node's granted CPUs, a
@@ -135,8 +135,9 @@ class SlurmPlanner:
         params = submitit_parameters(spec, n_points=n_points)
         folder = str(RunFolder.of(run_dir).slurm)
         chunks = array_chunks(n_points, max_array_size or DEFAULT_MAX_ARRAY_SIZE)
-        scripts = [render_sbatch(params, folder, job_command(run_dir, spec.slurm.python, chunk[0]), n_points=len(chunk))
-                   for chunk in chunks] or [render_sbatch(params, folder, job_command(run_dir, spec.slurm.python))]
+        render = submitit_adapter.render_sbatch  # submitit's own template, exactly as the SLURM executor submits it
+        scripts = [render(params, folder, job_command(run_dir, spec.slurm.python, chunk[0]), n_points=len(chunk))
+                   for chunk in chunks] or [render(params, folder, job_command(run_dir, spec.slurm.python))]
         with paused_gc():
             rows = slurm_rows(spec, shown)
         return dict(ranks=rows, submitit=params, sbatch_script=scripts[0], sbatch_scripts=scripts, array_chunks=chunks)
@@ -212,28 +213,24 @@ def submitit_parameters(spec: JobSpec, n_points: int = 0) -> dict[str, Any]:
         "setup": list(s.setup) or None, "additional_parameters": dict(s.extra_sbatch) or None,
     }
     params.update({k: val for k, val in optional.items() if val is not None})
+    extra = params["additional_parameters"] = dict(params.get("additional_parameters", {}))
     # The time-limit signal goes to the batch shell only (B:): the agent forwards it to the ranks
     # through srun, and so knows it came.
-    params["additional_parameters"] = {**params.get("additional_parameters", {}),
-                                       "signal": f"B:{s.signal}@{s.signal_margin_s}"}
+    extra["signal"] = f"B:{s.signal}@{s.signal_margin_s}"
     restarts = spec.recovery.max_restarts > 0  # recovery requeues the job after a failure
     if s.max_requeues == 0 and not restarts:  # SLURM requeues batch jobs on node failure by default (JobRequeue=1)
-        params["additional_parameters"] = {**params.get("additional_parameters", {}), "no-requeue": True}
+        extra["no-requeue"] = True
     elif s.requeue != "never" or restarts:  # sites with JobRequeue=0 refuse scontrol requeue unless the job asked
-        params["additional_parameters"] = {**params.get("additional_parameters", {}), "requeue": True}
+        extra["requeue"] = True
     if restarts and "node_failure" in spec.recovery.on:
         # A lost node ends the ranks' step, not the job: its agent requeues it without that node.
-        params["additional_parameters"] = {**params.get("additional_parameters", {}), "no-kill": True}
-    for option in ("nodelist", "exclude"):
-        if getattr(s, option):
-            params["additional_parameters"] = {**params.get("additional_parameters", {}), option: getattr(s, option)}
-    if s.mem:
-        params["additional_parameters"] = {**params.get("additional_parameters", {}), "mem": s.mem}
-    # Options submitit has no parameter for, or one it warns about: its cpus_per_gpu warns that it
+        extra["no-kill"] = True
+    # Options given to sbatch as written. For cpus-per-gpu submitit has a parameter, which warns that it
     # "requires gpus_per_task", which SLURM does not (--cpus-per-gpu works with --gpus-per-node).
-    for option, value in (("cpus-per-gpu", s.cpus_per_gpu), ("reservation", s.reservation)):
+    for option, value in (("nodelist", s.nodelist or None), ("exclude", s.exclude or None),
+                          ("mem", s.mem or None), ("cpus-per-gpu", s.cpus_per_gpu), ("reservation", s.reservation)):
         if value is not None:
-            params["additional_parameters"] = {**params.get("additional_parameters", {}), option: value}
+            extra[option] = value
     return params
 
 
@@ -263,19 +260,13 @@ def srun_cpus_per_task(spec: JobSpec) -> int | str:
     return s.cpus_per_task * (max(1, spec.gpus_per_node) if spec.strategy == "dp" else 1)
 
 
-def python_command(python: str | None) -> str:
-    """The interpreter as the shell must see it: one quoted word (submitit pastes its ``python``
-    argument into the srun line as written, so it always gets this, never the raw field)."""
-    return shlex.quote(python if python is not None else sys.executable)
-
-
 def job_command(run_dir: str, python: str | None, point_base: int = 0) -> str:
     """The batch script's one command: the job's agent (stdlib only; no submitit, no pickle). It
-    replaces the batch shell (exec), so the time-limit signal (B:USR2) reaches it and nothing else."""
+    replaces the batch shell (exec), so the time-limit signal (B:USR2) reaches it and nothing else.
+    Every word quoted for the shell, the interpreter too (submitit pastes the command as written)."""
     argv = module_argv(python if python is not None else sys.executable, "orchestrator.backends.slurm.node.slurm_job",
                        str(RunFolder.of(run_dir).payload))
-    words = ["exec", python_command(python), *map(shlex.quote, argv[1:])]
-    return " ".join(words + ([f"--point-base {point_base}"] if point_base else []))
+    return " ".join(["exec", *map(shlex.quote, argv), *([f"--point-base {point_base}"] if point_base else [])])
 
 
 def srun_argv(rank_log: str, run_dir: str, python: str, cpus_per_task: int | str = 1,
@@ -299,13 +290,6 @@ def srun_argv(rank_log: str, run_dir: str, python: str, cpus_per_task: int | str
     if container is not None:
         return head + srun_tail(container, run_dir, workdir or os.getcwd(), payload, gpus_per_node)
     return head + module_argv(python, "orchestrator.backends.slurm.node.slurm_rank", payload)
-
-
-def render_sbatch(params: dict[str, Any], folder: str, command: str, n_points: int = 0) -> str:
-    """Render with submitit's own template, exactly as the SLURM executor submits it."""
-    from orchestrator.backends.slurm import submitit_adapter  # the module that will submit it
-
-    return submitit_adapter.render_sbatch(params, folder, command, n_points)
 
 
 def array_chunks(n_points: int, max_array_size: int) -> list[list[int]]:

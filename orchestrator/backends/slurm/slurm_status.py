@@ -78,8 +78,8 @@ def squeue_states(bases: list[str], every_state: bool = True) -> dict[str, State
     completing. A job squeue does not know is left out ("Invalid job id", which squeue answers
     when the only job asked for is gone, is an empty answer, not an error)."""
     check_slurm_conf()
-    cmd = ["squeue", "-h", "-r", *(["-t", "all"] if every_state else []), "-o", "%i|%T", "-j", ",".join(bases)]
-    out = run_slurm(cmd)
+    out = run_slurm(["squeue", "-h", "-r", *(["-t", "all"] if every_state else []), "-o", "%i|%T",
+                     "-j", ",".join(bases)])
     if out.returncode is None:
         raise SubmissionError(f"squeue could not run ({out.error}); run this on a SLURM login node")
     if out.returncode != 0:
@@ -130,8 +130,7 @@ def sacct_rows(bases: list[str]) -> list[tuple[str, str]] | None:
     """sacct's (job id, state) rows for these jobs; None when this cluster keeps no accounting
     (noted for the rest of the process: sacct is not asked again)."""
     check_slurm_conf()
-    cmd = ["sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j", ",".join(bases)]
-    out = run_slurm(cmd)
+    out = run_slurm(["sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j", ",".join(bases)])
     if out.missing:
         ACCOUNTING_OFF[_cluster_key()] = sacct_unusable(None, "") or ""
         return None

@@ -132,9 +132,7 @@ def refusal(target: Target, payload: Payload, history: History, injection: Injec
                                                                    progressed_now(history, payload.checkpoint.dir))
     if budget is not None:
         return budget
-    if not target.scheduled:
-        return ownership.foreign_reason(record.host, record.folder_id, record.run_dir)
-    return None
+    return None if target.scheduled else ownership.foreign_reason(record.host, record.folder_id, record.run_dir)
 
 
 def node_down_refusal(node: str, ours: str, squeue_stdout: str) -> Optional[str]:

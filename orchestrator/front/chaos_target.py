@@ -74,10 +74,8 @@ class Target:
     def job(self) -> str:
         """The SLURM job as recorded ('A_T' for a sweep's array task); '' when there is none yet."""
         ids = self.record.job_ids
-        if not ids:
-            return ""
         if self.point is None:
-            return ids[-1]
+            return ids[-1] if ids else ""
         return ids[self.point] if self.point < len(ids) else ""
 
 

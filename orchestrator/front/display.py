@@ -52,17 +52,6 @@ def code_line(launch: LaunchPlan) -> str:
     return line
 
 
-def integration_lines(launch: LaunchPlan) -> list[str]:
-    """What the plan says about the tools around the job: the container the ranks run in, the
-    runs it waits for (``after:``), the framework's launcher variables and the trackers' defaults.
-    Each module words its own lines."""
-    from orchestrator.spec import after
-    from orchestrator.node import container, frameworks, tracking
-
-    return [*container.plan_lines(launch), *after.after_lines(launch), *frameworks.plan_lines(launch),
-            *tracking.plan_lines(launch)]
-
-
 def print_plan(launch: LaunchPlan, console: Console | None = None, node: int | None = None,
                rank: int | None = None, run_lines: list[str] | None = None) -> None:
     if rank is not None and not 0 <= rank < launch.world_size:
@@ -75,27 +64,27 @@ def print_plan(launch: LaunchPlan, console: Console | None = None, node: int | N
     console.print(Text.assemble((launch.run_id, "bold"),
                                 f"  executor={launch.executor}  {launch.nodes} node(s) x {launch.ranks_per_node} "
                                 f"rank(s) = {launch.world_size}  backend={launch.backend}"))
-    console.print(f"run folder: {launch.run_dir}", markup=False)
-    for line in run_lines or []:
-        console.print(line, markup=False)
-    console.print(code_line(launch), markup=False)
-    for line in integration_lines(launch):
-        console.print(line, markup=False)
-    console.print(f"entrypoint: {launch.payload.entrypoint} {' '.join(launch.payload.argv)}", markup=False)
-    console.print(f"working directory of the ranks: {launch.payload.workdir}", markup=False)
-    console.print(f"rank processes: {RANK_START[launch.rank_start]}", markup=False)
-    if launch.cpus:
-        console.print(launch.cpus, markup=False)
-    if launch.interfaces:
-        console.print(launch.interfaces, markup=False)
+    from orchestrator.spec import after
+    from orchestrator.node import container, frameworks, tracking
+
     stall = launch.payload.watchdog.stall_s
-    if stall:
-        console.print(f"stall watchdog: ends the job when no rank progresses for {stall:g}s", markup=False)
-    console.print(recovery_line(launch), markup=False)
-    console.print(start_line(launch), markup=False)
+    # The tools around the job (the container, the runs it waits for, the framework's launcher
+    # variables, the trackers' defaults): each module words its own lines.
+    for line in [f"run folder: {launch.run_dir}", *(run_lines or []), code_line(launch),
+                 *container.plan_lines(launch), *after.after_lines(launch), *frameworks.plan_lines(launch),
+                 *tracking.plan_lines(launch),
+                 f"entrypoint: {launch.payload.entrypoint} {' '.join(launch.payload.argv)}",
+                 f"working directory of the ranks: {launch.payload.workdir}",
+                 f"rank processes: {RANK_START[launch.rank_start]}", launch.cpus or None, launch.interfaces or None,
+                 f"stall watchdog: ends the job when no rank progresses for {stall:g}s" if stall else None,
+                 recovery_line(launch), start_line(launch)]:
+        if line is not None:
+            console.print(line, markup=False)
     for note in launch.notes:
         console.print(Text.assemble(("note:", "yellow"), " ", note))
-    for line in sbatch_env_lines(launch):
+    # What of this environment the submission picks up (on SLURM the SBATCH_* defaults sbatch applies
+    # to the job: account, partition, QOS...), so a job's partition or account is never a mystery.
+    for line in planner(launch.executor).environment_lines(launch):
         console.print(line, markup=False)
     for index, script in enumerate(launch.sbatch_scripts):
         which = f" of array {index + 1} of {len(launch.sbatch_scripts)}" if len(launch.sbatch_scripts) > 1 else ""
@@ -119,12 +108,6 @@ def print_plan(launch: LaunchPlan, console: Console | None = None, node: int | N
             else:
                 sweep.add_row(str(point.index), Text(" ".join(point.argv)), Text(point.run_dir))
         console.print(sweep)
-
-
-def sbatch_env_lines(launch: LaunchPlan) -> list[str]:
-    """What of this environment the submission picks up (on SLURM the SBATCH_* defaults sbatch
-    applies to the job: account, partition, QOS...), so a job's partition or account is never a mystery."""
-    return planner(launch.executor).environment_lines(launch)
 
 
 def recovery_line(launch: LaunchPlan) -> str:

@@ -11,7 +11,7 @@ import os
 import stat
 import sys
 import time
-from collections import defaultdict
+from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 
@@ -43,25 +43,22 @@ def _records(refs: list[str]) -> list[RunRecord]:
         folder = Path(entry["run_dir"])
         record = RunFolder(folder).record
         try:
-            os.lstat(record)
-        except PermissionError:  # another user's run folder, closed to us: nothing is wrong with it
-            print(f"warning: skipping {entry['run_id'][:200]!r}: {_one_line(no_permission(record))}", file=sys.stderr)
-            continue
-        except OSError:
-            continue  # the folder was removed (or moved): nothing left to list
-        try:
             mode = os.stat(record).st_mode  # a dangling link or a loop raises: reported below
             if not stat.S_ISREG(mode):  # a FIFO or a device is never opened; a folder is no record
                 raise RunNotFoundError(f"{shown(record)} is {kind(mode)}, not a regular file: inspect the run's "
                                        f"other files, then remove or rename {shown(folder)}")
             found.append(RunRecord.load(folder))
+            continue
         except OrchestratorError as exc:
-            print(f"warning: skipping {entry['run_id'][:200]!r}: {_one_line(exc)}", file=sys.stderr)
-        except PermissionError:
-            print(f"warning: skipping {entry['run_id'][:200]!r}: {_one_line(no_permission(record))}", file=sys.stderr)
+            why = _one_line(exc)
+        except PermissionError:  # another user's run folder, closed to us: nothing is wrong with it
+            why = _one_line(no_permission(record))
         except OSError as exc:
-            print(f"warning: skipping {entry['run_id'][:200]!r}: {shown(record)} cannot be read ({errno_text(exc)}): "
-                  f"inspect the run's other files, then remove or rename {shown(folder)}", file=sys.stderr)
+            if not os.path.lexists(record):
+                continue  # the folder was removed (or moved): nothing left to list
+            why = (f"{shown(record)} cannot be read ({errno_text(exc)}): inspect the run's other files, then remove "
+                   f"or rename {shown(folder)}")
+        print(f"warning: skipping {entry['run_id'][:200]!r}: {why}", file=sys.stderr)
     return found
 
 
@@ -120,10 +117,7 @@ def status(refs: list[str], as_json: bool = False) -> int:
 
 def print_grid(rec: RunRecord, points: dict[str, State]) -> None:
     """The sweep grid: counts by state, then each point's arguments and state."""
-    counts: dict[State, int] = defaultdict(int)
-    for state in points.values():
-        counts[state] += 1
-    print("    sweep: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+    print("    sweep: " + ", ".join(f"{n} {s}" for s, n in sorted(Counter(points.values()).items())))
     plan_path = RunFolder.of(rec.run_dir).plan
     try:
         data = read_file(plan_path, "the plan", "the sweep's points are not shown", RunNotFoundError)
@@ -181,9 +175,7 @@ def logs(ref: str, rank: int, follow: bool, point: int | None = None,
         sys.stdout.write(text if attempt is None else attempt_part(run.record, text, attempt, rank, point, path))
         sys.stdout.flush()
         return 0
-    stream = None
-    if attempt is not None:
-        stream = _attempt_stream(run, path, rank, point, attempt)
+    stream = _attempt_stream(run, path, rank, point, attempt) if attempt is not None else None
     return _follow(run, path, rank, point, start_timeout_s, stream)
 
 

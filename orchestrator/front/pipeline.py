@@ -161,10 +161,7 @@ def observe(stages: Sequence[Stage]) -> dict[str, Optional[RunRecord]]:
     from orchestrator import api
     from orchestrator.core.run_folder import RunFolder
 
-    found = {}
-    for s in stages:
-        if RunFolder.of(s.run_dir).record.is_file():
-            found[s.name] = api.Run(RunRecord.load(s.run_dir))
+    found = {s.name: api.Run(RunRecord.load(s.run_dir)) for s in stages if RunFolder.of(s.run_dir).record.is_file()}
     fresh = {r.run_dir: r for r in api.refresh(list(found.values()))} if found else {}
     return {s.name: (fresh[found[s.name].run_dir].record if s.name in found else None) for s in stages}
 
@@ -173,8 +170,9 @@ def _states(records: Mapping[str, Optional[RunRecord]]) -> dict[str, Optional[St
     return {n: (r.state if r is not None else None) for n, r in records.items()}
 
 
-def _after(stage: Stage) -> list[str]:
-    return [f"{e.stage} ({e.when})" for e in stage.edges]
+def _result(stage: Stage, action: str, state: Optional[State], reason: str, jobs: Sequence[str] = ()) -> StageResult:
+    return StageResult(stage.name, stage.run_id, action, state, reason, list(jobs),
+                       [f"{e.stage} ({e.when})" for e in stage.edges])
 
 
 def plan_pipeline(path: str | Path, executor: str | None = None) -> list[StageResult]:
@@ -183,8 +181,9 @@ def plan_pipeline(path: str | Path, executor: str | None = None) -> list[StageRe
     records = observe(stages)
     live = {n: r.job_ids for n, r in records.items() if r is not None}
     decisions = decide_all([s.name for s in stages], {s.name: s.edges for s in stages}, _states(records), live)
-    return [StageResult(s.name, s.run_id, decisions[s.name].action, _states(records)[s.name], decisions[s.name].reason,
-                        list(live.get(s.name, [])), _after(s)) for s in stages]
+    states = _states(records)
+    return [_result(s, decisions[s.name].action, states[s.name], decisions[s.name].reason, live.get(s.name, ()))
+            for s in stages]
 
 
 def pipeline_status(path: str | Path, executor: str | None = None) -> list[StageResult]:
@@ -247,15 +246,13 @@ def _submit_all(stages: Sequence[Stage], say: Callable[[str], None]) -> list[Sta
         parents = [ParentView(e.stage, e.when, states[e.stage], tuple(job_ids.get(e.stage, ()))) for e in s.edges]
         decision = decide(observed[s.name], parents)
         states[s.name] = effective_state(decision, observed[s.name])
-        result = StageResult(s.name, s.run_id, decision.action, observed[s.name], decision.reason,
-                             job_ids.get(s.name, []), _after(s))
+        result = _result(s, decision.action, observed[s.name], decision.reason, job_ids.get(s.name, ()))
         if decision.action == "submit":
             _check_known_jobs(s, decision, parents)
             executor = s.spec.executor  # one for every stage (checked when the pipeline was read)
             record = scheduler(executor).submit(planned(s.spec, executor, stage_for=(executor,))[0], after=decision.depends)
             job_ids[s.name] = list(record.job_ids)
-            result = StageResult(s.name, s.run_id, "submitted", record.state, decision.reason, list(record.job_ids),
-                                 _after(s))
+            result = _result(s, "submitted", record.state, decision.reason, record.job_ids)
         else:
             result.action = {"skip": "skipped", "wait": "waited", "never": "cancelled"}[decision.action]
             if decision.action == "never":
@@ -301,11 +298,11 @@ def _run_in_order(stages: Sequence[Stage], say: Callable[[str], None]) -> list[S
                     say(f"[pipeline] stage {s.name}: running {s.run_id} ({decision.reason})")
                     current = s
                     handle = run(s.spec, wait=True)
-                    result = StageResult(s.name, s.run_id, "ran", handle.state, decision.reason, [], _after(s))
+                    result = _result(s, "ran", handle.state, decision.reason)
                 elif decision.action == "skip":
-                    result = StageResult(s.name, s.run_id, "skipped", State.COMPLETED, decision.reason, [], _after(s))
+                    result = _result(s, "skipped", State.COMPLETED, decision.reason)
                 else:
-                    result = StageResult(s.name, s.run_id, "cancelled", State.CANCELLED, decision.reason, [], _after(s))
+                    result = _result(s, "cancelled", State.CANCELLED, decision.reason)
                 ended[s.name] = result.state  # type: ignore[assignment]
                 out.append(result)
                 current = None
@@ -319,14 +316,13 @@ def _run_in_order(stages: Sequence[Stage], say: Callable[[str], None]) -> list[S
                 if s is current:
                     state = _state_now(s)
                     if state == State.COMPLETED:  # it ended just before the signal came
-                        result = StageResult(s.name, s.run_id, "ran", state, f"ended before {interrupts.name} stopped "
-                                             "the pipeline", [], _after(s))
+                        result = _result(s, "ran", state, f"ended before {interrupts.name} stopped the pipeline")
                     else:
-                        result = StageResult(s.name, s.run_id, "interrupted", state,
-                                             f"stopped by {interrupts.name}; the pipeline stops here", [], _after(s))
+                        result = _result(s, "interrupted", state,
+                                         f"stopped by {interrupts.name}; the pipeline stops here")
                 else:
-                    why = f"not started: the pipeline was interrupted by {interrupts.name}"
-                    result = StageResult(s.name, s.run_id, "not run", _state_now(s), why, [], _after(s))
+                    result = _result(s, "not run", _state_now(s),
+                                     f"not started: the pipeline was interrupted by {interrupts.name}")
                 out.append(result)
                 say(_result_line(result))
     interrupts.pass_on()

@@ -220,11 +220,7 @@ def decide(observed: Optional[State], parents: Sequence[ParentView]) -> Decision
 def effective_state(decision: Decision, observed: Optional[State]) -> Optional[State]:
     """The state a stage's children can count on when their turn comes (SLURM: all submitted at
     once): skip -> COMPLETED; never -> CANCELLED (what SLURM makes of it); else not ended."""
-    if decision.action == "skip":
-        return State.COMPLETED
-    if decision.action == "never":
-        return State.CANCELLED
-    return None
+    return {"skip": State.COMPLETED, "never": State.CANCELLED}.get(decision.action)
 
 
 def decide_all(order: Sequence[str], edges: Mapping[str, Sequence[Edge]], observed: Mapping[str, Optional[State]],

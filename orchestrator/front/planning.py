@@ -42,9 +42,7 @@ def as_spec(spec: SpecLike, executor: str | None = None) -> JobSpec:
 
     if is_validated(spec) and executor in (None, cast("JobSpec", spec).executor):
         return cast("JobSpec", spec)
-    if isinstance(spec, (list, tuple)):
-        return load_spec(*spec, executor=executor)
-    return load_spec(spec, executor=executor)
+    return load_spec(*(spec if isinstance(spec, (list, tuple)) else [spec]), executor=executor)
 
 
 def plan_for(spec: SpecLike, executor: str | None = None) -> LaunchPlan:

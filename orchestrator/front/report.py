@@ -223,8 +223,8 @@ def write_report(ref: str) -> str:
     finally:
         plt.close(fig)
     lines = [f"run {run_dir.name}"]
-    if folder.record.exists():
-        rec = RunRecord.load(run_dir)
+    rec = RunRecord.load(run_dir) if folder.record.exists() else None
+    if rec is not None:
         lines.append(f"state {rec.state}, {rec.world_size} rank(s), attempt {rec.attempts}")
     if train:
         lines.append(f"steps {train[-1]['step']}, final train loss {train[-1]['loss']:.4f}")
@@ -240,7 +240,7 @@ def write_report(ref: str) -> str:
         lines.append(f"rank {rank}: {total / secs if secs else 0:.0f} samples/s over {len(rows)} epoch(s)")
     if unreadable:
         lines.append(f"warning: {unreadable}")
-    lines += recovery_lines(history, RunRecord.load(run_dir).created if folder.record.exists() else None)
+    lines += recovery_lines(history, rec.created if rec is not None else None)
     lines.append(f"plots: {folder.report_plot}")
     summary = "\n".join(lines)
     try:

@@ -204,7 +204,7 @@ def prune(store: Path, *, keep: int = KEEP, grace_s: float = GRACE_S, every_s: f
             report.freed_bytes += _size(store / "trees" / name) if dry_run else _remove_view(store, name)
             report.removed.append(name)
         if doomed:
-            report.freed_bytes += _remove_unreferenced(store, kept, store.parent, now, grace_s, dry_run)
+            report.freed_bytes += _remove_unreferenced(store, kept, now, grace_s, dry_run)
     return report
 
 
@@ -368,8 +368,7 @@ def _remove_view(store: Path, name: str) -> int:
     return size
 
 
-def _remove_unreferenced(store: Path, kept: set[str], runs: Path, now: float, grace_s: float,
-                         dry_run: bool = False) -> int:
+def _remove_unreferenced(store: Path, kept: set[str], now: float, grace_s: float, dry_run: bool) -> int:
     """The manifests no kept tree is built from, and the blobs no kept manifest (nor a kept run's
     diff) names, older than the grace; their size (``dry_run``: only their size)."""
     from orchestrator.core.errors import OrchestratorError
@@ -388,7 +387,7 @@ def _remove_unreferenced(store: Path, kept: set[str], runs: Path, now: float, gr
             if not stat.S_ISREG(os.lstat(manifest).st_mode):  # a FIFO would block the read for ever
                 return freed
             wanted |= {e.sha for e in load_manifest(manifest).values()}
-        for folder in _run_folders(runs):
+        for folder in _run_folders(store.parent):
             code = _code_record(folder)
             if isinstance(code.get("diff"), str):
                 wanted.add(code["diff"])
@@ -415,7 +414,7 @@ def _files(folder: Path, depth: int = 1) -> Iterator[Path]:
             yield Path(entry.path)
 
 
-def _unlink_old(store: Path, path: Path, now: float, grace_s: float, dry_run: bool = False) -> int:
+def _unlink_old(store: Path, path: Path, now: float, grace_s: float, dry_run: bool) -> int:
     """Remove ``path``, a file of the store older than the grace (never through a link); its size."""
     try:
         st = os.lstat(path)

@@ -25,7 +25,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from orchestrator.core.records import RunRecord
 
@@ -64,16 +64,14 @@ def rows(run_dir: str, world_size: int, now: float) -> list[Row]:
 
     reports = read_progress(run_dir, world_size) if world_size > 0 else []
     procs = rank_procs(run_dir)
+    reported = ("step", "total", "steps_per_s", "samples_per_s", "busy_s", "gpu_util", "gpu_mem_mb")  # as they are
     out = []
     for rank in range(world_size):
         p = reports[rank] if rank < len(reports) else None
         rp = procs.get(rank)
-        out.append(Row(rank=rank, node=rp.host if rp is not None else "?", step=p.step if p else None,
-                       total=p.total if p else None, steps_per_s=p.steps_per_s if p else None,
-                       samples_per_s=p.samples_per_s if p else None,
-                       since_s=max(0.0, now - p.time) if p else None, rss_mb=_rss_mb(rp, p),
-                       busy_s=p.busy_s if p else None, gpu_util=p.gpu_util if p else None,
-                       gpu_mem_mb=p.gpu_mem_mb if p else None))
+        figures: dict[str, Any] = {k: getattr(p, k) if p else None for k in reported}
+        out.append(Row(rank=rank, node=rp.host if rp is not None else "?", **figures,
+                       since_s=max(0.0, now - p.time) if p else None, rss_mb=_rss_mb(rp, p)))
     return mark_straggler(mark_behind(out), straggler_factor(run_dir))
 
 

@@ -263,25 +263,6 @@ def rank_argv(settings: ContainerSettings, payload_path: str) -> list[str]:
     return [settings.python, "-u", "-c", BOOTSTRAP, entry, payload_path]
 
 
-def oci_bundle(run_dir: str) -> str:
-    return os.path.join(run_dir, OCI_BUNDLE)
-
-
-def _mount_parts(item: str) -> tuple[str, str, bool]:
-    parts = item.split(":")
-    return parts[0], parts[1], len(parts) == 3 and parts[2] == "ro"
-
-
-def srun_options(settings: ContainerSettings, run_dir: str, workdir: str) -> list[str]:
-    """srun's own options for the runtime (pyxis, oci); apptainer needs none."""
-    if settings.runtime == "pyxis":
-        return [f"--container-image={settings.image}", f"--container-mounts={','.join(settings.mounts)}",
-                f"--container-workdir={workdir}", *settings.options]
-    if settings.runtime == "oci":
-        return [f"--container={oci_bundle(run_dir)}", *settings.options]
-    return []
-
-
 def wrap(settings: ContainerSettings, argv: list[str], gpus_per_node: int = 0) -> list[str]:
     """The rank command as srun starts it: ``apptainer exec`` around it, or as it is (pyxis and
     oci put the task itself inside through srun's options)."""
@@ -293,10 +274,16 @@ def wrap(settings: ContainerSettings, argv: list[str], gpus_per_node: int = 0) -
 
 def srun_tail(settings: ContainerSettings, run_dir: str, workdir: str, payload_path: str,
               gpus_per_node: int = 0) -> list[str]:
-    """Everything after srun's own resource options: the runtime's options, then the rank command."""
+    """Everything after srun's own resource options: the runtime's options (pyxis, oci; apptainer
+    needs none), then the rank command."""
     _check_mount_list(settings)
-    rank = wrap(settings, rank_argv(settings, payload_path), gpus_per_node)
-    return [*srun_options(settings, run_dir, workdir), *rank]
+    own: list[str] = []
+    if settings.runtime == "pyxis":
+        own = [f"--container-image={settings.image}", f"--container-mounts={','.join(settings.mounts)}",
+               f"--container-workdir={workdir}", *settings.options]
+    elif settings.runtime == "oci":
+        own = [f"--container={os.path.join(run_dir, OCI_BUNDLE)}", *settings.options]
+    return [*own, *wrap(settings, rank_argv(settings, payload_path), gpus_per_node)]
 
 
 def _check_mount_list(settings: ContainerSettings) -> None:
@@ -338,8 +325,9 @@ def oci_config(image: str, mounts: Sequence[str]) -> dict[str, Any]:
     added = [{"destination": "/", "type": "bind", "source": rootfs, "options": ["rbind", "rw"]},
              *list(config.get("mounts") or [])]
     for item in mounts:
-        src, dst, ro = _mount_parts(item)
-        added.append({"destination": dst, "type": "bind", "source": src, "options": ["rbind", "ro" if ro else "rw"]})
+        src, dst, *mode = item.split(":")
+        added.append({"destination": dst, "type": "bind", "source": src,
+                      "options": ["rbind", "ro" if mode == ["ro"] else "rw"]})
     config["mounts"] = added
     return config
 
@@ -350,25 +338,20 @@ def prepare(payload: Payload) -> None:
     c = payload.container
     if c is None or c.runtime != "oci" or not payload.srun:
         return
-    bundle = next((a.split("=", 1)[1] for a in payload.srun if a.startswith("--container=")), None)
+    bundle = _bundle(payload.srun)
     if bundle is None:
         return
-    import tempfile
+    from orchestrator.core.atomic_files import write_json_atomic
 
     config = oci_config(c.image, c.mounts)
     os.makedirs(os.path.join(bundle, "rootfs"), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=bundle, prefix=".config.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(config, f, indent=1)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, os.path.join(bundle, "config.json"))
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_json_atomic(os.path.join(bundle, "config.json"), config)
+    os.chmod(os.path.join(bundle, "config.json"), 0o644)
+
+
+def _bundle(srun: Sequence[str]) -> Optional[str]:
+    """The bundle folder srun's ``--container=`` names (the run's own: ``srun_tail``)."""
+    return next((a.split("=", 1)[1] for a in srun if a.startswith("--container=")), None)
 
 
 # ---- the plan's lines ----------------------------------------------------------------------
@@ -390,9 +373,8 @@ def plan_lines(launch: LaunchView | Payload) -> list[str]:
     inside = shlex.join([c.python, "-m", rank_argv(c, "")[4], *payload.srun[-1:]])
     lines = [f"{what}: ranks run `{inside}` inside; the job's agent runs on the host (srun, scontrol)"]
     if c.runtime == "oci":
-        bundle = next((a.split("=", 1)[1] for a in payload.srun if a.startswith("--container=")), "")
-        lines.append(f"container: the agent writes {bundle}/config.json at each start: {c.image}/config.json, with "
-                     f"{c.image}/rootfs bound at / and then the mounts below")
+        lines.append(f"container: the agent writes {_bundle(payload.srun) or ''}/config.json at each start: "
+                     f"{c.image}/config.json, with {c.image}/rootfs bound at / and then the mounts below")
     lines.append("container mounts: " + ", ".join(c.mounts))
     lines.append(f"container: {PACKAGE_DST} (this orchestrator's package) goes first on the ranks' sys.path; "
                  "the job's env reaches the ranks inside")

@@ -76,15 +76,11 @@ def cpu_rank(contract: Mapping[str, str]) -> bool:
 
 def variables(name: str, devices: str, nodes: str, cpu: bool) -> dict[str, str]:
     """One framework's variables for a rank of ``nodes`` x ``devices`` (ranks per node)."""
-    if name == "fabric":
-        env = {"LT_CLI_USED": "1", "LT_DEVICES": str(devices), "LT_NUM_NODES": str(nodes)}
+    if name in DEVICE_ENV:  # fabric, lightning
+        env = {"LT_CLI_USED": "1"} if name == "fabric" else {}
+        env.update({DEVICE_ENV[name]: str(devices), NODE_ENV[name]: str(nodes)})
         if cpu:
-            env["LT_ACCELERATOR"] = "cpu"
-        return env
-    if name == "lightning":
-        env = {"PL_TRAINER_DEVICES": str(devices), "PL_TRAINER_NUM_NODES": str(nodes)}
-        if cpu:
-            env["PL_TRAINER_ACCELERATOR"] = "cpu"
+            env["LT_ACCELERATOR" if name == "fabric" else "PL_TRAINER_ACCELERATOR"] = "cpu"
         return env
     if name in ("accelerate", "transformers"):
         return {"ACCELERATE_USE_CPU": "true"} if cpu else {}
@@ -215,11 +211,10 @@ def _device_count(value: Any, gpu: bool, rpn: int) -> int | None:
 def _mismatch(field: str, shown: str, right: int, what: str, where: str, name: str) -> str:
     """A shape setting that disagrees with the run: the ranks would compute another world (and
     hang at init, or fail Lightning's own check on SLURM)."""
-    shape_vars = "PL_TRAINER_DEVICES, PL_TRAINER_NUM_NODES" if name == "lightning" else "LT_DEVICES, LT_NUM_NODES"
     fix = "remove it from env" if field.startswith("env.") else \
         f"remove it, or make it {right} (local.emulate_nodes and local.ranks_per_node set a local run's shape)"
     return (f"{field}: {shown}, but {where}, {right} {what}: the ranks would not form one world. framework: "
-            f"{name} gives every rank the run's own shape ({shape_vars}); {fix}")
+            f"{name} gives every rank the run's own shape ({DEVICE_ENV[name]}, {NODE_ENV[name]}); {fix}")
 
 
 def _accelerate_problems(spec: SpecView, nodes: int, rpn: int, where: str) -> list[str]:
@@ -227,12 +222,9 @@ def _accelerate_problems(spec: SpecView, nodes: int, rpn: int, where: str) -> li
     world, num_machines the nodes; machine_rank differs per node, so no spec value can be right."""
     found = []
     fix = "accelerate reads the world from each rank's RANK, WORLD_SIZE and LOCAL_RANK; remove it or make it match"
-    for field, value in _settings(spec, ("num_processes",)):
-        if _as_int(value) != nodes * rpn:
-            found.append(f"{field}: {_shown(value)}, but {where}: not {nodes * rpn} processes; {fix}")
-    for field, value in _settings(spec, ("num_machines",)):
-        if _as_int(value) != nodes:
-            found.append(f"{field}: {_shown(value)}, but {where}: not {nodes} machine(s); {fix}")
+    for key, right, what in (("num_processes", nodes * rpn, "processes"), ("num_machines", nodes, "machine(s)")):
+        found += [f"{field}: {_shown(value)}, but {where}: not {right} {what}; {fix}"
+                  for field, value in _settings(spec, (key,)) if _as_int(value) != right]
     for field, _ in _settings(spec, ("machine_rank",)):
         found.append(f"{field}: each node has its own machine rank (NODE_RANK on every rank); remove it from the spec")
     return found

@@ -129,12 +129,9 @@ def check_node(node: str, run_dir: str, checkpoint_dir: str, attempt: int,
     ckpt_problem = guarded("folder", _writable, checkpoint_dir, node, True)
     problems += [p for p in (run_problem, ckpt_problem) if p]
     token_deadline = time.monotonic() + token_wait_s
-    for problem in (guarded("disk", _disk, (run_dir, checkpoint_dir), disk_floor_mb),
-                    guarded("interface", _interface, interface),
-                    guarded("GPU", _gpus, node, gpus, env),
-                    guarded("node_check", _node_check, node, node_check, env)):
-        if problem:
-            problems.append(problem)
+    problems += [p for p in (guarded("disk", _disk, (run_dir, checkpoint_dir), disk_floor_mb),
+                             guarded("interface", _interface, interface), guarded("GPU", _gpus, node, gpus, env),
+                             guarded("node_check", _node_check, node, node_check, env)) if p]
     unshared: list[str] = []
     failed = {RUNS_DIR: run_problem, CHECKPOINT_DIR: ckpt_problem}
     for field, folder, named in token_folders(run_dir, checkpoint_dir, attempt):
@@ -346,8 +343,7 @@ def read_results(run_dir: str, attempt: int, nodes: Sequence[str]) -> dict[str, 
     out: dict[str, NodeHealth] = {}
     for node in nodes:
         try:
-            data = json.loads((folder / result_name(node)).read_text(encoding="utf-8"))
-            out[node] = NodeHealth.from_dict(data)
+            out[node] = NodeHealth.from_dict(json.loads((folder / result_name(node)).read_text(encoding="utf-8")))
         except (OSError, ValueError):
             out[node] = NodeHealth(node=node, ok=False, seconds=0.0, problems=(
                 f"the health check did not report from {node} (it never started there, or died)",))

@@ -35,9 +35,7 @@ def is_installed(path: str) -> bool:
         return True
     real = os.path.realpath(path)
     norm = real.replace("\\", "/")
-    if "/site-packages/" in norm or "/dist-packages/" in norm:
-        return True
-    return real.startswith(_folders()[0])
+    return "/site-packages/" in norm or "/dist-packages/" in norm or real.startswith(_folders()[0])
 
 
 def is_users_own(path: str) -> bool:

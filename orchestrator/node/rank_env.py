@@ -73,18 +73,10 @@ class RankEnv:
     def to_environ(self) -> dict[str, str]:
         """The variables every rank sees: torchrun's names, plus the init URL and the socket
         interfaces the job sets (``interfaces``: none for a backend left to its own choice)."""
-        env = {
-            "RANK": str(self.rank),
-            "LOCAL_RANK": str(self.local_rank),
-            "WORLD_SIZE": str(self.world_size),
-            "LOCAL_WORLD_SIZE": str(self.local_world_size),
-            "NODE_RANK": str(self.node_rank),
-            "GROUP_RANK": str(self.node_rank),
-            "NNODES": str(self.nnodes),
-            "MASTER_ADDR": self.master_addr,
-            "MASTER_PORT": str(self.master_port),
-            OrchVar.INIT_METHOD: self.init_method,
-        }
+        env = {"RANK": str(self.rank), "LOCAL_RANK": str(self.local_rank), "WORLD_SIZE": str(self.world_size),
+               "LOCAL_WORLD_SIZE": str(self.local_world_size), "NODE_RANK": str(self.node_rank),
+               "GROUP_RANK": str(self.node_rank), "NNODES": str(self.nnodes), "MASTER_ADDR": self.master_addr,
+               "MASTER_PORT": str(self.master_port), OrchVar.INIT_METHOD: self.init_method}
         if self.interfaces is not None:
             env.update(self.interfaces.environ())
         if self.visible_devices is not None:
@@ -97,47 +89,29 @@ class RankEnv:
         e = os.environ if environ is None else environ
         missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in e]
         if missing:
-            raise RuntimeError(
-                f"not launched as a distributed rank: {', '.join(missing)} unset; start it with "
-                "'orchestrator run', under SLURM with 'orchestrator submit', or with torchrun"
-            )
+            raise RuntimeError(f"not launched as a distributed rank: {', '.join(missing)} unset; start it with "
+                               "'orchestrator run', under SLURM with 'orchestrator submit', or with torchrun")
         world = int(e["WORLD_SIZE"])
         local_world = int(e.get("LOCAL_WORLD_SIZE", world))
         rank = int(e["RANK"])
-        return cls(
-            rank=rank,
-            local_rank=int(e.get("LOCAL_RANK", rank % local_world)),
-            world_size=world,
-            local_world_size=local_world,
-            node_rank=int(e.get("NODE_RANK", e.get("GROUP_RANK", rank // local_world))),
-            nnodes=int(e.get("NNODES", max(1, world // local_world))),
-            master_addr=e["MASTER_ADDR"],
-            master_port=int(e["MASTER_PORT"]),
-            init_method=e.get(OrchVar.INIT_METHOD, "env://"),
-            interface=e.get("GLOO_SOCKET_IFNAME") or e.get("NCCL_SOCKET_IFNAME"),
-            visible_devices=e.get("CUDA_VISIBLE_DEVICES"),
-            source="env",
-        )
+        return cls(rank=rank, local_rank=int(e.get("LOCAL_RANK", rank % local_world)), world_size=world,
+                   local_world_size=local_world,
+                   node_rank=int(e.get("NODE_RANK", e.get("GROUP_RANK", rank // local_world))),
+                   nnodes=int(e.get("NNODES", max(1, world // local_world))), master_addr=e["MASTER_ADDR"],
+                   master_port=int(e["MASTER_PORT"]), init_method=e.get(OrchVar.INIT_METHOD, "env://"),
+                   interface=e.get("GLOO_SOCKET_IFNAME") or e.get("NCCL_SOCKET_IFNAME"),
+                   visible_devices=e.get("CUDA_VISIBLE_DEVICES"), source="env")
 
 
 def job_settings(payload: Payload) -> dict[str, str]:
     """The job's settings every rank reads (``jobs/runtime.py``), by their ORCH_* names."""
     c = payload.checkpoint
-    return {
-        OrchVar.JOB_NAME: payload.job_name,
-        OrchVar.RUN_ID: payload.run_id,
-        OrchVar.BACKEND: payload.backend,
-        OrchVar.STRATEGY: payload.strategy,
-        OrchVar.INIT_TIMEOUT_S: str(payload.init_timeout_s),
-        OrchVar.COLLECTIVE_TIMEOUT_S: str(payload.collective_timeout_s),
-        OrchVar.RUN_DIR: payload.run_dir,
-        OrchVar.CHECKPOINT_DIR: c.dir,
-        OrchVar.CHECKPOINT_INTERVAL: str(c.interval_steps),
-        OrchVar.CHECKPOINT_KEEP: str(c.keep_last),
-        OrchVar.RESUME: "1" if c.resume else "0",
-        OrchVar.GRAD_COMPRESSION: payload.grad_compression,
-        OrchVar.STOP_SIGNAL: payload.stop_signal,
-    }
+    return {OrchVar.JOB_NAME: payload.job_name, OrchVar.RUN_ID: payload.run_id, OrchVar.BACKEND: payload.backend,
+            OrchVar.STRATEGY: payload.strategy, OrchVar.INIT_TIMEOUT_S: str(payload.init_timeout_s),
+            OrchVar.COLLECTIVE_TIMEOUT_S: str(payload.collective_timeout_s), OrchVar.RUN_DIR: payload.run_dir,
+            OrchVar.CHECKPOINT_DIR: c.dir, OrchVar.CHECKPOINT_INTERVAL: str(c.interval_steps),
+            OrchVar.CHECKPOINT_KEEP: str(c.keep_last), OrchVar.RESUME: "1" if c.resume else "0",
+            OrchVar.GRAD_COMPRESSION: payload.grad_compression, OrchVar.STOP_SIGNAL: payload.stop_signal}
 
 
 def rank_environment(rank: RankEnv, payload: Payload, attempt: Value, requeue_marker: str | None = None,
@@ -267,11 +241,8 @@ def granted_cpus(environ: Mapping[str, str]) -> int | None:
     """The CPUs SLURM granted the job on its node, as the batch step sees them: SLURM_CPUS_ON_NODE,
     or the fewest of SLURM_JOB_CPUS_PER_NODE ('32(x2),16') where the job's nodes got different
     numbers (one srun --cpus-per-task must fit on every node). None when SLURM says neither."""
-    counts = [n for n in (_whole(environ.get("SLURM_CPUS_ON_NODE")),) if n]
-    for part in (environ.get("SLURM_JOB_CPUS_PER_NODE") or "").split(","):
-        n = _whole(part.split("(")[0].strip())
-        if n:
-            counts.append(n)
+    per_node = [_whole(p.split("(")[0].strip()) for p in (environ.get("SLURM_JOB_CPUS_PER_NODE") or "").split(",")]
+    counts = [n for n in (_whole(environ.get("SLURM_CPUS_ON_NODE")), *per_node) if n]
     return min(counts) if counts else None
 
 

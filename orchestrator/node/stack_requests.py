@@ -222,12 +222,12 @@ def wait_written(run_dir: str | Path, before: Mapping[int, int], timeout_s: floa
         time.sleep(0.05)
 
 
-def read_from(run_dir: str | Path, rank: int, start: int, end: int | None = None) -> str:
-    """What a rank's live dump file holds from ``start`` to ``end`` (its end: None); '' if unreadable."""
+def read_from(run_dir: str | Path, rank: int, start: int, end: int) -> str:
+    """What a rank's live dump file holds from ``start`` to ``end``; '' if unreadable."""
     try:
         with open(live_path(run_dir, rank), "rb") as fh:
             fh.seek(start)
-            data = fh.read() if end is None else fh.read(max(0, end - start))
+            data = fh.read(max(0, end - start))
     except OSError:
         return ""
     return data.decode("utf-8", errors="replace")

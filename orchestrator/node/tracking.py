@@ -111,9 +111,8 @@ def _off_reason(spec: SpecView, environ: Mapping[str, str], name: str, label: st
     """Why one tracker's defaults are off: the spec turned them off, or whose variable is set."""
     if not getattr(spec.tracking, name):
         return f"{label} (tracking.{name}: false)"
-    env = spec.env
-    mine = [n for n in names if n in env]
+    mine = [n for n in names if n in spec.env]
     if mine:
         return f"{label} (the spec's env sets {', '.join(mine)}: yours are used)"
     shell = [n for n in names if n in environ]
-    return f"{label} (your shell sets {', '.join(shell)}: yours are used)" if shell else f"{label}"
+    return f"{label} (your shell sets {', '.join(shell)}: yours are used)" if shell else label

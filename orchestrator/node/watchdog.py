@@ -64,17 +64,16 @@ class Watch:
     def progressed_since_join(self, rank: int, after_s: float) -> bool:
         """The rank showed progress (a report, or output) at least ``after_s`` after it joined its
         group: past its own start (model, data, DDP), not just past init_process_group."""
-        joined = self.joined.get(rank)
-        if joined is None:
-            return False
-        seen = self.heartbeat.get(rank) if rank in self.heartbeat else self.log_grew.get(rank)
-        return seen is not None and seen >= joined + after_s
+        joined, seen = self.joined.get(rank), self._seen(rank)
+        return joined is not None and seen is not None and seen >= joined + after_s
 
     def last_progress(self, rank: int) -> float:
         """When the rank last progressed: its heartbeat if it sends them, else its log's growth;
         its join counts too; the start when nothing has happened yet."""
-        seen = self.heartbeat.get(rank) if rank in self.heartbeat else self.log_grew.get(rank)
-        return max(t for t in (seen, self.joined.get(rank), self.started) if t is not None)
+        return max(t for t in (self._seen(rank), self.joined.get(rank), self.started) if t is not None)
+
+    def _seen(self, rank: int) -> Optional[float]:
+        return self.heartbeat.get(rank) if rank in self.heartbeat else self.log_grew.get(rank)
 
     def past_start(self, rank: int) -> bool:
         """The rank joined its process group, or reported progress through the rank API: a
@@ -94,17 +93,17 @@ class Watch:
         has joined. Looking again could change no verdict, so the supervisors stop reading the
         ranks' files (a look costs a few files per rank: on a shared filesystem, metadata load
         for the whole job)."""
-        init_done = self.init_timeout_s is None or self.world_size <= 1 or \
-            all(self.past_start(r) for r in range(self.world_size))
-        return not self.stall_s and init_done
+        return not self.stall_s and not self._starting()
+
+    def _starting(self) -> bool:
+        """The init deadline watches: some rank of a world of several is not past its start yet."""
+        return self.init_timeout_s is not None and self.world_size > 1 and \
+            not all(self.past_start(r) for r in range(self.world_size))
 
     def stall_due(self) -> Optional[float]:
         """When ``stalled`` turns true if no rank progresses before then (wall clock); None while no
         stall clock runs. The supervisors look again then, not up to a look's interval later."""
-        if not self.stall_s or self.world_size <= 0:
-            return None
-        if self.init_timeout_s is not None and self.world_size > 1 and \
-                not all(self.past_start(r) for r in range(self.world_size)):
+        if not self.stall_s or self.world_size <= 0 or self._starting():
             return None
         return max(self.last_progress(r) for r in range(self.world_size)) + self.stall_s
 
@@ -122,10 +121,7 @@ class Watch:
         for exactly that, and a start slowed by a busy node never looks like a hang. Ranks that
         report progress without ever joining a group are watched from their first report (a
         16 x 4 job of heartbeats and no group once stalled unseen)."""
-        if not self.stall_s:
-            return False
-        if self.init_timeout_s is not None and self.world_size > 1 and \
-                not all(self.past_start(r) for r in range(self.world_size)):
+        if not self.stall_s or self._starting():
             return False
         return all(now - self.last_progress(r) >= self.stall_s for r in range(self.world_size))
 

@@ -68,8 +68,7 @@ def resolve_backend(requested: str, device: torch.device) -> str:
         raise RuntimeError(
             f"the job's backend is nccl but rank {os.environ.get('RANK', '?')} sees no GPU "
             f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')!r}); give every rank a GPU "
-            "(local.devices, or gpus_per_node on SLURM), or set distributed.backend: gloo"
-        )
+            "(local.devices, or gpus_per_node on SLURM), or set distributed.backend: gloo")
     return requested
 
 
@@ -92,16 +91,15 @@ def replacement_generation(environ: Mapping[str, str] | None = None) -> int | No
 
 def _make_store(cfg: RuntimeConfig, rank: int, world: int, generation: int | None = None) -> dist.Store:
     timeout = dt.timedelta(seconds=cfg.init_timeout_s)
-    if generation is not None:  # a FileStore in the run folder: it outlives any one rank
-        store = dist.FileStore(str(RunFolder.of(cfg.run_dir).heal_store(generation)), world)
-        store.set_timeout(timeout)
-        return store
-    url = urlparse(cfg.init_method)
-    path = rendezvous_path(cfg.init_method)
-    if path is not None:  # the same file the launcher removes
+    # A FileStore: a generation's in the run folder (it outlives any one rank), or the file://
+    # rendezvous (the same file the launcher removes).
+    path = (str(RunFolder.of(cfg.run_dir).heal_store(generation)) if generation is not None
+            else rendezvous_path(cfg.init_method))
+    if path is not None:
         store = dist.FileStore(path, world)
         store.set_timeout(timeout)
         return store
+    url = urlparse(cfg.init_method)
     if url.scheme == "tcp":
         host, port = url.hostname, url.port
         if host is None or port is None:
@@ -120,8 +118,7 @@ def init_process_group(cfg: RuntimeConfig, device: torch.device, generation: int
         dist.init_process_group(
             backend=backend, store=store, rank=cfg.rank, world_size=cfg.world_size,
             timeout=dt.timedelta(seconds=cfg.collective_timeout_s),
-            device_id=device if device.type == "cuda" else None,
-        )
+            device_id=device if device.type == "cuda" else None)
     except Exception as exc:  # torch raises several types (DistStoreError, RuntimeError...)
         raise RuntimeError(
             f"rank {cfg.rank}/{cfg.world_size} could not join the process group through "

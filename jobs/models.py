@@ -16,8 +16,7 @@ class SmallCNN(nn.Module):
         self.features = nn.Sequential(
             nn.Conv2d(in_channels, width, 3, padding=1), nn.ReLU(),
             nn.Conv2d(width, width * 2, 3, padding=1), nn.ReLU(),
-            nn.AdaptiveAvgPool2d(4),
-        )
+            nn.AdaptiveAvgPool2d(4))
         self.head = nn.Linear(width * 2 * 16, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

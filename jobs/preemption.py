@@ -28,15 +28,12 @@ class StopFlag:
     handlers back on the way out; ``restore()`` does it by hand)."""
 
     def __init__(self, signals: tuple[int, ...] | None = None) -> None:
-        if signals is None:
-            signals = default_signals()
         self.local = False
         self.signal_name: str | None = None
         self.stopped = False  # should_stop() returned True: the ranks agreed to stop
         self._noted_stop = False
-        self._previous: dict[int, Any] = {}
-        for sig in signals:
-            self._previous[sig] = signal.signal(sig, self._handle)
+        self._previous: dict[int, Any] = {sig: signal.signal(sig, self._handle)
+                                          for sig in (default_signals() if signals is None else signals)}
         note_stop_state("listening")
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:

@@ -58,8 +58,7 @@ class RuntimeConfig:
             resume=e.get(OrchVar.RESUME, "1" if d.RESUME else "0") == "1",
             strategy=e.get(OrchVar.STRATEGY, d.STRATEGY),
             grad_compression=_choice(e, OrchVar.GRAD_COMPRESSION, d.GRAD_COMPRESSION, GRAD_COMPRESSIONS),
-            attempt=int(e.get(OrchVar.ATTEMPT, "0")),
-        )
+            attempt=int(e.get(OrchVar.ATTEMPT, "0")))
 
 
 GRAD_COMPRESSIONS = ("none", "fp16", "bf16")

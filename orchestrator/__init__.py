@@ -16,18 +16,9 @@ moved.install()  # the modules' names before the package move stay importable (q
 #: public name -> the module that defines it, imported when the name is first used
 _LAZY = {
     "JobSpec": "orchestrator.spec.models",
-    "load_spec": "orchestrator.api",
-    "run": "orchestrator.api",
-    "submit": "orchestrator.api",
-    "Run": "orchestrator.api",
-    "OrchestratorError": "orchestrator.core.errors",
-    "SpecError": "orchestrator.core.errors",
-    "SubmissionError": "orchestrator.core.errors",
-    "JobFailedError": "orchestrator.core.errors",
-    "RunNotFoundError": "orchestrator.core.errors",
-    "RunNotFinishedError": "orchestrator.core.errors",
-    "WaitTimeoutError": "orchestrator.core.errors",
-    "UsageError": "orchestrator.core.errors",
+    **dict.fromkeys(("load_spec", "run", "submit", "Run"), "orchestrator.api"),
+    **dict.fromkeys(("OrchestratorError", "SpecError", "SubmissionError", "JobFailedError", "RunNotFoundError",
+                     "RunNotFinishedError", "WaitTimeoutError", "UsageError"), "orchestrator.core.errors"),
 }
 __all__ = sorted(_LAZY)
 

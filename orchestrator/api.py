@@ -441,11 +441,9 @@ def refresh(runs: Sequence[Run]) -> list[Run]:
     """Refresh every run from its scheduler, asking each executor once for all of its runs (so
     SLURM status over any number of jobs is one or two scheduler calls, not one per job)."""
     fresh = {rec.run_dir: rec for rec in refresh_records([r.record for r in runs])}
-    out = []
     for r in runs:
         r._record = fresh[r._record.run_dir]
-        out.append(r)
-    return out
+    return list(runs)
 
 
 def refresh_records(records: Sequence[RunRecord],
@@ -466,8 +464,7 @@ def refresh_records(records: Sequence[RunRecord],
                 raise
             on_unreachable(name, exc)
             refreshed = group
-        for rec in refreshed:
-            fresh[rec.run_dir] = rec
+        fresh.update((rec.run_dir, rec) for rec in refreshed)
     return [fresh[rec.run_dir] for rec in records]
 
 

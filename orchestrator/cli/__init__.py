@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from orchestrator import __version__
 from orchestrator.backends import BACKENDS
@@ -22,7 +22,6 @@ from orchestrator.cli.cli_commands import (cmd_cancel, cmd_chaos, cmd_demo, cmd_
                                        cmd_schema, cmd_status, cmd_stacks, cmd_submit, cmd_sync, cmd_validate)
 from orchestrator.cli.cli_streams import not_utf8_line, os_error_line, process_streams
 from orchestrator.core.errors import OrchestratorError, UsageError
-
 
 
 def _spec_args(p: argparse.ArgumentParser, executor: bool = True) -> None:
@@ -56,70 +55,66 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--client-version", help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("validate", help="check a spec; exit code 2 if it is invalid")
+    def command(name: str, func: Callable[[argparse.Namespace], int], **options: Any) -> argparse.ArgumentParser:
+        """A subcommand that runs ``func`` (``help``: listed in --help; without it, hidden)."""
+        found = sub.add_parser(name, **options)
+        found.set_defaults(func=func)
+        return found
+
+    p = command("validate", cmd_validate, help="check a spec; exit code 2 if it is invalid")
     _spec_args(p)
     p.add_argument("--cluster", action="store_true", help="also check it against the live SLURM cluster")
-    p.set_defaults(func=cmd_validate)
 
-    p = sub.add_parser("plan", help="show the sbatch script and every rank's environment, without submitting")
+    p = command("plan", cmd_plan, help="show the sbatch script and every rank's environment, without submitting")
     _spec_args(p)
     p.add_argument("--json", action="store_true", help="print the LaunchPlan as JSON (every rank)")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--node", type=int, help="show this node's ranks in full")
     which.add_argument("--rank", type=int, help="show this rank's whole environment")
-    p.set_defaults(func=cmd_plan)
 
-    p = sub.add_parser("schema", help="print the JSON schema of job specs (for editors)")
-    p.set_defaults(func=cmd_schema)
+    command("schema", cmd_schema, help="print the JSON schema of job specs (for editors)")
 
-    p = sub.add_parser("run", help="run a spec (local by default) in the foreground")
+    p = command("run", cmd_run, help="run a spec (local by default) in the foreground")
     _spec_args(p)
     p.add_argument("--detach", action="store_true", help="run in the background and return the run id")
     p.add_argument("--fresh", action="store_true",
                    help="start over: move an existing run folder of this spec aside (nothing is deleted)")
-    p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("demo", help="train the embedded demo spec locally (2 nodes x 2 ranks, digits) and report")
+    p = command("demo", cmd_demo, help="train the embedded demo spec locally (2 nodes x 2 ranks, digits) and report")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("submit", help="submit a spec to SLURM")
+    p = command("submit", cmd_submit, help="submit a spec to SLURM")
     _spec_args(p)
     p.add_argument("--wait", action="store_true", help="wait until the job ends; exit 1 unless it COMPLETED")
     p.add_argument("--follow", action="store_true", help="stream rank 0's log until the job ends")
-    p.set_defaults(func=cmd_submit)
 
-    p = sub.add_parser("pipeline", help="submit a graph of specs to SLURM at once (locally: run them in order); "
-                                        "stages that completed are skipped")
+    p = command("pipeline", cmd_pipeline, help="submit a graph of specs to SLURM at once (locally: run them in "
+                                               "order); stages that completed are skipped")
     p.add_argument("file", help="the pipeline file (YAML): stages: {NAME: {spec: FILE, after: [STAGE], set: [K=V]}}")
     p.add_argument("--executor", choices=list(BACKENDS), help="override every stage's executor")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--plan", action="store_true", help="what would be submitted, skipped or waited for; start nothing")
     mode.add_argument("--status", action="store_true", help="each stage's run, state and what it waits for")
     p.add_argument("--json", action="store_true", help="with --plan or --status: print the stages as JSON")
-    p.set_defaults(func=cmd_pipeline)
 
-    p = sub.add_parser("preflight", help="run the all-reduce bandwidth check on a spec's nodes and ranks, and report it")
+    p = command("preflight", cmd_preflight,
+                help="run the all-reduce bandwidth check on a spec's nodes and ranks, and report it")
     _spec_args(p)
     p.add_argument("--sizes-mb", type=float, nargs="+", default=[1.0, 16.0, 64.0], help="message sizes")
-    p.set_defaults(func=cmd_preflight)
 
-    p = sub.add_parser("status", help="state of one or more runs (one scheduler query for all)")
+    p = command("status", cmd_status, help="state of one or more runs (one scheduler query for all)")
     p.add_argument("runs", nargs="*", help="run ids or folders; default: every registered run")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_status)
 
-    p = sub.add_parser("top", help="every rank of a running job side by side: step, rate, last report, memory")
+    p = command("top", cmd_top, help="every rank of a running job side by side: step, rate, last report, memory")
     p.add_argument("run")
     p.add_argument("--once", action="store_true", help="print one snapshot and exit (scripts, a pipe)")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (at most 1)")
-    p.set_defaults(func=cmd_top)
 
-    p = sub.add_parser("list", help="list registered runs")
+    p = command("list", cmd_list, help="list registered runs")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_list)
 
-    p = sub.add_parser("logs", help="print a rank's log")
+    p = command("logs", cmd_logs, help="print a rank's log")
     p.add_argument("run")
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--point", type=int, default=None,
@@ -128,21 +123,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--attempt", type=_attempt_number, default=None, metavar="K",
                    help="only attempt K's part of the log (from 1, as status counts the attempts); with -f, only "
                         "the latest attempt")
-    p.set_defaults(func=cmd_logs)
 
-    p = sub.add_parser("stacks", help="print the Python stack of every thread of every live rank (they keep running)")
+    p = command("stacks", cmd_stacks,
+                help="print the Python stack of every thread of every live rank (they keep running)")
     p.add_argument("run")
     p.add_argument("--rank", type=int, default=None, help="only this rank")
     p.add_argument("--native", action="store_true",
                    help="local runs: C/C++ frames too, through py-spy (needs ptrace permission)")
-    p.set_defaults(func=cmd_stacks)
 
-    p = sub.add_parser("cancel", help="stop a run")
+    p = command("cancel", cmd_cancel, help="stop a run")
     p.add_argument("run")
-    p.set_defaults(func=cmd_cancel)
 
-    p = sub.add_parser("chaos", help="break your own running job on purpose (a rank killed or frozen, a node "
-                                     "taken away) and see the recovery its spec asks for")
+    p = command("chaos", cmd_chaos, help="break your own running job on purpose (a rank killed or frozen, a node "
+                                         "taken away) and see the recovery its spec asks for")
     p.add_argument("run")
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--kill-rank", type=int, metavar="N", help="SIGKILL rank N (a crash with no traceback)")
@@ -156,38 +149,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--factor", type=float, default=4.0, help="with --slow-rank: how many times slower (default 4)")
     p.add_argument("--for", dest="seconds", type=float, default=600.0, metavar="SECONDS",
                    help="with --slow-rank: for how long (default 600)")
-    p.set_defaults(func=cmd_chaos)
 
-    p = sub.add_parser("report", help="write PNG plots and a text summary of a run's metrics")
+    p = command("report", cmd_report, help="write PNG plots and a text summary of a run's metrics")
     p.add_argument("run")
-    p.set_defaults(func=cmd_report)
 
-    p = sub.add_parser("gc", help="remove the code snapshots no run needs any more (runs that may still run, "
-                                  "the last few and the last hour's keep theirs)")
+    p = command("gc", cmd_gc, help="remove the code snapshots no run needs any more (runs that may still run, "
+                                   "the last few and the last hour's keep theirs)")
     p.add_argument("runs_dirs", nargs="*", metavar="RUNS_DIR",
                    help="runs folders whose snapshot store (RUNS_DIR/.code) to clean; default: every registered run's")
     p.add_argument("--dry-run", action="store_true", help="say what would be removed, and its size; remove nothing")
     p.add_argument("--keep", type=_keep_count, default=None, metavar="N",
                    help="the N most recently used snapshots stay, whatever their runs' states (default 5)")
-    p.set_defaults(func=cmd_gc)
 
-    p = sub.add_parser("remote-receive")  # the login node's side of --remote submit (remote_receive.py)
-    p.set_defaults(func=cmd_remote_receive)
-    p = sub.add_parser("remote-files")  # the login node sends a run's report PNGs (tar on stdout)
+    command("remote-receive", cmd_remote_receive)  # the login node's side of --remote submit (remote_receive.py)
+    p = command("remote-files", cmd_remote_files)  # the login node sends a run's report PNGs (tar on stdout)
     p.add_argument("run")
     p.add_argument("what", choices=["report"])
-    p.set_defaults(func=cmd_remote_files)
 
-    p = sub.add_parser("diff", help="what changed in the project on disk since the run's code snapshot")
+    p = command("diff", cmd_diff, help="what changed in the project on disk since the run's code snapshot")
     p.add_argument("run")
     p.add_argument("--stat", action="store_true", help="only the changed files' names")
-    p.set_defaults(func=cmd_diff)
 
-    p = sub.add_parser("sync", help="push a run's offline W&B runs (WANDB_MODE=offline) with wandb sync; "
-                                    "say how to open its TensorBoard and MLflow folders")
+    p = command("sync", cmd_sync, help="push a run's offline W&B runs (WANDB_MODE=offline) with wandb sync; "
+                                       "say how to open its TensorBoard and MLflow folders")
     p.add_argument("run", help="run id (or a unique prefix) or run folder")
     p.add_argument("--dry-run", action="store_true", help="list the offline W&B folders and the command; push nothing")
-    p.set_defaults(func=cmd_sync)
     return parser
 
 
@@ -240,7 +226,7 @@ def _command_argv(argv: Sequence[str]) -> list[str]:
     for i, word in enumerate(argv):
         if skip:
             skip = False
-        elif word in ("--remote",):
+        elif word == "--remote":
             skip = True
         elif word.startswith("--remote=") or word == "--local":
             continue
@@ -256,7 +242,11 @@ VERSION_MISMATCH = 3
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    unsupported = _unsupported_platform()
+    # Where the orchestrator cannot run at all (native Windows), the one line that says what to use
+    # instead; checked before any subcommand imports what such a platform lacks (fcntl).
+    from orchestrator.core.platform_caps import unsupported_reason
+
+    unsupported = unsupported_reason()
     if unsupported:
         print(f"error: {unsupported}", file=sys.stderr)
         return 2
@@ -295,14 +285,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise
             print(f"error: {not_utf8_line()}", file=sys.stderr)
             return 1
-
-
-def _unsupported_platform() -> str | None:
-    """Where the orchestrator cannot run at all (native Windows), the one line that says what to
-    use instead; checked before any subcommand imports what such a platform lacks (fcntl)."""
-    from orchestrator.core.platform_caps import unsupported_reason
-
-    return unsupported_reason()
 
 
 def console_main() -> None:

@@ -48,12 +48,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_lines(launch: Any) -> list[str]:
-    from orchestrator.spec.identity import plan_lines
-
-    return plan_lines(launch)
-
-
 def cmd_schema(args: argparse.Namespace) -> int:
     from orchestrator.spec.models import JobSpec
 
@@ -98,13 +92,14 @@ def _early_zygote(start: bool) -> Iterator[Any]:
 def cmd_run(args: argparse.Namespace) -> int:
     with _early_zygote(_emulated(args.executor) and not args.detach) as zygote:
         from orchestrator.api import run
+        from orchestrator.spec.identity import plan_lines
 
         said: list[str] = []
         # In the foreground the identity line comes first (what follows may be a long run); a
         # detached run says it after it started, so a refusal stays one line.
-        on_plan = _say_run_lines if not args.detach else (lambda launch: said.extend(_run_lines(launch)))
+        say = said.extend if args.detach else _say
         handle = run(_load(args), wait=not args.detach, executor=args.executor, fresh=args.fresh, zygote=zygote,
-                     on_moved=_print_moved, on_plan=None if args.fresh else on_plan)
+                     on_moved=_print_moved, on_plan=None if args.fresh else lambda launch: say(plan_lines(launch)))
     if args.detach:
         print(f"started {handle.id} in the background; follow it with: orchestrator logs -f {handle.id}")
         _say(said)
@@ -117,7 +112,7 @@ def _print_outcome(record: Any) -> None:
     """A finished run's end, as ``run`` and ``submit --wait`` show it: its state, the error and
     where the ranks were, a warning, the result. A reader that went away (``| head``) loses it;
     the record keeps it, and the exit code still tells the outcome."""
-    try:
+    with contextlib.suppress(OSError, ValueError, AttributeError):
         print(f"{record.run_id}: {record.state}  (run folder {record.run_dir})")
         if record.state != State.COMPLETED:
             if record.error:
@@ -130,12 +125,6 @@ def _print_outcome(record: Any) -> None:
         result = RunFolder.of(record.run_dir).result
         if record.state == State.COMPLETED and result.is_file():
             print(f"result: {json.loads(result.read_text(encoding='utf-8')).get('result')}")
-    except (OSError, ValueError, AttributeError):
-        pass
-
-
-def _say_run_lines(launch: Any) -> None:
-    _say(_run_lines(launch))
 
 
 def _say(lines: list[str]) -> None:
@@ -149,8 +138,6 @@ def _print_moved(moved: Any) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     demo = Path(__file__).parents[1] / "examples" / "demo.yaml"
     with _early_zygote(True) as zygote:
         from orchestrator.api import load_spec, run
@@ -166,10 +153,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_submit(args: argparse.Namespace) -> int:
     from orchestrator.api import submit
+    from orchestrator.spec.identity import plan_lines
 
     said: list[str] = []
     handle = submit(_load(args), executor=args.executor or "slurm",
-                    on_plan=lambda launch: said.extend(_run_lines(launch)))
+                    on_plan=lambda launch: said.extend(plan_lines(launch)))
     print(f"submitted {handle.id}: job(s) {', '.join(handle.job_ids) or '-'}; run folder {handle.run_dir}", flush=True)
     _say(said)  # after the submission: a refused one stays one line
     if args.follow or args.wait:
@@ -254,8 +242,6 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_logs(args: argparse.Namespace) -> int:
     from orchestrator.front.operations import logs
 
-    if args.attempt is None:
-        return logs(args.run, args.rank, args.follow, args.point)
     return logs(args.run, args.rank, args.follow, args.point, attempt=args.attempt)
 
 
@@ -305,7 +291,6 @@ def cmd_diff(args: argparse.Namespace) -> int:
     since, and for each its unified diff (snapshot on the left)."""
     from orchestrator.api import Run
     from orchestrator.code.snapshot import changes_since, read_code_record, unified_diff
-
     from orchestrator.core.safe_read import Damaged, NoPermission, read_regular
 
     run = Run.get(args.run)

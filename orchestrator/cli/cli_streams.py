@@ -12,7 +12,6 @@ import os
 import sys
 from typing import Any, Iterator
 
-
 #: What to do about an errno, after the path and the errno's meaning.
 _ERRNO_FIX = {
     "EACCES": "check its owner and permissions (ls -ld), or use a location you can write",
@@ -133,17 +132,12 @@ def process_streams() -> Iterator[None]:
     saved = sys.stdout, sys.stderr
     new = [_wrapped(s) if s is not None and s is real else None
            for s, real in ((sys.stdout, sys.__stdout__), (sys.stderr, sys.__stderr__))]
-    if new[0] is not None:
-        sys.stdout = new[0]
-    if new[1] is not None:
-        sys.stderr = new[1]
+    sys.stdout, sys.stderr = (mine if mine is not None else old for mine, old in zip(new, saved))
     try:
         yield
     finally:
         for stream in new:
             if stream is not None:
-                try:
+                with contextlib.suppress(OSError, ValueError):
                     stream.flush()
-                except (OSError, ValueError):
-                    pass
         sys.stdout, sys.stderr = saved

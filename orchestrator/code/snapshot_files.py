@@ -29,20 +29,20 @@ def project_root(entrypoint: str, cwd: str) -> tuple[Optional[str], str]:
     interpreter finds it, an editable install's project included), then the git work tree
     holding that, else that folder."""
     script = entrypoint.endswith(".py") or ":" not in entrypoint
-    shipped = _shipped_root(_shipped_start(entrypoint, cwd))
+    shipped = _find_shipped(_shipped_start(entrypoint, cwd))[0]
     if shipped is not None:  # a project that `--remote submit` shipped here: exactly the files it sent
         return shipped, "shipped"
     if script:
         path = os.path.abspath(os.path.join(cwd, entrypoint))
-        start = os.path.dirname(path)
-        top = _git_toplevel(start)
-        return (top, "git") if top is not None and not _git_ignores(top, path) else (start, "folder")
-    top_module = entrypoint.split(":")[0].split(".")[0]
-    location = _module_folder(top_module, cwd)
-    if location is None:
-        return None, f"{top_module} is an installed package"
+        location = os.path.dirname(path)
+    else:
+        top_module = entrypoint.split(":")[0].split(".")[0]
+        found = _module_folder(top_module, cwd)
+        if found is None:
+            return None, f"{top_module} is an installed package"
+        location = path = found
     top = _git_toplevel(location)
-    return (top, "git") if top is not None and not _git_ignores(top, location) else (location, "folder")
+    return (top, "git") if top is not None and not _git_ignores(top, path) else (location, "folder")
 
 
 def _module_folder(name: str, cwd: str) -> Optional[str]:
@@ -80,11 +80,6 @@ SHIPPED_NAME = ".orchestrator-shipped.json"
 #: Where ``remote_receive`` makes its checkouts, below ``$ORCHESTRATOR_HOME`` (``remote_home()/projects``):
 #: the only folders whose SHIPPED_NAME counts.
 CHECKOUTS = ("remote", "projects")
-
-
-def _shipped_root(start: str) -> Optional[str]:
-    """The checkout a remote submission made (``remote_receive``) holding ``start``, if any."""
-    return _find_shipped(start)[0]
 
 
 def _shipped_start(entrypoint: str, cwd: str) -> str:
@@ -176,12 +171,7 @@ def _git_toplevel(folder: str) -> Optional[str]:
 def _git_ignores(root: str, path: str) -> bool:
     """Git ignores ``path`` (a script in an ignored scratch folder of a larger repository: the
     project is then the script's own folder, not the repository that ignores it)."""
-    try:
-        out = subprocess.run(["git", "-C", root, "check-ignore", "-q", "--", path], capture_output=True,
-                             timeout=GIT_TIMEOUT_S, env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"})
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return out.returncode == 0
+    return _git(root, "check-ignore", "-q", "--", path) is not None
 
 
 def git_files(root: str, excluded: Iterable[str] = ()) -> tuple[list[str], list[str]]:
@@ -189,9 +179,8 @@ def git_files(root: str, excluded: Iterable[str] = ()) -> tuple[list[str], list[
     (relative folders: the runs folder, which git may not ignore and which grows with every run);
     a git submodule's own files under its folder."""
     skip = [f":(exclude,literal){rel}" for rel in excluded if rel and rel != "."]
-    lists = [_git(root, "ls-files", "-z", "--cached", "--", ".", *skip),
-             _git(root, "ls-files", "-z", "--others", "--exclude-standard", "--", ".", *skip)]
-    tracked_out, others_out = lists
+    tracked_out = _git(root, "ls-files", "-z", "--cached", "--", ".", *skip)
+    others_out = _git(root, "ls-files", "-z", "--others", "--exclude-standard", "--", ".", *skip)
     if tracked_out is None or others_out is None:
         raise SnapshotError(f"git could not list the files of {root}; check 'git -C {root} status', "
                             "or set code.snapshot: false")

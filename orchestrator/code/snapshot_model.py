@@ -115,13 +115,7 @@ class Snapshot:
 
     @property
     def new_bytes(self) -> int:
-        seen: set[str] = set()
-        total = 0
-        for e in self.entries.values():
-            if e.sha in self.missing and e.sha not in seen:
-                seen.add(e.sha)
-                total += e.size
-        return total
+        return sum({e.sha: e.size for e in self.entries.values() if e.sha in self.missing}.values())
 
     @property
     def diff_sha(self) -> Optional[str]:
@@ -171,7 +165,7 @@ def snapshot_id(entries: Mapping[str, Entry]) -> str:
 
 def mirror_names(root: str) -> list[str]:
     """The last folders of ``root``'s path: its mirrored ancestors and itself."""
-    parts = [p for p in Path(root).parts[1:]] or ["_"]
+    parts = list(Path(root).parts[1:]) or ["_"]
     return parts[-(MIRRORED_LEVELS + 1):]
 
 

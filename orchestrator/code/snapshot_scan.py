@@ -178,8 +178,7 @@ def scan(root: str, how: str, store_dir: str, *, ignore_file: str = ".orchignore
     return Snapshot(root=root, how=how, entries=entries, store_dir=str(store_dir), commit=commit, diff=diff,
                     missing=missing, hashed=hashed, ignore_file=ignore_file, exclude=tuple(excluded),
                     left_out={why: tuple(sorted(paths)) for why, paths in left.items()}, staged=staged,
-                    include=tuple(include),
-                    exclude_patterns=tuple(exclude_patterns))
+                    include=include, exclude_patterns=exclude_patterns)
 
 
 def _hash_files(root: str, files: list[tuple[str, os.stat_result]], cache: Mapping[str, list],

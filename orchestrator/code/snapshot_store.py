@@ -5,6 +5,7 @@ time it is used, with links to the live files it lacks."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -170,11 +171,9 @@ def _build_view(snap: Snapshot, blobs: Path) -> None:
 
 def remove_tree(path: Path) -> None:
     def writable(func, p, _exc):  # noqa: ANN001 - shutil's onerror signature
-        try:
+        with contextlib.suppress(OSError):
             os.chmod(os.path.dirname(p), 0o755)
             func(p)
-        except OSError:
-            pass
 
     shutil.rmtree(path, onerror=writable)
 
@@ -192,13 +191,10 @@ def _copy_verified(snap: Snapshot, rel: str, entry: Entry, blobs: Path, dest: Pa
             pass  # removed since: checked and stored again below
     for attempt in range(2):
         digest = hashlib.sha256()
-        try:
-            with open(blob, "rb") as src, open(dest, "wb") as out:
-                while chunk := src.read(CHUNK):
-                    digest.update(chunk)
-                    out.write(chunk)
-        except FileNotFoundError:
-            pass
+        with contextlib.suppress(FileNotFoundError), open(blob, "rb") as src, open(dest, "wb") as out:
+            while chunk := src.read(CHUNK):
+                digest.update(chunk)
+                out.write(chunk)
         if digest.hexdigest() == entry.sha and blob.is_file():
             os.chmod(dest, 0o555 if entry.mode & 0o111 else 0o444)
             return
@@ -248,10 +244,8 @@ def _link_missing(folder: Path, live: Path, skip: set[str], limit: Optional[int]
         target = os.path.join(live, name)
         if os.path.realpath(target) in skip:
             continue
-        try:
+        with contextlib.suppress(OSError):  # made by another start just now, or a read-only store
             os.symlink(target, os.path.join(folder, name))
-        except OSError:  # made by another start just now, or a read-only store
-            pass
 
 
 def _hash_file(path: str | Path) -> Optional[str]:

@@ -49,7 +49,6 @@ def render_argv(args: dict[str, Any], extra: list[str], bools: str = "flag") -> 
     return argv + list(extra)
 
 
-
 def plan(spec: JobSpec, executor: ExecutorName | None = None, max_array_size: int | None = None,
          code: Snapshot | None = None, array_limit_why: str | None = None) -> LaunchPlan:
     """``spec``: validated (``api.plan_for`` validates once, with the executor it plans for).
@@ -85,8 +84,7 @@ def plan(spec: JobSpec, executor: ExecutorName | None = None, max_array_size: in
         cpus=cpus_line(backend, spec, layout.nodes * layout.ranks_per_node, env.get("OMP_NUM_THREADS"), threads),
         interfaces=backend.interfaces(payload).line(),
         **backend.launch_fields(spec, run_id, run_dir, _shown_payload(payload, bool(sweep)), len(sweep),
-                                max_array_size),
-    )
+                                max_array_size))
     launch._snapshot = code
     return launch
 
@@ -203,17 +201,11 @@ def _payload(spec: JobSpec, run_id: str, run_dir: str, layout: Layout, env: dict
         framework=spec.framework,
         container=container_settings(spec, run_dir, code),
         srun=tuple(launcher.srun) if launcher.srun else None,
-        rank_log=launcher.rank_log,
-    )
+        rank_log=launcher.rank_log)
 
 
 def _sweep(spec: JobSpec, run_dir: str) -> list[SweepPoint]:
-    if not spec.sweep:
-        return []
-    out = []
-    for i, point in enumerate(spec.sweep_points()):
-        args = {**spec.args, **point}
-        out.append(SweepPoint(index=i, args=args, argv=render_argv(args, spec.extra_args, spec.bool_args),
-                              run_dir=str(RunFolder.of(run_dir).point(i).root)))
-    return out
+    points = [{**spec.args, **point} for point in spec.sweep_points()] if spec.sweep else []
+    return [SweepPoint(index=i, args=args, argv=render_argv(args, spec.extra_args, spec.bool_args),
+                       run_dir=str(RunFolder.of(run_dir).point(i).root)) for i, args in enumerate(points)]
 

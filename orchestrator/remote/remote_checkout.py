@@ -65,18 +65,23 @@ def _is_folder(path: Path) -> bool:
 
 def _read_alias(projects: Path, project: str) -> Optional[str]:
     """The checkout ``project`` adopted (None: none, or a record that names no plain checkout)."""
+    data = _read_plain(projects / ALIASES / project, limit=256)
+    name = "" if data is None else data.decode("ascii", "replace").strip()
+    return name if PROJECT.fullmatch(name) and name != NO_PROJECT else None
+
+
+def _read_plain(path: str | Path, dir_fd: Optional[int] = None, limit: int = -1) -> Optional[bytes]:
+    """The content of a regular file (at most ``limit`` bytes), never through a link, never
+    blocking on a FIFO; None when it is missing, not a plain file, or cannot be read."""
     try:
-        fd = os.open(projects / ALIASES / project, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError:
         return None
     try:
         with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                return None
-            name = f.read(256).decode("ascii", "replace").strip()
+            return f.read(limit) if stat.S_ISREG(os.fstat(f.fileno()).st_mode) else None
     except OSError:
         return None
-    return name if PROJECT.fullmatch(name) and name != NO_PROJECT else None
 
 
 def adopt(projects: Path, project: str, checkout: str) -> None:
@@ -93,13 +98,7 @@ def adopt(projects: Path, project: str, checkout: str) -> None:
             raise UsageError(f"{projects / ALIASES} is not a folder: move it aside there, then submit again") from None
         assert folder is not None
         try:
-            def make(tmp: str) -> None:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
-                             dir_fd=folder)
-                with os.fdopen(fd, "w", encoding="ascii") as out:
-                    out.write(checkout + "\n")
-
-            _replace_at(folder, project, make)
+            _write_whole(folder, project, (checkout + "\n").encode("ascii"), 0o644)
         finally:
             os.close(folder)
     finally:
@@ -203,9 +202,7 @@ class _Folders:
         return self.fds[-1]
 
     def close(self) -> None:
-        while self.names:
-            self.names.pop()
-            os.close(self.fds.pop())
+        self.at([], create=False)  # every folder below the checkout closed
 
 
 def _open_checkout(checkout: Path) -> int:
@@ -243,7 +240,8 @@ def update_checkout(checkout: Path, files: Mapping[str, Any], blobs: Path, commi
             recorded[rel] = [entry.sha, entry.size, entry.mode, entry.link, inode]
         for rel in sorted(before - set(entries)):  # what the last shipment had and this one lacks (never a folder)
             _remove_stale(folders, rel)
-        _write_record(root, {"files": recorded, "commit": commit, "diff": diff})
+        record = {"files": recorded, "commit": commit, "diff": diff}  # the checkout's record of this shipment
+        _write_whole(root, SHIPPED_NAME, json.dumps(record, indent=2, default=str).encode("utf-8"), 0o600)
     finally:
         folders.close()
         os.close(root)
@@ -252,16 +250,10 @@ def update_checkout(checkout: Path, files: Mapping[str, Any], blobs: Path, commi
 def _previously_shipped(root: int) -> set[str]:
     """The paths the last shipment recorded (its record lies in a folder jobs write to: only
     paths that could have been shipped count)."""
+    data = _read_plain(SHIPPED_NAME, dir_fd=root)
     try:
-        fd = os.open(SHIPPED_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=root)
-    except OSError:
-        return set()
-    try:
-        with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                return set()
-            files = json.loads(f.read()).get("files")
-    except (OSError, ValueError, AttributeError, RecursionError):
+        files = json.loads(data).get("files") if data is not None else None
+    except (ValueError, AttributeError, RecursionError):
         return set()
     return {rel for rel in files if path_problem(rel) is None} if isinstance(files, dict) else set()
 
@@ -342,13 +334,13 @@ def _remove_stale(folders: _Folders, rel: str) -> None:
         _unlink_quietly(folder, name)
 
 
-def _write_record(root: int, data: dict) -> None:
-    """The checkout's record of this shipment (``SHIPPED_NAME``), replaced whole."""
+def _write_whole(folder: int, name: str, data: bytes, mode: int) -> None:
+    """``name`` in ``folder`` replaced whole by a new file holding ``data`` (written to disk first)."""
     def make(tmp: str) -> None:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=root)
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            json.dump(data, out, indent=2, default=str)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=folder)
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
             out.flush()
             os.fsync(out.fileno())
 
-    _replace_at(root, SHIPPED_NAME, make)
+    _replace_at(folder, name, make)

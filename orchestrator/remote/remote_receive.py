@@ -93,14 +93,12 @@ def serve(stdin: IO[bytes], stdout: IO[bytes]) -> int:
         say({"missing": list(missing)})
         receive_blobs(stdin, blobs, missing)
         with contextlib.redirect_stdout(sys.stderr):  # the CLI's own lines are for the user, not the protocol
-            if submission.plan is not None:
-                planned = _plan(submission, checkout, blobs, submission.plan)  # plan's own output captured
+            if submission.plan is not None:  # plan's own output captured
+                answer = {"planned": {"text": _plan(submission, checkout, blobs, submission.plan),
+                                      "warnings": [home_problem] if home_problem else []}}
             else:
-                run = _submit(submission, checkout, blobs)
-        if submission.plan is not None:
-            say({"planned": {"text": planned, "warnings": [home_problem] if home_problem else []}})
-        else:
-            say({"submitted": run})
+                answer = {"submitted": _submit(submission, checkout, blobs)}
+        say(answer)
         return 0
     except OrchestratorError as exc:
         refuse(str(exc))

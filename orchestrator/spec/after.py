@@ -50,12 +50,7 @@ def edge_status(when: str, parent: Optional[State]) -> Literal["met", "never", "
 
 def base_ids(job_ids: Sequence[str]) -> list[str]:
     """'12_0', '12_1', '13' -> ['12', '13']: a dependency on an array waits for all its tasks."""
-    out: list[str] = []
-    for job in job_ids:
-        base = job.split("_")[0]
-        if base not in out:
-            out.append(base)
-    return out
+    return list(dict.fromkeys(job.split("_")[0] for job in job_ids))
 
 
 def dependency_options(deps: Sequence[tuple[str, Sequence[str]]]) -> dict[str, str]:

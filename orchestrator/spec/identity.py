@@ -46,8 +46,7 @@ from orchestrator.spec.models import JobSpec
 #: Top-level fields (or dotted sub-fields) that name the run.
 TRAINING: tuple[str, ...] = (
     "name", "entrypoint", "args", "extra_args", "sweep", "nodes", "gpus_per_node", "cpu_ranks_per_node",
-    "strategy", "executor", "distributed.grad_compression", "checkpoint.resume", "framework", "bool_args",
-)
+    "strategy", "executor", "distributed.grad_compression", "checkpoint.resume", "framework", "bool_args")
 #: The rest: changing one resumes the same run.
 OPERATIONAL: tuple[str, ...] = (
     "distributed.backend", "distributed.init_method", "distributed.port", "distributed.rendezvous_dir",
@@ -55,8 +54,7 @@ OPERATIONAL: tuple[str, ...] = (
     "distributed.collective_timeout_s", "distributed.nccl_async_error_handling", "distributed.nccl_flight_recorder",
     "checkpoint.dir", "checkpoint.interval_steps", "checkpoint.keep_last",
     "slurm", "local", "env", "workdir", "watchdog", "recovery", "code", "stop_grace_s", "runs_dir",
-    "container", "after", "tracking",
-)
+    "container", "after", "tracking")
 #: Training fields added after run ids were first handed out: left out of the hash while they hold
 #: their default, so a spec that does not use them keeps the run id it had.
 LATER_TRAINING_DEFAULTS: dict[str, Any] = {"framework": None, "bool_args": "flag"}

@@ -34,21 +34,19 @@ def _known_executor(name: str) -> str:
 ExecutorName = Annotated[str, AfterValidator(_known_executor), WithJsonSchema({"type": "string", "enum": list(KINDS)})]
 
 #: sbatch options the orchestrator sets itself; `slurm.extra_sbatch` may not override them.
-RESERVED_SBATCH = frozenset(
-    {
-        "job-name", "nodes", "ntasks", "ntasks-per-node", "gpus-per-node", "gpus", "gres",
-        "cpus-per-task", "mem", "time", "partition", "account", "qos", "constraint",
-        "exclusive", "output", "error", "open-mode", "array", "signal", "wrap", "chdir",
-        "export", "wckey", "nodelist", "exclude", "reservation",
-        "mem-per-cpu", "mem-per-gpu", "cpus-per-gpu",
-        # Options that would change the task layout, the requeue behaviour or how sbatch
-        # answers (submission must get a job id back, at once).
-        "gpus-per-task", "ntasks-per-gpu",
-        "requeue", "no-requeue", "wait", "test-only", "parsable", "help", "usage", "version",
-        # What a job waits for: the spec's after: (orchestrator.spec.after), resolved at submission.
-        "dependency", "kill-on-invalid-dep",
-    }
-)
+RESERVED_SBATCH = frozenset({
+    "job-name", "nodes", "ntasks", "ntasks-per-node", "gpus-per-node", "gpus", "gres",
+    "cpus-per-task", "mem", "time", "partition", "account", "qos", "constraint",
+    "exclusive", "output", "error", "open-mode", "array", "signal", "wrap", "chdir",
+    "export", "wckey", "nodelist", "exclude", "reservation",
+    "mem-per-cpu", "mem-per-gpu", "cpus-per-gpu",
+    # Options that would change the task layout, the requeue behaviour or how sbatch
+    # answers (submission must get a job id back, at once).
+    "gpus-per-task", "ntasks-per-gpu",
+    "requeue", "no-requeue", "wait", "test-only", "parsable", "help", "usage", "version",
+    # What a job waits for: the spec's after: (orchestrator.spec.after), resolved at submission.
+    "dependency", "kill-on-invalid-dep",
+})
 #: Most items a list or mapping field may hold (arguments, setup lines, sbatch options).
 MAX_ITEMS = v.MAX_SWEEP_POINTS
 
@@ -177,57 +175,39 @@ class DistributedSpec(_Model):
     """How the ranks find each other."""
 
     backend: Literal["auto", "nccl", "gloo"] = Field(
-        Defaults.BACKEND, description="Process-group backend. 'auto' is nccl when the job has GPUs, else gloo."
-    )
+        Defaults.BACKEND, description="Process-group backend. 'auto' is nccl when the job has GPUs, else gloo.")
     init_method: Literal["env", "tcp", "file"] = Field(
-        "env",
-        description="Rendezvous: 'env' (env://, MASTER_ADDR/MASTER_PORT), 'tcp' "
-        "(tcp://master:port) or 'file' (a shared file).",
-    )
+        "env", description="Rendezvous: 'env' (env://, MASTER_ADDR/MASTER_PORT), 'tcp' "
+        "(tcp://master:port) or 'file' (a shared file).")
     port: Union[Literal["auto"], int] = Field(
-        "auto",
-        description="Master port. 'auto' derives it from the job id and restart count, "
-        "outside the ephemeral range.",
-    )
+        "auto", description="Master port. 'auto' derives it from the job id and restart count, "
+        "outside the ephemeral range.")
     rendezvous_dir: str | None = Field(
-        None,
-        description="Directory for file:// rendezvous files; it must be visible to every node. "
-        "Default: the run folder.",
-    )
+        None, description="Directory for file:// rendezvous files; it must be visible to every node. "
+        "Default: the run folder.")
     rendezvous_dir_is_shared: bool = Field(
-        False,
-        description="Declare that rendezvous_dir (or the run folder) is shared between nodes even "
-        "though its path looks node-local (/tmp, /dev/shm ...), e.g. when all nodes are one host.",
-    )
+        False, description="Declare that rendezvous_dir (or the run folder) is shared between nodes even "
+        "though its path looks node-local (/tmp, /dev/shm ...), e.g. when all nodes are one host.")
     interface: Union[str, list[str]] = Field(
-        "auto",
-        description="Network interface for NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME: 'auto' (the "
-        "interface that routes to the master), a name such as 'eth0', or a list of names.",
-    )
+        "auto", description="Network interface for NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME: 'auto' (the "
+        "interface that routes to the master), a name such as 'eth0', or a list of names.")
     init_timeout_s: float = Field(
         Defaults.INIT_TIMEOUT_S, gt=0, le=v.MAX_TIMEOUT_S,
         description="Seconds to wait for every rank to join. The orchestrator enforces it for any script: a rank "
         "whose init_process_group has not returned by then ends the job FAILED, naming the ranks that never "
-        "called it, with every rank's stack saved in <run folder>/stacks/.",
-    )
-    collective_timeout_s: float = Field(
-        Defaults.COLLECTIVE_TIMEOUT_S, gt=0, le=v.MAX_TIMEOUT_S, description="Seconds a single collective may take before the job fails."
-    )
+        "called it, with every rank's stack saved in <run folder>/stacks/.")
+    collective_timeout_s: float = Field(Defaults.COLLECTIVE_TIMEOUT_S, gt=0, le=v.MAX_TIMEOUT_S,
+                                        description="Seconds a single collective may take before the job fails.")
     grad_compression: Literal["none", "fp16", "bf16"] = Field(
         Defaults.GRAD_COMPRESSION,
         description="DDP gradient compression for jobs built on the rank API (jobs.wrap_model): 'fp16' or "
-        "'bf16' halve the bytes all-reduced, for bandwidth-bound multi-node jobs; 'none' is exact.",
-    )
+        "'bf16' halve the bytes all-reduced, for bandwidth-bound multi-node jobs; 'none' is exact.")
     nccl_async_error_handling: bool = Field(
-        True,
-        description="nccl jobs: TORCH_NCCL_ASYNC_ERROR_HANDLING=1, so a failed or timed-out collective ends "
-        "the rank instead of hanging it. Free while nothing is wrong.",
-    )
+        True, description="nccl jobs: TORCH_NCCL_ASYNC_ERROR_HANDLING=1, so a failed or timed-out collective ends "
+        "the rank instead of hanging it. Free while nothing is wrong.")
     nccl_flight_recorder: bool = Field(
-        True,
-        description="nccl jobs: PyTorch's NCCL flight recorder (TORCH_FR_BUFFER_SIZE=2000) with a dump on "
-        "timeout into <run folder>/nccl-trace/ (TORCH_NCCL_DUMP_ON_TIMEOUT=1, TORCH_FR_DUMP_TEMP_FILE).",
-    )
+        True, description="nccl jobs: PyTorch's NCCL flight recorder (TORCH_FR_BUFFER_SIZE=2000) with a dump on "
+        "timeout into <run folder>/nccl-trace/ (TORCH_NCCL_DUMP_ON_TIMEOUT=1, TORCH_FR_DUMP_TEMP_FILE).")
 
     @field_validator("port", mode="before")
     @classmethod
@@ -266,9 +246,8 @@ class CheckpointSpec(_Model):
     """Where and how often rank 0 writes checkpoints."""
 
     dir: str | None = Field(None, description="Checkpoint directory. Default: <run folder>/checkpoints.")
-    interval_steps: int = Field(
-        Defaults.CHECKPOINT_INTERVAL, ge=0, description="Also checkpoint every N optimizer steps; 0 means only at epoch ends."
-    )
+    interval_steps: int = Field(Defaults.CHECKPOINT_INTERVAL, ge=0,
+                                description="Also checkpoint every N optimizer steps; 0 means only at epoch ends.")
     keep_last: int = Field(Defaults.CHECKPOINT_KEEP, ge=1, description="How many checkpoints to keep; older ones are deleted.")
     resume: bool = Field(Defaults.RESUME, description="Resume from the latest checkpoint in dir when one exists.")
 
@@ -280,114 +259,94 @@ class CheckpointSpec(_Model):
         return None if value is None else _home_path(value, "checkpoint.dir", info, run_folder=False)
 
 
+#: The SlurmSpec fields whose value (when set) one check of ``validators`` normalises.
+_SLURM_CHECKS = {"mem": v.slurm_memory, "mem_per_cpu": v.slurm_memory, "mem_per_gpu": v.slurm_memory,
+                 "constraint": v.constraint, "gpu_type": v.gpu_type, "nodelist": v.hostlist, "exclude": v.hostlist}
+#: The SlurmSpec fields that name things sbatch is given (a comma-separated list: several of them).
+_SLURM_NAMES = {"account": v.safe_name, "qos": v.safe_name, "wckey": v.safe_name, "partition": v.safe_names,
+                "reservation": v.safe_names}
+
+
 class SlurmSpec(_Model):
     """Options for the SLURM executor."""
 
     partition: str | None = Field(
         None, description="Partition (sbatch --partition), or a comma-separated list ('gpu,gpu-preempt'): "
-        "the job runs in the first that can start it. Default: the cluster's default partition."
-    )
+        "the job runs in the first that can start it. Default: the cluster's default partition.")
     account: str | None = Field(None, description="Account to charge (sbatch --account).")
     qos: str | None = Field(None, description="Quality of service (sbatch --qos).")
     reservation: str | None = Field(
         None, description="Run in this advance reservation (sbatch --reservation); a comma-separated list "
-        "lets SLURM use the first that can start the job."
-    )
+        "lets SLURM use the first that can start the job.")
     wckey: str | None = Field(
         None, description="Workload characterization key to book the job to (sbatch --wckey). Default: none "
-        "(the site's default wckey, where it tracks them)."
-    )
+        "(the site's default wckey, where it tracks them).")
     time: str = Field(
-        "01:00:00", description="Time limit in any sbatch format: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS."
-    )
+        "01:00:00", description="Time limit in any sbatch format: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.")
     mem: str | None = Field(None, description="Memory per node, e.g. '64G' (sbatch --mem). Default: the "
                             "site's (DefMemPerNode, DefMemPerCPU or DefMemPerGPU). One of mem, mem_per_cpu, "
                             "mem_per_gpu.")
     mem_per_cpu: str | None = Field(None, description="Memory per allocated CPU, e.g. '4G' (sbatch --mem-per-cpu).")
     mem_per_gpu: str | None = Field(
-        None, description="Memory per allocated GPU, e.g. '64G' (sbatch --mem-per-gpu). Needs gpus_per_node."
-    )
+        None, description="Memory per allocated GPU, e.g. '64G' (sbatch --mem-per-gpu). Needs gpus_per_node.")
     cpus_per_task: int | None = Field(
         None, ge=1, description="CPUs per rank (sbatch and the ranks' srun --cpus-per-task; with strategy dp, "
         "per GPU of the node's one rank); raise it for DataLoader workers. Default: not asked for, so the site's "
         "defaults decide the CPUs of each node (DefCpuPerGPU; DefMemPerCPU then counts them), and the job's agent "
         "gives each rank an equal share of its node's granted CPUs (SLURM_CPUS_ON_NODE / ranks per node, at "
-        "least 1), for srun --cpus-per-task and OMP_NUM_THREADS."
-    )
+        "least 1), for srun --cpus-per-task and OMP_NUM_THREADS.")
     cpus_per_gpu: int | None = Field(
         None, ge=1, description="CPUs per allocated GPU (sbatch --cpus-per-gpu); needs gpus_per_node, and "
-        "excludes cpus_per_task. Each rank gets its share of its node's CPUs, as without either."
-    )
+        "excludes cpus_per_task. Each rank gets its share of its node's CPUs, as without either.")
     constraint: str | None = Field(None, description="Node features, e.g. 'a100&ib' (sbatch --constraint).")
     exclusive: bool = Field(False, description="Do not share nodes with other jobs (sbatch --exclusive).")
     setup: list[str] = Field(
-        default_factory=list,
-        description="Shell lines run in the batch script before the ranks start (module load, "
-        "source venv/bin/activate). These are shell by design and run as written.",
-    )
+        default_factory=list, description="Shell lines run in the batch script before the ranks start (module load, "
+        "source venv/bin/activate). These are shell by design and run as written.")
     signal_margin_s: int = Field(
         120, ge=10, le=3600,
-        description="Seconds before the time limit at which SLURM sends slurm.signal, so ranks can checkpoint.",
-    )
+        description="Seconds before the time limit at which SLURM sends slurm.signal, so ranks can checkpoint.")
     signal: Literal["USR1", "USR2"] = Field(
-        "USR2",
-        description="The time limit's advance notice (sbatch --signal=B:SIG@margin), forwarded to every rank: "
+        "USR2", description="The time limit's advance notice (sbatch --signal=B:SIG@margin), forwarded to every rank: "
         "USR2 (the rank API listens for it), or USR1 for Lightning's own SLURM requeue (SLURMEnvironment's "
-        "requeue_signal). A rank with no handler for it runs on to the time limit, as under plain sbatch.",
-    )
+        "requeue_signal). A rank with no handler for it runs on to the time limit, as under plain sbatch.")
     max_requeues: int = Field(3, ge=0, le=1000, description="How many times a preempted or timed-out job is requeued.")
     requeue: Literal["auto", "always", "never"] = Field(
         "auto",
         description="When slurm.signal arrives (signal_margin_s before the time limit, or on preemption): 'auto' "
         "requeues once the ranks checkpointed through the rank API (jobs/); 'always' requeues any script "
         "once its ranks have ended or the margin is nearly spent (for a script that resumes from its own "
-        "snapshot); 'never' lets the job end.",
-    )
+        "snapshot); 'never' lets the job end.")
     assume_shared_paths: bool = Field(
-        False,
-        description="Declare that runs_dir and checkpoint.dir are shared by the submitting host and every "
+        False, description="Declare that runs_dir and checkpoint.dir are shared by the submitting host and every "
         "node though their paths look node-local (/tmp, /var/tmp, /dev/shm ...): e.g. a cluster whose nodes "
-        "all run on one host.",
-    )
+        "all run on one host.")
     python: str | None = Field(
         None, description="Python executable on the compute nodes (one path, quoted in the script; "
-        "use setup for wrappers). Default: the interpreter that submits."
-    )
+        "use setup for wrappers). Default: the interpreter that submits.")
     gpu_type: str | None = Field(
-        None,
-        description="GPU type as the cluster's GRES names it (e.g. 'a100'): the job asks for "
-        "--gpus-per-node=TYPE:N instead of --gpus-per-node=N. Needs gpus_per_node.",
-    )
+        None, description="GPU type as the cluster's GRES names it (e.g. 'a100'): the job asks for "
+        "--gpus-per-node=TYPE:N instead of --gpus-per-node=N. Needs gpus_per_node.")
     nodelist: str | None = Field(
-        None, description="Run on these nodes (sbatch --nodelist), a SLURM host list: 'gpu[01-04]'."
-    )
+        None, description="Run on these nodes (sbatch --nodelist), a SLURM host list: 'gpu[01-04]'.")
     exclude: str | None = Field(
-        None, description="Never run on these nodes (sbatch --exclude), a SLURM host list: 'gpu07,gpu[10-12]'."
-    )
+        None, description="Never run on these nodes (sbatch --exclude), a SLURM host list: 'gpu07,gpu[10-12]'.")
     extra_sbatch: dict[str, Union[str, int, bool]] = Field(
-        default_factory=dict,
-        description="Further sbatch options by long name, e.g. {'mail-type': 'END'}. Options the "
-        "orchestrator sets itself are refused.",
-    )
+        default_factory=dict, description="Further sbatch options by long name, e.g. {'mail-type': 'END'}. Options the "
+        "orchestrator sets itself are refused.")
 
-    @field_validator("account", "qos", "wckey")
+    @field_validator(*_SLURM_NAMES)
     @classmethod
-    def _names(cls, value: str | None, info: Any) -> str | None:
-        return None if value is None else v.safe_name(value, f"slurm.{info.field_name} name")
-
-    @field_validator("partition", "reservation")
-    @classmethod
-    def _name_lists(cls, value: str | None, info: Any) -> str | None:
-        return None if value is None else v.safe_names(value, f"slurm.{info.field_name} name")
+    def _names(cls, value: str | None, info: ValidationInfo) -> str | None:
+        field = info.field_name or ""
+        return None if value is None else _SLURM_NAMES[field](value, f"slurm.{field} name")
 
     @field_validator("time", mode="before")
     @classmethod
     def _time_text(cls, value: Any) -> Any:
         if isinstance(value, int) and not isinstance(value, bool):
-            raise ValueError(
-                f"got the number {value}; YAML reads an unquoted time such as 12:00:00 as a number "
-                "(base 60), so quote it: time: '12:00:00' (or '60' for 60 minutes)"
-            )
+            raise ValueError(f"got the number {value}; YAML reads an unquoted time such as 12:00:00 as a number "
+                             "(base 60), so quote it: time: '12:00:00' (or '60' for 60 minutes)")
         return value
 
     @field_validator("time")
@@ -396,25 +355,10 @@ class SlurmSpec(_Model):
         v.slurm_time_minutes(value)
         return value
 
-    @field_validator("mem", "mem_per_cpu", "mem_per_gpu")
+    @field_validator(*_SLURM_CHECKS)
     @classmethod
-    def _mem(cls, value: str | None) -> str | None:
-        return None if value is None else v.slurm_memory(value)
-
-    @field_validator("constraint")
-    @classmethod
-    def _constraint(cls, value: str | None) -> str | None:
-        return None if value is None else v.constraint(value)
-
-    @field_validator("gpu_type")
-    @classmethod
-    def _gpu_type(cls, value: str | None) -> str | None:
-        return None if value is None else v.gpu_type(value)
-
-    @field_validator("nodelist", "exclude")
-    @classmethod
-    def _hostlists(cls, value: str | None) -> str | None:
-        return None if value is None else v.hostlist(value)
+    def _checked(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return None if value is None else _SLURM_CHECKS[info.field_name or ""](value)
 
     @field_validator("python")
     @classmethod
@@ -458,21 +402,17 @@ class LocalSpec(_Model):
 
     devices: list[int] | None = Field(
         None, description="GPU indices this machine may use; split among the local ranks. "
-        "Default: none (CPU, gloo)."
-    )
+        "Default: none (CPU, gloo).")
     emulate_nodes: int | None = Field(
         None, ge=1, le=v.MAX_LOCAL_RANKS, description="How many nodes to emulate. Default: the spec's nodes "
-        f"(at most {v.MAX_LOCAL_RANKS} ranks run locally in all)."
-    )
+        f"(at most {v.MAX_LOCAL_RANKS} ranks run locally in all).")
     ranks_per_node: int | None = Field(
         None, ge=1, le=v.MAX_LOCAL_RANKS, description="Ranks per emulated node. Default: GPUs per node, capped at 2 on "
-        "GPU specs without local.devices so a cluster spec stays runnable on a laptop."
-    )
+        "GPU specs without local.devices so a cluster spec stays runnable on a laptop.")
     timeout_s: float | None = Field(None, gt=0, le=v.MAX_TIMEOUT_S, description="Kill the local run after this many seconds.")
     preload_torch: bool = Field(
         True, description="Import torch once in a launcher process and fork the ranks from it (a fast "
-        "start on few cores). false starts every rank as a fresh interpreter, exactly as on SLURM."
-    )
+        "start on few cores). false starts every rank as a fresh interpreter, exactly as on SLURM.")
 
     @field_validator("devices")
     @classmethod
@@ -493,27 +433,22 @@ class WatchdogSpec(_Model):
         "too. The clock runs once every rank is past its start: joined its process group, or sent a heartbeat "
         "(before that, distributed.init_timeout_s bounds the start). The straggler is the rank whose stack is not inside a "
         "torch.distributed collective, else one that did not answer, else the one that progressed least "
-        "recently. Default: off.",
-    )
+        "recently. Default: off.")
     stacks_on_failure: bool = Field(
-        True,
-        description="On an abnormal end (a rank failed, a timeout, the init deadline, a stall, the time limit "
-        "with no requeue left) save the stacks of the ranks still alive in <run folder>/stacks/ first.",
-    )
+        True, description="On an abnormal end (a rank failed, a timeout, the init deadline, a stall, the time limit "
+        "with no requeue left) save the stacks of the ranks still alive in <run folder>/stacks/ first.")
     straggler_factor: float = Field(
         1.5, gt=1, le=100,
         description="Name a rank the straggler (in status and top) when the time it spends outside collectives "
         "each step (data, forward: the rank API's heartbeat busy_s, which jobs.train reports) is at least this "
         "many times the other ranks' median. In a synchronous job every rank's step rate falls to the slowest's, "
-        "so the rate cannot tell; this can. Scripts that report no busy_s get none named.",
-    )
+        "so the rate cannot tell; this can. Scripts that report no busy_s get none named.")
     straggler_window_s: float = Field(
         30.0, gt=0, le=v.MAX_TIMEOUT_S,
         description="The window a straggler is judged over when recovery.on lists straggler: a rank whose time "
         "outside collectives, averaged over it, is straggler_factor times the others' median (and still the slower "
         "at the last look) is a failure of kind 'straggler': the attempt ends and, on SLURM, its node is blamed and "
-        "replaced by a spare inside the job (locally every rank restarts in a new process).",
-    )
+        "replaced by a spare inside the job (locally every rank restarts in a new process).")
 
 
 RecoveryKind = Literal["crash", "node_failure", "hang", "unhealthy", "straggler"]
@@ -529,46 +464,36 @@ class RecoverySpec(_Model):
         0, ge=0, le=1000,
         description="Automatic restarts after a failure (locally the ranks restart in place; on SLURM the ranks' "
         "step restarts inside the job, or the job is requeued without the nodes blamed: recovery.in_allocation). "
-        "0 turns restarts off (the default).",
-    )
+        "0 turns restarts off (the default).")
     spares: int = Field(
         0, ge=0, le=1000,
         description="SLURM: extra nodes held in the allocation (sbatch asks for nodes + spares). The ranks run on "
         "`nodes` of them, the health gate checks all of them, and a node blamed for a failure (or lost) is "
-        "replaced by a healthy spare without leaving the job, and given back to SLURM. Locally: nothing to hold.",
-    )
+        "replaced by a healthy spare without leaving the job, and given back to SLURM. Locally: nothing to hold.")
     in_allocation: bool = Field(
-        True,
-        description="SLURM: restart inside the job: the agent ends the ranks' step and starts a new one on the "
+        True, description="SLURM: restart inside the job: the agent ends the ranks' step and starts a new one on the "
         "same nodes (a blamed node swapped for a spare), with a fresh rendezvous; no requeue, no queue wait. "
         "The job is requeued (without the blamed nodes) only when the allocation has too few healthy nodes "
-        "left. false: every restart is a requeue.",
-    )
+        "left. false: every restart is a requeue.")
     on: list[RecoveryKind] = Field(
         default_factory=lambda: list(RECOVERY_KINDS),
         description="Which failures restart: crash (a rank failed: a traceback, an exit code, a signal), "
         "node_failure (SLURM lost a node), hang (watchdog.stall_s or distributed.init_timeout_s fired), "
         "unhealthy (the health gate failed on a node), straggler (a rank named the straggler, slower than the "
         "others by watchdog.straggler_factor, for watchdog.straggler_window_s: its node is blamed and, with a "
-        "spare, replaced inside the job). Default: the first four; straggler is off unless listed.",
-    )
+        "spare, replaced inside the job). Default: the first four; straggler is off unless listed.")
     exclude_failed_nodes: bool = Field(
-        True,
-        description="SLURM: a node blamed for a failure (the health gate, a node failure, a rank killed by a "
+        True, description="SLURM: a node blamed for a failure (the health gate, a node failure, a rank killed by a "
         "hardware-like signal there, a hung rank not inside a collective) is excluded from later attempts. "
-        "A Python traceback is the code's fault and excludes nothing.",
-    )
+        "A Python traceback is the code's fault and excludes nothing.")
     health_check: bool = Field(
-        True,
-        description="Before any rank starts, on every attempt, check every node: the run and checkpoint "
+        True, description="Before any rank starts, on every attempt, check every node: the run and checkpoint "
         "folders are writable and shared, free disk, the interface exists, the GPUs were granted, node_check "
-        "passes. A failing node is named with its reason in status.",
-    )
+        "passes. A failing node is named with its reason in status.")
     node_check: list[str] | None = Field(
         None, min_length=1, max_length=MAX_ITEMS,
         description="A site command (argv list, never read by a shell) the health gate runs on every node; "
-        "a non-zero exit marks the node unhealthy. It sees ORCH_HEALTH_NODE=<node>.",
-    )
+        "a non-zero exit marks the node unhealthy. It sees ORCH_HEALTH_NODE=<node>.")
     survivors: Literal["restart", "keep"] = Field(
         "restart",
         description="What a crash of some ranks does to the others. restart (the default): every rank starts "
@@ -577,8 +502,7 @@ class RecoverySpec(_Model):
         "does it) rejoins a fresh process group with them and hands them its model, optimizer and step by "
         "broadcast: no checkpoint read, at most the step in flight redone. Each one is an attempt in "
         "recovery.json and counts against max_restarts. On SLURM a replaced rank runs as a step of its own on "
-        "its node, inside the job (in_allocation); a lost node or a hang still restarts every rank there.",
-    )
+        "its node, inside the job (in_allocation); a lost node or a hang still restarts every rank there.")
     standbys: bool = Field(
         True,
         description="SLURM: once the ranks train, a warm interpreter of ours waits on each of the job's nodes (its "
@@ -586,13 +510,11 @@ class RecoverySpec(_Model):
         "(in_allocation) forks the next attempt's ranks from them instead of starting a new step in which every "
         "rank imports torch again, and with survivors: keep a replaced rank is forked from its node's. Costs one "
         "idle interpreter per node (a few hundred MB). Not used for ranks in a container or an nccl job yet. "
-        "false: every restart starts a new step.",
-    )
+        "false: every restart starts a new step.")
     stop_without_progress: int = Field(
         2, ge=1, le=1000,
         description="Stop with reason 'no progress' after this many attempts in a row ended by a failure "
-        "without a new checkpoint (a new or changed file under checkpoint.dir).",
-    )
+        "without a new checkpoint (a new or changed file under checkpoint.dir).")
 
     @field_validator("on")
     @classmethod
@@ -624,40 +546,34 @@ class CodeSpec(_Model):
     """The code snapshot (``orchestrator.code.snapshot``): what the ranks import, frozen at run/submit."""
 
     snapshot: bool = Field(
-        True,
-        description="Freeze the job's code when it is run or submitted: the git work tree's tracked files and "
+        True, description="Freeze the job's code when it is run or submitted: the git work tree's tracked files and "
         "the untracked files git does not ignore that are code (outside git, the code of the entrypoint's "
         "folder): Python and C/CUDA sources, and configuration files (.yaml, .json, .toml, .cfg, .txt...) up "
         "to 1 MB; never outputs, logs, datasets, hidden folders or run folders. What is left out stays "
         "reachable at the same place beside the frozen files. Stored "
         "content-addressed under <runs_dir>/.code. The ranks import from the snapshot on every attempt, "
         "requeues included, so edits made after submitting never reach a queued or requeued job. false: the "
-        "ranks import the live files.",
-    )
+        "ranks import the live files.")
     max_mb: float = Field(
         200, gt=0, le=100_000,
         description="Refuse a snapshot larger than this many MB (data or weights in the tree belong elsewhere: "
-        "list them in the ignore file).",
-    )
+        "list them in the ignore file).")
     ignore_file: str = Field(
         ".orchignore",
         description="A file at the project's root whose lines (gitignore-style: '#' comments, '*' globs, a "
         "trailing '/' for folders, a '/' inside anchors at the root, '!pattern' takes a path back in, the last "
-        "match wins) leave paths out of the snapshot.",
-    )
+        "match wins) leave paths out of the snapshot.")
 
     include: list[str] = Field(
         default_factory=list,
         description="Patterns (gitignore-style, as the ignore file) of files to freeze although the rule leaves "
         "them out (untracked files that are not sources or configuration, or are under an output or hidden "
-        "folder), e.g. ['assets/*.bin', 'prompts/'].",
-    )
+        "folder), e.g. ['assets/*.bin', 'prompts/'].")
     exclude: list[str] = Field(
         default_factory=list,
         description="Patterns (gitignore-style) of files never to freeze, tracked ones included, like the "
         "ignore file's lines ('!pattern' takes a path back). Left out is never lost: the ranks find it live, "
-        "at the same place.",
-    )
+        "at the same place.")
 
     @field_validator("include", "exclude")
     @classmethod
@@ -683,31 +599,26 @@ class ContainerSpec(_Model):
         description="apptainer: 'apptainer exec' around each rank. pyxis: srun's --container-image (SLURM with "
         "the pyxis plugin; enroot images). oci: SLURM's own 'srun --container' (SLURM >= 21.08 with oci.conf and "
         "runc; one rank per node); image is an OCI bundle folder. The local and debug executors run the ranks on "
-        "the host.",
-    )
+        "the host.")
     image: str = Field(
         description="apptainer: a .sif file or a docker:// / oras:// URI. pyxis: an image name "
         "(nvcr.io#nvidia/pytorch:24.05-py3) or a .sqsh file. oci: the bundle folder (config.json and rootfs/), "
-        "readable on every node.",
-    )
+        "readable on every node.")
     mounts: list[str] = Field(
         default_factory=list,
         description="Host folders to bind inside, 'SRC:DST' or 'SRC:DST:ro' (SRC absolute; no ',' in either, as "
         "apptainer and pyxis read one list). The run folder, the code snapshot and the orchestrator's own package are "
-        "bound automatically.",
-    )
+        "bound automatically.")
     python: str = Field(
         "python3",
         description="The interpreter inside the image that runs each rank (it needs Python >= 3.10; the rank "
-        "entry uses the standard library only, the user's code whatever the image has).",
-    )
+        "entry uses the standard library only, the user's code whatever the image has).")
     options: list[str] = Field(
         default_factory=list,
         description="Extra options for the runtime, as written: apptainer exec's (['--writable-tmpfs']; not "
         "--cleanenv or --containall, which hide SLURM's variables from the ranks) or srun's pyxis options "
         "(['--container-writable']). Options the orchestrator sets itself are refused, in any form (--container-image, "
-        "--container-mounts, --container-workdir, srun's --output, --ntasks...): set the spec's field instead.",
-    )
+        "--container-mounts, --container-workdir, srun's --output, --ntasks...): set the spec's field instead.")
 
     @field_validator("image")
     @classmethod
@@ -760,10 +671,8 @@ class AfterSpec(_Model):
     run: str = Field(description="The run it waits for: a run id (<name>-<hash>, as `orchestrator list` shows it) "
                      "or the path of that run's spec file.")
     when: Literal["ok", "any", "notok"] = Field(
-        "ok",
-        description="ok: start after it completed (and never, if it fails: this job is cancelled). any: after "
-        "it ended in any state. notok: only if it failed (a cleanup or report job).",
-    )
+        "ok", description="ok: start after it completed (and never, if it fails: this job is cancelled). any: after "
+        "it ended in any state. notok: only if it failed (a cleanup or report job).")
 
 
 class TrackingSpec(_Model):
@@ -784,46 +693,36 @@ class JobSpec(_Model):
     name: str = Field(description="Job name: letters, digits, '_', '.', '-'. Names the run folder and the SLURM job.")
     entrypoint: str = Field(
         description="What every rank runs: 'package.module:function' (called with the argument "
-        "list) or a path to a script that reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT."
-    )
+        "list) or a path to a script that reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT.")
     args: dict[str, Any] = Field(
         default_factory=dict,
         description="Arguments by name without dashes, passed as '--key value' ('--key' alone for true; "
-        "false omits it; a list gives '--key a b'). Values are text, numbers or true/false.",
-    )
+        "false omits it; a list gives '--key a b'). Values are text, numbers or true/false.")
     extra_args: list[str] = Field(
-        default_factory=list,
-        description="Arguments appended after args exactly as written, one per item: positional "
-        "arguments and short flags (['-v', 'data/']). Never interpreted by a shell.",
-    )
+        default_factory=list, description="Arguments appended after args exactly as written, one per item: positional "
+        "arguments and short flags (['-v', 'data/']). Never interpreted by a shell.")
     nodes: int = Field(1, ge=1, le=4096, description="Number of nodes.")
     gpus_per_node: int = Field(0, ge=0, le=64, description="GPUs per node; one rank per GPU.")
     cpu_ranks_per_node: int = Field(
-        1, ge=1, le=256, description="Ranks per node when gpus_per_node is 0 (CPU training with gloo)."
-    )
+        1, ge=1, le=256, description="Ranks per node when gpus_per_node is 0 (CPU training with gloo).")
     strategy: Literal["ddp", "dp"] = Field(
         Defaults.STRATEGY,
-        description="'ddp': one process per device. 'dp': DataParallel, one process per node using all its GPUs.",
-    )
+        description="'ddp': one process per device. 'dp': DataParallel, one process per node using all its GPUs.")
     distributed: DistributedSpec = Field(default_factory=DistributedSpec, description="Rendezvous and backend.")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing.")
     slurm: SlurmSpec = Field(default_factory=SlurmSpec, description="SLURM options.")
     local: LocalSpec = Field(default_factory=LocalSpec, description="Local executor options.")
     sweep: dict[str, list[Any]] = Field(
         default_factory=dict,
-        description="Argument name -> values; the job runs once per point of the grid (a SLURM job array).",
-    )
+        description="Argument name -> values; the job runs once per point of the grid (a SLURM job array).")
     env: dict[str, str] = Field(
         default_factory=dict,
         description="Environment variables set on every rank, on every executor (NCCL_DEBUG, WANDB_*...). "
         "Values are text, set as written (never read by a shell); they override the orchestrator's "
-        "defaults (OMP_NUM_THREADS, the NCCL aids) but not the rank contract (RANK, MASTER_PORT, ORCH_*...).",
-    )
+        "defaults (OMP_NUM_THREADS, the NCCL aids) but not the rank contract (RANK, MASTER_PORT, ORCH_*...).")
     workdir: str | None = Field(
-        None,
-        description="The ranks' working directory (relative files the script writes land here). Default: "
-        "the directory 'orchestrator run' / 'submit' was called from.",
-    )
+        None, description="The ranks' working directory (relative files the script writes land here). Default: "
+        "the directory 'orchestrator run' / 'submit' was called from.")
     watchdog: WatchdogSpec = Field(default_factory=WatchdogSpec, description="Stall watchdog and stack capture.")
     code: CodeSpec = Field(default_factory=CodeSpec, description="The code snapshot the ranks import.")
     recovery: RecoverySpec = Field(default_factory=RecoverySpec,
@@ -833,28 +732,22 @@ class JobSpec(_Model):
         Defaults.STOP_GRACE_S, ge=1, le=3600,
         description="After `orchestrator cancel` (and locally local.timeout_s) the ranks get SIGTERM, then this "
         "long to checkpoint and exit before SIGKILL; the default is SLURM's KillWait default. On SLURM a plain "
-        "scancel or the time limit uses the site's KillWait instead.",
-    )
+        "scancel or the time limit uses the site's KillWait instead.")
     runs_dir: str = Field("runs", description="Where run folders are created; must be shared on a cluster.")
     container: ContainerSpec | None = Field(
         None, description="Run the ranks inside a container (apptainer, pyxis or SLURM's OCI support).")
     after: list[AfterSpec] = Field(
         default_factory=list,
         description="Runs this job waits for (SLURM --dependency, with --kill-on-invalid-dep=yes; locally they "
-        "must have ended as 'when' asks). `orchestrator pipeline FILE` submits a whole graph.",
-    )
+        "must have ended as 'when' asks). `orchestrator pipeline FILE` submits a whole graph.")
     tracking: TrackingSpec = Field(default_factory=TrackingSpec, description="Experiment trackers' defaults.")
     framework: Literal["lightning", "fabric", "accelerate", "transformers"] | None = Field(
-        None,
-        description="The training framework the entrypoint uses: each rank gets what that framework's own "
-        "launcher would export, and the spec's shape is checked against the framework's settings in args.",
-    )
+        None, description="The training framework the entrypoint uses: each rank gets what that framework's own "
+        "launcher would export, and the spec's shape is checked against the framework's settings in args.")
     bool_args: Literal["flag", "value"] = Field(
-        "flag",
-        description="How true/false in args are passed. flag: '--key' for true, nothing for false (argparse "
+        "flag", description="How true/false in args are passed. flag: '--key' for true, nothing for false (argparse "
         "store_true). value: '--key true' / '--key false' (jsonargparse, LightningCLI, HfArgumentParser). One "
-        "argument can always be passed as text instead: key: 'false'.",
-    )
+        "argument can always be passed as text instead: key: 'false'.")
 
     @field_validator("name")
     @classmethod
@@ -996,25 +889,19 @@ def cross_field_problems(spec: JobSpec) -> list[str]:
                 problems.append(f"sweep.{key}: with bool_args: value, {v.shown(values)} gives the same command line "
                                 "twice (true and 'true' both pass 'true'); each point must differ")
     if d.backend == "nccl" and spec.gpus_per_node == 0:
-        problems.append(
-            "distributed.backend: nccl needs GPUs but gpus_per_node is 0; set gpus_per_node, "
-            "or use backend gloo (or auto) for CPU ranks"
-        )
+        problems.append("distributed.backend: nccl needs GPUs but gpus_per_node is 0; set gpus_per_node, "
+                        "or use backend gloo (or auto) for CPU ranks")
     if spec.strategy == "dp" and spec.nodes > 1:
-        problems.append(
-            "strategy: dp (DataParallel) runs one process on one node, but nodes is "
-            f"{spec.nodes}; use strategy ddp for several nodes, or set nodes: 1"
-        )
+        problems.append("strategy: dp (DataParallel) runs one process on one node, but nodes is "
+                        f"{spec.nodes}; use strategy ddp for several nodes, or set nodes: 1")
     if spec.strategy == "dp" and spec.cpu_ranks_per_node > 1 and spec.gpus_per_node == 0:
         problems.append("cpu_ranks_per_node: strategy dp runs one process; set it to 1 or use strategy ddp")
     if spec.world_size > v.MAX_WORLD:
         problems.append(f"nodes: {spec.nodes} nodes x {spec.ranks_per_node} ranks is a world of {spec.world_size}; "
                         f"the limit is {v.MAX_WORLD} ranks")
     if spec.slurm.signal_margin_s >= spec.slurm.time_minutes * 60:
-        problems.append(
-            f"slurm.signal_margin_s: {spec.slurm.signal_margin_s}s is not shorter than the time limit "
-            f"({spec.slurm.time}); lower the margin or raise slurm.time"
-        )
+        problems.append(f"slurm.signal_margin_s: {spec.slurm.signal_margin_s}s is not shorter than the time limit "
+                        f"({spec.slurm.time}); lower the margin or raise slurm.time")
     if spec.slurm.gpu_type and not spec.gpus_per_node:
         problems.append("slurm.gpu_type: a GPU type needs GPUs; set gpus_per_node, or remove slurm.gpu_type")
     problems += _slurm_resource_problems(spec)
@@ -1049,9 +936,7 @@ def cross_field_problems(spec: JobSpec) -> list[str]:
     problems += container_problems(spec)
     both = [k for k in spec.sweep if k in spec.args]
     if both:
-        problems.append(
-            f"sweep.{both[0]}: also set in args; the sweep overrides it per point, so remove it from args"
-        )
+        problems.append(f"sweep.{both[0]}: also set in args; the sweep overrides it per point, so remove it from args")
     from orchestrator.node import frameworks  # the framework's world settings against the shape (stdlib only)
 
     return problems + frameworks.problems(spec)
@@ -1106,11 +991,9 @@ def _file_init_problems(spec: JobSpec) -> list[str]:
     field = "distributed.rendezvous_dir" if d.rendezvous_dir else "runs_dir"
     if not v.is_node_local(where):
         return []
-    return [
-        f"{field}: file:// init across {spec.nodes} nodes needs a path every node sees, "
-        f"but {v.shown(where)} is node-local; use a shared filesystem path, init_method tcp, or "
-        "set distributed.rendezvous_dir_is_shared: true if it really is shared"
-    ]
+    return [f"{field}: file:// init across {spec.nodes} nodes needs a path every node sees, "
+            f"but {v.shown(where)} is node-local; use a shared filesystem path, init_method tcp, or "
+            "set distributed.rendezvous_dir_is_shared: true if it really is shared"]
 
 
 def _node_local_problems(spec: JobSpec) -> list[str]:

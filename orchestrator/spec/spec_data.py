@@ -44,14 +44,12 @@ def plain_data(value: Any, source: str, path: str = "", depth: int = 1, budget: 
         return [plain_data(x, source, f"{path}[{i}]", depth + 1, budget) for i, x in enumerate(value)]
     if value is None or isinstance(value, bool):
         return value
-    if isinstance(value, str):
+    if isinstance(value, (str, PurePath)):
         return str(value)
     if isinstance(value, numbers.Integral):
         return int(value)
     if isinstance(value, numbers.Real):
         return float(value)
-    if isinstance(value, PurePath):
-        return str(value)
     raise UsageError(f"{source}: {at(path)}a spec mapping holds a {type(value).__name__} object; give text, "
                      "numbers, true/false, paths, lists and mappings only")
 
@@ -160,12 +158,8 @@ def _dotted(loc: Iterable[Any], data: Any = _UNKNOWN) -> str:
             continue  # a name pydantic inserted
         else:
             node = _UNKNOWN  # past the data: a missing field, say
-        if isinstance(p, int):
-            out += f"[{p}]"
-            continue
         # A key is echoed no more than a value is: long or unprintable keys are shown as repr.
-        shown_key = p if len(p) <= 40 and p.isprintable() and p.strip() == p and p else shown(p, 40)
-        out += f".{shown_key}" if out else shown_key
+        out = f"{out}[{p}]" if isinstance(p, int) else join(out, p)
     return out
 
 

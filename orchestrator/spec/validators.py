@@ -48,12 +48,10 @@ _ARG_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")
 # SLURM constraints may combine features with & | , [] * and counts.
 _SAFE_CONSTRAINT = re.compile(r"[A-Za-z0-9_.\-&|,\[\]*:()]{1,256}")
 _ENTRY_FUNCTION = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
-_SLURM_TIME = re.compile(
-    r"(?P<d>\d{1,3})-(?P<dh>\d{1,2})(?::(?P<dm>\d{1,2})(?::(?P<ds>\d{1,2}))?)?"
-    r"|(?P<h>\d{1,4}):(?P<m>\d{1,2}):(?P<s>\d{1,2})"
-    r"|(?P<m2>\d{1,6}):(?P<s2>\d{1,2})"
-    r"|(?P<m3>\d{1,6})"
-)
+_SLURM_TIME = re.compile(r"(?P<d>\d{1,3})-(?P<dh>\d{1,2})(?::(?P<dm>\d{1,2})(?::(?P<ds>\d{1,2}))?)?"
+                         r"|(?P<h>\d{1,4}):(?P<m>\d{1,2}):(?P<s>\d{1,2})"
+                         r"|(?P<m2>\d{1,6}):(?P<s2>\d{1,2})"
+                         r"|(?P<m3>\d{1,6})")
 _SLURM_MEM = re.compile(r"(\d{1,12})([KMGT]?)B?", re.IGNORECASE)
 _SBATCH_OPTION = re.compile(r"[a-z][a-z0-9\-_]{0,63}")
 # Characters that no spec string may hold, by Unicode general category (not by a list of code
@@ -93,10 +91,8 @@ def text(value: str, what: str) -> str:
         return value
     for position, ch in enumerate(value):
         if unicodedata.category(ch) in _FORBIDDEN_CATEGORIES:
-            raise ValueError(
-                f"{what} {shown(value)} contains {_char_name(ch)} at position {position}; spec values are "
-                "single-line printable text (give one command or argument per list item)"
-            )
+            raise ValueError(f"{what} {shown(value)} contains {_char_name(ch)} at position {position}; spec values are "
+                             "single-line printable text (give one command or argument per list item)")
     return value
 
 
@@ -129,10 +125,8 @@ _BIDI_CLASSES = frozenset({"LRE", "RLE", "LRO", "RLO", "PDF", "LRI", "RLI", "FSI
 
 def safe_name(value: str, what: str) -> str:
     if not _SAFE_NAME.fullmatch(value):
-        raise ValueError(
-            f"{shown(value)} is not a safe {what}: use letters, digits, '_', '.' and '-' only "
-            "(starting with a letter or digit, at most 128 characters), so it cannot reach a shell"
-        )
+        raise ValueError(f"{shown(value)} is not a safe {what}: use letters, digits, '_', '.' and '-' only "
+                         "(starting with a letter or digit, at most 128 characters), so it cannot reach a shell")
     return value
 
 
@@ -153,19 +147,15 @@ def safe_names(value: str, what: str) -> str:
 def arg_name(value: str, what: str) -> str:
     if not _ARG_NAME.fullmatch(value):
         hint = " without the leading dashes (the orchestrator adds '--')" if value.startswith("-") else ""
-        raise ValueError(
-            f"{what} {shown(value)} is not an argument name: use letters, digits, '_', '.' and '-'"
-            f"{hint}, for example 'lr' for --lr; use extra_args for positional arguments and short flags"
-        )
+        raise ValueError(f"{what} {shown(value)} is not an argument name: use letters, digits, '_', '.' and '-'"
+                         f"{hint}, for example 'lr' for --lr; use extra_args for positional arguments and short flags")
     return value
 
 
 def constraint(value: str) -> str:
     if not _SAFE_CONSTRAINT.fullmatch(value):
-        raise ValueError(
-            f"{shown(value)} is not a SLURM constraint expression: use feature names joined by "
-            "'&', '|' or ',' (no spaces, quotes or shell characters)"
-        )
+        raise ValueError(f"{shown(value)} is not a SLURM constraint expression: use feature names joined by "
+                         "'&', '|' or ',' (no spaces, quotes or shell characters)")
     return value
 
 
@@ -195,39 +185,30 @@ def entrypoint_syntax(value: str) -> str:
             what = f"cannot be read ({exc.strerror})"
         raise ValueError(f"script {shown(value)} {what} (relative paths are from the current directory)")
     if "/" in value:
-        raise ValueError(
-            f"{shown(value)} is not a Python script: a script entrypoint must be a '.py' file "
-            "(rename it, or give 'package.module:function')"
-        )
-    raise ValueError(
-        f"{shown(value)} is neither 'package.module:function' nor a path to an existing .py script; "
-        "for example 'jobs.train:main' or './train.py'"
-    )
+        raise ValueError(f"{shown(value)} is not a Python script: a script entrypoint must be a '.py' file "
+                         "(rename it, or give 'package.module:function')")
+    raise ValueError(f"{shown(value)} is neither 'package.module:function' nor a path to an existing .py script; "
+                     "for example 'jobs.train:main' or './train.py'")
 
 
 def interface_name(value: str, allow_exclusion: bool) -> str:
     name = value[1:] if value.startswith(("^", "=")) else value  # NCCL's exclusion and exact-match forms
     if value.startswith("^") and not allow_exclusion:
-        raise ValueError(
-            f"{shown(value)} is an NCCL exclusion list; gloo does not accept '^': name the interface "
-            "to use (for example 'eth0'), or set distributed.backend to nccl"
-        )
+        raise ValueError(f"{shown(value)} is an NCCL exclusion list; gloo does not accept '^': name the interface "
+                         "to use (for example 'eth0'), or set distributed.backend to nccl")
     for part in name.split(","):
         if not _IFNAME.fullmatch(part) or part in {".", ".."}:
             raise ValueError(
                 f"{shown(part)} is not a valid Linux interface name (1-15 characters of letters, digits, "
-                "'_', '-', '.', no spaces or '/'); run 'ip -br link' on a node to list them, or use 'auto'"
-            )
+                "'_', '-', '.', no spaces or '/'); run 'ip -br link' on a node to list them, or use 'auto'")
     return value
 
 
 def port(value: int) -> int:
     lo, hi = PORT_RANGE
     if EPHEMERAL_PORTS[0] <= value <= EPHEMERAL_PORTS[1]:
-        raise ValueError(
-            f"port {value} is inside the ephemeral range {EPHEMERAL_PORTS[0]}-{EPHEMERAL_PORTS[1]}, where "
-            f"outgoing connections may take it; pick one in {lo}-{hi}, or use 'auto'"
-        )
+        raise ValueError(f"port {value} is inside the ephemeral range {EPHEMERAL_PORTS[0]}-{EPHEMERAL_PORTS[1]}, where "
+                         f"outgoing connections may take it; pick one in {lo}-{hi}, or use 'auto'")
     if not lo <= value <= hi:
         raise ValueError(f"port {value} is out of range: pick one in {lo}-{hi}, or use 'auto'")
     return value
@@ -237,10 +218,8 @@ def slurm_time_minutes(value: str) -> int:
     """Parse every format sbatch accepts for --time and return whole minutes (rounded up)."""
     m = _SLURM_TIME.fullmatch(value)
     if not m:
-        raise ValueError(
-            f"{shown(value)} is not a SLURM time: use 'MM', 'MM:SS', 'HH:MM:SS', 'D-HH', 'D-HH:MM' or "
-            "'D-HH:MM:SS', for example '02:00:00'"
-        )
+        raise ValueError(f"{shown(value)} is not a SLURM time: use 'MM', 'MM:SS', 'HH:MM:SS', 'D-HH', 'D-HH:MM' or "
+                         "'D-HH:MM:SS', for example '02:00:00'")
     g = {k: int(val) for k, val in m.groupdict().items() if val is not None}
     over = [f"{unit} {g[k]}" for k, unit, top in (("dh", "hours", 24), ("dm", "minutes", 60), ("ds", "seconds", 60),
                                                    ("m", "minutes", 60), ("s", "seconds", 60), ("s2", "seconds", 60))
@@ -248,14 +227,8 @@ def slurm_time_minutes(value: str) -> int:
     if over:
         raise ValueError(f"time limit {shown(value)} has {over[0]}, which does not fit its place; "
                          "for example write '1-12:00:00' for a day and a half")
-    seconds = (
-        g.get("d", 0) * 86400
-        + (g.get("dh", 0) + g.get("h", 0)) * 3600
-        + (g.get("dm", 0) + g.get("m", 0) + g.get("m2", 0) + g.get("m3", 0)) * 60
-        + g.get("ds", 0)
-        + g.get("s", 0)
-        + g.get("s2", 0)
-    )
+    seconds = (g.get("d", 0) * 86400 + (g.get("dh", 0) + g.get("h", 0)) * 3600
+               + sum(g.get(k, 0) for k in ("dm", "m", "m2", "m3")) * 60 + sum(g.get(k, 0) for k in ("ds", "s", "s2")))
     if seconds <= 0:
         raise ValueError(f"time limit {shown(value)} is zero: give the job at least one minute")
     minutes = -(-seconds // 60)
@@ -267,10 +240,8 @@ def slurm_time_minutes(value: str) -> int:
 def slurm_memory(value: str) -> str:
     m = _SLURM_MEM.fullmatch(value)
     if not m or int(m.group(1)) == 0:
-        raise ValueError(
-            f"{shown(value)} is not a SLURM memory size: use a positive number with an optional K, M, G "
-            "or T suffix, for example '32G' or '4000M'"
-        )
+        raise ValueError(f"{shown(value)} is not a SLURM memory size: use a positive number with an optional K, M, G "
+                         "or T suffix, for example '32G' or '4000M'")
     number, unit = int(m.group(1)), m.group(2).upper()
     mb = number * {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024 * 1024}[unit]
     if mb > MAX_MEMORY_MB:
@@ -333,9 +304,7 @@ def sbatch_option(key: str, reserved: frozenset[str]) -> str:
         raise ValueError(f"{shown(key)} abbreviates --{meant[0]} (sbatch reads a unique prefix as the option), which "
                          f"is refused: it {REFUSED_SBATCH[meant[0]]}")
     if not _SBATCH_OPTION.fullmatch(key):
-        raise ValueError(
-            f"{shown(key)} is not an sbatch long option name; write it without dashes, e.g. 'mail-type'"
-        )
+        raise ValueError(f"{shown(key)} is not an sbatch long option name; write it without dashes, e.g. 'mail-type'")
     norm = key.replace("_", "-")
     if norm in reserved:
         hint = _SBATCH_FIELDS.get(norm, "use the spec field for it instead")
@@ -343,10 +312,8 @@ def sbatch_option(key: str, reserved: frozenset[str]) -> str:
         raise ValueError(f"sbatch option {norm!r} {what}; {hint}")
     covered = sorted(r for r in reserved if r.startswith(norm))
     if covered:
-        raise ValueError(
-            f"{norm!r} is an abbreviation sbatch would read as {covered[0]!r}, which the orchestrator "
-            "sets itself; write the full name of the option you mean"
-        )
+        raise ValueError(f"{norm!r} is an abbreviation sbatch would read as {covered[0]!r}, which the orchestrator "
+                         "sets itself; write the full name of the option you mean")
     return norm
 
 
@@ -356,8 +323,7 @@ def run_path(value: str, what: str, expand: bool = True, home_elsewhere: bool = 
     value = local_path(value, what, expand, home_elsewhere)
     if "%" in value:
         raise ValueError(
-            f"{what} {shown(value)} contains '%', which SLURM expands in log file names (%j, %t); rename it"
-        )
+            f"{what} {shown(value)} contains '%', which SLURM expands in log file names (%j, %t); rename it")
     return value
 
 

@@ -99,7 +99,7 @@ def parse_text(text: str, as_json: bool) -> Any:
     except RecursionError:
         raise ValueError(f"nested too deeply (the limit is {MAX_DEPTH} levels)") from None
     except (yaml.YAMLError, json.JSONDecodeError) as exc:
-        raise ValueError(_one_line(exc)) from None
+        raise ValueError(" ".join(str(exc).split())) from None
     _check_shape(data)
     return data
 
@@ -170,6 +170,11 @@ def _check_yaml_graph(root: yaml.Node) -> None:
     walk(root, 1, "")
 
 
+#: What YAML made of an unquoted key that is not text, by the tag it resolved to (booleans: below).
+_KEY_BECAME = {"int": "became a number, not text", "float": "became a number, not text",
+               "null": "became null (nothing), not text", "timestamp": "became a date, not text"}
+
+
 def _check_yaml_key(node: yaml.Node, path: str) -> None:
     """A mapping key must be text. YAML reads some unquoted keys as other things (true, numbers,
     null, dates): say what the user wrote and what it became."""
@@ -178,19 +183,11 @@ def _check_yaml_key(node: yaml.Node, path: str) -> None:
     if not isinstance(node, yaml.ScalarNode):
         kind = "a list" if isinstance(node, yaml.SequenceNode) else "a mapping"
         raise ValueError(f"{at(path)}a key is {kind}; keys are text (names)")
-    written = node.value
-    kind = node.tag.rsplit(":", 1)[-1]
+    written, kind = node.value, node.tag.rsplit(":", 1)[-1]
+    why = _KEY_BECAME.get(kind) or f"is tagged {shown(node.tag)}, not text"
     if kind == "bool":
-        became = SpecLoader.bool_values.get(written.lower())
-        why = f"became the boolean {became}, because YAML reads true/false unquoted as booleans"
-    elif kind in ("int", "float"):
-        why = "became a number, not text"
-    elif kind == "null":
-        why = "became null (nothing), not text"
-    elif kind == "timestamp":
-        why = "became a date, not text"
-    else:
-        why = f"is tagged {shown(node.tag)}, not text"
+        why = (f"became the boolean {SpecLoader.bool_values.get(written.lower())}, because YAML reads true/false "
+               "unquoted as booleans")
     raise ValueError(f"{at(path)}the key {shown(written)} {why}; quote it to give the name: {shown(written)}: ...")
 
 
@@ -212,7 +209,3 @@ def _check_shape(data: Any) -> None:
             stack.extend((x, depth + 1) for pair in item.items() for x in pair)
         elif isinstance(item, list):
             stack.extend((x, depth + 1) for x in item)
-
-
-def _one_line(exc: Exception) -> str:
-    return " ".join(str(exc).split())

@@ -21,7 +21,7 @@ from orchestrator.cli.cli_commands import (cmd_cancel, cmd_chaos, cmd_demo, cmd_
                                        cmd_pipeline, cmd_plan, cmd_preflight, cmd_remote_files, cmd_remote_receive, cmd_report, cmd_run, cmd_top,
                                        cmd_schema, cmd_status, cmd_stacks, cmd_submit, cmd_sync, cmd_validate)
 from orchestrator.cli.cli_streams import not_utf8_line, os_error_line, process_streams
-from orchestrator.core.errors import OrchestratorError, UsageError
+from orchestrator.core.errors import VERSION_MISMATCH, OrchestratorError, UsageError
 
 
 def _spec_args(p: argparse.ArgumentParser, executor: bool = True) -> None:
@@ -235,10 +235,6 @@ def _command_argv(argv: Sequence[str]) -> list[str]:
         else:
             out.append(word)
     return out
-
-
-#: Exit status of a login node whose orchestrator version is not the client's (remote.py).
-VERSION_MISMATCH = 3
 
 
 def main(argv: Sequence[str] | None = None) -> int:

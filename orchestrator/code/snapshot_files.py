@@ -15,6 +15,8 @@ import subprocess
 from pathlib import Path
 from typing import Iterable, Optional
 
+from orchestrator.core.payload import is_script
+from orchestrator.core.run_folder import RunFolder
 from orchestrator.code.snapshot_model import LEFT_NOT_CODE, LEFT_OUTPUT, LEFT_RUN, OUTPUT_DIRS, SnapshotError, relative_inside
 
 GIT_TIMEOUT_S = 30.0
@@ -28,11 +30,10 @@ def project_root(entrypoint: str, cwd: str) -> tuple[Optional[str], str]:
     top-level package is (under the CLI's folder, which the ranks search first, else where this
     interpreter finds it, an editable install's project included), then the git work tree
     holding that, else that folder."""
-    script = entrypoint.endswith(".py") or ":" not in entrypoint
     shipped = _find_shipped(_shipped_start(entrypoint, cwd))[0]
     if shipped is not None:  # a project that `--remote submit` shipped here: exactly the files it sent
         return shipped, "shipped"
-    if script:
+    if is_script(entrypoint):
         path = os.path.abspath(os.path.join(cwd, entrypoint))
         location = os.path.dirname(path)
     else:
@@ -84,8 +85,7 @@ CHECKOUTS = ("remote", "projects")
 
 def _shipped_start(entrypoint: str, cwd: str) -> str:
     """The folder the search for a shipped checkout starts from: the script's, or the CLI's."""
-    script = entrypoint.endswith(".py") or ":" not in entrypoint
-    return os.path.dirname(os.path.abspath(os.path.join(cwd, entrypoint))) if script else cwd
+    return os.path.dirname(os.path.abspath(os.path.join(cwd, entrypoint))) if is_script(entrypoint) else cwd
 
 
 def stray_shipped_records(entrypoint: str, cwd: str) -> list[str]:
@@ -213,7 +213,8 @@ def git_state(root: str) -> tuple[Optional[str], str]:
 
 
 def _is_run_folder(folder: str) -> bool:
-    return os.path.isfile(os.path.join(folder, "record.json")) and os.path.isfile(os.path.join(folder, "payload.json"))
+    run = RunFolder.of(folder)  # os.path.isfile, not Path.is_file: a folder closed to us is no run, not an error
+    return os.path.isfile(run.record) and os.path.isfile(run.payload)
 
 
 def link_why(full: str, root: str, excluded: list[str]) -> Optional[str]:

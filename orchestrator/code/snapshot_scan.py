@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Iterable, Mapping, Optional
 
 from orchestrator.core.errors import OrchestratorError
+from orchestrator.core.payload import is_script
 from orchestrator.code.snapshot_files import (git_files, git_state, ignore_patterns, is_ignored, in_run_folder, kept_link,
                                          link_why, read_shipped, walk_files, project_root,
                                          stray_shipped_records)
@@ -35,8 +36,7 @@ def scan_project(entrypoint: str, cwd: str, runs_dir: str, *, ignore_file: str =
     if root is None:
         return None
     runs = os.path.abspath(os.path.join(cwd, os.path.expanduser(runs_dir)))
-    script = entrypoint.endswith(".py") or ":" not in entrypoint
-    required = [os.path.abspath(os.path.join(cwd, entrypoint))] if script else []
+    required = [os.path.abspath(os.path.join(cwd, entrypoint))] if is_script(entrypoint) else []
     problem = runs_dir_problem(runs_dir, runs, root, required)
     if problem is not None:
         raise SnapshotError(problem)

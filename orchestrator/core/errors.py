@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+#: Exit status of an orchestrator whose version is not its client's (``--client-version``): a login
+#: node's answer to ``--remote``.
+VERSION_MISMATCH = 3
+
 
 class OrchestratorError(Exception):
     """Base class: the CLI prints these without a traceback."""

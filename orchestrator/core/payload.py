@@ -44,6 +44,12 @@ class PayloadError(ValueError):
     """A payload this code cannot read: another version's, hand-edited, or truncated."""
 
 
+def is_script(entrypoint: str) -> bool:
+    """Whether an entrypoint is a script (``train.py``, or anything without ``:``) rather than a
+    module's function (``pkg.module:function``): the one rule every reader of an entrypoint uses."""
+    return entrypoint.endswith(".py") or ":" not in entrypoint
+
+
 @record
 class CheckpointSettings:
     dir: str

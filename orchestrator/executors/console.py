@@ -12,6 +12,26 @@ from orchestrator.core.progress import read_progress
 from orchestrator.core.progress_line import Summary, summarize
 from orchestrator.core.run_folder import RunFolder
 
+PROGRESS_EVERY_S = 1.0
+
+
+class ProgressTick:
+    """The live progress summary of a run, read from its ranks' progress reports at most once every
+    ``PROGRESS_EVERY_S``: what ``run`` and ``--follow`` show, one rule for both."""
+
+    def __init__(self, world_size: int) -> None:
+        self.world_size = world_size
+        self._next = 0.0
+        self._since = time.time()  # reports of an earlier attempt in this run folder do not count
+
+    def due(self, run_dir: Path) -> Summary | None:
+        """The summary when one is due and the ranks have reported (None otherwise)."""
+        now = time.monotonic()
+        if now < self._next:
+            return None
+        self._next = now + PROGRESS_EVERY_S
+        return summarize(read_progress(run_dir, self.world_size), self._since)
+
 
 class LogTails:
     """Follows every rank's log file and hands new complete lines to ``echo(rank, line)``.
@@ -30,19 +50,14 @@ class LogTails:
         self.marks = [FAILED_MARK.format(rank=r) for r in range(len(offsets))]
         self.silenced = [False] * len(offsets)
         self.run_dir = run_dir
-        self._next_progress = 0.0
-        self._since = time.time()  # reports of an earlier attempt in this run folder do not count
+        self._tick = ProgressTick(len(offsets))
 
     def progress(self) -> None:
         """Once a second: hand the live progress line (from the ranks' progress reports) to the
         echo, if it shows one."""
         show = getattr(self.echo, "progress", None)
-        now = time.monotonic()
-        if show is None or now < self._next_progress:
-            return
-        self._next_progress = now + PROGRESS_EVERY_S
-        summary = summarize(read_progress(self.run_dir, len(self.paths)), self._since)
-        if summary is not None:
+        summary = self._tick.due(self.run_dir) if show is not None else None
+        if show is not None and summary is not None:
             try:
                 show(summary)
             except OSError as exc:
@@ -90,7 +105,6 @@ def _silent(rank: int, line: str) -> None:
 
 
 _STEP = re.compile(r"step (\d+)/(\d+)")
-PROGRESS_EVERY_S = 1.0
 PLAIN_PROGRESS_EVERY_S = 30.0
 PLAIN_RETRY_S = 3.0
 
@@ -152,8 +166,7 @@ class Follower:
         self.world_size = world_size
         self.tty = sys.stdout.isatty() if tty is None else tty
         self.echo: ConsoleEcho | PlainEcho = ConsoleEcho() if self.tty else PlainEcho()
-        self._next = 0.0
-        self._since = time.time()
+        self._tick = ProgressTick(world_size)
 
     def write(self, text: str) -> None:
         if isinstance(self.echo, ConsoleEcho):
@@ -163,11 +176,7 @@ class Follower:
             sys.stdout.flush()
 
     def progress(self, run_dir: Path) -> None:
-        now = time.monotonic()
-        if now < self._next:
-            return
-        self._next = now + PROGRESS_EVERY_S
-        summary = summarize(read_progress(run_dir, self.world_size), self._since)
+        summary = self._tick.due(run_dir)
         if summary is not None:
             self.echo.progress(summary)
 

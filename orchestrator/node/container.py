@@ -28,7 +28,7 @@ import os
 import shlex
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
-from orchestrator.core.payload import ContainerSettings, Payload
+from orchestrator.core.payload import ContainerSettings, Payload, is_script
 
 if TYPE_CHECKING:
     from orchestrator.code.snapshot import Snapshot
@@ -86,7 +86,7 @@ def _bound_folders(spec: SpecView, run_dir: str, store_dir: Optional[str]) -> li
         paths.append(("runs_dir", store_dir, "ro"))
     else:  # the live files: where the CLI ran (the payload's source_dir) and the script's folder
         paths.append(("code.snapshot (false: the folder the CLI runs in is bound)", os.getcwd(), "ro"))
-        if spec.entrypoint.endswith(".py") or ":" not in spec.entrypoint:
+        if is_script(spec.entrypoint):
             paths.append(("entrypoint", os.path.dirname(os.path.abspath(spec.entrypoint)), "ro"))
     return paths
 

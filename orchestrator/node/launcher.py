@@ -25,7 +25,7 @@ import types
 
 from orchestrator.core import rank_error
 from orchestrator.core.atomic_files import write_json_atomic
-from orchestrator.core.payload import Payload
+from orchestrator.core.payload import Payload, is_script
 from orchestrator.core.rendezvous import remove_rendezvous_file
 from orchestrator.core.run_folder import RunFolder
 from orchestrator.node import malloc
@@ -43,7 +43,7 @@ def call_entrypoint(entrypoint: str, argv: list[str], source_dir: str | None = N
     ``snapshot``: ``source_dir`` is the CLI's folder in the code snapshot, searched before the
     working directory (which may be the live project). ``live_folder``: a script's folder in the
     live project, searched after its folder in the snapshot (for what the snapshot lacks)."""
-    if entrypoint.endswith(".py") or ":" not in entrypoint:
+    if is_script(entrypoint):
         saved = sys.argv
         sys.argv = [entrypoint, *argv]
         sys.path.insert(0, str(Path(entrypoint).parent))

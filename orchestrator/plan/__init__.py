@@ -19,7 +19,7 @@ from orchestrator.node import tracking
 from orchestrator.node.container import container_settings
 from orchestrator.node.malloc import MALLOC_DEFAULTS
 from orchestrator.core.payload import (PAYLOAD_VERSION, CheckpointSettings, CodeSettings, Payload, RecoverySettings,
-                                  WatchdogSettings)
+                                  WatchdogSettings, is_script)
 from orchestrator.plan.plan_model import (BackendPlanner, Launcher, LaunchPlan, Layout, RankRow, SweepPoint, paused_gc,
                                      usable_cpus)
 from orchestrator.core.run_folder import RunFolder
@@ -150,7 +150,7 @@ def job_environment(spec: JobSpec, run_dir: str, backend: str, threads: int | st
 def _payload(spec: JobSpec, run_id: str, run_dir: str, layout: Layout, env: dict[str, str], python: str,
              launcher: Launcher, code: Snapshot | None) -> Payload:
     d, c, r = spec.distributed, spec.checkpoint, spec.recovery
-    entry = spec.entrypoint if ":" in spec.entrypoint and not spec.entrypoint.endswith(".py") else os.path.abspath(spec.entrypoint)
+    entry = os.path.abspath(spec.entrypoint) if is_script(spec.entrypoint) else spec.entrypoint
     # Relative paths the user wrote are relative to where they ran the CLI; with a snapshot, the
     # entrypoint and that folder are read from its tree.
     source_dir = os.getcwd()

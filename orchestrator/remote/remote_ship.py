@@ -18,6 +18,7 @@ from typing import IO, Any, Optional
 
 from orchestrator import __version__
 from orchestrator.core.errors import UsageError
+from orchestrator.core.payload import is_script
 from orchestrator.remote.remote_settings import RemoteError, RemoteSettings, client_id
 from orchestrator.remote.remote_ssh import Ssh
 
@@ -102,7 +103,7 @@ def shipment(spec: Any, settings: Optional[RemoteSettings] = None) -> tuple[dict
     root = os.path.realpath(root)
     runs = os.path.abspath(os.path.expanduser(spec.runs_dir))
     cache = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "orchestrator", "ship")
-    script = spec.entrypoint.endswith(".py") or ":" not in spec.entrypoint
+    script = is_script(spec.entrypoint)
     snap: Snapshot = scan(root, how, cache, ignore_file=spec.code.ignore_file, max_mb=spec.code.max_mb,
                           exclude=[runs], required=[os.path.abspath(spec.entrypoint)] if script else [],
                           include_patterns=spec.code.include, exclude_patterns=spec.code.exclude)

@@ -12,13 +12,11 @@ import time
 from typing import Optional, Sequence
 
 from orchestrator import __version__
-from orchestrator.core.errors import UsageError
+from orchestrator.core.errors import VERSION_MISMATCH, UsageError  # noqa: F401  (VERSION_MISMATCH: re-exported)
 from orchestrator.remote.remote_settings import RemoteError, RemoteSettings, config_path
 
 #: ssh's exit status when the connection (not the remote command) failed.
 SSH_FAILED = 255
-#: Exit status of a remote orchestrator whose version differs from the client's.
-VERSION_MISMATCH = 3
 
 
 class Ssh:

@@ -41,6 +41,7 @@ import re
 from pathlib import Path
 from typing import Any, Optional
 
+from orchestrator.core.payload import is_script
 from orchestrator.spec.models import JobSpec
 
 #: Top-level fields (or dotted sub-fields) that name the run.
@@ -96,7 +97,7 @@ def project_key(entrypoint: str, cwd: Optional[str] = None) -> Optional[str]:
     (``plan`` with ``code.snapshot: false``, ``after:``, a pipeline's stages), and must not depend
     on whether the snapshot is on, an operational field."""
     here = os.path.abspath(cwd or os.getcwd())
-    if entrypoint.endswith(".py") or ":" not in entrypoint:
+    if is_script(entrypoint):
         return os.path.realpath(os.path.join(here, entrypoint))
     folder = _module_folder(entrypoint.split(":")[0].split(".")[0], here)
     return None if folder is None or folder == _own_root() else folder
@@ -162,9 +163,10 @@ def submitted_from(run_dir: str | Path) -> Optional[str]:
     moved back out of the code snapshot's tree to the live project); None when the payload cannot
     tell (missing, damaged, another format). Read as plain JSON: any payload version will do."""
     from orchestrator.core import safe_read
+    from orchestrator.core.run_folder import RunFolder
 
     try:  # never a FIFO, a link or a huge file: the runs folder is input like any other
-        data = safe_read.read_json(Path(run_dir) / "payload.json")
+        data = safe_read.read_json(RunFolder.of(run_dir).payload)
     except (safe_read.Unreadable, OSError, RecursionError):
         return None
     source = data.get("source_dir") if isinstance(data, dict) else None

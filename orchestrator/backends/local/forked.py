@@ -18,6 +18,7 @@ from typing import Any
 from orchestrator.core import platform_caps
 from orchestrator.core.errors import SubmissionError
 from orchestrator.core.interpreter import module_argv
+from orchestrator.core.payload import is_script
 from orchestrator.core.procs import alive, signal_name
 
 __all__ = ["ForkedRank", "ZygoteGroup", "builds_ddp", "start_zygote"]
@@ -52,7 +53,7 @@ def builds_ddp(entrypoint: str, framework: str | None) -> bool:
     2-rank all-reduce started 3 s later on 2 cores, 2026-11-28)."""
     if framework is not None:
         return True
-    if ":" in entrypoint and not entrypoint.endswith(".py"):
+    if not is_script(entrypoint):
         return entrypoint.split(":", 1)[0] in DDP_ENTRYPOINTS
     try:
         with open(entrypoint, "rb") as fh:

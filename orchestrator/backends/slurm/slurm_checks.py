@@ -33,6 +33,7 @@ from orchestrator.core.errors import SpecError
 from orchestrator.core.hostlist import MAX_HOSTS  # noqa: F401  (re-exported)
 from orchestrator.core.hostlist import expand as expand_hostlist
 from orchestrator.backends.slurm.node.slurm_controller import scontrol_text
+from orchestrator.backends.slurm.node.slurm_task import DEFAULT_MAX_ARRAY_SIZE
 from orchestrator.backends.slurm.slurm_env import env_problems
 from orchestrator.spec.models import JobSpec, allocated_nodes
 from orchestrator.spec.validators import printable, slurm_time_minutes
@@ -177,7 +178,7 @@ class ClusterConfig:
 
     def_cpu_per_gpu: int | None = None  # JobDefaults=DefCpuPerGPU=N: the cluster-wide CPUs per GPU
     enforce_part_limits: str = "NO"  # ALL: sbatch refuses a partition list if any one of them refuses the job
-    max_array_size: int = 1001
+    max_array_size: int = DEFAULT_MAX_ARRAY_SIZE
 
 
 def parse_config(text: str) -> ClusterConfig:
@@ -189,7 +190,7 @@ def parse_config(text: str) -> ClusterConfig:
     enforce = values.get("EnforcePartLimits", "NO").upper()
     return ClusterConfig(def_cpu_per_gpu=job_defaults(values.get("JobDefaults")).get("DefCpuPerGPU"),
                          enforce_part_limits=enforce if enforce in ("ALL", "ANY", "NO") else "NO",
-                         max_array_size=_count(values.get("MaxArraySize")) or 1001)
+                         max_array_size=_count(values.get("MaxArraySize")) or DEFAULT_MAX_ARRAY_SIZE)
 
 
 @dataclass(frozen=True)
@@ -350,11 +351,10 @@ def rank_cpus(spec: JobSpec, part: Partition, config: ClusterConfig, members: li
     if s.cpus_per_task is not None:
         per_rank = int(srun_cpus_per_task(spec))
         return CpuGrant(per_rank, f"slurm.cpus_per_task: {s.cpus_per_task} gives each rank {per_rank}")
-    whole = _whole_nodes(spec, part, environ)
-    fitting = [n.cpus for n in members if n.cpus and sum(n.gpus.values()) >= gpus]
-    if whole is not None and fitting:
-        return CpuGrant(max(1, min(fitting) // rpn), f"{whole} gives the job whole nodes (the smallest with "
-                                                     f"{gpus} GPU(s) has {min(fitting)} CPUs), shared by {rpn} rank(s)")
+    whole, smallest = _whole_nodes(spec, part, environ), _smallest_fit(spec, members)
+    if whole is not None and smallest:
+        return CpuGrant(max(1, smallest // rpn), f"{whole} gives the job whole nodes (the smallest with "
+                                                 f"{gpus} GPU(s) has {smallest} CPUs), shared by {rpn} rank(s)")
     env_cpg = _count(environ.get("SBATCH_CPUS_PER_GPU", "").strip())
     for value, source in ((s.cpus_per_gpu, "slurm.cpus_per_gpu"),
                           (env_cpg, "SBATCH_CPUS_PER_GPU in your environment"),
@@ -368,10 +368,14 @@ def rank_cpus(spec: JobSpec, part: Partition, config: ClusterConfig, members: li
                        "CPU (a whole core where the cluster allocates cores)")
 
 
+def _smallest_fit(spec: JobSpec, members: list[Node]) -> int:
+    """The CPUs of the smallest of ``members`` that has the job's GPUs (0: none, or none says)."""
+    return min((n.cpus for n in members if n.cpus and sum(n.gpus.values()) >= spec.gpus_per_node), default=0)
+
+
 def _cpu_fix(spec: JobSpec, members: list[Node]) -> str:
     """What to set, with the most that fits the smallest of ``members`` that has the job's GPUs."""
-    fitting = [n.cpus for n in members if n.cpus and sum(n.gpus.values()) >= spec.gpus_per_node]
-    smallest = min(fitting, default=0)
+    smallest = _smallest_fit(spec, members)
 
     def up_to(most: int) -> str:
         return (f" (up to {most}: the smallest node with {spec.gpus_per_node} GPU(s) has {smallest} CPUs)"

@@ -24,15 +24,12 @@ from orchestrator.node.rank_env import RankEnv, cpu_share_rule, installed_torch_
 from orchestrator.core.rendezvous import init_url, rendezvous_file
 from orchestrator.core.run_folder import RunFolder
 from orchestrator.backends.slurm import submitit_adapter
-from orchestrator.backends.slurm.node.slurm_task import ATTEMPT_VARIABLE
+from orchestrator.backends.slurm.node.slurm_task import ATTEMPT_VARIABLE, DEFAULT_MAX_ARRAY_SIZE, POINT_BASE_OPTION
 from orchestrator.code.snapshot import Snapshot
 from orchestrator.spec.models import JobSpec, allocated_nodes
 
 if TYPE_CHECKING:
     from orchestrator.plan.plan_model import LaunchPlan
-
-#: SLURM's default MaxArraySize is 1001, so one array holds at most 1000 tasks.
-DEFAULT_MAX_ARRAY_SIZE = 1001
 
 
 #: What a SLURM rank's values are made of, where only the job knows them.
@@ -266,7 +263,7 @@ def job_command(run_dir: str, python: str | None, point_base: int = 0) -> str:
     Every word quoted for the shell, the interpreter too (submitit pastes the command as written)."""
     argv = module_argv(python if python is not None else sys.executable, "orchestrator.backends.slurm.node.slurm_job",
                        str(RunFolder.of(run_dir).payload))
-    return " ".join(["exec", *map(shlex.quote, argv), *([f"--point-base {point_base}"] if point_base else [])])
+    return " ".join(["exec", *map(shlex.quote, argv), *([f"{POINT_BASE_OPTION} {point_base}"] if point_base else [])])
 
 
 def srun_argv(rank_log: str, run_dir: str, python: str, cpus_per_task: int | str = 1,

@@ -28,6 +28,7 @@ from orchestrator.backends.slurm.node import slurm_controller
 from orchestrator.backends.slurm.node.agent_state import say
 from orchestrator.backends.slurm.node.slurm_task import STAND_IN_OPTION, STEP_NODES_OPTION
 from orchestrator.core.interpreter import module_argv
+from orchestrator.core.payload import is_script
 
 #: What a standby imports before it is needed: torch, what DDP's constructor imports, and the rank
 #: API's healer (``jobs.heal``, with ``jobs.distributed``).
@@ -39,7 +40,7 @@ RANK_ENTRY = "orchestrator.backends.slurm.node.slurm_rank"
 def preload_for(entrypoint: str) -> list[str]:
     """The modules a standby imports: ``PRELOAD``, and the entrypoint's module when it is one of the
     project's (``jobs.train:main``); a user's module is never imported ahead (its import may run anything)."""
-    module = entrypoint.split(":", 1)[0] if ":" in entrypoint and not entrypoint.endswith(".py") else ""
+    module = "" if is_script(entrypoint) else entrypoint.split(":", 1)[0]
     return [*PRELOAD, *([module] if module.startswith("jobs.") else [])]
 
 

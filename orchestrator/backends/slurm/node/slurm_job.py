@@ -74,7 +74,8 @@ from orchestrator.core.payload import Payload
 from orchestrator.node.rank_env import cpu_share, has_cpu_share_rule, resolve_cpu_share
 from orchestrator.core.recovery import History
 from orchestrator.core.run_folder import RunFolder
-from orchestrator.backends.slurm.node.slurm_task import ATTEMPT_VARIABLE, SlurmJob, expand_nodelist, point_base
+from orchestrator.backends.slurm.node.slurm_task import (ATTEMPT_VARIABLE, MASTER_PORT_OPTION, POINT_BASE_OPTION, SlurmJob,
+                                                     expand_nodelist, point_base)
 from orchestrator.core.states import EndReason
 
 POLL_S = 0.2
@@ -195,7 +196,7 @@ class JobAgent:
         if port is False:
             return 1
         if port is not None:
-            srun_argv = [*srun_argv, "--master-port", str(port)]
+            srun_argv = [*srun_argv, MASTER_PORT_OPTION, str(port)]
         if any(has_cpu_share_rule(a) for a in srun_argv):
             srun_argv = [resolve_cpu_share(a, self.cpus_per_rank) for a in srun_argv]
             say(f"each rank gets {self.cpus_per_rank} CPU(s) ({self.cpus_from}; srun "
@@ -457,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"the payload {args[0]} was not planned for SLURM: plan and submit the job with --executor slurm",
               file=sys.stderr)
         return 2
-    srun = list(payload.srun) + (["--point-base", str(point_base(args))] if point_base(args) else [])
+    srun = list(payload.srun) + ([POINT_BASE_OPTION, str(point_base(args))] if point_base(args) else [])
     try:  # container.runtime oci: the run's bundle, with this run's mounts (orchestrator.node.container)
         container.prepare(payload)
     except OSError as exc:

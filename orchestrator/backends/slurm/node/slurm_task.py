@@ -121,15 +121,23 @@ def stand_in(task: SlurmTask, args: list[str], ranks_per_node: int) -> tuple[Slu
                   "SLURM_STEP_NUM_NODES": str(len(hosts)), "SLURM_STEP_NODELIST": ",".join(hosts)}
 
 
+#: SLURM's default MaxArraySize is 1001, so one array holds at most 1000 tasks.
+DEFAULT_MAX_ARRAY_SIZE = 1001
+#: The batch script's option (and the ranks' srun's) that names a job array's first sweep point.
+POINT_BASE_OPTION = "--point-base"
+#: The ranks' srun option that carries the auto port the job's agent found free.
+MASTER_PORT_OPTION = "--master-port"
+
+
 def point_base(args: list[str]) -> int:
     """``--point-base N``: the first sweep point of this job array (arrays are split at MaxArraySize)."""
-    return int(args[args.index("--point-base") + 1]) if "--point-base" in args else 0
+    return int(args[args.index(POINT_BASE_OPTION) + 1]) if POINT_BASE_OPTION in args else 0
 
 
 def master_port(args: list[str]) -> Optional[int]:
     """``--master-port N``: the auto port the job's agent found free on the master's node (None:
     not given, the rank derives it)."""
-    return int(args[args.index("--master-port") + 1]) if "--master-port" in args else None
+    return int(args[args.index(MASTER_PORT_OPTION) + 1]) if MASTER_PORT_OPTION in args else None
 
 
 #: The ranks' srun option that has the step run the health gate first (``orchestrator.backends.slurm.node.gate_step``).

@@ -96,12 +96,8 @@ def run(spec: SpecLike, wait: bool = True, *, executor: str | None = None, fresh
 
             print(f"[orchestrator] moved the previous checkpoints ({launch.payload.checkpoint.dir}, outside the run "
                   f"folder) to {moved_checkpoints}", file=sys.stderr, flush=True)
-    chosen = _executor(launch.executor, zygote)
-    if wait:  # local and debug (slurm was refused above) run in the foreground
-        record = cast("ForegroundExecutor", chosen).run(launch)
-    else:
-        record = chosen.submit(launch)
-    return Run(record)
+    chosen = _executor(launch.executor, zygote)  # local or debug (slurm was refused above): wait in the foreground
+    return Run(cast("ForegroundExecutor", chosen).run(launch) if wait else chosen.submit(launch))
 
 
 def submit(spec: SpecLike, *, executor: str = "slurm", on_plan: Callable[[LaunchPlan], None] | None = None) -> Run:
@@ -181,7 +177,7 @@ class Run(RunFacts):
     # -- the scheduler ---------------------------------------------------------------------------
     def status(self) -> State:
         """Refresh from the scheduler (one query; none once the run has ended) and return the state."""
-        self._record = refresh([self])[0]._record
+        refresh([self])
         return self._record.state
 
     def wait(self, timeout: float | None = None, *, follow: bool = False, attempts: bool = True) -> State:
@@ -194,7 +190,6 @@ class Run(RunFacts):
         restarting (recovery)``), and once when a SLURM job pends again after a requeue
         (``<run>/recovery.json``, read at most once a look; ``attempts=False``: quiet).
         """
-        import math
         import numbers
 
         if timeout is not None:
@@ -202,12 +197,10 @@ class Run(RunFacts):
                 raise UsageError(f"timeout is seconds (a number) or None for no limit, not {type(timeout).__name__}: "
                                  "e.g. .wait(timeout=600)")
             timeout = float(timeout)
-            if math.isnan(timeout) or timeout < 0:
+            if not timeout >= 0:  # NaN too
                 raise UsageError(f"timeout is {timeout}; give seconds >= 0 (e.g. .wait(timeout=600)), or None or "
                                  "math.inf to wait without a limit")
-            if math.isinf(timeout):
-                timeout = None
-        deadline = None if timeout is None else _now() + timeout
+        deadline = _now() + (float("inf") if timeout is None else timeout)
         poll = POLL_S.get(self.executor, 1.0)
         follower = None
         if follow:
@@ -225,7 +218,7 @@ class Run(RunFacts):
             if follower is not None:
                 follower.close()
 
-    def _wait(self, deadline: float | None, timeout: float | None, poll: float, follower: Follower | None,
+    def _wait(self, deadline: float, timeout: float | None, poll: float, follower: Follower | None,
               watch: AttemptWatch | None = None) -> State:
         states = StateWatch(self)
         looks = self._tail(0, None, states) if follower is not None else None
@@ -243,22 +236,18 @@ class Run(RunFacts):
                 self._say_attempts(watch, state, live, fresh=states.asked)
             if state.terminal or (state == State.UNKNOWN and states.asked and _forgotten(self._record)):
                 return state
-            if deadline is not None:
-                left = deadline - _now()
-                if left <= 0:
-                    raise WaitTimeoutError(
-                        f"{self.id} is still {state} after {timeout:g}s; it goes on: wait again, or stop it "
-                        f"with .cancel() (CLI: orchestrator cancel {self.id})")
-                _sleep(min(poll, left))
-            else:
-                _sleep(poll)
+            left = deadline - _now()
+            if left <= 0:
+                raise WaitTimeoutError(f"{self.id} is still {state} after {timeout:g}s; it goes on: wait again, or "
+                                       f"stop it with .cancel() (CLI: orchestrator cancel {self.id})")
+            _sleep(min(poll, left))
 
     def _say_attempts(self, watch: AttemptWatch, state: State, live: Path | None, fresh: bool = True) -> None:
         """One look at recovery.json (the run's, or the live sweep point's): print what changed."""
         import sys
 
         rec = self._record
-        folder = live if live is not None else (live_folder(rec) if rec.sweep_size else Path(rec.run_dir))
+        folder = live if live is not None else live_folder(rec)
         where = f"point {int(folder.name)}: " if rec.sweep_size and folder.name.isdigit() else ""
         for line in watch.look(folder, state == State.PENDING and fresh, list(rec.job_ids)):
             try:
@@ -293,9 +282,7 @@ class Run(RunFacts):
     def log_path(self, rank: int = 0, point: int | None = None) -> Path:
         """Where a rank's log is (or will be): the latest sweep point's, unless ``point`` is given."""
         rec = self.record
-        world = max(1, rec.world_size)
-        if not 0 <= rank < world:
-            raise RunNotFoundError(f"rank {rank} is not in {rec.run_id} (ranks 0-{world - 1})")
+        _check_rank(rec, rank)
         if point is not None and not 0 <= point < max(1, rec.sweep_size):
             raise RunNotFoundError(f"point {point} is not in {rec.run_id}"
                                    + (f" (points 0-{rec.sweep_size - 1})" if rec.sweep_size else " (it is not a sweep)"))
@@ -353,9 +340,7 @@ class Run(RunFacts):
             spy = run_stacks.py_spy(self.executor)
             return run_stacks.native_text(self.id, spy, live_folder(self.record), rank)
         self.status()
-        world = max(1, self._record.world_size)
-        if rank is not None and not 0 <= rank < world:
-            raise RunNotFoundError(f"rank {rank} is not in {self.id} (ranks 0-{world - 1})")
+        _check_rank(self._record, rank)
         if self._record.state.terminal:
             return run_stacks.saved_text(self._record, rank)
         return run_stacks.live_text(self._record, live_folder(self._record), rank, timeout)
@@ -366,6 +351,12 @@ class Run(RunFacts):
         from orchestrator.front.report import write_report
 
         return write_report(str(self.run_dir))
+
+
+def _check_rank(record: RunRecord, rank: int | None) -> None:
+    world = max(1, record.world_size)
+    if rank is not None and not 0 <= rank < world:
+        raise RunNotFoundError(f"rank {rank} is not in {record.run_id} (ranks 0-{world - 1})")
 
 
 def _forgotten(record: RunRecord) -> bool:
@@ -440,9 +431,8 @@ class StateWatch:
 def refresh(runs: Sequence[Run]) -> list[Run]:
     """Refresh every run from its scheduler, asking each executor once for all of its runs (so
     SLURM status over any number of jobs is one or two scheduler calls, not one per job)."""
-    fresh = {rec.run_dir: rec for rec in refresh_records([r.record for r in runs])}
-    for r in runs:
-        r._record = fresh[r._record.run_dir]
+    for r, rec in zip(runs, refresh_records([r.record for r in runs])):
+        r._record = rec
     return list(runs)
 
 

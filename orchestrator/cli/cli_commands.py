@@ -248,8 +248,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
 def cmd_stacks(args: argparse.Namespace) -> int:
     from orchestrator.api import Run
 
-    sys.stdout.write(Run.get(args.run).stacks(rank=args.rank, native=args.native))
-    sys.stdout.flush()
+    print(Run.get(args.run).stacks(rank=args.rank, native=args.native), end="", flush=True)
     return 0
 
 
@@ -309,10 +308,8 @@ def cmd_diff(args: argparse.Namespace) -> int:
     changed, _, frozen = changes_since(code)
     commit = f", git {code['commit'][:12]}{' + uncommitted changes' if code.get('dirty') else ''}" \
         if code.get("commit") else ""
-    if not changed:
-        print(f"{code['root']}: no change since snapshot {code['id']}{commit}")
-        return 0
-    print(f"{code['root']}: {len(changed)} file(s) changed since snapshot {code['id']}{commit}")
+    said = f"{len(changed)} file(s) changed" if changed else "no change"
+    print(f"{code['root']}: {said} since snapshot {code['id']}{commit}")
     for status, rel in changed:
         print(f"  {status:9} {rel}")
     if not args.stat:

@@ -184,10 +184,8 @@ def prune(store: Path, *, keep: int = KEEP, grace_s: float = GRACE_S, every_s: f
         return None
     report = Pruned(store=store, dry_run=dry_run)
     with store_lock(store, exclusive=True) as held:
-        if not held:
-            report.skipped = "a submission is storing its snapshot there now"
-            return report
-        report.skipped = linked(store)  # again, now that no submission changes it
+        # linked again, now that no submission changes it
+        report.skipped = linked(store) if held else "a submission is storing its snapshot there now"
         if report.skipped:
             return report
         if not dry_run:
@@ -228,16 +226,19 @@ def _views(store: Path) -> dict[str, float]:
     """Each tree's folder in ``trees/`` (``<snapshot id>-<root hash>``) and its time; the
     temporary folders of a build in progress are not trees yet."""
     out: dict[str, float] = {}
-    try:
-        entries = list(os.scandir(store / "trees"))
-    except OSError:
-        return out
-    for entry in entries:
-        if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
-            continue
-        with contextlib.suppress(OSError):
-            out[entry.name] = entry.stat(follow_symlinks=False).st_mtime
+    for entry in _listing(store / "trees"):
+        if entry.is_dir(follow_symlinks=False):
+            with contextlib.suppress(OSError):
+                out[entry.name] = entry.stat(follow_symlinks=False).st_mtime
     return out
+
+
+def _listing(folder: Path) -> list[os.DirEntry[str]]:
+    """``folder``'s entries but the hidden ones (a tree being built, the lock); none when it cannot be listed."""
+    try:
+        return [entry for entry in os.scandir(folder) if not entry.name.startswith(".")]
+    except OSError:
+        return []
 
 
 def _run_folders(runs: Path) -> Iterator[Path]:
@@ -343,9 +344,8 @@ def _size(path: Path) -> int:
 def _own_folders(store: Path, path: Path) -> bool:
     """Every folder from the store down to ``path``'s own is a folder of its own (lstat each
     level), so removing ``path`` removes a file of the store and nothing outside it."""
-    levels = [store]
-    for part in path.parent.relative_to(store).parts:
-        levels.append(levels[-1] / part)
+    parts = path.parent.relative_to(store).parts
+    levels = [store.joinpath(*parts[:depth]) for depth in range(len(parts) + 1)]
     try:
         return all(stat.S_ISDIR(os.lstat(level).st_mode) for level in levels)
     except OSError:
@@ -374,10 +374,8 @@ def _remove_unreferenced(store: Path, kept: set[str], now: float, grace_s: float
     from orchestrator.core.errors import OrchestratorError
 
     ids = {name.split("-")[0] for name in kept}
-    freed = 0
-    for path in _files(store / "manifests"):
-        if path.name.endswith(".json") and path.name[:-len(".json")] not in ids:
-            freed += _unlink_old(store, path, now, grace_s, dry_run)
+    freed = sum(_unlink_old(store, path, now, grace_s, dry_run) for path in _files(store / "manifests")
+                if path.name.endswith(".json") and path.name.removesuffix(".json") not in ids)
     wanted: set[str] = set()
     try:
         for snapshot in ids:
@@ -393,21 +391,13 @@ def _remove_unreferenced(store: Path, kept: set[str], now: float, grace_s: float
                 wanted.add(code["diff"])
     except (OrchestratorError, _Unreadable, OSError):
         return freed  # which blobs a kept snapshot needs is unknown: none is removed
-    for path in _files(store / "blobs", depth=2):
-        if path.name not in wanted:
-            freed += _unlink_old(store, path, now, grace_s, dry_run)
-    return freed
+    return freed + sum(_unlink_old(store, path, now, grace_s, dry_run) for path in _files(store / "blobs", depth=2)
+                       if path.name not in wanted)
 
 
 def _files(folder: Path, depth: int = 1) -> Iterator[Path]:
     """The plain files ``depth`` folders down (blobs/ab/<sha>: 2), never through a link."""
-    try:
-        entries = list(os.scandir(folder))
-    except OSError:
-        return
-    for entry in entries:
-        if entry.name.startswith("."):
-            continue
+    for entry in _listing(folder):
         if depth > 1 and entry.is_dir(follow_symlinks=False):
             yield from _files(Path(entry.path), depth - 1)
         elif depth == 1 and entry.is_file(follow_symlinks=False):

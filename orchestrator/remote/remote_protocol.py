@@ -78,6 +78,10 @@ class Shipped:
     mode: str
     link: Optional[str] = None
 
+    @property
+    def kind(self) -> str:
+        return "link" if self.link is not None else "file"
+
 
 @dataclass(frozen=True)
 class PlanRequest:
@@ -121,8 +125,7 @@ def _header(line: bytes) -> Submission:
         raise UsageError(f"the submission's header is over {MAX_HEADER_BYTES >> 20} MiB: ship fewer files (list data "
                          "and outputs in the ignore file or code.exclude)")
     header = _json(line)
-    protocol = header.get("protocol") if isinstance(header, dict) else None
-    if not isinstance(header, dict) or isinstance(protocol, bool) or protocol != PROTOCOL:
+    if not isinstance(header, dict) or isinstance(header.get("protocol"), bool) or header.get("protocol") != PROTOCOL:
         raise UsageError(f"this login node speaks protocol {PROTOCOL}; install the same orchestrator version on both")
     unknown = sorted(set(header) - _HEADER_KEYS)
     if unknown:
@@ -146,7 +149,12 @@ def _json(line: bytes) -> Any:
     try:
         return json.loads(line, parse_constant=no_constant)
     except (ValueError, RecursionError):  # RecursionError: arrays nested beyond the parser's depth
-        raise UsageError("the submission's header is not JSON: update the orchestrator on your machine") from None
+        raise _old_client("header is not JSON") from None
+
+
+def _old_client(what: str) -> UsageError:
+    """The refusal of a header field only an older (or foreign) client would send."""
+    return UsageError(f"the submission's {what}: update the orchestrator on your machine")
 
 
 def shown_received(value: Any, limit: int = 120) -> str:
@@ -159,7 +167,7 @@ def file_entries(files: Any) -> dict[str, Shipped]:
     """The manifest's entries, each checked (``path_problem``, ``_entry``), and checked together:
     one size per content, a bounded total, nothing beneath a shipped file or link."""
     if not isinstance(files, dict):
-        raise UsageError("the submission's header lacks its files: update the orchestrator on your machine")
+        raise _old_client("header lacks its files")
     if len(files) > MAX_FILES:
         raise UsageError(f"the submission ships {len(files)} files, over the limit of {MAX_FILES}: list data and "
                          "outputs in the ignore file or code.exclude")
@@ -242,13 +250,15 @@ def _check_tree(entries: Mapping[str, Shipped]) -> None:
         if parts[-1] == SHIPPED_NAME:
             raise UsageError(f"refusing the shipped path {shown_received(rel)}: the login node keeps its own record of what "
                              "was shipped under that name; rename that file, or list it in the ignore file")
-        for depth in range(1, len(parts)):
-            above = "/".join(parts[:depth])
-            holder = entries.get(above)
-            if holder is not None:
-                kind = "link" if holder.link is not None else "file"
-                raise UsageError(f"refusing the shipped path {shown_received(rel)}: {shown_received(above)} is shipped as a {kind}, "
-                                 "and nothing is written beneath one; ship one or the other")
+        above = _shipped_along(parts[:-1], entries)
+        if above is not None:
+            raise UsageError(f"refusing the shipped path {shown_received(rel)}: {shown_received(above)} is shipped as "
+                             f"a {entries[above].kind}, and nothing is written beneath one; ship one or the other")
+
+
+def _shipped_along(parts: list[str], entries: Mapping[str, Shipped]) -> Optional[str]:
+    """The first path along ``parts`` (the top folder first) that is a shipped file or link; None if none is."""
+    return next((above for above in ("/".join(parts[:d]) for d in range(1, len(parts) + 1)) if above in entries), None)
 
 
 def _check_links(entries: Mapping[str, Shipped]) -> None:
@@ -310,14 +320,11 @@ def _checked_cwd(cwd: Any, entries: Mapping[str, Shipped]) -> str:
     if problem is not None:
         raise UsageError(f"refusing the folder you submitted from, {shown_received(cwd)}: {problem}; submit from inside "
                          "the project")
-    parts = cwd.split("/")
-    for depth in range(1, len(parts) + 1):
-        above = "/".join(parts[:depth])
-        holder = entries.get(above)
-        if holder is not None:
-            kind = "link" if holder.link is not None else "file"
-            raise UsageError(f"refusing the folder you submitted from, {shown_received(cwd)}: it passes through "
-                             f"{shown_received(above)}, a shipped {kind}; submit from a folder of the project itself")
+    above = _shipped_along(cwd.split("/"), entries)
+    if above is not None:
+        raise UsageError(f"refusing the folder you submitted from, {shown_received(cwd)}: it passes through "
+                         f"{shown_received(above)}, a shipped {entries[above].kind}; submit from a folder of the "
+                         "project itself")
     return cwd
 
 
@@ -340,16 +347,15 @@ def _checked_legacy(legacy: Any, project: Optional[str]) -> Optional[str]:
         return None
     if project is None or not isinstance(legacy, str) or not PROJECT.fullmatch(legacy) or legacy == NO_PROJECT \
             or legacy.rpartition("-")[0] != project.rpartition("-")[0]:
-        raise UsageError(f"the submission's older checkout name {shown_received(legacy)} is not its project's name with "
-                         "another hash: update the orchestrator on your machine")
+        raise _old_client(f"older checkout name {shown_received(legacy)} is not its project's name with another hash")
     return legacy
+
 
 
 def _checked_flag(value: Any, name: str) -> bool:
     if isinstance(value, bool):
         return value
-    raise UsageError(f"the submission's {name} is {shown_received(value)}, not true or false: update the orchestrator on "
-                     "your machine")
+    raise _old_client(f"{name} is {shown_received(value)}, not true or false")
 
 
 def _checked_plan(plan: Any) -> Optional[PlanRequest]:
@@ -359,26 +365,24 @@ def _checked_plan(plan: Any) -> Optional[PlanRequest]:
         return None
     from orchestrator.spec.validators import MAX_WORLD
 
-    bad = "update the orchestrator on your machine"
     if not isinstance(plan, dict) or set(plan) - _PLAN_KEYS:
-        raise UsageError(f"the submission's plan options {shown_received(plan)} are not json, node and rank: {bad}")
+        raise _old_client(f"plan options {shown_received(plan)} are not json, node and rank")
     as_json = _checked_flag(plan.get("json", False), "plan option json")
-    picked = {}
     for key in ("node", "rank"):
         value = plan.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < MAX_WORLD):
             raise UsageError(f"plan --{key} {shown_received(value)}: give a whole number from 0 to {MAX_WORLD - 1}")
-        picked[key] = value
-    if picked["node"] is not None and picked["rank"] is not None:
-        raise UsageError(f"plan takes one of --node and --rank, not both: {bad}")
-    return PlanRequest(as_json=as_json, node=picked["node"], rank=picked["rank"])
+    node, rank = plan.get("node"), plan.get("rank")
+    if node is not None and rank is not None:
+        raise UsageError("plan takes one of --node and --rank, not both: update the orchestrator on your machine")
+    return PlanRequest(as_json=as_json, node=node, rank=rank)
 
 
 def _checked_spec(spec: Any) -> dict:
     """The spec, as a mapping whose executor is SLURM: a login node is shared, so it only queues
     jobs (executor local or debug would run the user's code on the login node itself)."""
     if not isinstance(spec, dict):
-        raise UsageError("the submission's header lacks its spec: update the orchestrator on your machine")
+        raise _old_client("header lacks its spec")
     from orchestrator.backends import BACKENDS
 
     executor = spec.get("executor")
@@ -395,15 +399,14 @@ def _checked_commit(commit: Any) -> Optional[str]:
     """The laptop's git commit, or None: recorded in the checkout and shown by ``diff``, so only a commit id."""
     if commit is None or (isinstance(commit, str) and _COMMIT.fullmatch(commit)):
         return commit
-    raise UsageError(f"the submission's commit {shown_received(commit)} is not a git commit id: update the orchestrator on "
-                     "your machine")
+    raise _old_client(f"commit {shown_received(commit)} is not a git commit id")
 
 
 def _checked_text(value: Any, name: str) -> str:
     """A free-text field (the uncommitted diff): text or nothing, never another JSON type."""
     if value is None or isinstance(value, str):
         return value or ""
-    raise UsageError(f"the submission's {name} is not text: update the orchestrator on your machine")
+    raise _old_client(f"{name} is not text")
 
 
 def receive_blobs(stdin: IO[bytes], blobs: Path, wanted: Mapping[str, int]) -> None:

@@ -10,8 +10,9 @@ from __future__ import annotations
 import math
 import re
 import weakref
+from functools import partial
 from itertools import product
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Callable, ClassVar, Literal, Union
 
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, WithJsonSchema,
                       field_validator, model_validator)
@@ -68,12 +69,11 @@ HOME_ELSEWHERE = "home_elsewhere"
 def _home_path(value: str, field: str, info: ValidationInfo, *, expand: bool = True, run_folder: bool = True) -> str:
     """One of HOME_PATH_FIELDS, checked: '~' expanded here (unless ``expand`` is false), or kept
     as written when the spec is validated for another machine (``HOME_ELSEWHERE``). ``run_folder``:
-    a folder the job names its logs after, where '%' is refused (``validators.run_path``)."""
+    a folder the job names its logs after, where '%' is refused (``validators.local_path``)."""
     if field not in HOME_PATH_FIELDS:
         raise AssertionError(f"{field} is not in HOME_PATH_FIELDS")  # the list is the one place: keep it whole
     elsewhere = home_elsewhere(info)
-    check = v.run_path if run_folder else v.local_path
-    return check(value, field, expand=expand and not elsewhere, home_elsewhere=elsewhere)
+    return v.local_path(value, field, expand=expand and not elsewhere, home_elsewhere=elsewhere, run_folder=run_folder)
 
 
 def home_elsewhere(info: ValidationInfo) -> bool:
@@ -124,6 +124,9 @@ class _Model(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True, strict=True,
                               allow_inf_nan=False)
+    #: The check of ``validators`` that normalises a field's value (when set), by field name: it
+    #: runs right after the text rule, so a control character is named as such first.
+    _CHECKS: ClassVar[dict[str, Callable[[str], str]]] = {}
 
     def __init__(self, /, **data: Any) -> None:
         """``JobSpec(nodes='2')`` raises SpecError (an OrchestratorError), formatted as load_spec
@@ -146,12 +149,13 @@ class _Model(BaseModel):
     def _texts(cls, value: Any, info: ValidationInfo) -> Any:
         if not isinstance(value, BaseModel):
             _check_texts(value, info.field_name or "value")
-        return value
+        check = cls._CHECKS.get(info.field_name or "")
+        return value if value is None or check is None else check(value)
 
 
 def _scalar(value: Any, what: str) -> Any:
     """An argument value: text, a number or true/false (YAML's dates and nulls are refused)."""
-    if isinstance(value, bool) or isinstance(value, (int, str)):
+    if isinstance(value, (int, str)):  # bool is an int
         return value
     if isinstance(value, float):
         if not math.isfinite(value):
@@ -259,16 +263,17 @@ class CheckpointSpec(_Model):
         return None if value is None else _home_path(value, "checkpoint.dir", info, run_folder=False)
 
 
-#: The SlurmSpec fields whose value (when set) one check of ``validators`` normalises.
-_SLURM_CHECKS = {"mem": v.slurm_memory, "mem_per_cpu": v.slurm_memory, "mem_per_gpu": v.slurm_memory,
-                 "constraint": v.constraint, "gpu_type": v.gpu_type, "nodelist": v.hostlist, "exclude": v.hostlist}
-#: The SlurmSpec fields that name things sbatch is given (a comma-separated list: several of them).
-_SLURM_NAMES = {"account": v.safe_name, "qos": v.safe_name, "wckey": v.safe_name, "partition": v.safe_names,
-                "reservation": v.safe_names}
-
-
 class SlurmSpec(_Model):
     """Options for the SLURM executor."""
+
+    # The fields that name things sbatch is given (a comma-separated list: several of them) name
+    # the field in their error.
+    _CHECKS = {
+        "mem": v.slurm_memory, "mem_per_cpu": v.slurm_memory, "mem_per_gpu": v.slurm_memory, "constraint": v.constraint,
+        "gpu_type": v.gpu_type, "nodelist": v.hostlist, "exclude": v.hostlist,
+        **{field: partial(check, what=f"slurm.{field} name") for field, check in (
+            ("account", v.safe_name), ("qos", v.safe_name), ("wckey", v.safe_name), ("partition", v.safe_names),
+            ("reservation", v.safe_names))}}
 
     partition: str | None = Field(
         None, description="Partition (sbatch --partition), or a comma-separated list ('gpu,gpu-preempt'): "
@@ -335,12 +340,6 @@ class SlurmSpec(_Model):
         default_factory=dict, description="Further sbatch options by long name, e.g. {'mail-type': 'END'}. Options the "
         "orchestrator sets itself are refused.")
 
-    @field_validator(*_SLURM_NAMES)
-    @classmethod
-    def _names(cls, value: str | None, info: ValidationInfo) -> str | None:
-        field = info.field_name or ""
-        return None if value is None else _SLURM_NAMES[field](value, f"slurm.{field} name")
-
     @field_validator("time", mode="before")
     @classmethod
     def _time_text(cls, value: Any) -> Any:
@@ -354,11 +353,6 @@ class SlurmSpec(_Model):
     def _time(cls, value: str) -> str:
         v.slurm_time_minutes(value)
         return value
-
-    @field_validator(*_SLURM_CHECKS)
-    @classmethod
-    def _checked(cls, value: str | None, info: ValidationInfo) -> str | None:
-        return None if value is None else _SLURM_CHECKS[info.field_name or ""](value)
 
     @field_validator("python")
     @classmethod
@@ -588,7 +582,7 @@ class CodeSpec(_Model):
     def _ignore_file(cls, value: str) -> str:
         if not value or value.startswith("/") or ".." in value.split("/"):
             raise ValueError("must be a path relative to the project's root, e.g. .orchignore")
-        return v.text(value, "code.ignore_file")
+        return value
 
 
 class ContainerSpec(_Model):
@@ -690,6 +684,8 @@ class TrackingSpec(_Model):
 class JobSpec(_Model):
     """One distributed training (or inference) job."""
 
+    _CHECKS = {"name": partial(v.safe_name, what="job name"), "entrypoint": v.entrypoint_syntax}
+
     name: str = Field(description="Job name: letters, digits, '_', '.', '-'. Names the run folder and the SLURM job.")
     entrypoint: str = Field(
         description="What every rank runs: 'package.module:function' (called with the argument "
@@ -748,16 +744,6 @@ class JobSpec(_Model):
         "flag", description="How true/false in args are passed. flag: '--key' for true, nothing for false (argparse "
         "store_true). value: '--key true' / '--key false' (jsonargparse, LightningCLI, HfArgumentParser). One "
         "argument can always be passed as text instead: key: 'false'.")
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, value: str) -> str:
-        return v.safe_name(value, "job name")
-
-    @field_validator("entrypoint")
-    @classmethod
-    def _entry(cls, value: str) -> str:
-        return v.entrypoint_syntax(value)
 
     @field_validator("args")
     @classmethod
@@ -923,10 +909,9 @@ def cross_field_problems(spec: JobSpec) -> list[str]:
         problems += _node_local_problems(spec)
     if spec.runs_on.emulated:
         problems += _local_problems(spec)
-    allow_exclusion = spec.resolved_backend == "nccl"
     for name in d.interface_names():
         try:
-            v.interface_name(name, allow_exclusion)
+            v.interface_name(name, allow_exclusion=spec.resolved_backend == "nccl")
         except ValueError as exc:
             problems.append(f"distributed.interface: {exc}")
     if isinstance(d.interface, list) and any(n.startswith("^") for n in d.interface):

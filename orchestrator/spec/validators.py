@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 import unicodedata
 from typing import Any
 
@@ -162,8 +161,8 @@ def constraint(value: str) -> str:
 def entrypoint_syntax(value: str) -> str:
     """`module.path:function`, or a path to an existing ``.py`` script. Every name that becomes a
     file name (each module of the path, with '.py'; each folder and file of a script path) must
-    fit the filesystem, or the import fails later with a traceback instead of here."""
-    text(value, "entrypoint")
+    fit the filesystem, or the import fails later with a traceback instead of here. (The models
+    apply ``text`` to every string before this.)"""
     if _ENTRY_FUNCTION.fullmatch(value):
         for module in value.split(":")[0].split("."):
             if len(module) + len(".py") > NAME_MAX:
@@ -295,17 +294,16 @@ _OWN_FIELDS = frozenset({"wckey", "reservation", "mem-per-cpu", "mem-per-gpu", "
 def sbatch_option(key: str, reserved: frozenset[str]) -> str:
     """A long option name for ``slurm.extra_sbatch``. sbatch accepts any unique prefix of a long
     option (``--part`` is ``--partition``), so a prefix of a reserved option is reserved too."""
-    refused = _REFUSED_SHORT.get(key) or key.replace("_", "-")
-    if refused in REFUSED_SBATCH:
-        shown_key = f"-{key} (--{refused})" if key in _REFUSED_SHORT else f"--{refused}"
-        raise ValueError(f"sbatch option {shown_key} is refused: it {REFUSED_SBATCH[refused]}")
-    meant = sorted(r for r in REFUSED_SBATCH if r.startswith(refused)) if len(refused) > 1 else []
+    norm = _REFUSED_SHORT.get(key) or key.replace("_", "-")
+    if norm in REFUSED_SBATCH:
+        shown_key = f"-{key} (--{norm})" if key in _REFUSED_SHORT else f"--{norm}"
+        raise ValueError(f"sbatch option {shown_key} is refused: it {REFUSED_SBATCH[norm]}")
+    meant = sorted(r for r in REFUSED_SBATCH if r.startswith(norm)) if len(norm) > 1 else []
     if meant:  # getopt_long reads a unique prefix as the option: 'qu' is --quiet, 'cluster' --clusters
         raise ValueError(f"{shown(key)} abbreviates --{meant[0]} (sbatch reads a unique prefix as the option), which "
                          f"is refused: it {REFUSED_SBATCH[meant[0]]}")
     if not _SBATCH_OPTION.fullmatch(key):
         raise ValueError(f"{shown(key)} is not an sbatch long option name; write it without dashes, e.g. 'mail-type'")
-    norm = key.replace("_", "-")
     if norm in reserved:
         hint = _SBATCH_FIELDS.get(norm, "use the spec field for it instead")
         what = "has a spec field of its own" if norm in _OWN_FIELDS else "is set by the orchestrator"
@@ -317,26 +315,18 @@ def sbatch_option(key: str, reserved: frozenset[str]) -> str:
     return norm
 
 
-def run_path(value: str, what: str, expand: bool = True, home_elsewhere: bool = False) -> str:
-    """A folder the job writes in (runs_dir, workdir, the rendezvous folder): see ``local_path``;
-    and no '%', which SLURM expands in the log file names made from it."""
-    value = local_path(value, what, expand, home_elsewhere)
-    if "%" in value:
-        raise ValueError(
-            f"{what} {shown(value)} contains '%', which SLURM expands in log file names (%j, %t); rename it")
-    return value
-
-
-def local_path(value: str, what: str, expand: bool = True, home_elsewhere: bool = False) -> str:
+def local_path(value: str, what: str, expand: bool = True, home_elsewhere: bool = False,
+               run_folder: bool = False) -> str:
     """A path the ranks use: not empty, '~' expanded as a shell would (the path is never read by
     a shell, so '~/x' would otherwise make a folder named '~'), and every name in it short enough
     for the filesystem. ``expand=False`` checks that '~' can be expanded but keeps the text (for
     runs_dir, which names the run id and is expanded when planned). ``home_elsewhere``: the job
     runs on another machine (``--remote``), whose users and homes this one does not know, so '~'
-    is kept as written and not checked here; that machine's own validation expands it."""
+    is kept as written and not checked here; that machine's own validation expands it.
+    ``run_folder``: a folder the job writes in (runs_dir, workdir, the rendezvous folder), where
+    '%' is refused: SLURM expands it in the log file names made from it."""
     if not value.strip():
         raise ValueError(f"{what} is empty: give a directory path")
-    text(value, what)
     if value.startswith("~") and not home_elsewhere:
         expanded = os.path.expanduser(value)
         if expanded.startswith("~"):
@@ -344,17 +334,17 @@ def local_path(value: str, what: str, expand: bool = True, home_elsewhere: bool 
             raise ValueError(f"{what} {shown(value)}: '~{user}' names no user on this machine, so '~' cannot "
                              "be expanded; write the absolute path")
         value = expanded if expand else value
-    return path_lengths(value, what)
+    path_lengths(value, what)
+    if run_folder and "%" in value:
+        raise ValueError(
+            f"{what} {shown(value)} contains '%', which SLURM expands in log file names (%j, %t); rename it")
+    return value
 
 
 def folder_or_absent(value: str, what: str) -> str:
     """A folder the ranks will enter (or create): refused when something else is already there.
     (On a cluster the path may not exist where the spec is written; that is left to the rank.)"""
-    try:
-        st = os.stat(value)
-    except OSError:
-        return value
-    if not stat.S_ISDIR(st.st_mode):
+    if os.path.exists(value) and not os.path.isdir(value):
         raise ValueError(f"{what} {shown(value)} exists and is not a folder: name a folder (it is created if missing)")
     return value
 
@@ -433,15 +423,14 @@ def hostlist(value: str) -> str:
     from orchestrator.core import hostlist as hosts
 
     fix = "write names separated by commas, with ranges in brackets: 'node1,node2' or 'gpu[01-04,07]'"
-    if not _HOSTLIST_CHARS.fullmatch(value):
-        raise ValueError(f"{shown(value)} is not a SLURM host list; {fix}")
-    try:
-        named = hosts.count(value)
-    except ValueError as exc:
-        raise ValueError(f"{exc}; {fix}") from None
-    if named == 0 or any(not item[:1].isalnum() for item in value.split(",") if item):
-        raise ValueError(f"{shown(value)} is not a SLURM host list; {fix}")
-    return value
+    if _HOSTLIST_CHARS.fullmatch(value):
+        try:
+            named = hosts.count(value)
+        except ValueError as exc:
+            raise ValueError(f"{exc}; {fix}") from None
+        if named and all(item[:1].isalnum() for item in value.split(",") if item):
+            return value
+    raise ValueError(f"{shown(value)} is not a SLURM host list; {fix}")
 
 
 _GPU_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")
@@ -455,11 +444,11 @@ def gpu_type(value: str) -> str:
     return value
 
 
-def hostlist_hosts(value: str, limit: int = MAX_WORLD) -> set[str] | None:
-    """The hosts of a valid host list, or None when it names more than ``limit`` (counted before
+def hostlist_hosts(value: str) -> set[str] | None:
+    """The hosts of a valid host list, or None when it names more than MAX_WORLD (counted before
     anything is expanded, so 'n[1-999999]' costs nothing). ValueError for an invalid list."""
     from orchestrator.core import hostlist
 
-    if hostlist.count(value) > limit:
+    if hostlist.count(value) > MAX_WORLD:
         return None
     return set(hostlist.expand(value))

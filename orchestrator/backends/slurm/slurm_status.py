@@ -240,9 +240,10 @@ def sacct_states(job_ids: list[str]) -> dict[str, State]:
     # moment before its next record exists, and a job that just started still reads PENDING there
     # (slurmdbd hears of the start later: `chaos` right after `submit` was refused as "PENDING" while
     # the ranks ran): squeue, which lists only jobs still queued or running, tells.
-    failed = sorted({k.split("_")[0] for k, st in states.items() if st in (State.NODE_FAIL, State.PENDING)})
-    if failed:
-        states.update(squeue_states(failed, every_state=False))
-    if missing:
-        states.update(squeue_states(missing))
+    # One squeue call asks both, with every state: a job that ended since sacct's record also
+    # reads its end there (two calls, one per kind, made three queries in all).
+    stale = {k.split("_")[0] for k, st in states.items() if st in (State.NODE_FAIL, State.PENDING)}
+    again = sorted(stale | set(missing))
+    if again:
+        states.update(squeue_states(again))
     return states

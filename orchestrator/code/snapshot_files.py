@@ -15,6 +15,7 @@ import subprocess
 from pathlib import Path
 from typing import Iterable, Optional
 
+from orchestrator.core.module_origin import module_folder
 from orchestrator.core.payload import is_script
 from orchestrator.core.run_folder import RunFolder
 from orchestrator.code.snapshot_model import LEFT_NOT_CODE, LEFT_OUTPUT, LEFT_RUN, OUTPUT_DIRS, SnapshotError, relative_inside
@@ -38,34 +39,12 @@ def project_root(entrypoint: str, cwd: str) -> tuple[Optional[str], str]:
         location = os.path.dirname(path)
     else:
         top_module = entrypoint.split(":")[0].split(".")[0]
-        found = _module_folder(top_module, cwd)
+        found = module_folder(top_module, cwd)
         if found is None:
             return None, f"{top_module} is an installed package"
         location = path = found
     top = _git_toplevel(location)
     return (top, "git") if top is not None and not _git_ignores(top, path) else (location, "folder")
-
-
-def _module_folder(name: str, cwd: str) -> Optional[str]:
-    """The folder holding top-level module ``name`` (None: not found, or an installed package)."""
-    if os.path.isdir(os.path.join(cwd, name)) or os.path.isfile(os.path.join(cwd, name + ".py")):
-        return cwd
-    import importlib.util
-
-    try:
-        found = importlib.util.find_spec(name)
-    except (ImportError, ValueError):
-        return None
-    if found is None:
-        return None
-    where = found.origin if found.has_location and found.origin else next(iter(found.submodule_search_locations or []), None)
-    if where is None:
-        return None
-    parts = Path(where).parts
-    if "site-packages" in parts or "dist-packages" in parts or _installed(where):
-        return None
-    folder = os.path.dirname(where)
-    return os.path.dirname(folder) if os.path.basename(where) == "__init__.py" else folder
 
 
 def _git(root: str, *args: str) -> Optional[bytes]:
@@ -150,15 +129,6 @@ def read_shipped(root: str) -> dict:
     except (OSError, ValueError, AssertionError) as exc:
         raise SnapshotError(f"cannot read {Path(root) / SHIPPED_NAME} (what a remote submission shipped): {exc}; "
                             "submit again from your machine") from None
-
-
-def _installed(path: str) -> bool:
-    """Inside this interpreter's own library folders (the standard library, site-packages)."""
-    import sysconfig
-
-    real = os.path.realpath(path)
-    folders = {os.path.realpath(p) for key, p in sysconfig.get_paths().items() if key in ("stdlib", "platstdlib", "purelib", "platlib")}
-    return any(relative_inside(real, folder) is not None for folder in folders)
 
 
 def _git_toplevel(folder: str) -> Optional[str]:

@@ -27,7 +27,7 @@ import threading
 from types import ModuleType
 from typing import Optional, Sequence
 
-from orchestrator.node.module_origin import is_installed
+from orchestrator.core.module_origin import is_installed
 
 
 class SnapshotFinder(importlib.abc.MetaPathFinder):

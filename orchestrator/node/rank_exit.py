@@ -19,7 +19,7 @@ import os
 import sys
 from typing import Mapping, NoReturn
 
-from orchestrator.node.module_origin import is_users_own
+from orchestrator.core.module_origin import is_users_own
 
 
 def leave(code: int, ran: bool, preloaded: Mapping[str, int]) -> NoReturn:

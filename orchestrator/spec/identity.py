@@ -41,6 +41,7 @@ import re
 from pathlib import Path
 from typing import Any, Optional
 
+from orchestrator.core.module_origin import module_folder
 from orchestrator.core.payload import is_script
 from orchestrator.spec.models import JobSpec
 
@@ -99,31 +100,8 @@ def project_key(entrypoint: str, cwd: Optional[str] = None) -> Optional[str]:
     here = os.path.abspath(cwd or os.getcwd())
     if is_script(entrypoint):
         return os.path.realpath(os.path.join(here, entrypoint))
-    folder = _module_folder(entrypoint.split(":")[0].split(".")[0], here)
+    folder = module_folder(entrypoint.split(":")[0].split(".")[0], here)
     return None if folder is None or folder == _own_root() else folder
-
-
-def _module_folder(top: str, cwd: str) -> Optional[str]:
-    """The resolved folder holding top-level module ``top`` (None: not found, or installed),
-    found as ``orchestrator.code.snapshot_files`` finds a module's project (which this side may
-    not import)."""
-    if os.path.isdir(os.path.join(cwd, top)) or os.path.isfile(os.path.join(cwd, top + ".py")):
-        return os.path.realpath(cwd)
-    import importlib.util
-
-    from orchestrator.node.module_origin import is_installed
-
-    try:
-        found = importlib.util.find_spec(top)
-    except (ImportError, ValueError):
-        return None
-    if found is None:
-        return None
-    where = found.origin if found.has_location and found.origin else next(iter(found.submodule_search_locations or []), None)
-    if where is None or is_installed(where):
-        return None
-    folder = os.path.dirname(where)
-    return os.path.realpath(os.path.dirname(folder) if os.path.basename(where) == "__init__.py" else folder)
 
 
 def _own_root() -> str:

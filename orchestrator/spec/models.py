@@ -119,8 +119,9 @@ def is_validated(spec: object) -> bool:
 
 
 class _Model(BaseModel):
-    """Strict: no coercion (``nodes: true`` and ``port: "80"`` are refused, not converted),
-    no NaN or infinity, no unknown keys, and every string obeys ``validators.text``."""
+    """Strict: no coercion (``nodes: true`` and ``nodes: "2"`` are refused, not converted; only
+    ``distributed.port``, a field that also takes ``'auto'``, reads its digits as text), no NaN or infinity, no unknown keys, and every string obeys
+    ``validators.text``."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True, strict=True,
                               allow_inf_nan=False)

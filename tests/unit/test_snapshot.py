@@ -1201,6 +1201,27 @@ def test_project_root_of_a_module_found_on_sys_path(no_outer_git: Path, monkeypa
     assert project_root("snaptest_pkg_c.train:main", str(no_outer_git / "elsewhere")) == (str(proj), "folder")
 
 
+def test_a_package_linked_into_site_packages_from_the_project_is_the_projects(
+        no_outer_git: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ln -s ~/proj/pkg .venv/lib/.../site-packages/pkg``: the real path decides, so the snapshot
+    freezes the project (a queued job must not import the live files) and the run's identity names
+    the same project (they once disagreed: the snapshot asked "installed?" of the link's path)."""
+    from orchestrator.spec.identity import project_key
+
+    proj = no_outer_git / "proj"
+    write(proj, {"snaptest_pkg_linked/__init__.py": "", "snaptest_pkg_linked/train.py": ""})
+    site = no_outer_git / "venv" / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+    (site / "snaptest_pkg_linked").symlink_to(proj / "snaptest_pkg_linked")
+    (no_outer_git / "elsewhere").mkdir()
+    monkeypatch.syspath_prepend(str(site))
+    cwd = str(no_outer_git / "elsewhere")
+    assert project_root("snaptest_pkg_linked.train:main", cwd) == (os.path.realpath(proj), "folder")
+    assert project_key("snaptest_pkg_linked.train:main", cwd) == os.path.realpath(proj)
+    snap = scan_project("snaptest_pkg_linked.train:main", cwd, "runs")
+    assert snap is not None and snap.root == os.path.realpath(proj) and "snaptest_pkg_linked/train.py" in snap.entries
+
+
 @pytest.mark.parametrize("entrypoint", ["json:dumps", "email.message:Message", "hypothesis:given", "pytest:main"])
 def test_project_root_of_a_stdlib_or_installed_module_is_none(tmp_path: Path, entrypoint: str) -> None:
     root, why = project_root(entrypoint, str(tmp_path))

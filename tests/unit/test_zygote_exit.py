@@ -46,7 +46,7 @@ def test_installed_packages_the_standard_library_and_ours_are_never_the_users(tm
     import sysconfig
 
     import orchestrator
-    from orchestrator.node.module_origin import is_users_own
+    from orchestrator.core.module_origin import is_users_own
 
     assert not is_users_own(json.__file__) and not is_users_own(orchestrator.__file__)
     assert not is_users_own(str(Path(sysconfig.get_paths()["purelib"]) / "numpy" / "__init__.py"))

@@ -196,16 +196,25 @@ def link_why(full: str, root: str, excluded: list[str]) -> Optional[str]:
     return None if inside else LEFT_NOT_CODE
 
 
-def in_run_folder(root: str, rel: str, memo: dict[str, bool]) -> bool:
-    """``rel`` lies in a run folder of the project (one of its folders holds record.json and payload.json)."""
+def is_environment(folder: str) -> bool:
+    """A Python environment: a virtual environment (``pyvenv.cfg``) or a conda one (``conda-meta/``),
+    whatever its name: installed packages, never the user's code."""
+    return os.path.isfile(os.path.join(folder, "pyvenv.cfg")) or os.path.isdir(os.path.join(folder, "conda-meta"))
+
+
+def enclosing_folder(root: str, rel: str, memo: dict[str, Optional[str]]) -> tuple[Optional[str], str]:
+    """(why ``rel`` is never frozen, the folder that says so): it lies in a run folder (one of its
+    folders holds record.json and payload.json) or in a Python environment (``is_environment``:
+    a ``venv/`` that git does not ignore); (None, "") when neither. ``memo``: folder -> its answer."""
     parts = rel.split("/")[:-1]
     for i in range(1, len(parts) + 1):
         folder = "/".join(parts[:i])
         if folder not in memo:
-            memo[folder] = _is_run_folder(os.path.join(root, folder))
-        if memo[folder]:
-            return True
-    return False
+            full = os.path.join(root, folder)
+            memo[folder] = LEFT_RUN if _is_run_folder(full) else LEFT_OUTPUT if is_environment(full) else None
+        if memo[folder] is not None:
+            return memo[folder], folder
+    return None, ""
 
 
 def walk_files(root: str, excluded: Iterable[str] = (), *, prune: bool = True,
@@ -221,7 +230,7 @@ def walk_files(root: str, excluded: Iterable[str] = (), *, prune: bool = True,
         for d in sorted(set(dirs) - set(linked)):
             full = os.path.join(folder, d)
             rel = d if rel_folder == "." else f"{rel_folder}/{d}".replace(os.sep, "/")
-            if full in skip or os.path.exists(os.path.join(full, "pyvenv.cfg")):
+            if full in skip or is_environment(full):
                 continue
             if _is_run_folder(full):  # never frozen, whatever code.include says
                 if left is not None:

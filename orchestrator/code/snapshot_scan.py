@@ -17,7 +17,7 @@ from typing import Iterable, Mapping, Optional
 
 from orchestrator.core.errors import OrchestratorError
 from orchestrator.core.payload import is_script
-from orchestrator.code.snapshot_files import (git_files, git_state, ignore_patterns, is_ignored, in_run_folder, kept_link,
+from orchestrator.code.snapshot_files import (git_files, git_state, ignore_patterns, is_ignored, enclosing_folder, kept_link,
                                          link_why, read_shipped, walk_files, project_root,
                                          stray_shipped_records)
 from orchestrator.code.snapshot_model import (CHUNK, LEFT_CHANGING, LEFT_IGNORED, LEFT_OUTPUT, LEFT_RUN, STORE_NAME, Entry,
@@ -126,7 +126,8 @@ def scan(root: str, how: str, store_dir: str, *, ignore_file: str = ".orchignore
     required_rel = {relative_inside(os.path.realpath(path), root): path for path in required}
     # the entrypoint is what the ranks run: frozen whatever its name (a script with no .py suffix)
     chosen = [(rel, True) for rel in tracked] + [(rel, rel in required_rel) for rel in others]
-    run_folders: dict[str, bool] = {}
+    folders: dict[str, Optional[str]] = {}
+    environments: set[str] = set()
     for rel, declared in sorted(chosen):  # first every file's size: a project over the limit is refused before it is read
         full = os.path.join(root, rel)
         if any(relative_inside(full, x) is not None for x in excluded):
@@ -141,8 +142,13 @@ def scan(root: str, how: str, store_dir: str, *, ignore_file: str = ".orchignore
         except OSError as exc:
             raise SnapshotError(f"cannot read {full} for the code snapshot: {exc.strerror}; fix its permissions, "
                                 f"list it in {os.path.join(root, ignore_file)}, or set code.snapshot: false") from None
-        if not declared and in_run_folder(root, rel, run_folders):
-            left.setdefault(LEFT_RUN, []).append(rel)
+        never, folder = enclosing_folder(root, rel, folders) if not declared else (None, "")
+        if never == LEFT_RUN:
+            left.setdefault(never, []).append(rel)
+        elif never is not None and folder not in environments:  # an environment: named once, not its files
+            environments.add(folder)
+            left.setdefault(never, []).append(folder + "/")
+        if never is not None:
             continue
         if not declared and not is_ignored(rel, list(include)):
             why = LEFT_OUTPUT if output_part(rel) else \

@@ -369,6 +369,20 @@ def test_a_package_named_venv_is_kept_when_it_is_not_a_virtual_environment(no_ou
     assert snap is not None and sorted(snap.entries) == ["env/__init__.py", "other/z.py", "train.py"]
 
 
+def test_an_environment_git_does_not_ignore_is_never_frozen(tmp_path: Path) -> None:
+    """``python -m venv venv`` (or a conda env) in a git project with no .gitignore entry for it:
+    its untracked packages are not the user's code (a venv with torch is ~385 MB of sources, over
+    code.max_mb: the run was refused). Named once in left_out, not file by file."""
+    repo = git_repo(tmp_path / "proj", {"train.py": "x", "venv/lib/keep.py": ""})  # tracked: kept
+    write(repo, {"venv/pyvenv.cfg": "home = /usr\n", "venv/lib/python3.11/site-packages/pkg/a.py": "",
+                 "venv/lib/python3.11/site-packages/pkg/b.py": "", "tools/env/conda-meta/history": "",
+                 "tools/env/lib/c.py": "", "tools/own.py": "", "notenv/pyvenv.py": ""})
+    snap = scan_project("train.py", str(repo), "runs")
+    assert snap is not None and snap.how == "git"
+    assert sorted(snap.entries) == ["notenv/pyvenv.py", "tools/own.py", "train.py", "venv/lib/keep.py"]
+    assert snap.left_out[LEFT_OUTPUT] == ("tools/env/", "venv/")
+
+
 def test_the_orchestrator_home_inside_the_project_is_never_frozen_nor_linked(no_outer_git: Path,
                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     proj = no_outer_git / "proj"

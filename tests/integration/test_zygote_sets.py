@@ -7,6 +7,7 @@ nothing outlives it."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -67,3 +68,25 @@ def test_sets_of_ranks_end_in_their_own_set_and_the_zygote_serves_the_next(
     assert group.proc.returncode == 0
     assert not psutil.pid_exists(zygote)
     assert not [pid for pid in children if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+
+
+def test_a_stop_sent_the_moment_a_rank_is_forked_is_never_lost(tmp_path) -> None:
+    """A Ctrl-C just after the ranks start: the supervisor's SIGTERM may reach a rank before it
+    leads its own session (its group does not exist yet) or has its own handlers. It is sent to
+    the pid then, and the zygote holds it across the fork: the rank ends at once, every time,
+    instead of running on until the SIGKILL at the end of stop_grace_s (30 s by default)."""
+    launch = make_plan(tmp_path, entrypoint=str(SCRIPTS / "exit_as_told.py"), nodes=1, cpu_ranks_per_node=1)
+    payload = tmp_path / "payload.json"
+    launch.payload.write(payload)
+    group = ZygoteGroup(_zygote())
+    try:
+        for attempt in range(12):
+            env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "T_CODE": "0", "T_SLEEP": "60",
+                   "ORCH_RUN_DIR": launch.run_dir}
+            rank = group.start([{"rank": 0, "env": env, "payload": str(payload), "log": str(tmp_path / "rank.log"),
+                                 "fresh": attempt % 2 == 1}])[0]  # forked, and forked then exec'd
+            rank.signal(signal.SIGTERM)
+            assert rank.wait(timeout=15) != 0, f"try {attempt}: the rank did not end on its SIGTERM"
+            assert group.end_set(), group.lost
+    finally:
+        group.close()

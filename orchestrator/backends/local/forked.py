@@ -19,7 +19,7 @@ from orchestrator.core import platform_caps
 from orchestrator.core.errors import SubmissionError
 from orchestrator.core.interpreter import module_argv
 from orchestrator.core.payload import is_script
-from orchestrator.core.procs import alive, signal_name
+from orchestrator.core.procs import alive, signal_group, signal_name
 
 __all__ = ["ForkedRank", "ZygoteGroup", "builds_ddp", "start_zygote"]
 
@@ -209,6 +209,16 @@ class ForkedRank:
         if self.rank not in self.group.codes and self.group.proc.poll() is not None:
             self.group._orphans()
         return self.group.codes.get(self.rank)
+
+    def signal(self, sig: int) -> None:
+        """``sig`` to the rank's session, which it leads from its first instructions on
+        (``zygote.child``); before that, to its pid: it is the zygote's unreaped child, so the pid
+        is its own, and the zygote holds the signal until the rank's handlers are in place."""
+        if not signal_group(self.pid, sig) and self.poll() is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout

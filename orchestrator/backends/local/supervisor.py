@@ -71,6 +71,7 @@ class Supervisor:
         self.echo: Callable[[int, str], None] | None = None
         self.procs: list[ForkedRank] = []
         self._cancelled = False
+        self._hurry = False  # a second Ctrl-C: the ranks' stop_grace_s is cut short (SIGKILL now)
         self._signalled: int | None = None  # the signal that stopped the run (passed on at its end)
         self.end_recorded = True  # False once the end state could not be written (_record_end)
         self.timeout_s = launch.spec.local.timeout_s
@@ -170,6 +171,7 @@ class Supervisor:
                 self.lock.release()
 
     def _on_signal(self, signum: int, frame: object) -> None:
+        self._hurry = self._hurry or (self._cancelled and signum == signal.SIGINT)
         self._cancelled = True
         self._signalled = self._signalled or signum
 
@@ -252,6 +254,8 @@ class Supervisor:
                 offsets.append(log.tell())  # echo from here: this attempt's output only
             forks.append({"rank": rank, "env": {**os.environ, **env}, "payload": str(payload_path), "log": str(log_path),
                           "fresh": fresh, "ddp": ddp})
+        if self._cancelled:  # stopped while the attempt was being prepared: no rank starts
+            return State.CANCELLED
         if self.group is None:  # the first attempt, or the last zygote was lost: a new one
             self.group = ZygoteGroup(self._zygote or start_zygote(self.preload))
             self._zygote = None
@@ -352,6 +356,9 @@ class Supervisor:
             if self._cancelled:
                 # SIGTERM first: the ranks checkpoint and stop together, within stop_grace_s,
                 # unless their stacks show they never can (stuck in collectives)
+                print(f"[orchestrator] stopping: SIGTERM to the ranks, which have stop_grace_s="
+                      f"{self.launch.payload.stop_grace_s:g}s to end" + (" (Ctrl-C again: SIGKILL now)" if
+                      self._signalled == signal.SIGINT else ""), file=sys.stderr, flush=True)
                 self._kill_all(grace=self.launch.payload.stop_grace_s, judged_in=run_dir)
                 pump()
                 return State.CANCELLED
@@ -432,17 +439,17 @@ class Supervisor:
         collective meets its peers' other one), as the SLURM job's agent does."""
         running = [p for p in self.procs if p.poll() is None]
         for p in running:
-            procs.signal_group(p.pid, signal.SIGTERM)
+            p.signal(signal.SIGTERM)
         stop = StopJudge(time.monotonic(), len(self.procs)) if judged_in is not None and running else None
         deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and any(p.poll() is None for p in running):
+        while time.monotonic() < deadline and any(p.poll() is None for p in running) and not self._hurry:
             if stop is not None and judged_in is not None and stop.due(time.monotonic()) and \
                     self._stuck(judged_in, stop, grace):
                 break
             time.sleep(POLL_S)
         for p in running:
             if p.poll() is None:
-                procs.signal_group(p.pid, signal.SIGKILL)
+                p.signal(signal.SIGKILL)
             try:
                 p.wait(timeout=5)
             except subprocess.TimeoutExpired:

@@ -10,7 +10,6 @@ import signal
 import subprocess
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.core import procs
 from orchestrator.core.rejoins import Rejoins, say
 from orchestrator.node.rank_env import OrchVar
 
@@ -35,7 +34,7 @@ def replace(rejoins: Rejoins, group: ZygoteGroup, ranks: list[ForkedRank], forks
 def kill_rank(proc: ForkedRank) -> None:
     """SIGKILL one rank's session (a straggler its peers wait for) and wait for its end (≤ 5 s)."""
     if proc.poll() is None:
-        procs.signal_group(proc.pid, signal.SIGKILL)  # it leads its session (zygote.child)
+        proc.signal(signal.SIGKILL)
         try:
             proc.wait(timeout=5)
         except subprocess.TimeoutExpired:

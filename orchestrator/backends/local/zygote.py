@@ -55,7 +55,7 @@ import select
 import signal
 import sys
 import time
-from typing import Any, NoReturn
+from typing import Any, Iterable, NoReturn
 
 from orchestrator.core import platform_caps, procs
 from orchestrator.core.interpreter import module_argv
@@ -72,10 +72,13 @@ def emit(message: dict[str, Any]) -> None:
         _stop_and_exit(signal.SIGPIPE, None)
 
 
-def child(msg: dict[str, Any], fresh: bool, watch: Watch | None = None) -> NoReturn:
+def child(msg: dict[str, Any], fresh: bool, watch: Watch | None = None,
+          mask: Iterable[int] = ()) -> NoReturn:
     """Runs in the forked rank; never returns. ``fresh``: exec a new interpreter (the zygote's
     mode, or the rank's own ``"fresh"``: its environment sets variables read only at start-up).
-    ``watch``: the zygote's pipe, where the kernel cannot end the rank with it."""
+    ``watch``: the zygote's pipe, where the kernel cannot end the rank with it. ``mask``: the
+    signal mask to restore once the rank leads its session with its own handlers (``_fork``
+    blocks the stop signals across the fork)."""
     code = 1
     ran = False
     preloaded = {name: id(module) for name, module in sys.modules.items()}  # the zygote's: torch, ours, stdlib
@@ -91,8 +94,9 @@ def child(msg: dict[str, Any], fresh: bool, watch: Watch | None = None) -> NoRet
             os.close(watch.write_fd)
             os.set_inheritable(watch.read_fd, True)
             pipe_args = [f"{PARENT_PIPE}{watch.read_fd}"]
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2):
+        for sig in RANK_SIGNALS:
             signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a stop sent meanwhile is delivered now
         log = os.open(msg["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
@@ -153,6 +157,8 @@ DDP_IMPORTS = ("torch._dynamo",)
 #: (a warm standby on a node of a SLURM job: ``orchestrator.backends.slurm.node.agent_standby``),
 #: each a module whose ``main(args)`` returns the exit code. Named, never taken from the message.
 ENTRIES = {"local": "orchestrator.node.launcher", "slurm": "orchestrator.backends.slurm.node.slurm_rank"}
+#: The signals a rank takes with their default action (its launcher or script may set its own).
+RANK_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)
 PARENT_PIPE = "--parent-pipe="  # launcher.PARENT_PIPE, not imported: the zygote imports nothing it need not
 
 
@@ -363,9 +369,14 @@ def _fork(msg: dict[str, Any], fresh: bool, watch: Watch | None) -> dict[int, in
         # generations, a rank's collections never walk it (nor copy its pages by touching
         # their headers), as CPython's gc.freeze documents for a server that forks workers.
         gc.freeze()
+    # A stop sent to the new rank before it leads its session with its own handlers is held, not
+    # lost nor run by the zygote's handler in the rank: the supervisor signals a rank's pid when
+    # its session does not exist yet (a Ctrl-C just after the ranks started).
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, RANK_SIGNALS)
     pid = os.fork()
     if pid == 0:
-        child(msg, fresh or bool(msg.get("fresh")), watch)
+        child(msg, fresh or bool(msg.get("fresh")), watch, mask)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     _RUNNING[pid] = msg["rank"]
     emit({"rank": msg["rank"], "pid": pid})
     return {pid: msg["rank"]}

@@ -16,7 +16,13 @@ An attempt's moments (wall-clock seconds, each only when known):
 - ``first_step_at`` / ``first_step``: every rank had reported its first step of the attempt, and the
   lowest step reported first (the step it resumed from): the rank API's progress reports only;
 - ``last_step_at`` / ``last_step``: its last report, and the slowest rank's step then;
+- ``progress_at``: the last progress any rank showed the stall watchdog (a rank API report, new
+  output, its join), any script: only with ``watchdog.stall_s`` (``progress_at``);
 - ``failed_at``: the failure was seen (the ranks' srun ended, a rank exited non-zero, a watchdog verdict).
+
+A failed attempt trained until its last step, else its last progress (``trained_until``): the rest,
+to the failure seen (a hang's ``stall_s`` and its stacks, a crash's step in flight), is counted
+as the recovery's, not as training.
 """
 
 from __future__ import annotations
@@ -67,6 +73,25 @@ def progress_marks(run_dir: str | Path, world_size: int, since: float) -> dict[s
     return marks
 
 
+class Progressing(Protocol):
+    """What ``progress_at`` reads of the stall watchdog (``orchestrator.node.watchdog.Watch``)."""
+
+    world_size: int
+    stall_s: Optional[float]
+
+    def last_progress(self, rank: int) -> float: ...
+
+
+def progress_at(watch: Progressing) -> dict[str, float]:
+    """When any rank last progressed as the stall watchdog saw it (a report, new output, a join; the
+    ranks' start when none did): a failed attempt trained until then, whatever the script. {} without
+    ``watchdog.stall_s``: the watchdog then stops looking once every rank has joined, and its last
+    look says nothing of the training after it."""
+    if not watch.stall_s or watch.world_size <= 0:
+        return {}
+    return {"progress_at": max(watch.last_progress(r) for r in range(watch.world_size))}
+
+
 def joined_at(joined: Mapping[int, float], world_size: int) -> dict[str, float]:
     """When the watchdog saw the last rank join (its ``Watch.joined``), once every rank has."""
     return {"joined_at": max(joined.values())} if world_size > 0 and len(joined) >= world_size else {}
@@ -76,6 +101,19 @@ def back_at(attempt: Attempt) -> Optional[float]:
     """When the attempt was training: its first step, else every rank joined, else its ranks started."""
     t = attempt.times
     return t.get("first_step_at") or t.get("joined_at") or t.get("ranks_at")
+
+
+def trained_until(attempt: Attempt, now: float) -> float:
+    """When the attempt's training ended: its last step (the rank API's); for a failed attempt without
+    steps, its last progress the stall watchdog saw (``progress_at``, never after the failure seen), else
+    the failure seen; else its end, or ``now`` while it runs."""
+    t = attempt.times
+    if t.get("last_step_at"):
+        return t["last_step_at"]
+    failed = t.get("failed_at")
+    if failed and t.get("progress_at"):
+        return min(t["progress_at"], failed)
+    return failed or attempt.ended or now
 
 
 def recovery_phases(before: Attempt, after: Attempt) -> Optional[dict[str, float]]:
@@ -114,7 +152,7 @@ class Goodput:
     wall_s: float
     productive_s: float  # training time, lost work taken out
     queue_s: float  # submit to the first attempt's start
-    recovery_s: float  # failures to training again (restarts, requeue holds, the queue again)
+    recovery_s: float  # a failed attempt's last progress to training again (restarts, requeue holds, the queue)
     lost_s: float  # steps done again after a resume (from the rank API's steps)
     startup_s: float  # the first attempt's start to its training
 
@@ -136,8 +174,10 @@ CLOCK_SKEW_S = 1.0
 
 def goodput(history: Sequence[Attempt], submitted: float, now: float) -> Optional[Goodput]:
     """This submission's goodput (None before its first attempt trained). An attempt is productive
-    from its training start (``back_at``) to its last step (or its failure, or its end); the steps an
-    attempt resumed below the previous one's last step count as lost, at the previous one's pace.
+    from its training start (``back_at``) to the end of its training (``trained_until``: its last step
+    or last progress, else its failure seen, or its end); a failed attempt's time after it (a hang's
+    ``stall_s``) is the recovery's that follows; the steps an attempt resumed below the previous
+    one's last step count as lost, at the previous one's pace.
     Only the attempts since ``submitted`` count: a run submitted again keeps its earlier
     submissions' attempts in its history (their training is not this submission's, and the time
     between them and the new submission is nobody's recovery)."""
@@ -153,10 +193,10 @@ def goodput(history: Sequence[Attempt], submitted: float, now: float) -> Optiona
             if a.ended is None:  # running, not training yet: its recovery (or start) so far counts now
                 before = attempts[i - 1] if i else None
                 if before is not None and before.action in (Action.RESTART, Action.REQUEUE):
-                    recovery += max(0.0, now - (before.times.get("failed_at") or before.ended or now))
+                    recovery += max(0.0, now - (before.times.get("failed_at") or before.ended or now)) \
+                        + _unseen_s(before)
             continue
-        stop = a.times.get("last_step_at") or a.times.get("failed_at") or a.ended or now
-        productive += max(0.0, stop - start)
+        productive += max(0.0, trained_until(a, now) - start)
         before = attempts[i - 1] if i else None
         if before is not None:
             phases = recovery_phases(before, a)
@@ -216,12 +256,13 @@ def _of_this_submission(attempt: Attempt, submitted: float) -> bool:
 
 
 def _unseen_s(before: Attempt) -> float:
-    """The failed attempt's time between its last step and its failure seen: a hang's stall_s and
-    stacks, a crash's step in flight. No training, and before the recovery's clock starts."""
-    t = before.times
-    if "last_step_at" not in t or "failed_at" not in t:
+    """The failed attempt's time between the end of its training (``trained_until``: its last step or
+    last progress) and its failure seen: a hang's stall_s and stacks, a crash's step in flight. No
+    training, and before the recovery's clock starts."""
+    failed, start = before.times.get("failed_at"), back_at(before)
+    if not failed or start is None:
         return 0.0
-    return max(0.0, t["failed_at"] - t["last_step_at"])
+    return max(0.0, failed - max(trained_until(before, failed), start))
 
 
 def _lost_s(before: Attempt, after: Attempt) -> float:

@@ -145,9 +145,10 @@ def recovery_lines(history: History, submitted: float | None) -> list[str]:
 
 
 def plot_timeline(ax: Any, attempts: list[Attempt]) -> None:
-    """One row per attempt, from the first attempt's start: start-up (grey), training (green), the
+    """One row per attempt, from the first attempt's start: start-up (grey), training (green), a failed
+    attempt's time without progress before its failure was seen (orange: a hang's ``stall_s``), the
     failure's teardown (red); the gaps between rows are the waits (a requeue's hold, the queue)."""
-    from orchestrator.core.attempt_times import back_at
+    from orchestrator.core.attempt_times import back_at, trained_until
 
     t0 = attempts[0].started
     for row, a in enumerate(attempts):
@@ -156,14 +157,18 @@ def plot_timeline(ax: Any, attempts: list[Attempt]) -> None:
         failed = a.times.get("failed_at") or end
         segments = [(a.started, (back or end), "lightgrey")]
         if back is not None:
-            segments.append((back, failed, "tab:green"))
+            trained = min(failed, max(back, trained_until(a, failed))) if a.times.get("failed_at") else failed
+            segments.append((back, trained, "tab:green"))
+            if trained < failed:
+                segments.append((trained, failed, "tab:orange"))
         if failed < end:
             segments.append((failed, end, "tab:red"))
         for start, stop, colour in segments:
             ax.broken_barh([(start - t0, max(0.0, stop - start))], (row - 0.4, 0.8), facecolors=colour)
     ax.set_yticks(range(len(attempts)), [f"attempt {a.number}" for a in attempts])
     ax.invert_yaxis()
-    ax.set(title="attempts: start-up, training, failure", xlabel="seconds since the first attempt started")
+    ax.set(title="attempts: start-up, training, no progress, failure",
+           xlabel="seconds since the first attempt started")
 
 
 def write_report(ref: str) -> str:

@@ -8,7 +8,8 @@ from pathlib import Path
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from orchestrator.core.attempt_times import Goodput, goodput, joined_at, phases_line, progress_marks, recovery_phases
+from orchestrator.core.attempt_times import (Goodput, goodput, joined_at, phases_line, progress_at, progress_marks,
+                                             recovery_phases, trained_until)
 from orchestrator.core.progress import ProgressWriter
 from orchestrator.core.recovery import Attempt, History, describe
 from orchestrator.core.states import Action, Outcome
@@ -122,8 +123,8 @@ def test_a_running_jobs_goodput_adds_up_while_it_runs(tmp_path: Path) -> None:
     first, _ = _two_attempts()
     recovering = Attempt(number=2, started=131.5, times={})
     g = goodput([first, recovering], submitted=90.0, now=140.0)
-    assert g is not None and g.recovery_s == 10.0  # failed at 130, not training yet at 140
-    assert abs(g.productive_s + g.queue_s + g.startup_s + g.recovery_s + g.lost_s - g.wall_s) <= 1.0 + 1e-9
+    assert g is not None and g.recovery_s == 11.0  # its last step at 129, failed at 130, not training yet at 140
+    assert g.productive_s + g.queue_s + g.startup_s + g.recovery_s + g.lost_s == g.wall_s
     now = clock.time()
     first = Attempt(number=1, started=now - 40, ended=now - 10, outcome=Outcome.CRASH, action=Action.RESTART,
                     times={"ranks_at": now - 39, "first_step_at": now - 35, "first_step": 1, "last_step_at": now - 11,
@@ -173,3 +174,87 @@ def test_a_survivors_last_step_the_throttled_reports_missed_counts_as_training(t
                                                                               + before.lost_s), 6)
     second.times.update({"kept_last_step_at": 131.0})  # after the failure seen: not this attempt's step
     assert goodput([first, second], submitted=90.0, now=200.0) == before
+
+
+def _hung_once() -> tuple[Attempt, Attempt]:
+    """The tester's hang (spec_hang1: watchdog.stall_s 6, a script without the rank API): rank 1 slept
+    at step 2; its last output at 750.6, the stall seen at 756.67 (stall_s later, and the stacks)."""
+    first = Attempt(number=1, started=743.8, ended=756.8, outcome=Outcome.HANG, action=Action.RESTART,
+                    times={"gate_s": 0.005, "ranks_at": 748.3, "joined_at": 749.3, "progress_at": 750.6,
+                           "failed_at": 756.67})
+    second = Attempt(number=2, started=756.8, ended=759.6, outcome=Outcome.COMPLETED,
+                     times={"gate_s": 0.003, "ranks_at": 756.85, "joined_at": 757.9})
+    return first, second
+
+
+def test_a_hangs_stall_window_is_recovery_not_training() -> None:
+    """The explore report's bug: "9s training of 16s" for about 3 s of steps. The stall_s in which
+    no rank progressed, up to the failure seen, counts as the recovery that follows, not as training."""
+    first, second = _hung_once()
+    g = goodput([first, second], submitted=743.5, now=800.0)
+    assert g is not None
+    assert round(g.productive_s, 6) == round((750.6 - 749.3) + (759.6 - 757.9), 6)  # 3.0 s, was 9.07
+    assert round(g.recovery_s, 6) == round((756.67 - 750.6) + (757.9 - 756.67), 6)  # the stall, then the restart
+    assert g.lost_s == 0.0 and round(g.startup_s, 6) == round(749.3 - 743.8, 6)
+    assert round(g.productive_s + g.queue_s + g.startup_s + g.recovery_s + g.lost_s, 6) == round(g.wall_s, 6)
+    assert g.line() == ("goodput 18.6%: 3s training of 16s since submit (queue 0s, start-up 6s, recovery 7s, "
+                        "lost work 0s)"), g.line()
+    phases = recovery_phases(first, second)  # its phases still count from the failure seen
+    assert phases is not None and round(phases["total"], 6) == round(757.9 - 756.67, 6)
+
+
+def test_a_failed_attempt_trains_until_its_last_progress_never_past_its_failure() -> None:
+    first, second = _hung_once()
+    assert trained_until(first, now=900.0) == 750.6
+    assert trained_until(second, now=900.0) == 759.6  # completed: its end (no failure, no step)
+    stepped = Attempt(number=1, started=1.0, ended=20.0, times={"last_step_at": 12.0, "progress_at": 14.0,
+                                                                "failed_at": 19.0})
+    assert trained_until(stepped, now=900.0) == 12.0  # the rank API's last step first
+    late = Attempt(number=1, started=1.0, ended=20.0, times={"progress_at": 19.5, "failed_at": 19.0})
+    assert trained_until(late, now=900.0) == 19.0  # a look after the failure seen is not training
+    # a hang before anything trained: the stall is start-up, never counted twice as recovery
+    early = Attempt(number=1, started=743.8, ended=756.8, outcome=Outcome.HANG, action=Action.RESTART,
+                    times={"ranks_at": 748.3, "joined_at": 749.3, "progress_at": 748.3, "failed_at": 756.67})
+    g = goodput([early, _hung_once()[1]], submitted=743.5, now=800.0)
+    assert g is not None and round(g.recovery_s, 6) == round(757.9 - 749.3, 6)
+    assert round(g.productive_s + g.queue_s + g.startup_s + g.recovery_s + g.lost_s, 6) == round(g.wall_s, 6)
+
+
+def test_the_watchdogs_last_progress_is_recorded_only_with_a_stall_clock() -> None:
+    """``progress_at`` from the stall watchdog's looks (any script: output, a join, a report). Without
+    watchdog.stall_s the watchdog stops looking once every rank has joined: no moment."""
+    from orchestrator.node.watchdog import Watch
+
+    watch = Watch(2, started=100.0, stall_s=6.0)
+    watch.observe(101.0, {0: 10, 1: 10}, {}, [0, 1])  # both joined at 101
+    watch.observe(103.0, {0: 20, 1: 10}, {}, [])  # rank 0 printed a step at 103; rank 1 hangs from here
+    watch.observe(109.0, {0: 20, 1: 10}, {}, [])
+    assert watch.stalled(109.0) and progress_at(watch) == {"progress_at": 103.0}
+    unwatched = Watch(2, started=100.0, stall_s=None)
+    unwatched.observe(101.0, {0: 10, 1: 10}, {}, [0, 1])
+    assert progress_at(unwatched) == {}
+
+
+def test_the_reports_timeline_shows_a_hangs_stall_apart_from_training() -> None:
+    from orchestrator.front.report import plot_timeline
+
+    class Axes:
+        def __init__(self) -> None:
+            self.bars: list[tuple[float, float, str]] = []
+
+        def broken_barh(self, spans: list[tuple[float, float]], _row: tuple[float, float], facecolors: str) -> None:
+            self.bars += [(round(start, 6), round(width, 6), facecolors) for start, width in spans]
+
+        def set_yticks(self, *_args: object) -> None: ...
+
+        def invert_yaxis(self) -> None: ...
+
+        def set(self, **_kwargs: object) -> None: ...
+
+    ax = Axes()
+    plot_timeline(ax, list(_hung_once()))
+    t0 = 743.8
+    green, orange = [(round(749.3 - t0, 6), round(750.6 - 749.3, 6), "tab:green"),
+                     (round(750.6 - t0, 6), round(756.67 - 750.6, 6), "tab:orange")]
+    assert ax.bars[1:3] == [green, orange], ax.bars
+    assert [c for _, _, c in ax.bars[3:]] == ["tab:red", "lightgrey", "tab:green"]  # teardown; attempt 2 to its end

@@ -56,6 +56,7 @@ def mark(times: dict[str, float], watch: Watch, rejoins: Rejoins, run_dir: str) 
         return
     if rejoins.began_at is None:
         times.update(attempt_times.joined_at(watch.joined, watch.world_size))
+    times.update(attempt_times.progress_at(watch))
     try:
         times.update(attempt_times.progress_marks(run_dir, watch.world_size, times["ranks_at"]))
     except OSError:

@@ -173,6 +173,8 @@ class JobAgent:
         rejoined = self.keep is not None and self.keep.rejoins.began_at is not None  # the joins were the first group's
         if watch is not None and not rejoined:
             c.attempt.times.update(attempt_times.joined_at(watch.joined, c.world))
+        if watch is not None:
+            c.attempt.times.update(attempt_times.progress_at(watch))
         try:
             c.attempt.times.update(attempt_times.progress_marks(c.run_dir, c.world, c.attempt.times["ranks_at"]))
         except OSError:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from orchestrator.core.errors import OrchestratorError, UsageError
+from orchestrator.core.ownership import command_line
 from orchestrator.core.run_folder import RunFolder
 from orchestrator.core.states import State
 
@@ -101,7 +102,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         handle = run(_load(args), wait=not args.detach, executor=args.executor, fresh=args.fresh, zygote=zygote,
                      on_moved=_print_moved, on_plan=None if args.fresh else lambda launch: say(plan_lines(launch)))
     if args.detach:
-        print(f"started {handle.id} in the background; follow it with: orchestrator logs -f {handle.id}")
+        follow = command_line("orchestrator", "logs", "-f", handle.id)
+        print(f"started {handle.id} in the background; follow it with: {follow}")
         _say(said)
         return 0
     _print_outcome(handle.record)
@@ -119,7 +121,8 @@ def _print_outcome(record: Any) -> None:
                 print(record.error, file=sys.stderr)
             _print_waits(record)
             rank = record.failed_rank if record.failed_rank is not None else 0
-            print(f"see: orchestrator logs {record.run_id} --rank {rank}", file=sys.stderr)
+            point = next((["--point", p] for p, s in (record.point_states or {}).items() if s != State.COMPLETED), [])
+            print(f"see: {command_line('orchestrator', 'logs', record.run_id, '--rank', rank, *point)}", file=sys.stderr)
         if record.warning:
             print(f"warning: {record.warning}", file=sys.stderr)
         result = RunFolder.of(record.run_dir).result

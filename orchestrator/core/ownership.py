@@ -17,6 +17,9 @@ clusters). So:
   liveness by it (and by the lock), never by PIDs.
 - **Requests.** Anyone may ask the supervisor to stop by writing ``<run>/requests/cancel``;
   the supervisor watches for it, so cancel needs no signal and works from any host.
+- **Commands.** What a message tells the user to run on a run (``orchestrator status RUN``) is
+  quoted for a shell (``command_line``, ``quoted_command``), so a run folder whose path holds a
+  space or a quote can be pasted as shown.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import fcntl
 import functools
 import json
 import os
+import shlex
 import socket
 import stat
 import time
@@ -63,6 +67,22 @@ def this_host() -> str:
 def host_name(host: str | None) -> str:
     """The hostname part of a ``this_host()`` key, for messages."""
     return (host or "an unknown host").split("|")[0]
+
+
+def command_line(*words: object) -> str:
+    """A command suggested to the user, as they can paste it into a shell: each word quoted only
+    where it must be (``shlex.join``), so ``/tmp/my proj/runs/x`` is one word and a plain run id or
+    path reads as written."""
+    return shlex.join(str(word) for word in words)
+
+
+def quoted_command(*words: object) -> str:
+    """``command_line`` set off from the message around it in a quote that it does not hold:
+    ``'orchestrator status x-1'`` as ever, ``"orchestrator status '/tmp/my proj/runs/x'"`` when a
+    word had to be quoted."""
+    line = command_line(*words)
+    mark = next((q for q in "'\"`" if q not in line), "`")
+    return f"{mark}{line}{mark}"
 
 
 def folder_id(path: str | Path) -> int | None:
@@ -146,7 +166,8 @@ def take(run_dir: str | Path) -> RunLock:
     except BlockingIOError:
         os.close(fd)
         raise SubmissionError(f"{run_dir} has a live attempt already ({holder_text(run_dir)}); follow it with "
-                              f"'orchestrator status {run_dir}' or stop it with 'orchestrator cancel {run_dir}'") from None
+                              f"{quoted_command('orchestrator', 'status', run_dir)} or stop it with "
+                              f"{quoted_command('orchestrator', 'cancel', run_dir)}") from None
     except OSError as exc:
         os.close(fd)
         raise SubmissionError(f"cannot lock {RunFolder(run_dir).lock} ({exc.strerror}): the filesystem must support "

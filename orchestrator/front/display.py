@@ -73,7 +73,7 @@ def print_plan(launch: LaunchPlan, console: Console | None = None, node: int | N
     for line in [f"run folder: {launch.run_dir}", *(run_lines or []), code_line(launch),
                  *container.plan_lines(launch), *after.after_lines(launch), *frameworks.plan_lines(launch),
                  *tracking.plan_lines(launch),
-                 f"entrypoint: {launch.payload.entrypoint} {' '.join(launch.payload.argv)}",
+                 f"entrypoint: {shlex.join([launch.payload.entrypoint, *launch.payload.argv])}",
                  f"working directory of the ranks: {launch.payload.workdir}",
                  f"rank processes: {RANK_START[launch.rank_start]}", launch.cpus or None, launch.interfaces or None,
                  f"stall watchdog: ends the job when no rank progresses for {stall:g}s" if stall else None,
@@ -106,7 +106,7 @@ def print_plan(launch: LaunchPlan, console: Console | None = None, node: int | N
             if point is None:
                 sweep.add_row("...", f"{len(launch.sweep) - 2 * SWEEP_ROWS} more (plan --json lists every point)", "")
             else:
-                sweep.add_row(str(point.index), Text(" ".join(point.argv)), Text(point.run_dir))
+                sweep.add_row(str(point.index), Text(shlex.join(point.argv)), Text(point.run_dir))
         console.print(sweep)
 
 

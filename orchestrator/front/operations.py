@@ -20,6 +20,7 @@ from orchestrator.api import Run
 from orchestrator.core.attempt_logs import AttemptStream, attempts_in, held, marker_rules
 from orchestrator.core.errors import OrchestratorError, RunNotFoundError, UsageError
 from orchestrator.core.fs_checks import errno_text, kind, read_file, shown
+from orchestrator.core.ownership import command_line, quoted_command
 from orchestrator.core.records import RunRecord, no_permission, registered_runs
 from orchestrator.core.recovery import History, describe
 from orchestrator.front.run_files import attempt_part, log_history
@@ -192,7 +193,7 @@ def _attempt_stream(run: Run, path: Path, rank: int, point: int | None, attempt:
     if attempt != latest:
         raise UsageError(f"--attempt {attempt} cannot be followed: only the latest attempt ({latest}) is still being "
                          f"written; print attempt {attempt} without -f/--follow, or follow attempt {latest} "
-                         f"(orchestrator logs -f {run.id} --rank {rank} --attempt {latest})")
+                         f"({command_line('orchestrator', 'logs', '-f', run.id, '--rank', rank, '--attempt', latest)})")
     return AttemptStream(attempt, rules)
 
 
@@ -233,8 +234,9 @@ def _follow(run: Run, path: Path, rank: int, point: int | None, start_timeout_s:
             sys.stdout.flush()
         if stream is not None and stream.done:
             later = stream.present[-1]
+            follow = command_line("orchestrator", "logs", "-f", run.id, "--rank", rank, "--attempt", later)
             print(f"attempt {stream.attempt} of {run.id} has ended and attempt {later} started; follow it with: "
-                  f"orchestrator logs -f {run.id} --rank {rank} --attempt {later}", file=sys.stderr)
+                  f"{follow}", file=sys.stderr)
             return 0
         if state.terminal:
             if not seen:
@@ -249,7 +251,7 @@ def _follow(run: Run, path: Path, rank: int, point: int | None, start_timeout_s:
             return 0
         if not seen and api._now() - started > start_timeout_s:
             print(f"{run.id} is {state} and rank {rank} has written nothing in {start_timeout_s:.0f}s; "
-                  f"try again later, or check 'orchestrator status {run.id}'", file=sys.stderr)
+                  f"try again later, or check {quoted_command('orchestrator', 'status', run.id)}", file=sys.stderr)
             return 1
         api._sleep(0.3)  # a look at the log; the scheduler is asked only as the pacing allows (Run.tail)
     return 0

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 from orchestrator.spec.after import after_lines, edge_status  # after_lines: plan's line for a spec's after:
 from orchestrator.backends import backend
 from orchestrator.core.errors import SpecError, SubmissionError, UsageError
+from orchestrator.core.ownership import command_line
 from orchestrator.front.pipeline_graph import (WHEN, Action, CycleError, Decision, Edge, ParentView, Pipeline, PipelineError,
                                          StageDef, decide, decide_all, effective_state, parse_pipeline,
                                          topological_order)
@@ -217,7 +218,8 @@ def _refuse_before_starting(stages: Sequence[Stage]) -> None:
         state = observed[s.name]
         if not slurm and state is not None and not state.terminal:
             problems.append(f"stage {s.name}: its run {s.run_id} is {state} (started outside this pipeline): wait "
-                            f"for it to end (orchestrator status {s.run_id}), then run the pipeline again")
+                            f"for it to end ({command_line('orchestrator', 'status', s.run_id)}), then run the "
+                            "pipeline again")
         if not s.spec.after or state == State.COMPLETED:
             continue
         parents = resolve(s.spec.after, s.spec.executor, None, s.run_id)
@@ -292,7 +294,8 @@ def _run_in_order(stages: Sequence[Stage], say: Callable[[str], None]) -> list[S
                 decision = decide(observed[s.name], parents)
                 if decision.action == "wait":
                     raise UsageError(f"stage {s.name}: its run {s.run_id} is {observed[s.name]} (started outside this "
-                                     f"pipeline): wait for it to end (orchestrator status {s.run_id}), then run the "
+                                     "pipeline): wait for it to end "
+                                     f"({command_line('orchestrator', 'status', s.run_id)}), then run the "
                                      "pipeline again")
                 if decision.action == "submit":
                     say(f"[pipeline] stage {s.name}: running {s.run_id} ({decision.reason})")

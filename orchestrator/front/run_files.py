@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.backends import backend
 from orchestrator.core.errors import OrchestratorError, UsageError
+from orchestrator.core.ownership import command_line
 from orchestrator.core.records import RunRecord
 from orchestrator.core.run_folder import RunFolder
 
@@ -63,8 +64,8 @@ def attempt_part(rec: RunRecord, text: str, attempt: int, rank: int, point: int 
             why = f"; {rec.run_id} has had {max(known)} attempt(s) so far"
         raise AttemptNotFoundError(attempt, exc.present,
                                    f"attempt {attempt} is not in rank {rank}'s log {shown(path)}: it holds "
-                                   f"{held(exc.present)}{why} (orchestrator status {rec.run_id} lists every "
-                                   "attempt)") from None
+                                   f"{held(exc.present)}{why} "
+                                   f"({command_line('orchestrator', 'status', rec.run_id)} lists every attempt)") from None
 
 def log_history(rec: RunRecord, path: Path, point: int | None = None) -> History | None:
     """The attempts (``recovery.History``, or None when there is none to read) of the run or

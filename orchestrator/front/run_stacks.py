@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from orchestrator.backends import backend
 from orchestrator.core import procs
 from orchestrator.core.errors import RunNotFinishedError, UsageError
+from orchestrator.core.ownership import command_line, quoted_command
 from orchestrator.core.run_folder import RunFolder
 from orchestrator.core.stack_files import saved_files
 from orchestrator.node.stack_requests import (ENDED, UNCONFIRMED, RankProc, rank_procs, request_local_explained,
@@ -40,7 +41,7 @@ def live_stacks(record: RunRecord, folder: Path, ranks: list[int] | None, timeou
     elsewhere = sorted({rp.host for rp in known.values() if not rp.here()})
     if not dumps and known and elsewhere:
         return dumps, (f"its ranks run on {', '.join(elsewhere)} (another host, boot or PID namespace), where only "
-                       f"'orchestrator stacks {record.run_id}' can reach them")
+                       f"{quoted_command('orchestrator', 'stacks', record.run_id)} can reach them")
     reasons = sorted({why for why in refused.values() if why != ENDED})
     return dumps, "; ".join(reasons) if not dumps else ""
 
@@ -54,7 +55,7 @@ def live_text(record: RunRecord, folder: Path, rank: int | None, timeout: float)
         raise RunNotFinishedError(
             f"no rank of {record.run_id} ({record.state}) answered: "
             + (problem or "none has started yet, or all have ended")
-            + f"; {again}see orchestrator logs {record.run_id}")
+            + f"; {again}see {command_line('orchestrator', 'logs', record.run_id)}")
     known = rank_procs(folder)
     parts = []
     for r in range(max(1, record.world_size)) if rank is None else [rank]:

@@ -5,7 +5,8 @@ Precedence, lowest first (documented once, here and in docs/manual/specs.md):
 1. the model's defaults;
 2. each spec file, in the order given, deep-merged (later files win key by key);
 3. each ``--set key.path=value``, in the order given (the value is read as a YAML scalar or
-   flow list, so ``nodes=2`` is an int and ``distributed.interface=[eth0,ib0]`` a list);
+   flow list, so ``nodes=2`` is an int and ``distributed.interface=[eth0,ib0]`` a list; an
+   empty value is empty text, as on a shell's command line: ``env.X=`` sets X to '');
 4. ``--executor`` on the command line.
 
 Errors name the file, the dotted key path and the fix, and raise ``SpecError`` (exit code 2).
@@ -171,14 +172,15 @@ def yaml11_booleans(data: Any, model: type[BaseModel]) -> Any:
 def spec_from_dict(data: dict[str, Any], source: str | None = None,
                    overrides: Sequence[tuple[str, str]] = (), home_elsewhere: bool = False) -> JobSpec:
     """Validate; each problem names where it came from: the override that set its field, if one
-    did (``--set 'nodes=0'``), else the sources. ``home_elsewhere``: as for ``load_spec`` (the
-    path fields' '~' kept, and not checked against this machine's users and disk)."""
+    did (``--set 'nodes=0'``), or else one that set another field the problem names, else the
+    sources. ``home_elsewhere``: as for ``load_spec`` (the path fields' '~' kept, and not checked
+    against this machine's users and disk)."""
     try:
         spec = JobSpec.model_validate(data, context={HOME_ELSEWHERE: True} if home_elsewhere else None)
         return spec if home_elsewhere else mark_validated(spec)  # one for another machine is checked there again
     except ValidationError as exc:
         problems = located_problems(exc, data, JobSpec)
-    blamed = [_override_for(path, overrides) for path, _ in problems]
+    blamed = [_override_for(path, overrides) or _named_override(line, overrides) for path, line in problems]
     if not any(blamed):
         raise SpecError([line for _, line in problems], source=source)
     prefix = f"{source}: " if source else ""
@@ -191,6 +193,15 @@ def _override_for(path: str, overrides: Sequence[tuple[str, str]]) -> str | None
     for set_path, item in reversed(overrides):
         if path and (path == set_path or path.startswith((set_path + ".", set_path + "["))
                      or set_path.startswith(path + ".")):
+            return item
+    return None
+
+
+def _named_override(line: str, overrides: Sequence[tuple[str, str]]) -> str | None:
+    """The last override of a field (a dotted path) that a problem about another field names
+    (``sweep.lr: also set in args (args.lr)``, with ``--set args.lr=0.5``)."""
+    for set_path, item in reversed(overrides):
+        if "." in set_path and re.search(rf"(?<![\w.]){re.escape(set_path)}(?![\w.])", line):
             return item
     return None
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import re
 import weakref
+from datetime import date
 from functools import partial
 from itertools import product
 from typing import Annotated, Any, Callable, ClassVar, Literal, Union
@@ -154,16 +155,32 @@ class _Model(BaseModel):
         return value if value is None or check is None else check(value)
 
 
-def _scalar(value: Any, what: str) -> Any:
-    """An argument value: text, a number or true/false (YAML's dates and nulls are refused)."""
+def _scalar(value: Any, what: str, alone: bool = False) -> Any:
+    """An argument value: text, a number or true/false (YAML's dates and nulls are refused).
+    ``alone``: ``what`` ('args.lr') holds this one value, not a list of them, so the hint can show
+    how to quote it in the file and with --set."""
     if isinstance(value, (int, str)):  # bool is an int
         return value
     if isinstance(value, float):
         if not math.isfinite(value):
             raise ValueError(f"{what} is {value}; give a finite number")
         return value
-    hint = " (quote it in YAML)" if value is None or type(value).__name__ in ("date", "datetime") else ""
+    if value is None and alone:
+        raise ValueError(f"{what} is null (empty): give it a value, or quote an empty text: "
+                         f"{quoted_forms(what, value)}")
+    if value is None or type(value).__name__ in ("date", "datetime"):
+        hint = f" (quote it: {quoted_forms(what, value)})" if alone else " (quote it in YAML)"
+    else:
+        hint = ""
     raise ValueError(f"{what} must be text, a number or true/false, got {type(value).__name__}{hint}")
+
+
+def quoted_forms(path: str, value: Any) -> str:
+    """How to give ``value``, a scalar YAML did not read as text (a number, true/false, a date,
+    null: none holds a quote), as text at ``path`` ('env.FOO'), in a spec file and with --set:
+    ``FOO: '1' in YAML, --set "env.FOO='1'" on the command line``."""
+    text = "" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+    return f"{path.rsplit('.', 1)[-1]}: '{text}' in YAML, --set \"{path}='{text}'\" on the command line"
 
 
 def render_value(value: Any, bools: str = "flag") -> list[str]:
@@ -757,7 +774,7 @@ class JobSpec(_Model):
             for x in items:
                 if isinstance(x, list):
                     raise ValueError(f"args.{key}: a list may hold only text, numbers or true/false, not lists")
-                _scalar(x, f"args.{key}")
+                _scalar(x, f"args.{key}", alone=not isinstance(item, list))
         return value
 
     @field_validator("env", mode="before")
@@ -767,11 +784,15 @@ class JobSpec(_Model):
         one the ranks' environment can hold; anything else than a mapping of text is pydantic's to refuse."""
         if isinstance(value, dict):
             for name, item in value.items():
-                if not isinstance(item, str):
-                    raise ValueError(f"the value of {v.shown(name)} is {v.shown(item)}, not text: quote it in "
-                                     "YAML (NAME: '1'); every environment value is a string")
                 if isinstance(name, str):
                     v.env_name(name)
+                if not isinstance(item, str):
+                    what = "null (empty)" if item is None else v.shown(item)
+                    how = quoted_forms(f"env.{name}", item) if isinstance(item, (int, float, date, type(None))) \
+                        else "NAME: '1' in YAML"
+                    raise ValueError(f"the value of {v.shown(name)} is {what}, not text: quote it ({how}); every "
+                                     "environment value is a string")
+                if isinstance(name, str):
                     v.env_value(name, item)
         return value
 
@@ -922,7 +943,8 @@ def cross_field_problems(spec: JobSpec) -> list[str]:
     problems += container_problems(spec)
     both = [k for k in spec.sweep if k in spec.args]
     if both:
-        problems.append(f"sweep.{both[0]}: also set in args; the sweep overrides it per point, so remove it from args")
+        problems.append(f"sweep.{both[0]}: also set in args (args.{both[0]}); the sweep overrides it per point, so "
+                        f"remove args.{both[0]}")
     from orchestrator.node import frameworks  # the framework's world settings against the shape (stdlib only)
 
     return problems + frameworks.problems(spec)

@@ -132,7 +132,7 @@ def _described(value: Any, wants_text: bool) -> str:
     """What YAML made of a value, with a hint where YAML's reading surprises people."""
     kind = {bool: "true/false", int: "a number", float: "a number", str: "text", list: "a list",
             dict: "a mapping", type(None): "nothing (null)"}.get(type(value), type(value).__name__)
-    if isinstance(value, (dict, list)):
+    if isinstance(value, (dict, list)) or value is None:
         return kind
     hint = "; quote it to give text" if wants_text and kind in ("true/false", "a number", "date", "datetime") else ""
     return f"{kind} {shown(value)}{hint}"

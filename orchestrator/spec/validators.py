@@ -47,6 +47,10 @@ _ARG_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")
 # SLURM constraints may combine features with & | , [] * and counts.
 _SAFE_CONSTRAINT = re.compile(r"[A-Za-z0-9_.\-&|,\[\]*:()]{1,256}")
 _ENTRY_FUNCTION = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
+# A script's path with ':function' after it ('train.py:main'): the two entrypoint forms mixed.
+_SCRIPT_FUNCTION = re.compile(r"(?P<script>.+\.py):(?P<function>[A-Za-z_][A-Za-z0-9_]*)")
+# A relative script path that names a module too ('pkg/train' is 'pkg.train').
+_MODULE_FILE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(/[A-Za-z_][A-Za-z0-9_]*)*")
 _SLURM_TIME = re.compile(r"(?P<d>\d{1,3})-(?P<dh>\d{1,2})(?::(?P<dm>\d{1,2})(?::(?P<ds>\d{1,2}))?)?"
                          r"|(?P<h>\d{1,4}):(?P<m>\d{1,2}):(?P<s>\d{1,2})"
                          r"|(?P<m2>\d{1,6}):(?P<s2>\d{1,2})"
@@ -162,7 +166,11 @@ def entrypoint_syntax(value: str) -> str:
     """`module.path:function`, or a path to an existing ``.py`` script. Every name that becomes a
     file name (each module of the path, with '.py'; each folder and file of a script path) must
     fit the filesystem, or the import fails later with a traceback instead of here. (The models
-    apply ``text`` to every string before this.)"""
+    apply ``text`` to every string before this.) A script's path with a function after it is
+    refused, though ``train.py:main`` reads as module ``py`` of a package ``train``."""
+    mixed = _mixed_forms(value)
+    if mixed:
+        raise ValueError(mixed)
     if _ENTRY_FUNCTION.fullmatch(value):
         for module in value.split(":")[0].split("."):
             if len(module) + len(".py") > NAME_MAX:
@@ -188,6 +196,19 @@ def entrypoint_syntax(value: str) -> str:
                          "(rename it, or give 'package.module:function')")
     raise ValueError(f"{shown(value)} is neither 'package.module:function' nor a path to an existing .py script; "
                      "for example 'jobs.train:main' or './train.py'")
+
+
+def _mixed_forms(value: str) -> str | None:
+    """Why ``value`` (``train.py:main``, ``sub/train.py:main``) is neither form, with each form it
+    may have meant; None for any other value."""
+    mixed = _SCRIPT_FUNCTION.fullmatch(value)
+    if mixed is None:
+        return None
+    script, function = mixed["script"], mixed["function"]
+    stem = script[: -len(".py")].removeprefix("./")
+    module = stem.replace("/", ".") if _MODULE_FILE.fullmatch(stem) else "package.module"
+    return (f"{shown(value)} mixes the two forms: a script runs as a whole ({shown(script)}), a function is "
+            f"named by its module ({shown(f'{module}:{function}')})")
 
 
 def interface_name(value: str, allow_exclusion: bool) -> str:

@@ -65,6 +65,18 @@ TERMINAL: frozenset[State] = frozenset({State.COMPLETED, State.FAILED, State.CAN
                                         State.PREEMPTED, State.NODE_FAIL, State.OUT_OF_MEMORY})
 
 
+#: When a run has several parts (a sweep's points, a SLURM array's tasks), the most telling state
+#: wins (``combine``). Every State is here.
+PRIORITY: list[State] = [State.NODE_FAIL, State.OUT_OF_MEMORY, State.FAILED, State.TIMEOUT, State.PREEMPTED,
+                         State.CANCELLED, State.REQUEUED, State.RUNNING, State.PENDING, State.UNKNOWN,
+                         State.COMPLETED]
+
+
+def combine(states: list[State]) -> State:
+    """The run's state from its parts': the most telling (``PRIORITY``); UNKNOWN for none."""
+    return State(min(states, key=PRIORITY.index)) if states else State.UNKNOWN
+
+
 class FailureKind(_StrEnum):
     """What ended an attempt that failed (``recovery.Failure.kind``), which recovery decides on."""
 

@@ -315,6 +315,21 @@ def test_local_sweep_runs_every_point(tmp_path: Path) -> None:
     assert sorted(p.read_text() for p in out.glob("point-*.txt")) == ["1", "2", "3"]
 
 
+def test_a_failed_sweep_point_does_not_stop_the_others(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As a SLURM job array: every point runs whatever another's outcome; the run is FAILED, its
+    error names the point, and each point's state is recorded (``status`` shows the grid)."""
+    out = tmp_path / "points"
+    out.mkdir()
+    monkeypatch.setenv("FAIL_AT_X", "2")
+    launch = make_plan(tmp_path, entrypoint=str(SCRIPTS / "point.py"), args={"out": str(out)},
+                       sweep={"x": [1, 2, 3]})
+    record = run_local(launch)
+    assert record.state == "FAILED"
+    assert sorted(p.read_text() for p in out.glob("point-*.txt")) == ["1", "2", "3"]  # point 2 ran before failing
+    assert record.point_states == {"0": "COMPLETED", "1": "FAILED", "2": "COMPLETED"}
+    assert (record.error or "").startswith("point 1 (x=2) ended FAILED:") and "fails on purpose" in record.error
+
+
 def test_fresh_interpreters_when_preload_is_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """local.preload_torch: false starts each rank as its own interpreter, as on SLURM."""
     out = tmp_path / "out"

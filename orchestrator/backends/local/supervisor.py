@@ -39,7 +39,7 @@ from orchestrator.core.attempt_logs import local_marker
 from orchestrator.core.records import RunRecord, disk_trouble
 from orchestrator.core.recovery import Attempt, Failure, History, decide
 from orchestrator.core.run_folder import RunFolder
-from orchestrator.core.states import Action, EndReason, FailureKind, Outcome, State
+from orchestrator.core.states import Action, EndReason, FailureKind, Outcome, State, combine
 from orchestrator.node.stop_judge import StopJudge
 from orchestrator.node.straggler_watch import StragglerWatch
 from orchestrator.node.watchdog import Watch, did_nothing, judge
@@ -100,14 +100,7 @@ class Supervisor:
                                    host=ownership.this_host(), job_ids=self.record.job_ids or [f"local-{me}"])
                 if self.lock is not None:
                     self.lock.renew()  # the lease names this process from now on
-                points = range(len(self.launch.sweep)) if self.launch.sweep else [None]
-                for index in points:
-                    if self._cancelled:  # stopped between points (or before the first): start no more
-                        state = State.CANCELLED
-                        break
-                    state = self._run_point_recovering(index)
-                    if state != State.COMPLETED:
-                        break
+                state = self._run_points()
             except Exception as exc:
                 state, error = State.FAILED, disk_trouble(exc, self.record.run_dir)
                 if error is None:  # a bug, or a problem of the machine's: the caller sees it
@@ -129,6 +122,30 @@ class Supervisor:
                 signal.signal(s, handler)
         self._pass_on_signal(prev)
         return self.record
+
+    def _run_points(self) -> State:
+        """The run, or each point of its sweep in turn whatever the others' outcome, as a SLURM job
+        array runs them; the run's state is the most telling of theirs (``states.combine``). A
+        cancel starts no further point (those are CANCELLED). ``point_states`` says each point's
+        state as it goes (``status`` shows them), and the error names the first point that failed."""
+        if not self.launch.sweep:
+            return State.CANCELLED if self._cancelled else self._run_point_recovering(None)
+        count, ends = len(self.launch.sweep), dict[str, State]()
+        first: tuple[int | None, str] | None = None  # the failed rank and error of the first point that failed
+        for index, point in enumerate(self.launch.sweep):
+            if self._cancelled:
+                break
+            self.record.update(point_states={**ends, **{str(i): State.RUNNING if i == index else State.PENDING
+                                                       for i in range(index, count)}})
+            ends[str(index)] = state = self._run_point_recovering(index)
+            if state != State.COMPLETED and first is None:
+                swept = ", ".join(f"{key}={point.args.get(key)}" for key in self.launch.spec.sweep)
+                first = self.record.failed_rank, f"point {index} ({swept}) ended {state}: {self.record.error or state}"
+        ends.update({str(i): State.CANCELLED for i in range(len(ends), count)})
+        self.record.update(point_states=ends)
+        if first is not None:
+            self.record.update(failed_rank=first[0], error=first[1])
+        return combine(list(ends.values()))
 
     def _pass_on_signal(self, prev: dict[int, Any]) -> None:
         """The signal that stopped the run was meant for this process: once the ranks are gone and

@@ -41,10 +41,10 @@ from orchestrator.backends.slurm.node.slurm_controller import run as run_slurm
 from orchestrator.backends.slurm.slurm_checks import parse_config
 from orchestrator.backends.slurm.slurm_plan import array_chunks, job_command
 from orchestrator.backends.slurm.slurm_status import (  # noqa: F401  (re-exported: the status half of this executor)
-    ACCOUNTING_OFF, PRIORITY, ACCOUNTING_DISABLED, OUTCOME_STATE, STATE_MAP, UNKNOWN_END, pairs, queue_states,
-    sacct_rows, accounting_off, agent_end, combine, end_from_agent, expand_array_id, map_state, sacct_states,
+    ACCOUNTING_OFF, ACCOUNTING_DISABLED, OUTCOME_STATE, STATE_MAP, UNKNOWN_END, pairs, queue_states,
+    sacct_rows, accounting_off, agent_end, end_from_agent, expand_array_id, map_state, sacct_states,
     sacct_unusable, squeue_states)
-from orchestrator.core.states import State
+from orchestrator.core.states import PRIORITY, State, combine  # noqa: F401  (PRIORITY re-exported)
 
 if TYPE_CHECKING:
     from orchestrator.backends.slurm.chaos_slurm import SlurmChaos

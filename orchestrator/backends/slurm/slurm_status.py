@@ -34,20 +34,12 @@ STATE_MAP: dict[str, State] = {
     "PREEMPTED": State.PREEMPTED, "NODE_FAIL": State.NODE_FAIL, "OUT_OF_MEMORY": State.OUT_OF_MEMORY,
     "REQUEUED": State.REQUEUED,
 }
-#: When a run has several jobs (array tasks), the most telling state wins. Every State is here.
-PRIORITY: list[State] = [State.NODE_FAIL, State.OUT_OF_MEMORY, State.FAILED, State.TIMEOUT, State.PREEMPTED,
-                          State.CANCELLED, State.REQUEUED, State.RUNNING, State.PENDING, State.UNKNOWN,
-                          State.COMPLETED]
 
 
 def map_state(raw: str) -> State:
     """'CANCELLED by 0' -> CANCELLED; unknown words -> UNKNOWN."""
     word = raw.split()[0].rstrip("+") if raw.strip() else ""
     return STATE_MAP.get(word, State.UNKNOWN)
-
-
-def combine(states: list[State]) -> State:
-    return State(min(states, key=PRIORITY.index)) if states else State.UNKNOWN
 
 
 def pairs(stdout: str) -> list[tuple[str, str]]:

@@ -17,7 +17,8 @@ Rules (the spec's ``recovery`` section):
 - progress is a new or changed file under the checkpoint folder between an attempt's start and
   its end: after ``stop_without_progress`` failed attempts in a row without progress the job
   stops with reason "no progress" (an attempt the health gate stopped ran nothing and counts
-  neither way). Never a loop.
+  neither way). Never a loop. When no checkpoint ever appeared in that folder during the whole run,
+  the verdict says so rather than "the failure repeats": the script may save its checkpoints elsewhere.
 
 Standard library only: the agent imports it on a compute node.
 """
@@ -81,6 +82,7 @@ class Attempt:
     nodes: list[str] = field(default_factory=list)
     job: str = ""  # the SLURM job id ('' locally)
     checkpoint_at_start: str = ""
+    checkpoint_dir: str = ""  # the folder its progress is looked for in (checkpoint.dir; '' in older records)
     ended: Optional[float] = None
     #: completed, crash, node_failure, hang, unhealthy, cancelled, timeout, requeued (time limit
     #: or preemption), lost (its supervisor or agent was killed before it recorded the end), or
@@ -142,7 +144,8 @@ def _optional(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
 _ATTEMPT_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "number": (_is_int, "a whole number"), "started": (number, "a time in seconds"),
     "nodes": (_strings, "a list of node names"), "job": (_is_str, "a job id"),
-    "checkpoint_at_start": (_is_str, "a fingerprint"), "ended": (_optional(number), "a time in seconds or null"),
+    "checkpoint_at_start": (_is_str, "a fingerprint"), "checkpoint_dir": (_is_str, "a folder"),
+    "ended": (_optional(number), "a time in seconds or null"),
     "outcome": (_optional(_is_str), "an outcome or null"), "why": (_is_str, "text"),
     "blamed": (_strings, "a list of node names"), "progress": (_optional(_is_bool), "true, false or null"),
     "action": (_is_str, "an action"), "inside_job": (_is_bool, "true or false"),
@@ -249,13 +252,24 @@ class History:
                 break
         return streak
 
+    def checkpoints_never_seen(self) -> bool:
+        """No attempt ever saw a checkpoint: each one started with the checkpoint folder empty or
+        missing, and none recorded progress. Then "no progress" cannot tell a failure that repeats
+        from a script that saves its checkpoints somewhere else."""
+        return all(not a.checkpoint_at_start and a.progress is not True for a in self.attempts)
+
+    def checkpoint_dir(self) -> str:
+        """The checkpoint folder the latest attempt looked in ('' when no record names one)."""
+        return next((a.checkpoint_dir for a in reversed(self.attempts) if a.checkpoint_dir), "")
+
     # -- what the owner of an attempt writes -------------------------------------------------------
     def begin(self, number: int, nodes: Iterable[str], checkpoint_dir: str | Path, job: str = "") -> Attempt:
         """Record an attempt's start (replacing a record of the same number: the same attempt
         started again, e.g. after its agent was restarted by the controller)."""
         self.attempts = [a for a in self.attempts if a.number != number]
         attempt = Attempt(number=number, started=time.time(), nodes=list(nodes), job=job,
-                          checkpoint_at_start=checkpoint_fingerprint(checkpoint_dir))
+                          checkpoint_at_start=checkpoint_fingerprint(checkpoint_dir),
+                          checkpoint_dir=str(checkpoint_dir))
         self.attempts.append(attempt)
         self.attempts.sort(key=lambda a: a.number)
         self.save()
@@ -319,11 +333,7 @@ def decide(settings: RecoverySettings, history: History, failure: Failure, progr
     if kind != EndReason.UNHEALTHY:
         streak = history.failures_without_progress() + (0 if progressed else 1)
         if streak >= settings.stop_without_progress:
-            return Decision(False, EndReason.NO_PROGRESS,
-                            f"no progress: {streak} attempt(s) in a row failed before writing a new checkpoint"
-                            f"{' or training past the last step' if settings.survivors == 'keep' else ''} "
-                            f"(recovery.stop_without_progress: {settings.stop_without_progress}); the failure "
-                            "repeats, so fix it and submit again")
+            return Decision(False, EndReason.NO_PROGRESS, no_progress_message(settings, history, streak, progressed))
     exclude = tuple(sorted(set(failure.blamed) - set(history.excluded))) if settings.exclude_failed_nodes else ()
     if nodes_available is not None and nodes_available - len(exclude) < nodes_needed:
         left = nodes_available - len(exclude)
@@ -334,6 +344,25 @@ def decide(settings: RecoverySettings, history: History, failure: Failure, progr
     where = f"; excluding {', '.join(exclude)}" if exclude else ""
     return Decision(True, kind, f"{kind}: {failure.why}; restart {used + 1} of {settings.max_restarts}{where}",
                     exclude)
+
+
+def no_progress_message(settings: RecoverySettings, history: History, streak: int, progressed: bool) -> str:
+    """Why the run stops for "no progress". A checkpoint folder that never held a checkpoint in the
+    whole run is named with both ways out (the script may save its checkpoints elsewhere, or fail
+    before its first); only after checkpoints were seen does the failure repeat."""
+    keep = settings.survivors == "keep"
+    rule = f"recovery.stop_without_progress: {settings.stop_without_progress}"
+    if progressed or not history.checkpoints_never_seen():
+        return (f"no progress: {streak} attempt(s) in a row failed before writing a new checkpoint"
+                f"{' or training past the last step' if keep else ''} ({rule}); the failure repeats, so fix it "
+                "and submit again")
+    folder = history.checkpoint_dir()
+    where = f"{folder} (checkpoint.dir; {rule})" if folder else f"checkpoint.dir ({rule})"
+    every = min(settings.max_restarts + 1, 1000)  # past max_restarts the rule never stops a run
+    return (f"no progress: {streak} attempt(s) in a row failed, and no checkpoint ever appeared in {where}"
+            f"{' and no attempt trained past the last step' if keep else ''}: if the script saves its checkpoints "
+            f"elsewhere, set checkpoint.dir to that folder (or recovery.stop_without_progress: {every} to use every "
+            "restart regardless); if it fails before its first checkpoint, fix it and submit again")
 
 
 def describe(history: History) -> list[str]:

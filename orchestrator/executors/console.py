@@ -34,7 +34,8 @@ class ProgressTick:
 
 
 class LogTails:
-    """Follows every rank's log file and hands new complete lines to ``echo(rank, line)``.
+    """Follows every rank's log file and hands new complete lines to ``echo(rank, line)`` (and, at
+    the end, ``pump(final=True)``, a last line without a newline).
 
     A failing rank's traceback is not echoed: after its ``[launcher] rank N failed: ...`` line the
     rest of its output stays in its log, and the run's outcome shows the first failure's
@@ -63,18 +64,17 @@ class LogTails:
             except OSError as exc:
                 self._lost(exc)
 
-    def pump(self) -> None:
+    def pump(self, final: bool = False) -> None:
+        """Echo what each rank's log gained since the last pump, whole lines only: a line still
+        being written waits for its newline, so no line is cut in two. ``final`` (the ranks have
+        ended, so their output is complete) echoes a last line that has no newline too."""
         self.progress()
         for rank, path in enumerate(self.paths):
-            try:
-                with open(path, "rb") as fh:
-                    fh.seek(self.offsets[rank])
-                    chunk = fh.read()
-            except FileNotFoundError:
-                continue
-            self.offsets[rank] += len(chunk)
-            lines = (self.partial[rank] + chunk).split(b"\n")
+            lines = (self.partial[rank] + self._gained(rank, path)).split(b"\n")
             self.partial[rank] = lines.pop()
+            if final and self.partial[rank]:
+                lines.append(self.partial[rank])
+                self.partial[rank] = b""
             for line in lines:
                 if self.silenced[rank]:
                     break
@@ -87,6 +87,17 @@ class LogTails:
                 except OSError as exc:
                     self._lost(exc)
                     return
+
+    def _gained(self, rank: int, path: Path) -> bytes:
+        """What rank ``rank``'s log gained since the last read (nothing while it does not exist)."""
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(self.offsets[rank])
+                chunk = fh.read()
+        except FileNotFoundError:
+            return b""
+        self.offsets[rank] += len(chunk)
+        return chunk
 
     def _lost(self, exc: OSError) -> None:
         """The echo's reader is gone (``| head``, a closed terminal, a full disk under a redirected

@@ -141,12 +141,20 @@ def test_a_hung_rank_alone_is_replaced_and_the_survivors_rejoin_it(tmp_path: Pat
     from tests.integration.helpers import SCRIPTS, run_local
 
     launch = make_plan(tmp_path, entrypoint=str(SCRIPTS / "heal_loop.py"), nodes=1, cpu_ranks_per_node=3,
-                       args={"hang": "1:15", "once": True}, watchdog={"stall_s": 3},
+                       args={"hang": "1:15", "once": True, "say-steps": True}, watchdog={"stall_s": 3},
                        recovery={"max_restarts": 1, "survivors": "keep"})
-    record = run_local(launch)
+    from orchestrator.backends.local.supervisor import Supervisor
+    from orchestrator.executors.base import prepare_run_dir
+
+    echoed: list[tuple[int, str]] = []
+    record = Supervisor(launch, *prepare_run_dir(launch),
+                        echo_factory=lambda: lambda rank, line: echoed.append((rank, line))).run()
     assert record.state == "COMPLETED", record.error
     first, second = History.load(launch.run_dir).attempts
     assert (first.outcome, first.action) == ("hang", "restart") and second.outcome == "completed"
     logs = [(Path(launch.run_dir) / "logs" / f"rank-{r}.log").read_text() for r in range(3)]
     assert "rejoined in generation 1 with rank(s) 1" in logs[0] and "final step 40" in logs[0]
+    # a survivor's output is echoed once, the rejoin's watch going on from where the first stopped
+    said = [line for rank, line in echoed if rank == 0]
+    assert "trained step 1" in said and said == logs[0].split("===\n", 1)[1].splitlines()
     assert "rank 0 kept its process" in logs[0] and "rank 1 replaced" in logs[1]

@@ -276,7 +276,7 @@ class Supervisor:
         if self.group is None:  # the first attempt, or the last zygote was lost: a new one
             self.group = ZygoteGroup(self._zygote or start_zygote(self.preload))
             self._zygote = None
-        group = self.group
+        group, tails = self.group, None
         try:
             began = time.time()  # before the forks: a rank may report before the last one is forked
             self.procs = group.start(forks)
@@ -287,7 +287,9 @@ class Supervisor:
                                rank_starts=[procs.start_time(p.pid) or 0 for p in self.procs], master_port=port)
             if self.echo_factory and self.echo is None:
                 self.echo = self.echo_factory()
-            state = self._watch(run_dir, offsets)
+            # the ranks' output, echoed: one reader for the attempt, rejoins included (each line once)
+            tails = LogTails(run_dir, offsets, self.echo) if self.echo else None
+            state = self._watch(run_dir, tails)
             while self.rejoins.lost and self.rejoin is not None and self.rejoin(self.failure):
                 try:
                     lost = replace(self.rejoins, group, self.procs, forks, self.record.attempts)
@@ -300,7 +302,7 @@ class Supervisor:
                 self.watch.restart(lost, self.times["ranks_at"])  # a new stall clock; the stand-ins are starting
                 self.record.update(rank_pids=[p.pid for p in self.procs],
                                    rank_starts=[procs.start_time(p.pid) or 0 for p in self.procs])
-                state = self._watch(run_dir, offsets)
+                state = self._watch(run_dir, tails)
             if state == State.COMPLETED:
                 warning = did_nothing(len(self.procs), [p.poll() for p in self.procs],
                                       join_hook.joined_ranks(run_dir, len(self.procs)))
@@ -311,6 +313,8 @@ class Supervisor:
             return state
         finally:
             self._kill_all(grace=GRACE_S)
+            if tails is not None:  # the ranks have ended: their last line too, if it had no newline
+                tails.pump(final=True)
             if not group.end_set():  # closed: the next attempt, if any, starts a new zygote
                 self.group = None
             remove_earlier_files(payload.rendezvous_dir, self.launch.run_id)
@@ -326,9 +330,9 @@ class Supervisor:
                 except OSError:
                     pass
 
-    def _watch(self, run_dir: Path, offsets: list[int]) -> State:
+    def _watch(self, run_dir: Path, tails: LogTails | None) -> State:
         start = time.monotonic()
-        pump = LogTails(run_dir, offsets, self.echo).pump if self.echo else lambda: None  # the ranks' output, echoed
+        pump = tails.pump if tails is not None else lambda: None
         next_look = 0.0
         while True:
             pump()

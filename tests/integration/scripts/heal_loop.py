@@ -20,6 +20,7 @@ parser.add_argument("--step-s", type=float, default=0.05)
 parser.add_argument("--crash", nargs="*", default=[], help="R:S ... rank R exits with code 3 at step S")
 parser.add_argument("--hang", nargs="*", default=[], help="R:S ... rank R sleeps for ever at step S")
 parser.add_argument("--once", action="store_true", help="only a rank's first process fails, not its replacement")
+parser.add_argument("--say-steps", action="store_true", help="print each step trained (its output, echoed)")
 args = parser.parse_args()
 crashes = {tuple(map(int, c.split(":"))) for c in args.crash}
 hangs = {tuple(map(int, c.split(":"))) for c in args.hang}
@@ -45,6 +46,8 @@ with jobs.process_group() as ctx:
             opt.step()
             step += 1
             jobs.heartbeat(step, args.steps)
+            if args.say_steps:
+                print(f"trained step {step}", flush=True)
             time.sleep(args.step_s)
         except Exception as exc:
             if not healer.can_heal(exc):

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from orchestrator.core.errors import OrchestratorError, UsageError
-from orchestrator.core.ownership import command_line
+from orchestrator.core.shell_words import command_line
 from orchestrator.core.run_folder import RunFolder
 from orchestrator.core.states import State
 

@@ -17,9 +17,6 @@ clusters). So:
   liveness by it (and by the lock), never by PIDs.
 - **Requests.** Anyone may ask the supervisor to stop by writing ``<run>/requests/cancel``;
   the supervisor watches for it, so cancel needs no signal and works from any host.
-- **Commands.** What a message tells the user to run on a run (``orchestrator status RUN``) is
-  quoted for a shell (``command_line``, ``quoted_command``), so a run folder whose path holds a
-  space or a quote can be pasted as shown.
 """
 
 from __future__ import annotations
@@ -29,7 +26,6 @@ import fcntl
 import functools
 import json
 import os
-import shlex
 import socket
 import stat
 import time
@@ -40,6 +36,7 @@ from orchestrator.core.atomic_files import write_json_atomic
 from orchestrator.core.errors import SubmissionError
 from orchestrator.core.fs_checks import errno_text, is_denied, no_permission, shown
 from orchestrator.core.run_folder import RunFolder
+from orchestrator.core.shell_words import quoted_command
 
 #: How often the lock holder renews its lease, and how old a lease may be before its holder
 #: counts as gone (generous: NFS attribute caches and clock skew between hosts).
@@ -67,22 +64,6 @@ def this_host() -> str:
 def host_name(host: str | None) -> str:
     """The hostname part of a ``this_host()`` key, for messages."""
     return (host or "an unknown host").split("|")[0]
-
-
-def command_line(*words: object) -> str:
-    """A command suggested to the user, as they can paste it into a shell: each word quoted only
-    where it must be (``shlex.join``), so ``/tmp/my proj/runs/x`` is one word and a plain run id or
-    path reads as written."""
-    return shlex.join(str(word) for word in words)
-
-
-def quoted_command(*words: object) -> str:
-    """``command_line`` set off from the message around it in a quote that it does not hold:
-    ``'orchestrator status x-1'`` as ever, ``"orchestrator status '/tmp/my proj/runs/x'"`` when a
-    word had to be quoted."""
-    line = command_line(*words)
-    mark = next((q for q in "'\"`" if q not in line), "`")
-    return f"{mark}{line}{mark}"
 
 
 def folder_id(path: str | Path) -> int | None:

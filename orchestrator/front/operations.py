@@ -20,7 +20,7 @@ from orchestrator.api import Run
 from orchestrator.core.attempt_logs import AttemptStream, attempts_in, held, marker_rules
 from orchestrator.core.errors import OrchestratorError, RunNotFoundError, UsageError
 from orchestrator.core.fs_checks import errno_text, kind, read_file, shown
-from orchestrator.core.ownership import command_line, quoted_command
+from orchestrator.core.shell_words import command_line, quoted_command
 from orchestrator.core.records import RunRecord, no_permission, registered_runs
 from orchestrator.core.recovery import History, describe
 from orchestrator.front.run_files import attempt_part, log_history

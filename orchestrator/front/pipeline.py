@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 from orchestrator.spec.after import after_lines, edge_status  # after_lines: plan's line for a spec's after:
 from orchestrator.backends import backend
 from orchestrator.core.errors import SpecError, SubmissionError, UsageError
-from orchestrator.core.ownership import command_line
+from orchestrator.core.shell_words import command_line
 from orchestrator.front.pipeline_graph import (WHEN, Action, CycleError, Decision, Edge, ParentView, Pipeline, PipelineError,
                                          StageDef, decide, decide_all, effective_state, parse_pipeline,
                                          topological_order)

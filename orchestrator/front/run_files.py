@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.backends import backend
 from orchestrator.core.errors import OrchestratorError, UsageError
-from orchestrator.core.ownership import command_line
+from orchestrator.core.shell_words import command_line
 from orchestrator.core.records import RunRecord
 from orchestrator.core.run_folder import RunFolder
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from orchestrator.backends import backend
 from orchestrator.core import procs
 from orchestrator.core.errors import RunNotFinishedError, UsageError
-from orchestrator.core.ownership import command_line, quoted_command
+from orchestrator.core.shell_words import command_line, quoted_command
 from orchestrator.core.run_folder import RunFolder
 from orchestrator.core.stack_files import saved_files
 from orchestrator.node.stack_requests import (ENDED, UNCONFIRMED, RankProc, rank_procs, request_local_explained,

@@ -138,7 +138,7 @@ def test_a_hung_rank_alone_is_replaced_and_the_survivors_rejoin_it(tmp_path: Pat
     """watchdog.stall_s names the straggler (rank 1, asleep outside any collective while its peers
     wait in the next one); only it is killed, its peers' collective fails on the lost peer, and
     they rejoin its replacement: chaos --stop-rank's case, recovered without a restart of all."""
-    from tests.integration.helpers import SCRIPTS, run_local
+    from tests.integration.helpers import SCRIPTS
 
     launch = make_plan(tmp_path, entrypoint=str(SCRIPTS / "heal_loop.py"), nodes=1, cpu_ranks_per_node=3,
                        args={"hang": "1:15", "once": True, "say-steps": True}, watchdog={"stall_s": 3},

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from orchestrator.core import ownership
+from orchestrator.core import ownership, shell_words
 from orchestrator.core.errors import SpecError, SubmissionError
 from orchestrator.spec.loading import load_spec, parse_override
 
@@ -60,8 +60,8 @@ def test_a_plain_path_reads_as_before(tmp_path: Path) -> None:
     (("orchestrator", "status", "/a'b/x"), "`orchestrator status '/a'\"'\"'b/x'`"),
 ])
 def test_a_quoted_command_is_set_off_by_a_quote_it_does_not_hold(words: tuple, shown: str) -> None:
-    assert ownership.quoted_command(*words) == shown
-    assert shlex.split(ownership.command_line(*words)) == [str(w) for w in words]
+    assert shell_words.quoted_command(*words) == shown
+    assert shlex.split(shell_words.command_line(*words)) == [str(w) for w in words]
 
 
 # ---- BUG 7: 'train.py:main' mixes the two entrypoint forms -----------------------------------------

@@ -62,6 +62,7 @@ def planned(spec: SpecLike, executor: str | None = None, *,
     from orchestrator.plan import plan
 
     checked = as_spec(spec, executor)  # the executor's own rules apply (local caps, node-local paths)
+    backend(checked.executor).make_planner().layout(checked)  # its refusals (a node-local runs_dir) before the scan stores
     code = scan_code(checked, checked.executor, stage=checked.executor in stage_for)
     limit, why = array_limit(checked)
     return plan(checked, code=code, max_array_size=limit, array_limit_why=why), code

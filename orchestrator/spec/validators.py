@@ -390,6 +390,18 @@ def is_node_local(path: str) -> bool:
     return any(norm == p or norm.startswith(p + "/") for p in NODE_LOCAL_PREFIXES)
 
 
+def node_local_from(path: str, cwd: str) -> str | None:
+    """Where ``path`` lands from the folder ``cwd`` ('~' expanded, relative to ``cwd``, '..'
+    resolved, as the planner makes it absolute), when that place is node-local though the path
+    as written is not: the default ``runs`` in a project under /tmp, or '../../x' reaching /tmp.
+    None otherwise (a path node-local as written is for ``is_node_local`` itself). ``cwd`` must be
+    the folder the job is submitted from, on the host that submits it."""
+    if is_node_local(path):
+        return None
+    resolved = os.path.normpath(os.path.join(cwd, os.path.expanduser(path)))
+    return resolved if is_node_local(resolved) else None
+
+
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 #: Variables the orchestrator sets on every rank (the rank contract); ``env:`` may not set them.
 OWNED_ENV = frozenset({

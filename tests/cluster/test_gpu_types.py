@@ -42,6 +42,7 @@ def _ranks(out: Path, world: int) -> list[dict[str, Any]]:
 
 def _validate(cluster: dict[str, str], tmp_path: Path, **fields: Any) -> subprocess.CompletedProcess[str]:
     spec = {"name": "v", "entrypoint": "jobs.train:main", "executor": "slurm", "gpus_per_node": 2,
+            "runs_dir": cluster["runs_dir"],  # validate --cluster refuses the default 'runs' from a checkout in /tmp
             "distributed": {"backend": "gloo"}, **fields}
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(spec))

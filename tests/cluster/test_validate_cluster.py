@@ -21,11 +21,12 @@ import pytest
 import yaml
 
 from orchestrator.cli import main
-from .conftest import CPUS
+from .conftest import CPUS, RUNS_DIR
 
 
 def _validate(tmp_path: Path, capsys: pytest.CaptureFixture[str], **slurm: Any) -> tuple[int, str, str]:
     spec = {"name": "vc", "entrypoint": "jobs.train:main", "executor": "slurm", "nodes": 2, "gpus_per_node": 1,
+            "runs_dir": str(RUNS_DIR),  # validate --cluster refuses the default 'runs' from a checkout in /tmp
             "distributed": {"backend": "gloo"}, "slurm": {"time": "00:10:00", **slurm}}
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(spec))

@@ -56,7 +56,8 @@ def test_unknown_run_is_a_clear_error() -> None:
 
 def test_run_refuses_slurm_specs(tmp_path: Path) -> None:
     spec = tmp_path / "spec.yaml"
-    spec.write_text(yaml.safe_dump({"name": "s", "entrypoint": "jobs.train:main", "executor": "slurm"}))
+    spec.write_text(yaml.safe_dump({"name": "s", "entrypoint": "jobs.train:main", "executor": "slurm",
+                                    "runs_dir": str(tmp_path / "runs")}))  # not 'runs' in a checkout in /tmp
     out = orch("run", str(spec))
     assert out.returncode == 2 and "orchestrator submit" in out.stderr
 

@@ -212,9 +212,12 @@ def assert_script_runs_only_the_agent(path: Path, tmp: Path) -> None:
 @SETTINGS
 @given(data=hostile_specs(), as_json=st.booleans())
 def test_generated_specs_validate_and_plan_cleanly(tmp_path_factory: pytest.TempPathFactory, data: dict,
-                                                     as_json: bool) -> None:
+                                                     as_json: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     tmp = tmp_path_factory.mktemp("spec")
     path = _write(tmp, data, as_json)
+    # Validated and planned from a folder never under /tmp: plan refuses a relative runs_dir or
+    # checkpoint.dir that lands on a node-local path from where it is made, as from a checkout in /tmp.
+    monkeypatch.chdir(tmp)
     code, _, err, seconds = cli("validate", str(path))
     assert_clean_outcome(code, err, seconds)
     code_plan, out, err, seconds = cli("plan", str(path))

@@ -47,8 +47,9 @@ def _no_site_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str,
 
 
 def _spec(executor: str = "slurm", **fields: object):
+    # runs_dir shared-looking: a SLURM plan refuses the default 'runs' from a checkout in /tmp.
     base: dict[str, object] = {"name": "iface", "entrypoint": "jobs.train:main", "nodes": 2, "gpus_per_node": 2,
-                               "distributed": {"backend": "nccl"}, "executor": executor}
+                               "distributed": {"backend": "nccl"}, "executor": executor, "runs_dir": "/shared/runs"}
     base.update(fields)
     return spec_from_dict(base)
 

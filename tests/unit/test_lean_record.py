@@ -84,7 +84,7 @@ def test_a_payload_goes_through_json_unchanged_and_an_old_empty_extra_still_load
     from orchestrator.spec.loading import spec_from_dict
 
     payload = plan(spec_from_dict({"name": "lean", "entrypoint": "jobs.train:main", "executor": "slurm", "nodes": 2,
-                                   "container": None}), "slurm").payload
+                                   "runs_dir": "/shared/runs", "container": None}), "slurm").payload
     again = Payload.from_dict(json.loads(payload.to_json()))
     assert again == payload and again.checkpoint == payload.checkpoint
     old = {**json.loads(payload.to_json()), "extra": {}}  # what payloads carried until 2026-12-06

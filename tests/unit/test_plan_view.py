@@ -21,7 +21,9 @@ def _view(launch, **kw) -> str:
 
 
 def _spec(**kw) -> JobSpec:
-    base = dict(name="big", entrypoint="jobs.train:main", nodes=64, gpus_per_node=8, executor="slurm")
+    # runs_dir shared-looking: a SLURM plan refuses the default 'runs' from a checkout in /tmp.
+    base = dict(name="big", entrypoint="jobs.train:main", nodes=64, gpus_per_node=8, executor="slurm",
+                runs_dir="/shared/runs")
     return JobSpec(**{**base, **kw})
 
 
@@ -102,7 +104,7 @@ def test_the_readme_table_names_every_variable_a_rank_gets() -> None:
     readme = (Path(__file__).resolve().parents[2] / "docs" / "manual" / "rank-environment.md").read_text()
     table = readme.split("<!-- rank-env-table -->", 1)[1].split("\n\n", 1)[0]
     documented = set(re.findall(r"`([A-Z][A-Z0-9_]*)`", table))
-    gpu = {"name": "t", "entrypoint": "jobs.train:main", "nodes": 2, "gpus_per_node": 2,
+    gpu = {"name": "t", "entrypoint": "jobs.train:main", "nodes": 2, "gpus_per_node": 2, "runs_dir": "/shared/runs",
            "distributed": {"backend": "nccl", "init_method": "tcp"}}
     seen: set[str] = set(FLIGHT_RECORDER_RENAMES.values())
     for launch in (plan(spec_from_dict(gpu), "slurm"), plan(spec_from_dict(gpu), "local")):

@@ -16,7 +16,9 @@ from orchestrator.core.rendezvous import PORT_BASE, PORT_SPAN, derive_port
 from orchestrator.backends.slurm.node.slurm_task import SlurmTask, expand_nodelist
 from orchestrator.spec.validators import EPHEMERAL_PORTS, slurm_time_minutes
 
-CLUSTER = {"name": "c", "entrypoint": "jobs.train:main", "nodes": 2, "gpus_per_node": 8,
+# A shared-looking runs_dir: a SLURM plan refuses the default 'runs' from a checkout in /tmp.
+SHARED_RUNS = "/shared/runs"
+CLUSTER = {"name": "c", "entrypoint": "jobs.train:main", "nodes": 2, "gpus_per_node": 8, "runs_dir": SHARED_RUNS,
            "distributed": {"backend": "nccl", "init_method": "tcp", "interface": "ib0"}}
 
 
@@ -161,9 +163,10 @@ def test_override_precedence(tmp_path) -> None:
     assert spec.distributed.interface == ["eth0", "ib0"] and spec.executor == "slurm" and spec.nodes == 2
 
 
-def test_examples_validate() -> None:
+def test_examples_validate(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     from pathlib import Path
 
+    monkeypatch.chdir(tmp_path)  # planned from a project folder, never under /tmp (the examples' runs_dir is 'runs')
     examples = sorted((Path(__file__).resolve().parents[2] / "orchestrator" / "examples").glob("*.yaml"))
     assert len(examples) >= 5
     for path in examples:
@@ -175,6 +178,7 @@ def test_slurm_rank_env_from_slurm_variables(tmp_path) -> None:
     from orchestrator.backends.slurm.node.slurm_task import rank_env_from_slurm
 
     launch = plan(spec_from_dict({"name": "s", "entrypoint": "jobs.train:main", "nodes": 2, "gpus_per_node": 2,
+                                  "runs_dir": SHARED_RUNS,
                                   "distributed": {"backend": "gloo", "interface": "lo", "init_method": "file",
                                                   "rendezvous_dir": str(tmp_path), "rendezvous_dir_is_shared": True}}), "slurm")
     env = {"SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_JOB_ID": "4242", "SLURM_RESTART_COUNT": "1",
@@ -208,7 +212,8 @@ def test_local_thread_default_counts_the_cpus_the_process_may_use() -> None:
 def test_the_job_asks_for_requeue_whenever_requeues_are_allowed() -> None:
     """Sites with JobRequeue=0 refuse `scontrol requeue` for a job that did not ask for --requeue."""
     def lines(**slurm: object) -> list[str]:
-        spec = spec_from_dict({"name": "r", "entrypoint": "jobs.train:main", "executor": "slurm", "slurm": slurm})
+        spec = spec_from_dict({"name": "r", "entrypoint": "jobs.train:main", "executor": "slurm", "runs_dir": SHARED_RUNS,
+                               "slurm": slurm})
         return (plan(spec, "slurm").sbatch_script or "").splitlines()
 
     assert "#SBATCH --requeue" in lines() and "#SBATCH --no-requeue" not in lines()
@@ -219,7 +224,8 @@ def test_the_job_asks_for_requeue_whenever_requeues_are_allowed() -> None:
 
 # ---- CPUs per rank on SLURM (issue 32) -------------------------------------------------------
 def _slurm(**fields: object):
-    return plan(spec_from_dict({"name": "c", "entrypoint": "jobs.train:main", "executor": "slurm", **fields}))
+    return plan(spec_from_dict({"name": "c", "entrypoint": "jobs.train:main", "executor": "slurm", "runs_dir": SHARED_RUNS,
+                                **fields}))
 
 
 def test_without_cpus_per_task_the_plan_shows_each_ranks_share_as_a_rule() -> None:

@@ -20,7 +20,8 @@ from orchestrator.plan import plan
 from orchestrator.remote.remote_receive import runs_in_home_problem
 from orchestrator.spec.models import HOME_PATH_FIELDS, JobSpec
 
-BASE: dict[str, Any] = {"name": "paths", "entrypoint": "jobs.train:main", "executor": "slurm"}
+# runs_dir shared-looking: a SLURM plan refuses the default 'runs' from a checkout in /tmp.
+BASE: dict[str, Any] = {"name": "paths", "entrypoint": "jobs.train:main", "executor": "slurm", "runs_dir": "/shared/runs"}
 PROBE = "~/orch-probe"
 #: A home that is no node-local prefix (validate refuses /tmp paths for SLURM runs); never created.
 FAKE_HOME = "/srv/orch-probe-home"

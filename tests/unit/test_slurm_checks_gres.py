@@ -173,6 +173,7 @@ def fake_scontrol(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def _check(**fields: Any) -> list[str]:
     slurm = fields.pop("slurm", {})
     spec = spec_from_dict({"name": "v", "entrypoint": "jobs.train:main", "executor": "slurm", "nodes": 1,
+                           "runs_dir": "/shared/runs",  # not the default 'runs', refused from a checkout in /tmp
                            "gpus_per_node": 2, "distributed": {"backend": "gloo"}, "slurm": slurm, **fields})
     try:
         check_against_cluster(spec)

@@ -302,6 +302,7 @@ def test_validate_prints_warnings_on_stderr_and_exits_0(tmp_path: Any, monkeypat
     monkeypatch.delenv("SBATCH_PARTITION", raising=False)
     spec = tmp_path / "spec.yaml"
     spec.write_text("name: site\nentrypoint: jobs.train:main\nexecutor: slurm\nnodes: 2\ngpus_per_node: 4\n"
+                    "runs_dir: /shared/runs\n"  # not the default 'runs', refused from a checkout in /tmp
                     "distributed: {backend: gloo}\nslurm: {partition: 'gpu,gpu-preempt', time: '10:00:00'}\n")
     assert main(["validate", str(spec), "--cluster"]) == 0
     out, err = capsys.readouterr()

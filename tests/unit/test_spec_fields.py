@@ -11,7 +11,8 @@ from orchestrator.spec.loading import spec_from_dict
 from orchestrator.plan import plan
 from orchestrator.spec.validators import OWNED_ENV, hostlist_hosts
 
-BASE = {"name": "f", "entrypoint": "jobs.train:main", "executor": "slurm", "nodes": 2}
+# runs_dir shared-looking: a SLURM plan refuses the default 'runs' from a checkout in /tmp.
+BASE = {"name": "f", "entrypoint": "jobs.train:main", "executor": "slurm", "nodes": 2, "runs_dir": "/shared/runs"}
 
 
 def _refused(match: str, **fields: object) -> None:

@@ -430,12 +430,17 @@ def check_against_cluster(spec: JobSpec, environ: Mapping[str, str] | None = Non
     partition of a list that cannot run it, or GPU ranks with one CPU each. ``environ``: the
     environment sbatch will read (SBATCH_PARTITION, SBATCH_CPUS_PER_GPU, SBATCH_EXCLUSIVE; and
     the variables submit refuses, ``slurm_env.env_problems``, are problems here too); default
-    os.environ."""
+    os.environ. A relative runs_dir or checkpoint.dir is checked as resolved from this folder, as
+    ``plan`` and ``submit`` resolve it (``slurm_plan.resolved_path_problems``)."""
     env = os.environ if environ is None else environ
     config = parse_config(scontrol_text("show", "config"))
     problems, warnings = cluster_findings(spec, parse_partitions(scontrol_text("show", "partition", "-o")),
                                           parse_nodes(scontrol_text("show", "node", "-o")), config, env)
     problems = env_problems(env) + problems  # SLURM_CLUSTERS, SBATCH_CONTAINER: submit would stop on them
+    if spec.runs_on.scheduled:  # this host submits: its folder is the one runs_dir is resolved from
+        from orchestrator.backends.slurm.slurm_plan import resolved_path_problems
+
+        problems += resolved_path_problems(spec, os.getcwd())
     if spec.sweep:
         limit, n = config.max_array_size, len(spec.sweep_points())
         if n > limit - 1:

@@ -1,7 +1,10 @@
 """SLURM's part of a plan: the sbatch parameters (submitit's names) and script, rendered by
 submitit's own template through ``orchestrator.backends.slurm.submitit_adapter`` (so what ``plan`` shows is
 what is submitted), the srun argv the job's agent runs, the rank table with the values only the
-job knows shown as their rules, and the sweep's split into arrays under MaxArraySize.
+job knows shown as their rules, and the sweep's split into arrays under MaxArraySize. It
+refuses a runs_dir, checkpoint.dir or rendezvous folder that is node-local once resolved from the
+folder the job is planned in (``resolved_path_problems``): only here, on the host that submits,
+is that folder the one the job is submitted from.
 
 ``SlurmPlanner`` is what the generic planner (``orchestrator.plan``) asks, through
 ``orchestrator.backends``; the SLURM executor imports the rest. Pure: the cluster's MaxArraySize
@@ -26,6 +29,8 @@ from orchestrator.core.run_folder import RunFolder
 from orchestrator.backends.slurm import submitit_adapter
 from orchestrator.backends.slurm.node.slurm_task import ATTEMPT_VARIABLE, DEFAULT_MAX_ARRAY_SIZE, POINT_BASE_OPTION
 from orchestrator.code.snapshot import Snapshot
+from orchestrator.core.errors import SpecError
+from orchestrator.spec import validators as v
 from orchestrator.spec.models import JobSpec, allocated_nodes
 
 if TYPE_CHECKING:
@@ -82,6 +87,9 @@ class SlurmPlanner:
     """The SLURM backend's decisions in a plan (``plan_model.BackendPlanner``)."""
 
     def layout(self, spec: JobSpec) -> Layout:
+        """The job's shape; first, the refusal of a path that is node-local once resolved here
+        (``resolved_path_problems``): the plan asks the layout before anything else."""
+        refuse_node_local_paths(spec)
         spares = spec.recovery.spares
         notes = [f"recovery.spares: {spares}: the job holds {allocated_nodes(spec)} nodes; the ranks run on {spec.nodes} "
                  f"of them (the first healthy ones) and a failed node is replaced by a spare inside the job"] if spares else []
@@ -175,6 +183,54 @@ class SlurmPlanner:
                     f"before the job's agent has every node's verdict")
         held = nodes + payload.recovery.spares
         return f"one srun step runs the health gate on the {held} node(s) (each {checks}), then {ranks}"
+
+
+# ---- paths as the host that submits resolves them ------------------------------------------
+#: Why a node-local runs_dir or checkpoint.dir cannot work, as the spec's own check says it.
+_WHY_SHARED = {
+    "runs_dir": "the nodes read the job's payload there and write its logs and checkpoints where `status` reads them",
+    "checkpoint.dir": "a requeued or multi-node job resumes only where the same node wrote, and ranks on other "
+                      "nodes find nothing",
+}
+
+
+def resolved_path_problems(spec: JobSpec, cwd: str) -> list[str]:
+    """The spec's refusal of node-local paths (``models._node_local_problems``, ``_file_init_problems``),
+    made on runs_dir, checkpoint.dir and distributed.rendezvous_dir as the plan resolves them from
+    ``cwd``: the default ``runs`` in a project under /tmp, or '../x' reaching it, is as node-local
+    as '/tmp/x'. Made here, in the plan, on the host that submits (under ``--remote``, the login
+    node, in its checkout), never where the spec is only validated: the laptop's folder is not the
+    one the job is submitted from. The same fields lift it (slurm.assume_shared_paths;
+    distributed.rendezvous_dir_is_shared for the rendezvous)."""
+    problems = [] if spec.slurm.assume_shared_paths else [
+        f"{field}: {v.shown(value)} is {v.shown(where, 300)} here, node-local on a cluster: {_WHY_SHARED[field]}; "
+        f"give {field} a path on a shared filesystem (absolute, or submit from a folder on one), or set "
+        "slurm.assume_shared_paths: true if it really is shared"
+        for field, value in (("runs_dir", spec.runs_dir), ("checkpoint.dir", spec.checkpoint.dir))
+        if value and (where := v.node_local_from(value, cwd)) is not None]
+    return problems + _rendezvous_problems(spec, cwd)
+
+
+def refuse_node_local_paths(spec: JobSpec, cwd: str | None = None) -> None:
+    """Raise SpecError with every ``resolved_path_problems`` from ``cwd`` (default: this process's
+    folder, the one the plan resolves relative paths from)."""
+    problems = resolved_path_problems(spec, os.getcwd() if cwd is None else cwd)
+    if problems:
+        raise SpecError(problems)
+
+
+def _rendezvous_problems(spec: JobSpec, cwd: str) -> list[str]:
+    """file:// init across nodes on a folder that is node-local once resolved from ``cwd``."""
+    d = spec.distributed
+    if d.init_method != "file" or spec.nodes == 1 or d.rendezvous_dir_is_shared:
+        return []
+    field, value = ("distributed.rendezvous_dir", d.rendezvous_dir) if d.rendezvous_dir else ("runs_dir", spec.runs_dir)
+    where = v.node_local_from(value, cwd)
+    if where is None:
+        return []
+    return [f"{field}: file:// init across {spec.nodes} nodes needs a path every node sees, but {v.shown(value)} is "
+            f"{v.shown(where, 300)} here, node-local; use a shared filesystem path, init_method tcp, or set "
+            "distributed.rendezvous_dir_is_shared: true if it really is shared"]
 
 
 # ---- SLURM rendering -----------------------------------------------------------------------

@@ -19,8 +19,7 @@ from typing import Iterable, Mapping, Optional
 from orchestrator.code.snapshot_model import (CHUNK, MIRROR_MAX_ENTRIES, STORE_NAME, Entry, Snapshot, SnapshotError,
                                          mirror_names)
 from orchestrator.code.snapshot_scan import blob_stat, write_index
-
-_TREE_STAMP = ".orchestrator-tree"
+from orchestrator.core.snapshot_writes import TREE_STAMP
 
 
 def store(snap: Snapshot) -> str:
@@ -110,7 +109,7 @@ def _damaged(entries: Mapping[str, Entry], tree: Path) -> bool:
 
 
 def _stamp_path(tree: Path) -> Path:
-    return Path(str(tree) + _TREE_STAMP)  # beside the project's folder in the view, not in it
+    return Path(str(tree) + TREE_STAMP)  # beside the project's folder in the view, not in it
 
 
 def _read_stamp(tree: Path) -> dict[str, list]:

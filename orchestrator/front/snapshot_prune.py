@@ -25,6 +25,11 @@ is removed, and again for every file removed (``linked``). What goes: the tree, 
 no kept tree has its id, and the blobs that neither a kept manifest nor a kept run's diff names. A
 submission through the login node's receiver holds the store's lock shared (``store_lock``) while
 it stores its snapshot and records its run; pruning takes it exclusively, or skips this time.
+
+A tree the rule lets go is still kept while it holds what a run's script wrote there (a checkpoint
+saved beside its ``__file__``: ``core.snapshot_writes``, from a listing of the tree against its
+manifest), or while its manifest cannot be read (what the snapshot put there is unknown); each is
+said in one line naming the tree, the runs that used it, a few of the files and what to do.
 """
 
 from __future__ import annotations
@@ -38,10 +43,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
-from orchestrator.code.snapshot_model import STORE_NAME, human_size, load_manifest
+from orchestrator.code.snapshot_model import STORE_NAME, human_size, load_manifest, mirror_names
 from orchestrator.code.snapshot_store import remove_tree
 from orchestrator.core.fs_checks import kind, shown
 from orchestrator.core.safe_read import Unreadable, read_json
+from orchestrator.core.snapshot_writes import manifest_files, written
 
 #: How many of the most recently used snapshots are kept, whatever their runs' states.
 KEEP = 5
@@ -60,16 +66,38 @@ STAMP_NAME = ".pruned"
 @dataclass(frozen=True)
 class Use:
     """One run's use of a snapshot: the tree's folder in ``trees/``, when the run last started
-    with it (its ``code.json``'s time), and whether the run may still start or run."""
+    with it (its ``code.json``'s time), whether the run may still start or run, and the run's
+    folder name (said when its tree is kept for what it wrote there)."""
 
     view: str
     used: float
     live: bool
+    run: str = ""  # the run folder's name
+
+
+@dataclass(frozen=True)
+class Held:
+    """A tree the rule lets go, kept because runs wrote there (``found``: a few of the files) or
+    because its manifest cannot be read (``why``)."""
+
+    tree: str  # the project's folder in the view, or the view when its manifest is unreadable
+    runs: tuple[str, ...] = ()
+    found: str = ""
+    why: str = ""
+
+    def line(self, dry_run: bool) -> str:
+        kept = "would keep" if dry_run else "kept"
+        used = f" (used by run {', '.join(self.runs)})" if self.runs else ""
+        if self.why:
+            return (f"  {kept} {self.tree}{used}: {self.why}, so what a run wrote there cannot be told from the "
+                    "snapshot's files; move out what you need, then remove the folder")
+        return (f"  {kept} {self.tree}{used}: it holds files the snapshot did not put there ({self.found}); "
+                f"move them out of {self.tree} (they are your script's outputs), then run gc again")
 
 
 @dataclass
 class Pruned:
-    """What ``prune`` removed and kept, for the line the receiver prints."""
+    """What ``prune`` removed and kept, for the lines the receiver and ``gc`` print."""
 
     store: Path
     removed: list[str] = field(default_factory=list)
@@ -78,13 +106,17 @@ class Pruned:
     freed_bytes: int = 0
     skipped: Optional[str] = None  # why nothing was removed this time
     dry_run: bool = False  # what would go, nothing removed
+    held: list[Held] = field(default_factory=list)  # let go by the rule, kept for what runs wrote there
 
     def line(self) -> str:
+        """One line, then one more (indented) per tree kept for what runs wrote there."""
         if self.skipped:
             return f"[orchestrator] old code snapshots in {self.store} left in place: {self.skipped}"
         did = "would remove" if self.dry_run else "removed"
-        return (f"[orchestrator] {did} {len(self.removed)} old code snapshot(s) from {self.store} "
-                f"({human_size(self.freed_bytes)}); kept {self.kept} ({self.live} used by runs that may still run)")
+        held = f", {len(self.held)} holding files runs wrote" if self.held else ""
+        return "\n".join([f"[orchestrator] {did} {len(self.removed)} old code snapshot(s) from {self.store} "
+                          f"({human_size(self.freed_bytes)}); kept {self.kept} ({self.live} used by runs that may "
+                          f"still run{held})", *(h.line(self.dry_run) for h in self.held)])
 
 
 class _Unreadable(Exception):
@@ -195,7 +227,13 @@ def prune(store: Path, *, keep: int = KEEP, grace_s: float = GRACE_S, every_s: f
         except _Unreadable as why:
             report.skipped = str(why)
             return report
-        doomed = removable(views, uses, now, keep, grace_s)
+        doomed: list[str] = []
+        for name in removable(views, uses, now, keep, grace_s):
+            keeps = _held(store, name, uses)  # what runs wrote there is never removed
+            if keeps is None:
+                doomed.append(name)
+            else:
+                report.held.append(keeps)
         kept = set(views) - set(doomed)
         report.kept, report.live = len(kept), len({u.view for u in uses if u.live and u.view in kept})
         for name in doomed:
@@ -262,7 +300,7 @@ def _uses(store: Path, refresh: Callable[[list], list], queued: Callable[[Sequen
     from orchestrator.core.records import RunRecord
 
     trees = os.path.join(os.path.realpath(store), "trees")
-    found: list[tuple[str, float, Optional[RunRecord]]] = []
+    found: list[tuple[str, float, Optional[RunRecord], str]] = []
     for folder in _run_folders(store.parent):
         code = _code_record(folder)
         try:
@@ -278,8 +316,8 @@ def _uses(store: Path, refresh: Callable[[list], list], queued: Callable[[Sequen
             record: Optional[RunRecord] = RunRecord.load(folder)
         except (OrchestratorError, OSError):
             record = None  # unreadable: taken as live below, its tree kept
-        found.append((view, used, record))
-    records = [r for _, _, r in found if r is not None]
+        found.append((view, used, record, folder.name))
+    records = [r for _, _, r, _ in found if r is not None]
     try:
         fresh = {r.run_dir: r for r in refresh([r for r in records if not r.state.terminal])}
         ended = [fresh.get(r.run_dir, r) for r in records]
@@ -290,10 +328,10 @@ def _uses(store: Path, refresh: Callable[[list], list], queued: Callable[[Sequen
     except (OrchestratorError, OSError) as exc:
         raise _Unreadable(f"the scheduler could not be asked which runs are still queued or running ({exc})") from None
     out = []
-    for view, used, record in found:
+    for view, used, record, run in found:
         rec = fresh.get(record.run_dir, record) if record is not None else None
         live = rec is None or not rec.state.terminal or any(job.split("_")[0] in listed for job in rec.job_ids)
-        out.append(Use(view=view, used=used, live=live))
+        out.append(Use(view=view, used=used, live=live, run=run))
     return out
 
 
@@ -332,6 +370,24 @@ def _queued(jobs: Sequence[str]) -> set[str]:
 
 
 # ---- removing ---------------------------------------------------------------------------------
+def _held(store: Path, name: str, uses: Sequence[Use]) -> Optional[Held]:
+    """Why the tree ``trees/<name>`` stays although the rule lets it go: files runs wrote there
+    (``snapshot_writes.written``: a listing, no file read), or a manifest that cannot be read;
+    None when it may go."""
+    view = store / "trees" / name
+    runs = tuple(sorted({use.run for use in uses if use.view == name and use.run}))
+    manifest = store / "manifests" / f"{name.split('-')[0]}.json"
+    try:
+        found = manifest_files(manifest)
+    except Unreadable as exc:
+        return Held(tree=str(view), runs=runs, why=exc.line(f"its manifest {shown(manifest)}"))
+    if found is None:
+        return Held(tree=str(view), runs=runs, why=f"its manifest {shown(manifest)} is gone")
+    tree = view.joinpath(*mirror_names(found[0]))
+    writes = written(view, tree, found[1])
+    return Held(tree=str(tree), runs=runs, found=writes.listing()) if writes else None
+
+
 def _size(path: Path) -> int:
     total = 0
     for folder, dirs, files in os.walk(path):

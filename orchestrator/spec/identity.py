@@ -43,6 +43,8 @@ from typing import Any, Optional
 
 from orchestrator.core.module_origin import module_folder
 from orchestrator.core.payload import is_script
+from orchestrator.core.safe_read import Unreadable, read_json
+from orchestrator.core.snapshot_writes import tree_writes
 from orchestrator.spec.models import JobSpec
 
 #: Top-level fields (or dotted sub-fields) that name the run.
@@ -195,7 +197,9 @@ def resume_line(run_dir: str, checkpoint_dir: str, points: int = 0, resume: bool
     found = [(f, c) for f in folders if (c := latest_checkpoint(f)) is not None]
     exists = os.path.isdir(run_dir)
     if not found:
-        return f"run {run} exists with no checkpoint: starts at step 0" if exists else f"new run {run}"
+        # what the script itself may resume from (a file beside its __file__, a folder of its own) is not looked at
+        return f"run {run} exists with no checkpoint in checkpoint.dir ({checkpoint_dir})" if exists else \
+            f"new run {run}"
     if not resume:
         return (f"{'run ' + run if exists else 'new run ' + run}: starts at step 0 (checkpoint.resume: false), "
                 f"though {checkpoint_dir} holds checkpoints")
@@ -259,11 +263,39 @@ def _same_project(theirs: JobSpec, folder: Path) -> bool:
 def plan_lines(launch: Any) -> list[str]:
     """What ``plan``, ``run`` and ``submit`` say about the run's identity: whether the spec resumes
     a run (and from which step) or starts one, and other runs of the job's name holding
-    checkpoints, with the fields this spec changed."""
+    checkpoints, with the fields this spec changed; and the files the script wrote beside itself in
+    the run's previous code snapshot, which this attempt, from a new one, will not see."""
     ckpt = launch.payload.checkpoint
     lines = [f"identity: {resume_line(launch.run_dir, ckpt.dir, len(launch.sweep), ckpt.resume)}"]
+    code = launch.payload.code
     try:
+        left = left_behind(launch.run_dir, code.tree if code is not None else None)
+        lines += [f"warning: {left}"] if left else []
         lines += [f"warning: {w}" for w in sibling_warnings(launch.spec, launch.run_dir)]
     except OSError:
         pass
     return lines
+
+
+def left_behind(run_dir: str, tree: Optional[str]) -> Optional[str]:
+    """The warning for files the run's script wrote beside its ``__file__`` inside its previous
+    attempt's code snapshot (``<run>/code.json`` still names it when this is called, before the
+    attempt starts) when this attempt runs from another tree (``tree``; None: the live files):
+    there it will not find them. None when there are none, or the tree is the same."""
+    try:
+        code = read_json(Path(run_dir) / "code.json")
+    except Unreadable:
+        return None
+    before, manifest = (code.get("tree"), code.get("manifest")) if isinstance(code, dict) else (None, None)
+    if not isinstance(before, str) or not isinstance(manifest, str):
+        return None
+    if tree is not None and os.path.realpath(before) == os.path.realpath(tree):
+        return None
+    found = tree_writes(before, manifest)
+    if not found:
+        return None
+    now = (f"this attempt runs from a new snapshot and will not see them: write checkpoints to checkpoint.dir or a "
+           f"path outside the project's code, or copy them into the new tree ({tree})" if tree is not None else
+           "this attempt runs the live files and will not see them: write checkpoints to checkpoint.dir or a path "
+           "outside the project's code, or copy them into the project")
+    return f"your script wrote files beside itself inside the code snapshot ({before}/...: {found.listing()}); {now}"

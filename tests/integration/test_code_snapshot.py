@@ -262,7 +262,7 @@ def test_plan_shows_identity_and_code_lines_and_diff_lists_what_changed_since(tm
     assert run_id == identity[1]
     again = orch("plan", "spec.yaml", cwd=proj)
     assert f"snapshot {code[1]} " in again.stdout and "; already stored;" in again.stdout, shown(again)
-    assert f"identity: run {run_id} exists with no checkpoint: starts at step 0" in again.stdout, shown(again)
+    assert f"identity: run {run_id} exists with no checkpoint in checkpoint.dir (" in again.stdout, shown(again)
 
     same = orch("diff", run_id, cwd=proj)
     assert same.returncode == 0, shown(same)

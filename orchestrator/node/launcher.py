@@ -156,7 +156,7 @@ def run_rank(payload: Payload, rank: int, own_process: bool = True) -> Any:
         trimmed = user_traceback(exc)
         rank_error.write(RunFolder(run_dir).error(rank), rank_error.RankError(
             rank=rank, time=time.time(), attempt=int(os.environ.get(OrchVar.ATTEMPT, "0")), type=type(exc).__name__,
-            message=message_of(exc), traceback=format_exc(), user_traceback=trimmed))
+            message=exit_message(exc, message_of(exc)), traceback=format_exc(), user_traceback=trimmed))
         if not isinstance(exc, (SystemExit, KeyboardInterrupt)):
             sys.stderr.write(f"{FAILED_MARK.format(rank=rank)}{type(exc).__name__}: {message_of(exc)}\n{trimmed}")
             sys.stderr.flush()
@@ -174,6 +174,50 @@ def run_rank(payload: Payload, rank: int, own_process: bool = True) -> Any:
         write_json_atomic(RunFolder(run_dir).result, {"finished": time.time(), "result": _jsonable(result)})
     returned.append(True)
     return result
+
+
+#: The exit code argparse ends a script with when it refuses its arguments (``ArgumentParser.error``).
+USAGE_EXIT = 2
+#: The most of argparse's line kept in the record's message (the arguments it quotes may be long).
+MAX_USAGE_LINE = 500
+
+
+def exit_message(exc: BaseException, message: str) -> str:
+    """The record's message for ``exc``: ``message``, and for a ``SystemExit`` with argparse's
+    usage code, what argparse said ("2 (train.py: error: unrecognized arguments: --lr 1)"), which
+    the bare "SystemExit: 2" and its traceback into argparse leave out; without that line (a
+    parser that prints its own error, a script that exits with 2 itself), where to look."""
+    if not isinstance(exc, SystemExit) or exc.code != USAGE_EXIT:
+        return message
+    line = argparse_line(exc)
+    if line:
+        return f"{message} ({line})"
+    return f"{message} (the code argparse exits with when it refuses the arguments: see the rank's output above)"
+
+
+def argparse_line(exc: BaseException) -> str | None:
+    """The "<prog>: error: ..." line argparse printed before raising ``exc``, read from the frames
+    of ``ArgumentParser.exit`` (the text as printed) or else ``ArgumentParser.error`` (its prog and
+    message) in the exception's traceback: no output is read back. None if argparse did not raise
+    it. Never raises: it runs on a rank's way out."""
+    try:
+        printed = refused = None
+        tb = exc.__traceback__
+        while tb is not None:
+            code, names = tb.tb_frame.f_code, tb.tb_frame.f_locals
+            if os.path.basename(code.co_filename) == "argparse.py":
+                message = names.get("message")
+                if code.co_name == "exit" and isinstance(message, str) and message.strip():
+                    printed = message
+                elif code.co_name == "error" and isinstance(message, str):
+                    refused = f"{getattr(names.get('self'), 'prog', None) or 'argparse'}: error: {message}"
+            tb = tb.tb_next
+        line = " ".join((printed or refused or "").split())  # one line, as a record's headline is
+        if not line:
+            return None
+        return line if len(line) <= MAX_USAGE_LINE else f"{line[:MAX_USAGE_LINE]}... (shortened)"
+    except Exception:  # a frame's locals that misbehave: the bare exit code stands
+        return None
 
 
 def _live_folder(payload: Payload) -> str | None:

@@ -29,6 +29,11 @@ MLFLOW_VARS = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME")
 #: W&B run ids: at most 64 characters, none of / \\ # ? % : (W&B refuses them).
 WANDB_ID_MAX = 64
 _WANDB_BAD = re.compile(r"[^A-Za-z0-9_.-]")
+#: How ``plan`` writes a sweep point's index in what differs by point (its rank table: run id,
+#: run folder, checkpoints): a rule, which the trackers' values keep as written (never cleaned up,
+#: hashed or percent-encoded into something that looks like a real value).
+POINT_RULE = "<point index, 4 digits>"
+_FIRST_POINT = "0000"
 
 
 def settings(spec: TrackingView, env: Mapping[str, str], environ: Mapping[str, str]) -> TrackingSettings:
@@ -43,7 +48,13 @@ def settings(spec: TrackingView, env: Mapping[str, str], environ: Mapping[str, s
 
 
 def wandb_run_id(run_id: str) -> str:
-    """ORCH_RUN_ID as W&B accepts it: unchanged when it fits, else shortened with a hash (stable)."""
+    """ORCH_RUN_ID as W&B accepts it: unchanged when it fits, else shortened with a hash (stable).
+    In plan's rule for every sweep point (``POINT_RULE``), the rule stays: each point's id is its own."""
+    if POINT_RULE in run_id:
+        first = run_id.replace(POINT_RULE, _FIRST_POINT)
+        if wandb_run_id(first) == first:  # no point's id is changed: the rule is every point's
+            return run_id
+        return f"<each point's own, shortened with a hash: {wandb_run_id(first)} for point {_FIRST_POINT}>"
     clean = _WANDB_BAD.sub("_", run_id)
     if len(clean) <= WANDB_ID_MAX and clean == run_id:
         return clean
@@ -60,8 +71,12 @@ def folders(run_dir: str) -> dict[str, str]:
 def file_uri(path: str) -> str:
     """``path`` as a file:// URI, percent-encoded: a '#', '?', '%' or space in a folder's name is
     part of the path, not a fragment, a query or an escape (MLflow reads the URI back with
-    urllib, which would otherwise drop or decode them and write somewhere else)."""
-    return PurePosixPath(os.path.abspath(path)).as_uri()
+    urllib, which would otherwise drop or decode them and write somewhere else). Plan's rule for
+    every sweep point (``POINT_RULE``) stays as written."""
+    uri = PurePosixPath(os.path.abspath(path)).as_uri()
+    if POINT_RULE in path:  # the rule's own encoding: any '%' of the path itself is encoded as '%25'
+        uri = uri.replace(PurePosixPath("/" + POINT_RULE).as_uri()[len("file:///"):], POINT_RULE)
+    return uri
 
 
 def environment(payload: Payload) -> dict[str, str]:

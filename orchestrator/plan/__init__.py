@@ -94,7 +94,7 @@ def _shown_payload(payload: Payload, sweep: bool) -> Payload:
     checkpoints, shown as the rule that names them."""
     if not sweep:
         return payload
-    index = "<point index, 4 digits>"
+    index = tracking.POINT_RULE
     return lean_record.replace(payload, run_dir=str(RunFolder.of(payload.run_dir).points / index),
                                run_id=f"{payload.run_id}-point-{index}",
                                checkpoint=lean_record.replace(payload.checkpoint,

@@ -40,6 +40,9 @@ def read_spec_file(path: str | Path) -> dict[str, Any]:
         raise SpecError([f"is a directory; give a spec file (YAML or JSON) such as {p / 'spec.yaml'}"], source=source)
     if not p.is_file():
         raise SpecError([f"file not found (looked at {p.resolve()})"], source=source)
+    not_spec = not_a_spec(source)
+    if not_spec:
+        raise SpecError([not_spec], source=source)
     try:
         size = p.stat().st_size
         if size > MAX_FILE_BYTES:
@@ -61,6 +64,21 @@ def read_spec_file(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise SpecError([f"the top level must be a mapping of fields, got {type(data).__name__}"], source=source)
     return data
+
+
+def not_a_spec(path: str) -> str | None:
+    """Why ``path`` is no spec file, judged by its suffix (a script given where its spec belongs,
+    an easy slip: ``orchestrator run train.py``), or None. Said before parsing: a script read as
+    YAML fails with a parse error that names neither the slip nor the fix."""
+    suffix = Path(path).suffix.lower()
+    if suffix in (".py", ".pyw"):
+        return (f"is a Python script, not a job spec (YAML or JSON): write a spec with "
+                f"`entrypoint: {path}` and run that (see docs/manual/specs.md)")
+    if suffix == ".ipynb":
+        return ("is a Jupyter notebook, not a job spec (YAML or JSON): export it as a script "
+                f"(jupyter nbconvert --to script {path}), write a spec whose `entrypoint` is that "
+                "script and run the spec (see docs/manual/specs.md)")
+    return None
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:

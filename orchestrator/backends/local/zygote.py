@@ -166,20 +166,30 @@ def stop_everything(grace_s: float) -> list[int]:
     """Stop whatever the run started: every descendant, where the zygote is a subreaper (Linux);
     elsewhere the process groups of its ranks, running or ended. Returns the PIDs stopped, as far
     as they can be listed."""
+    return _stop(grace_s)[0]
+
+
+def _stop(grace_s: float) -> tuple[list[int], int]:
+    """``stop_everything``, and how many ended ranks' process groups still had a member when they
+    were signalled (none where the zygote is a subreaper: it stops descendants, not groups)."""
     if _KERNEL_GUARD:
-        return procs.stop_descendants(grace_s=grace_s)
+        return procs.stop_descendants(grace_s=grace_s), 0
     return _stop_groups(grace_s)
 
 
-def _stop_groups(grace_s: float) -> list[int]:
+def _stop_groups(grace_s: float) -> tuple[list[int], int]:
     """SIGTERM the process group of every rank (a running rank is the zygote's unreaped child, so
     its group id names nothing else; an ended rank's group is watched, ``_prune_groups``), reap,
-    SIGKILL what is left after ``grace_s``. Returns the members seen, where they can be listed."""
+    SIGKILL what is left after ``grace_s``. Returns the members seen, where they can be listed,
+    and how many ended ranks' groups still had a member when signalled."""
     groups = list(dict.fromkeys([*_RUNNING, *_GROUPS]))
+    ended = set(_GROUPS)
     seen = [pid for g in groups for pid in procs.group_members(g) if pid != os.getpid()]
     seen += [pid for pid in procs.descendants(os.getpid()) if pid not in seen]
+    stopped = 0
     for g in groups:
-        procs.signal_group(g, signal.SIGTERM)
+        if procs.signal_group(g, signal.SIGTERM) and g in ended:
+            stopped += 1
     deadline = time.monotonic() + grace_s
     while True:
         _reap()
@@ -197,7 +207,7 @@ def _stop_groups(grace_s: float) -> list[int]:
     time.sleep(POLL_S if alive else 0)
     _reap()
     _prune_groups()
-    return seen
+    return seen, stopped
 
 
 def _reap() -> list[tuple[int, int]]:
@@ -383,11 +393,12 @@ def _fork(msg: dict[str, Any], fresh: bool, watch: Watch | None) -> dict[int, in
 
 
 def _end_of_set() -> None:
-    """Every rank of the set has ended: stop what they left running, and report it."""
-    groups_left = list(_GROUPS)  # without a subreaper: the ended ranks' groups that still have members
-    left = stop_everything(2.0)
-    if groups_left and not left:  # stopped, but this platform cannot list them: say so all the same
-        print(f"[orchestrator] stopped what {len(groups_left)} rank(s) left running in their process groups "
+    """Every rank of the set has ended: stop what they left running, and report it. Where no
+    process can be listed, the report is a count of the groups that still had a member when
+    signalled (not of those that emptied by themselves meanwhile: DataLoader workers ending)."""
+    left, groups_stopped = _stop(2.0)
+    if groups_stopped and platform_caps.process_table() is None:  # stopped, but unlisted: say so all the same
+        print(f"[orchestrator] stopped what {groups_stopped} rank(s) left running in their process groups "
               "(this system cannot list those processes)", file=sys.stderr, flush=True)
     emit({"leftovers": left})
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional, Protocol, Sequence, TypeVar, cast
 
-from orchestrator.core.states import Action
+from orchestrator.core.states import Action, Outcome
 
 
 class Attempt(Protocol):
@@ -136,6 +136,25 @@ def recovery_phases(before: Attempt, after: Attempt) -> Optional[dict[str, float
     if not all(math.isfinite(v) for v in phases.values()):
         return None  # times so far apart that their difference overflows: no measure ("recovered in infs")
     return phases
+
+
+def trained(attempt: Attempt) -> bool:
+    """Whether the attempt is known to have trained: a step reported, every rank joined, or progress
+    the stall watchdog saw after its ranks started (``back_at`` falls back on the ranks' start, all
+    that a script without the rank API or a process group shows)."""
+    t = attempt.times
+    ranks_at = t.get("ranks_at")
+    return bool(t.get("first_step_at") or t.get("last_step_at") or t.get("joined_at")) or \
+        (ranks_at is not None and t.get("progress_at", ranks_at) > ranks_at)
+
+
+def recovery_shown(before: Attempt, after: Attempt) -> Optional[dict[str, float]]:
+    """``recovery_phases`` as status and the report show them ("recovered in ..."): None also for an
+    attempt cancelled before it trained, whose restart recovered nothing. Goodput still counts that
+    time as the recovery's (``goodput`` reads ``recovery_phases``): it went to recovering."""
+    if after.outcome == Outcome.CANCELLED and not trained(after):
+        return None
+    return recovery_phases(before, after)
 
 
 def phases_line(phases: Mapping[str, float], after: Optional[int] = None) -> str:

@@ -376,11 +376,11 @@ def describe(history: History) -> list[str]:
     lines = [f"attempts: {len(attempts)} ({history.restarts()} restart(s), {history.requeues()} requeue(s) "
              "for the time limit or a preemption)" + (f"; excluded: {', '.join(history.excluded)}"
                                                       if history.excluded else "")]
-    from orchestrator.core.attempt_times import phases_line, recovery_phases
+    from orchestrator.core.attempt_times import phases_line, recovery_shown
 
     followed: dict[str, str] = {action: action.done for action in Action if action.done}
     for i, a in enumerate(attempts):
-        phases = recovery_phases(attempts[i - 1], a) if i and isinstance(a.times, dict) and \
+        phases = recovery_shown(attempts[i - 1], a) if i and isinstance(a.times, dict) and \
             isinstance(attempts[i - 1].times, dict) else None
         recovered = [f"    {phases_line(phases, attempts[i - 1].number)}"] if phases is not None else []
         where = f" on {','.join(a.nodes)}" if a.nodes else ""

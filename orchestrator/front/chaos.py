@@ -87,14 +87,28 @@ def budget_refusal(name: str, settings: RecoverySettings, history: History, inje
         return (f"{name}'s recovery.on ({', '.join(settings.on)}) does not list {kind}, the failure {injection.flag} "
                 f"causes, so the run would end FAILED; add {kind} to recovery.on and run it again")
     if decision.reason == EndReason.NO_PROGRESS:
-        return (f"{name} has written no new checkpoint in this attempt, after "
-                f"{history.failures_without_progress()} failed attempt(s) without one, so "
-                f"recovery.stop_without_progress ({settings.stop_without_progress}) would end it FAILED; wait for its "
-                "next checkpoint and try again")
+        return _no_progress_refusal(name, settings, history)
     used = history.restarts()
     return (f"{name} has used {used} of its {settings.max_restarts} restart(s) (recovery.max_restarts), so the run "
             f"would end FAILED instead of recovering; to allow it, raise recovery.max_restarts (e.g. --set "
             f"recovery.max_restarts={used + 2}) and run it again")
+
+
+def _no_progress_refusal(name: str, settings: RecoverySettings, history: History) -> str:
+    """Why the no-progress rule would end the run. Waiting for a checkpoint helps only where one
+    was ever seen; a folder that never held one is named, with the way out the no-progress
+    verdict gives (``recovery.no_progress_message``)."""
+    said = (f"{name} has written no new checkpoint in this attempt, after {history.failures_without_progress()} "
+            "failed attempt(s) without one")
+    rule = f"recovery.stop_without_progress ({settings.stop_without_progress}) would end it FAILED"
+    if not history.checkpoints_never_seen():
+        return f"{said}, so {rule}; wait for its next checkpoint and try again"
+    folder = history.checkpoint_dir()
+    where = f"{folder} (checkpoint.dir)" if folder else "checkpoint.dir"
+    every = min(settings.max_restarts + 1, 1000)
+    return (f"{said}, and no checkpoint ever appeared in {where}, so {rule}; waiting will not bring one: if the "
+            "script saves its checkpoints elsewhere, set checkpoint.dir to that folder (or "
+            f"recovery.stop_without_progress: {every} to use every restart regardless) and run it again")
 
 
 def progressed_now(history: History, checkpoint_dir: str) -> bool:

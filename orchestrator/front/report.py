@@ -131,11 +131,11 @@ def _plottable(record: Any) -> bool:
 
 def recovery_lines(history: History, submitted: float | None) -> list[str]:
     """The summary's lines on recovery: each one's phases, and the run's goodput."""
-    from orchestrator.core.attempt_times import goodput, phases_line, recovery_phases
+    from orchestrator.core.attempt_times import goodput, phases_line, recovery_shown
 
     lines = []
     for before, after in zip(history.attempts, history.attempts[1:]):
-        phases = recovery_phases(before, after)
+        phases = recovery_shown(before, after)  # none for a restart cancelled before it trained
         if phases is not None:
             lines.append(f"attempt {after.number}: {phases_line(phases, before.number)} ({before.outcome or 'a failure'})")
     measured = goodput(history.attempts, submitted, time.time()) if submitted is not None else None

@@ -154,7 +154,7 @@ def _rss_mb(rp: Optional[RankProc], report: Optional[Progress]) -> Optional[floa
 
 def header(rec: RunRecord, now: float) -> list[str]:
     """The run, its attempt, its last recovery and its goodput (as status counts them)."""
-    from orchestrator.core.attempt_times import goodput, phases_line, recovery_phases, with_live_marks
+    from orchestrator.core.attempt_times import goodput, phases_line, recovery_shown, with_live_marks
     from orchestrator.core.recovery import History
 
     history, _ = History.shown(rec.run_dir)
@@ -162,7 +162,7 @@ def header(rec: RunRecord, now: float) -> list[str]:
     lines = [f"{rec.run_id}  {rec.state}  {rec.executor}  ranks={rec.world_size}  "
              f"attempt {attempts[-1].number if attempts else 1}"]
     for before, after in reversed(list(zip(attempts, attempts[1:]))):
-        phases = recovery_phases(before, after)
+        phases = recovery_shown(before, after)
         if phases is not None:
             why = (before.why or str(before.outcome or "")).splitlines()[:1]
             lines.append(f"last recovery: attempt {after.number} {phases_line(phases, before.number)}"

@@ -21,7 +21,7 @@ from typing import Collection, Iterable, Mapping, Optional
 
 from orchestrator.node import join_hook, stack_requests
 from orchestrator.core import progress, stack_files, stacks
-from orchestrator.node.watchdog import Watch
+from orchestrator.node.watchdog import Dumps, Watch
 from orchestrator.core.run_folder import RunFolder
 from orchestrator.core.end_verdict import EndVerdict
 
@@ -112,19 +112,29 @@ def _readers(watch: Watch, run_dir: str | Path) -> tuple[progress.HeartbeatReade
 
 
 def waits_of(dumps: Mapping[int, str]) -> dict[str, str]:
-    """Rank -> where it was (user-code line, collective), for the record."""
-    return {str(r): stacks.where(text).text() for r, text in sorted(dumps.items())}
+    """Rank -> where it was (user-code line, collective), for the record; a stopped rank of a
+    ``Dumps`` is said to be stopped."""
+    waits = {r: stacks.where(text).text() for r, text in dumps.items()}
+    if isinstance(dumps, Dumps):
+        waits.update({r: STOPPED_WAIT for r in dumps.stopped})
+    return {str(r): text for r, text in sorted(waits.items())}
 
 
-def capture_local(run_dir: str | Path, reason: str, ranks: Optional[list[int]] = None) -> dict[int, str]:
+#: Where a stopped rank was, in the record's waits.
+STOPPED_WAIT = "stopped (SIGSTOP, ^Z or a debugger), not asked for its stacks"
+
+
+def capture_local(run_dir: str | Path, reason: str, ranks: Optional[list[int]] = None) -> Dumps:
     """Ask the ranks on this machine for their stacks and save them in <run>/stacks/. A rank that
     could not be asked on this platform (``stack_requests.why_not_signalled``) gets a file saying
-    why, so the saved stacks never look like ranks that had ended; only real dumps are returned."""
+    why, so the saved stacks never look like ranks that had ended; only real dumps are returned,
+    with the ranks not asked because they are stopped (``Dumps.stopped``: the watchdog names
+    such a rank as stopped, not as one that did not answer)."""
     dumps, refused = stack_requests.request_local_explained(run_dir, ranks)
     unasked = {rank: f"(not asked: {why})\n" for rank, why in refused.items() if why != stack_requests.ENDED}
     if dumps or unasked:
         stack_files.save(run_dir, {**unasked, **dumps}, reason)
-    return dumps
+    return Dumps(dumps, stopped=[rank for rank, why in refused.items() if why == stack_requests.STOPPED])
 
 
 def write_end(run_dir: str | Path, reason: str, *, error: str = "", failed_rank: Optional[int] = None,

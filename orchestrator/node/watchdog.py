@@ -15,7 +15,7 @@ deadline bounds the start.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Callable, Iterable, Mapping, Optional, Sequence
 
 from orchestrator.core.stacks import Where, where
 from orchestrator.core.states import EndReason
@@ -140,12 +140,28 @@ class Verdict:
 INIT_DEADLINE = "the init deadline (distributed.init_timeout_s)"
 
 
+class Dumps(dict[int, str]):
+    """What a capture gives ``judge``: each asked rank's dump ('' for one that did not answer in
+    time), and ``stopped``, the ranks not asked because their process is stopped (SIGSTOP, ^Z, a
+    debugger: ``stack_requests.STOPPED``), named as stopped, not as ranks that did not answer. A
+    plain dict is a capture that knows of no stopped rank."""
+
+    def __init__(self, dumps: Optional[Mapping[int, str]] = None, stopped: Iterable[int] = ()) -> None:
+        super().__init__(dumps or {})
+        self.stopped: frozenset[int] = frozenset(stopped)
+
+
+#: Why a stopped rank is the straggler (rule 2 of ``straggler``).
+STOPPED_WHY = "it is stopped (SIGSTOP, ^Z or a debugger): not asked for its stacks"
+
+
 def judge(watch: Watch, now: float, calling: Callable[[], Sequence[int]],
           capture: Callable[[str, bool], Mapping[int, str]]) -> Optional[Verdict]:
     """The one judgement both supervisors act on, after they fed ``watch`` a look: the init
     deadline first, then the stall watchdog; None while the job may go on. ``calling()``: the
     ranks inside init_process_group now; ``capture(reason, always)``: the ranks' stacks (taken
-    only when ``always`` or the spec's ``watchdog.stacks_on_failure`` says so)."""
+    only when ``always`` or the spec's ``watchdog.stacks_on_failure`` says so), a ``Dumps`` where
+    it knows which ranks are stopped."""
     missing = watch.never_joined(now)
     if missing:
         inside = calling()
@@ -156,19 +172,22 @@ def judge(watch: Watch, now: float, calling: Callable[[], Sequence[int]],
         last = {r: watch.last_progress(r) for r in range(watch.world_size)}
         dumps = capture(f"no progress for {watch.stall_s or 0:g}s (watchdog.stall_s)", True)
         wheres = {r: where(dumps[r]) if dumps.get(r) else None for r in last}
-        rank, why = straggler(wheres, last)
+        rank, why = straggler(wheres, last, dumps.stopped if isinstance(dumps, Dumps) else ())
         message = stall_message(watch.stall_s or 0, rank, why, wheres.get(rank) if rank is not None else None)
         return Verdict(EndReason.STALL, rank, message, dumps)
     return None
 
 
-def straggler(wheres: Mapping[int, Optional[Where]], last: Mapping[int, float]) -> tuple[Optional[int], str]:
+def straggler(wheres: Mapping[int, Optional[Where]], last: Mapping[int, float],
+              stopped: Iterable[int] = ()) -> tuple[Optional[int], str]:
     """The rank the others wait for, and why it was chosen.
 
     1. A rank whose main thread is not inside a torch.distributed collective while the job is
        stuck is not waiting for anyone: it is the straggler (several: the one that progressed
        least recently).
-    2. A rank that could not answer (no stack) is next: it may be stuck in the kernel.
+    2. A rank that is stopped (``stopped``: SIGSTOP, ^Z, a debugger; it was not asked for its
+       stacks) is next, said as such; then one that could not answer (no stack): it may be stuck
+       in the kernel.
     3. Otherwise every rank waits in a collective: the one whose progress is oldest.
     """
     if not last:
@@ -179,8 +198,12 @@ def straggler(wheres: Mapping[int, Optional[Where]], last: Mapping[int, float]) 
         rank = oldest(outside)
         waiting = sorted(r for r, w in wheres.items() if w is not None and w.collective)
         if waiting:
-            return rank, f"ranks {_ranks(waiting)} wait in a collective while it is outside any"
+            verb = "waits" if len(waiting) == 1 else "wait"
+            return rank, f"{_ranks_word(waiting)} {verb} in a collective while it is outside any"
         return rank, "its stack is not inside a collective"
+    halted = sorted(set(stopped) & last.keys())
+    if halted:
+        return oldest(halted), STOPPED_WHY
     silent = [r for r in last if wheres.get(r) is None or not wheres[r].answered]  # type: ignore[union-attr]
     if silent and len(silent) < len(last):
         rank = oldest(silent)
@@ -212,7 +235,7 @@ def never_joined_message(missing: Sequence[int], calling: Sequence[int], world_s
     waiting = [r for r in missing if r not in set(culprits)]
     if waiting:
         head = (f"rank{'s' if len(culprits) > 1 else ''} {_ranks(culprits)} never called init_process_group within "
-                f"distributed.init_timeout_s ({init_timeout_s:g}s); ranks {_ranks(waiting)} waited in it for "
+                f"distributed.init_timeout_s ({init_timeout_s:g}s); {_ranks_word(waiting)} waited in it for "
                 f"{'them' if len(culprits) > 1 else 'it'}")
     else:
         verb = "called init_process_group but never joined" if calling else "never joined the process group"
@@ -228,6 +251,11 @@ def stall_message(stall_s: float, rank: Optional[int], why: str, where: Optional
         return head + "; every rank's stack is in <run>/stacks/"
     place = f" at {where.text()}" if where is not None else ""
     return f"{head}; straggler: rank {rank}{place}: {why}"
+
+
+def _ranks_word(ranks: Sequence[int]) -> str:
+    """'rank 3' or 'ranks 0, 1'."""
+    return f"rank{'s' if len(ranks) > 1 else ''} {_ranks(ranks)}"
 
 
 def _ranks(ranks: Sequence[int]) -> str:

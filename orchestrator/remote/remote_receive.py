@@ -218,7 +218,8 @@ def _store_of(spec: Any) -> Path:
 
 def _prune(store: Path) -> None:
     """Prune the store after a submission (``snapshot_prune``); a failure there is one line on
-    stderr, never the submission's failure."""
+    stderr, never the submission's failure. Its report is printed as ``gc`` prints it whenever
+    a snapshot was removed, the prune was skipped, or a tree was kept for files runs wrote there."""
     from orchestrator.front.snapshot_prune import prune
 
     try:
@@ -226,7 +227,7 @@ def _prune(store: Path) -> None:
     except (OrchestratorError, OSError) as exc:
         print(f"[orchestrator] old code snapshots in {store} were not pruned: {exc}", file=sys.stderr, flush=True)
         return
-    if report is not None and (report.removed or report.skipped):
+    if report is not None and (report.removed or report.skipped or report.held):
         print(report.line(), file=sys.stderr, flush=True)
 
 

@@ -164,9 +164,9 @@ def test_the_budget_is_recoverys_own_decision(tmp_path: Path) -> None:
     said = budget_refusal("r", narrow, history, hang, True) or ""
     assert "recovery.on (crash) does not list hang" in said and "add hang to recovery.on" in said, said
     assert budget_refusal("r", narrow, history, KILL, True) is None
-    stuck = History(tmp_path / "recovery.json", [
-        Attempt(number=1, started=0.0, outcome="crash", progress=False, action="restart"),
-        Attempt(number=2, started=1.0)])
+    stuck = History(tmp_path / "recovery.json", [  # a checkpoint was seen: the next one may come
+        Attempt(number=1, started=0.0, outcome="crash", progress=False, action="restart", checkpoint_at_start="ckpt-6"),
+        Attempt(number=2, started=1.0, checkpoint_at_start="ckpt-6")])
     said = budget_refusal("r", _payload(tmp_path, max_restarts=5).recovery, stuck, KILL, False) or ""
     assert "recovery.stop_without_progress (2)" in said and "wait for its next checkpoint" in said, said
     assert budget_refusal("r", _payload(tmp_path, max_restarts=5).recovery, stuck, KILL, True) is None

@@ -12,7 +12,7 @@ cost, and on a busy node these imports would compete with the ranks' own.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping
 
 from orchestrator.backends.slurm.node import slurm_controller
 from orchestrator.backends.slurm.node.agent_decisions import suspended_s
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from orchestrator.node.straggler_watch import StragglerWatch
     from pathlib import Path
 
-    from orchestrator.node.watchdog import Watch
+    from orchestrator.node.watchdog import Dumps, Watch
 
 #: While the watchdog would give a verdict, the controller is asked at most this often whether the
 #: job is (or was) suspended.
@@ -72,7 +72,7 @@ class AgentWatch:
         verdict = judge(self.watch, now, lambda: join_hook.calling_ranks(c.run_dir, c.world), self.capture)
         if verdict is None:
             return None
-        self._verdict(verdict.reason, verdict.rank, verdict.message, dict(verdict.dumps))
+        self._verdict(verdict.reason, verdict.rank, verdict.message, verdict.dumps)  # a Dumps: its stopped ranks too
         dump = verdict.dumps.get(verdict.rank) if verdict.rank is not None else None
         if dump:  # a straggler outside any collective is stuck on its own: recovery blames its node
             from orchestrator.core import stacks
@@ -131,22 +131,28 @@ class AgentWatch:
             s.suspended_s = total
         return now - s.suspended_s
 
-    def capture(self, reason: str, always: bool = False) -> dict[int, str]:
+    def capture(self, reason: str, always: bool = False) -> Dumps:
         """Every rank's stacks through ``srun --overlap`` (one probe per node), saved in
-        <run>/stacks/."""
+        <run>/stacks/. A rank its probe did not ask because it is stopped is saved and returned
+        as ``forensics.capture_local`` has it: a file saying why, and ``Dumps.stopped``."""
+        from orchestrator.node.watchdog import Dumps
+
         c = self.ctx
         if not (c.payload.watchdog.stacks_on_failure or always):
-            return {}
+            return Dumps()
         from orchestrator.core import stack_files
         from orchestrator.backends.slurm.node.stacks_probe import request_slurm
+        from orchestrator.node import stack_requests
 
         c.say(f"{reason}: saving every rank's stacks in {RunFolder.of(c.run_dir).stacks}")
         dumps, problem = request_slurm(c.run_dir, c.slurm.raw_job_id, c.payload.nodes, c.payload.python, hosts=c.rank_hosts)
         if problem:
             c.say(f"stacks: {problem.splitlines()[-1] if problem.splitlines() else problem}")
-        if any(dumps.values()):
-            stack_files.save(c.run_dir, dumps, reason)
-        return dumps
+        stopped = stopped_ranks(problem)
+        if any(dumps.values()) or stopped:
+            stack_files.save(c.run_dir, {**dumps, **{r: f"(not asked: {stack_requests.STOPPED})\n" for r in stopped}},
+                             reason)
+        return Dumps({r: text for r, text in dumps.items() if r not in stopped}, stopped)
 
     def time_limit_stacks(self) -> None:
         """The time limit's notice with no requeue to follow: save where the ranks are first."""
@@ -157,7 +163,7 @@ class AgentWatch:
 
             forensics.write_end(c.run_dir, reason=EndReason.TIME_LIMIT, waits=forensics.waits_of(dumps))
 
-    def _verdict(self, reason: str, rank: int | None, message: str, dumps: dict[int, str]) -> None:
+    def _verdict(self, reason: str, rank: int | None, message: str, dumps: Mapping[int, str]) -> None:
         from orchestrator.node import forensics
 
         c = self.ctx
@@ -201,3 +207,17 @@ class AgentWatch:
             c.say(f"could not record why in {c.run_dir}: {exc}")
         c.say(f"orchestrator cancel: {message}")
         return True
+
+
+def stopped_ranks(problem: str) -> list[int]:
+    """The ranks that ``stacks_probe.request_slurm``'s complaint says were not asked because they
+    are stopped (its lines ``rank N: not asked: WHY``, WHY ``stack_requests.STOPPED``)."""
+    from orchestrator.node.stack_requests import STOPPED
+
+    found = []
+    for line in problem.splitlines():
+        head, said, why = line.partition(": not asked: ")
+        number = head.removeprefix("rank ")
+        if said and why == STOPPED and number.isascii() and number.isdigit():
+            found.append(int(number))
+    return found

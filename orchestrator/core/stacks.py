@@ -150,7 +150,8 @@ def where(text: str) -> Where:
 
 
 def describe(text: str) -> str:
-    return where(text).text() if text else ""
+    """A rank's dump summed up in a line ('' for none, and for a rank not asked: its text says why)."""
+    return where(text).text() if text and not text.startswith("(not asked") else ""
 
 
 def wait_lines(waits: Mapping[str, str]) -> list[str]:

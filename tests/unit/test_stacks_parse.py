@@ -309,3 +309,14 @@ def test_the_stacks_probe_keeps_its_environment_on_export_none_sites(monkeypatch
     monkeypatch.setenv("SLURM_JOB_ID", "5")
     stacks_probe.request_slurm("/nonexistent/run", "77", 2, sys.executable)
     assert seen["SLURM_EXPORT_ENV"] == "ALL" and "SLURM_JOB_ID" not in seen
+
+
+def test_a_rank_not_asked_for_its_stacks_is_not_said_to_have_not_answered(tmp_path) -> None:
+    """A stopped rank's saved file says why it was not asked, with no 'did not answer' summary above."""
+    from orchestrator.core import stack_files, stacks
+
+    assert stacks.describe("(not asked: stopped)\n") == ""
+    assert stacks.describe("") == ""
+    stack_files.save(tmp_path, {1: "(not asked: stopped (SIGSTOP))\n"}, "a test")
+    saved = "".join(p.read_text() for p in tmp_path.rglob("*") if p.is_file())
+    assert "(not asked: stopped (SIGSTOP))" in saved and "did not answer" not in saved

@@ -50,7 +50,7 @@ from orchestrator.core.errors import SpecError, SubmissionError, UsageError
 from orchestrator.core.shell_words import command_line
 from orchestrator.front.pipeline_graph import (WHEN, Action, CycleError, Decision, Edge, ParentView, Pipeline, PipelineError,
                                          StageDef, decide, decide_all, effective_state, parse_pipeline,
-                                         topological_order)
+                                         standing_states, topological_order)
 from orchestrator.core.records import RunRecord
 from orchestrator.core.states import State
 
@@ -60,7 +60,7 @@ if TYPE_CHECKING:
 __all__ = ["PipelineError", "Pipeline", "StageDef", "Edge", "Decision", "Stage", "StageResult", "parse_pipeline",
            "topological_order", "decide", "decide_all", "load_pipeline", "load_stages", "run_pipeline",
            "plan_pipeline", "pipeline_status", "succeeded", "table_lines", "after_lines", "CycleError", "ParentView",
-           "effective_state", "WHEN", "Action"]
+           "effective_state", "standing_states", "WHEN", "Action"]
 
 # ---- side effects: files, records, the scheduler ----------------------------------------------------
 @dataclass(frozen=True)
@@ -113,7 +113,8 @@ def load_stages(pipeline: Pipeline, executor: str | None = None) -> list[Stage]:
         try:
             specs[s.name] = load_spec(*s.specs, overrides=s.overrides, executor=executor)
         except SpecError as exc:  # name the stage: its overrides come from the pipeline file
-            raise SpecError([f"stage {s.name}: {p}" for p in exc.problems], source=exc.source) from None
+            raise SpecError([f"stage {s.name}: {_where_to_run(pipeline, s, p)}" for p in exc.problems],
+                            source=exc.source) from None
     executors = {name: spec.executor for name, spec in specs.items()}
     if len(set(executors.values())) > 1:
         raise UsageError(f"{pipeline.source}: a pipeline runs on one executor, and its stages name several ("
@@ -152,6 +153,44 @@ def load_stages(pipeline: Pipeline, executor: str | None = None) -> list[Stage]:
     return [Stage(n, specs[n], ids[n], _run_dir(specs[n], ids[n]), edges[n]) for n in order]
 
 
+#: How a spec's script that is not found from the current folder ends its problem (``validators``).
+_FROM_HERE = "(relative paths are from the current directory)"
+
+
+def _where_to_run(pipeline: Pipeline, stage: StageDef, problem: str) -> str:
+    """A stage's problem; for its script not found from the current folder that is found from the
+    pipeline file's folder (or the stage spec's), where to run the pipeline from. A stage's spec
+    paths are from the current directory, as any spec's: only the pipeline's spec paths are not."""
+    entry = _entrypoint(stage) if problem.startswith("entrypoint: script ") and _FROM_HERE in problem else None
+    if not entry or os.path.isabs(os.path.expanduser(entry)):
+        return problem
+    folders = [os.path.dirname(os.path.realpath(pipeline.source)), *(os.path.dirname(f) for f in stage.specs)]
+    found = next((f for f in dict.fromkeys(folders) if os.path.isfile(os.path.join(f, entry))), None)
+    if found is None:
+        return problem
+    here = os.path.relpath(os.path.join(found, entry))
+    return problem.replace(_FROM_HERE, "(relative paths in a stage's spec are from the current directory, as for "
+                                       f"any spec: run the pipeline from {command_line(found)}, or write "
+                                       f"{command_line(entry)} relative to here: {command_line(here)})")
+
+
+def _entrypoint(stage: StageDef) -> Optional[str]:
+    """The stage's entrypoint as its spec files and overrides give it (merged as ``load_spec``
+    merges them); None when they cannot be read or give none."""
+    from orchestrator.spec.loading import apply_override, deep_merge, parse_override, read_spec_file
+
+    try:
+        data: dict[str, Any] = {}
+        for path in stage.specs:
+            data = deep_merge(data, read_spec_file(path))
+        for item in stage.overrides:
+            data = deep_merge(data, apply_override({}, *parse_override(item)))
+    except (SpecError, UsageError, OSError):
+        return None
+    entry = data.get("entrypoint")
+    return entry if isinstance(entry, str) else None
+
+
 def _run_dir(spec: JobSpec, rid: str) -> str:
     """Where the stage's run folder is (as ``plan`` places it)."""
     return os.path.abspath(os.path.join(os.path.expanduser(spec.runs_dir), rid))
@@ -177,12 +216,15 @@ def _result(stage: Stage, action: str, state: Optional[State], reason: str, jobs
 
 
 def plan_pipeline(path: str | Path, executor: str | None = None) -> list[StageResult]:
-    """What ``run_pipeline`` would do now, stage by stage: nothing is submitted or run."""
+    """What ``run_pipeline`` would do now, stage by stage: nothing is submitted or run. Each
+    stage's state is its run's, or CANCELLED for one never started because a stage it waits for
+    ended so that it could not run (``standing_states``)."""
     stages = load_stages(load_pipeline(path), executor)
     records = observe(stages)
     live = {n: r.job_ids for n, r in records.items() if r is not None}
-    decisions = decide_all([s.name for s in stages], {s.name: s.edges for s in stages}, _states(records), live)
-    states = _states(records)
+    order, edges = [s.name for s in stages], {s.name: s.edges for s in stages}
+    decisions = decide_all(order, edges, _states(records), live)
+    states = standing_states(order, edges, _states(records))  # a stage its parent's end kept from running: CANCELLED
     return [_result(s, decisions[s.name].action, states[s.name], decisions[s.name].reason, live.get(s.name, ()))
             for s in stages]
 

@@ -1,7 +1,8 @@
 """A pipeline's graph, pure: the pipeline file as data (``parse_pipeline``: stages, their specs,
 their ``after`` edges, every problem named at once), the order the stages go in
 (``topological_order``, a cycle named), and the decision for each stage given the states its
-run and its parents' runs are in (``decide``, ``decide_all``). Nothing here reads a file or a
+run and its parents' runs are in (``decide``, ``decide_all``), and the state each stage stands in
+(``standing_states``). Nothing here reads a file or a
 record; ``orchestrator.front.pipeline`` does, and re-exports these names.
 """
 
@@ -236,3 +237,18 @@ def decide_all(order: Sequence[str], edges: Mapping[str, Sequence[Edge]], observ
         out[name] = decide(observed.get(name), parents)
         states[name] = effective_state(out[name], observed.get(name))
     return out
+
+
+def standing_states(order: Sequence[str], edges: Mapping[str, Sequence[Edge]],
+                    observed: Mapping[str, Optional[State]]) -> dict[str, Optional[State]]:
+    """Each stage's state as things stand (``pipeline --status``): its run's, else CANCELLED when a
+    stage it waits for ended so that it can never run (what the pipeline reported: locally such a
+    stage is never started, so no run records it; on SLURM its job is cancelled), else None (no
+    run). Pure."""
+    states: dict[str, Optional[State]] = {}
+    for name in order:
+        state = observed.get(name)
+        if state is None and any(edge_status(e.when, states.get(e.stage)) == "never" for e in edges[name]):
+            state = State.CANCELLED
+        states[name] = state
+    return states

@@ -118,6 +118,7 @@ def located_problems(exc: ValidationError, data: Any, model: type[BaseModel]) ->
                    f"short flags in extra_args, a list, got {_described(err['input'], False)}")
         elif err["type"] not in ("value_error", "assertion_error") and "input" in err:
             msg = f"{msg}, got {_described(err['input'], err['type'] == 'string_type')}"
+            msg += _exponent_hint(err["input"], err["type"])
         path = _dotted(err["loc"], data)
         for line in msg.split("\n"):
             # Cross-field messages already start with the field they concern.
@@ -136,6 +137,26 @@ def _described(value: Any, wants_text: bool) -> str:
         return kind
     hint = "; quote it to give text" if wants_text and kind in ("true/false", "a number", "date", "datetime") else ""
     return f"{kind} {shown(value)}{hint}"
+
+
+#: A number with an exponent that YAML 1.2 reads as a number and the spec loader, which reads numbers
+#: as YAML 1.1 does (PyYAML), reads as text: 1e9, -2E+4, 1.0e9 (1.1 wants a dot and a signed exponent).
+_EXPONENT = re.compile(r"([-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?))([eE])([-+]?)([0-9]+)")
+
+
+def _exponent_hint(value: Any, error_type: str) -> str:
+    """For text such as '1e9' given to a number field: how to write it so that it is a number."""
+    match = _EXPONENT.fullmatch(value) if isinstance(value, str) and error_type in ("int_type", "float_type") else None
+    if match is None:
+        return ""
+    number = float(value)
+    whole = f"{int(number)}" if number.is_integer() and abs(number) < 1e16 else None
+    if error_type == "int_type":
+        return f"; write it in full: {whole}" if whole else ""
+    mantissa, e, sign, exponent = match.groups()
+    written = f"{mantissa if '.' in mantissa else mantissa + '.0'}{e}{sign or '+'}{exponent}"
+    return (f"; YAML reads a number with an exponent as a number only with a dot and a signed exponent: write "
+            f"{written}{f' or {whole}' if whole else ''}")
 
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "literal", "union"}

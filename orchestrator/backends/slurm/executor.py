@@ -19,6 +19,7 @@ import contextlib
 import io
 import os
 import pwd
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -106,9 +107,10 @@ class SlurmExecutor:
         check_slurm_conf()
         check_submission_env()  # SLURM_CLUSTERS, SBATCH_CONTAINER: refused before anything is written
         extra = self.dependency(launch, after)
+        created = not os.path.lexists(launch.run_dir)  # a first submission that sbatch refuses leaves no folder
         record, lock, previous = prepare_attempt(launch, self.refresh)  # a job that ended unasked: asked again
         with lock:  # until the scheduler has the job: then the job is the live attempt
-            return self._submit_locked(launch, record, previous, extra)
+            return self._submit_locked(launch, record, previous, extra, created)
 
     def dependency(self, launch: LaunchPlan, after: Sequence[tuple[str, Sequence[str]]] = ()) -> dict[str, str]:
         """The sbatch options for what the job waits for (``orchestrator.spec.after``); {} for nothing."""
@@ -122,42 +124,20 @@ class SlurmExecutor:
         return [fresh.get(r.run_dir, r) for r in records]
 
     def _submit_locked(self, launch: LaunchPlan, record: RunRecord, previous: PreviousAttempt,
-                       extra: dict[str, str] | None = None) -> RunRecord:
-        """sbatch, once the run folder holds the new attempt. Refused: a resubmission's previous
-        attempt is put back as it was (a COMPLETED run stays COMPLETED, its result and logs with
-        it); a first submission's record says FAILED and why."""
-        folder = RunFolder.of(launch.run_dir).slurm
-        previous.moved(folder, rotate_folder(folder))
-        folder.mkdir(parents=True, exist_ok=True)
-        for index, point in enumerate(launch.sweep):
-            launch.payload_for_point(index).write(RunFolder.of(launch.run_dir).point(index).payload)
-        python, params = launch.spec.slurm.python, launch.submitit
-        assert params is not None  # submit refused a plan without it
-        chunks: list[list[int]] | list[None] = [None]
-        if launch.sweep:  # the plan assumed SLURM's default MaxArraySize; this cluster's may be smaller
-            chunks = array_chunks(len(launch.sweep), max_array_size())
-        job_ids: list[str] = []
-        sbatch_stderr = io.StringIO()  # submitit prints sbatch's errors as well as raising them: once is enough
-        options = script_options(*launch.sbatch_scripts) | set(extra or {})  # the SBATCH_* these would lose to
+                       extra: dict[str, str] | None = None, created: bool = False) -> RunRecord:
+        """sbatch, once the run folder holds the new attempt. Refused, the run is left as it was
+        before the submission, and the error says why once: a resubmission's previous attempt is
+        put back (a COMPLETED run stays COMPLETED, its result and logs with it), and a first
+        submission leaves no run (its folder goes when this submission ``created`` it), as any
+        start that is refused. The chunks of a sweep that sbatch had already taken are cancelled."""
+        job_ids: list[str] = []  # each chunk's, as sbatch takes it
         try:
-            with clean_submission_env(options), contextlib.redirect_stderr(sbatch_stderr):
-                for chunk in chunks:  # a chunk: an array of len(chunk) tasks
-                    job_id = submitit_adapter.submit(folder, params, job_command(
-                        launch.run_dir, python, chunk[0] if chunk else 0), n_points=len(chunk) if chunk else 0,
-                        extra_sbatch=extra)
-                    job_ids += [f"{job_id}_{i}" for i in range(len(chunk))] if chunk else [job_id]
-        except Exception as exc:
-            if previous.had_record:
-                previous.restore()
-            else:
-                previous.drop()
-                record.update(state=State.FAILED, error=f"submission failed: {exc}", ended=time.time())
-            hint = (" (run 'orchestrator validate SPEC --cluster': it names the field this cluster cannot satisfy)"
-                    if any(s in str(exc) for s in _UNSATISFIABLE) else "")
-            hint += account_hint(str(exc), launch.spec.slurm.account, launch.spec.slurm.partition)
-            raise SubmissionError(controller_problem("sbatch", str(exc)) or
-                                  f"sbatch refused the job: {one_line(exc)}{hint}") from exc
-        sys.stderr.write(sbatch_stderr.getvalue())
+            _sbatch(launch, previous, extra, job_ids)
+        except Exception:
+            previous.restore()
+            if created:
+                shutil.rmtree(launch.run_dir, ignore_errors=True)
+            raise
         previous.drop()
         return record.update(state=State.PENDING, job_ids=job_ids)
 
@@ -311,6 +291,55 @@ def agent_verdict(rec: RunRecord, state: State) -> dict:
         if changes:
             return changes
     return {}
+
+
+def _sbatch(launch: LaunchPlan, previous: PreviousAttempt, extra: dict[str, str] | None, job_ids: list[str]) -> None:
+    """Write what the job's agent reads beyond the attempt's files (the sweep's payloads), then
+    sbatch the job, one array per chunk of the cluster's MaxArraySize, each chunk's job ids added
+    to ``job_ids`` as sbatch takes it. Refused: SubmissionError (``sbatch_refusal``), once any
+    chunk already taken is cancelled."""
+    folder = RunFolder.of(launch.run_dir).slurm
+    previous.moved(folder, rotate_folder(folder))
+    folder.mkdir(parents=True, exist_ok=True)
+    for index, point in enumerate(launch.sweep):
+        launch.payload_for_point(index).write(RunFolder.of(launch.run_dir).point(index).payload)
+    python, params = launch.spec.slurm.python, launch.submitit
+    assert params is not None  # submit refused a plan without it
+    chunks: list[list[int]] | list[None] = [None]
+    if launch.sweep:  # the plan assumed SLURM's default MaxArraySize; this cluster's may be smaller
+        chunks = array_chunks(len(launch.sweep), max_array_size())
+    sbatch_stderr = io.StringIO()  # submitit prints sbatch's errors as well as raising them: once is enough
+    options = script_options(*launch.sbatch_scripts) | set(extra or {})  # the SBATCH_* these would lose to
+    try:
+        with clean_submission_env(options), contextlib.redirect_stderr(sbatch_stderr):
+            for chunk in chunks:  # a chunk: an array of len(chunk) tasks
+                job_id = submitit_adapter.submit(folder, params, job_command(
+                    launch.run_dir, python, chunk[0] if chunk else 0), n_points=len(chunk) if chunk else 0,
+                    extra_sbatch=extra)
+                job_ids += [f"{job_id}_{i}" for i in range(len(chunk))] if chunk else [job_id]
+    except Exception as exc:
+        refusal = sbatch_refusal(str(exc), launch.spec.slurm.account, launch.spec.slurm.partition)
+        raise SubmissionError(refusal + _cancel_accepted(job_ids)) from exc
+    sys.stderr.write(sbatch_stderr.getvalue())
+
+
+def sbatch_refusal(sbatch_error: str, account: str | None, partition: str | None) -> str:
+    """The one line a refused submission says: the missing cluster or controller and its fix
+    (``controller_problem``), else sbatch's own answer with the field to look at."""
+    hint = (" (run 'orchestrator validate SPEC --cluster': it names the field this cluster cannot satisfy)"
+            if any(s in sbatch_error for s in _UNSATISFIABLE) else "")
+    hint += account_hint(sbatch_error, account, partition)
+    return controller_problem("sbatch", sbatch_error) or f"sbatch refused the job: {one_line(sbatch_error)}{hint}"
+
+
+def _cancel_accepted(job_ids: Sequence[str]) -> str:
+    """Cancel the arrays sbatch took before it refused a later chunk of the sweep (their run folder
+    is put back as it was: they would run without their payloads); what to add to the error."""
+    bases = sorted({j.split("_")[0] for j in job_ids})
+    if not bases:
+        return ""
+    _scancel(*bases, quiet=True)
+    return f"; the job array(s) sbatch had taken for the sweep's first points ({', '.join(bases)}) were cancelled"
 
 
 #: sbatch's answer when the job charges an account its user has no association with (sites that

@@ -272,7 +272,7 @@ def test_the_notice_is_the_specs_signal(tmp_path: Path) -> None:
     err = _ended(proc, 60)
     assert (tmp_path / "child-got-SIGUSR1").exists(), err
     assert _calls(tmp_path) == ["requeue 77"], err
-    launch = plan(JobSpec(name="lightning", entrypoint="jobs.train:main", executor="slurm",
+    launch = plan(JobSpec(name="lightning", entrypoint="jobs.train:main", executor="slurm", runs_dir="/shared/runs",
                           slurm={"signal": "USR1", "signal_margin_s": 90}))
     assert "#SBATCH --signal=B:USR1@90" in launch.sbatch_script
 

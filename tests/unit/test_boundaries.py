@@ -62,7 +62,9 @@ def _run_cli(argv: list[str]) -> tuple[int, set[str], str]:
 def test_help_and_validate_never_import_torch() -> None:
     example = ROOT / "orchestrator" / "examples" / "tcp-2x8.yaml"
     demo = ROOT / "orchestrator" / "examples" / "demo.yaml"
-    cases = [(["--help"], "usage"), (["validate", str(example)], "ok: resnet50-2x8"), (["plan", str(example)], "#SBATCH"),
+    # runs_dir named: a SLURM plan refuses the default 'runs' resolved under a checkout in /tmp
+    cases = [(["--help"], "usage"), (["validate", str(example)], "ok: resnet50-2x8"),
+             (["plan", str(example), "--set", "runs_dir=/shared/runs"], "#SBATCH"),
              (["plan", str(demo), "--json"], '"ranks"')]
     for argv, expected in cases:
         rc, mods, out = _run_cli(argv)

@@ -138,9 +138,10 @@ class Supervisor:
             self.record.update(point_states={**ends, **{str(i): State.RUNNING if i == index else State.PENDING
                                                        for i in range(index, count)}})
             ends[str(index)] = state = self._run_point_recovering(index)
-            if state != State.COMPLETED and first is None:
+            if state not in (State.COMPLETED, State.CANCELLED) and first is None:  # a cancel is no point's failure
                 swept = ", ".join(f"{key}={point.args.get(key)}" for key in self.launch.spec.sweep)
-                first = self.record.failed_rank, f"point {index} ({swept}) ended {state}: {self.record.error or state}"
+                why = f": {self.record.error}" if self.record.error else ""
+                first = self.record.failed_rank, f"point {index} ({swept}) ended {state}{why}"
         ends.update({str(i): State.CANCELLED for i in range(len(ends), count)})
         self.record.update(point_states=ends)
         if first is not None:

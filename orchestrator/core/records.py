@@ -360,6 +360,11 @@ def resolve_run(ref: str) -> Path:
     matches = exact or [r for r in runs if r["run_id"].startswith(ref)]
     if not matches:
         raise RunNotFoundError(f"no run {ref!r}: give a run folder or an id from 'orchestrator list'")
+    live = [r for r in matches if os.path.lexists(r["run_dir"])]  # a folder moved, removed, or a refused submission's
+    if not live:
+        raise RunNotFoundError(f"no run {ref!r} any more: its folder {shown(matches[-1]['run_dir'])} is gone (moved "
+                               "or removed); give the folder where it is now, or an id from 'orchestrator list'")
+    matches = live
     ids = {r["run_id"] for r in matches}
     if len(ids) > 1:
         raise RunNotFoundError(f"{ref!r} matches several runs ({', '.join(sorted(ids))}); give more of the id")

@@ -133,3 +133,23 @@ def test_a_teammate_who_cannot_write_the_folder_still_gets_the_status(tmp_path: 
     monkeypatch.setattr(records, "write_json_atomic", lambda path, data: (_ for _ in ()).throw(OSError(errno.EIO, "EIO")))
     with pytest.raises(OSError):  # any other write error is still an error
         slurm.SlurmExecutor().refresh([RunRecord.load(run_dir)])
+
+
+def test_a_run_whose_folder_is_gone_is_named_gone_not_a_damaged_folder(tmp_path: Path) -> None:
+    """The registry still names a run whose folder was moved, removed, or never kept (a first
+    submission sbatch refused): asking for it by id says the folder is gone and what to give instead."""
+    import shutil
+
+    import pytest
+
+    from orchestrator.core.errors import RunNotFoundError
+
+    run_dir = tmp_path / "runs" / "gone-1234abcd"
+    run_dir.mkdir(parents=True)
+    record = RunRecord(run_id="gone-1234abcd", run_dir=str(run_dir), executor="local")
+    record.save()
+    register(record)
+    assert resolve_run("gone") == run_dir.resolve()
+    shutil.rmtree(run_dir)
+    with pytest.raises(RunNotFoundError, match=r"no run 'gone' any more: its folder .* is gone \(moved or removed\)"):
+        resolve_run("gone")
